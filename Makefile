@@ -1,0 +1,25 @@
+# Quick start: `make run` (set up, run the default study) and `make test` (set up, run the tests).
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+
+.PHONY: setup setup-test run test test-slow lint
+setup: $(VENV)/.installed
+setup-test: $(VENV)/.installed-test
+
+$(VENV)/.installed: envs/bootstrap.sh envs/requirements.txt pyproject.toml
+	bash envs/bootstrap.sh $(VENV)
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed envs/requirements-test.txt
+	bash envs/bootstrap.sh $(VENV) --test
+	touch $@
+
+run: setup
+	$(VENV)/bin/snakemake -c all
+
+test: setup-test
+	$(PYTHON) -m pytest
+
+lint: setup
+	$(VENV)/bin/snakemake --lint
+	$(PYTHON) -m trainbench schema --check workflow/schemas/config.schema.yaml

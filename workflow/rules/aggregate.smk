@@ -1,0 +1,18 @@
+# Every cell of a study, whatever its status, into one CSV (all fields) and one markdown table.
+
+
+rule study_table:
+    input:
+        get_study_metrics,
+    output:
+        csv="results/tables/{study}.csv",
+        md="results/tables/{study}.md",
+    log:
+        "results/logs/tables/{study}.log",
+    params:
+        layout=get_study_layout,
+    localrule: True
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/make_tables.py"

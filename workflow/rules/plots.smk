@@ -1,0 +1,18 @@
+# Per-study plots: peak memory of every GPU (CPU rank on CPU studies) and throughput, by cell.
+
+
+rule study_plots:
+    input:
+        get_study_metrics,
+    output:
+        memory="results/plots/{study}_memory.png",
+        throughput="results/plots/{study}_throughput.png",
+    log:
+        "results/logs/plots/{study}.log",
+    params:
+        layout=get_study_layout,
+    localrule: True
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/make_plots.py"
