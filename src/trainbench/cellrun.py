@@ -30,6 +30,13 @@ from trainbench.results import SCHEMA_VERSION, empty_metrics, empty_predicted, w
 TERMINATE_GRACE_S = 15
 
 
+def stop_time_s(runtime_min: float) -> float:
+    """When to stop a run given its time limit: early enough to write the result before SLURM
+    kills the job at the limit (10% of it, at most a minute)."""
+    limit = runtime_min * 60
+    return limit - min(60.0, 0.1 * limit)
+
+
 class CellCannotRun(Exception):
     """This cell cannot run here or in this version; no result is written."""
 
@@ -49,7 +56,7 @@ def _read_rank_records(work_dir: Path) -> list[dict[str, Any]]:
             records.append(json.loads(path.read_text()))
         except (OSError, json.JSONDecodeError):
             continue  # a rank killed while writing: the others still tell the story
-    return records
+    return sorted(records, key=lambda r: r.get("rank", 0))
 
 
 def classify(work_dir: Path, returncode: int | None, timed_out: bool, timeout_s: float, total_steps: int) -> Outcome:
@@ -173,7 +180,7 @@ class CellRun:
         self.params = cell.params
         self.output = output
         self.work_dir = output.parent / ".work"
-        self.timeout_s = max(30.0, runtime_min * 60 * 0.95 - 30)  # stop before SLURM's own kill
+        self.timeout_s = stop_time_s(runtime_min)
         self.retries = retries
         self.python = python
         self._child: subprocess.Popen | None = None

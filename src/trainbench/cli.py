@@ -64,7 +64,9 @@ def cmd_run_cell(args) -> int:
     errors, unsupported = check_cell(params)
     if errors:
         raise ConfigError([f"study {args.study!r}, cell {args.cell!r}: {key}: {message}" for key, message in errors])
-    cell = Cell(args.study, args.cell, params, execution={"cpus_per_rank": args.cpus_per_rank},
+    # The job's cores are shared by the node's ranks (OMP threads per rank).
+    ranks_per_node = params.get("gpus_per_node") or 1
+    cell = Cell(args.study, args.cell, params, execution={"cpus_per_rank": max(1, args.cpus_per_task // ranks_per_node)},
                 unsupported=unsupported)
     return run_cell(cell, Path(args.output), runtime_min=args.runtime_min, retries=args.retries)
 
@@ -126,7 +128,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--output", required=True)
     run.add_argument("--runtime-min", type=float, default=30)
     run.add_argument("--retries", type=int, default=1)
-    run.add_argument("--cpus-per-rank", type=int, default=4)
+    run.add_argument("--cpus-per-task", type=int, default=4, help="CPU cores of the job on each node")
     run.set_defaults(func=cmd_run_cell)
 
     schema = sub.add_parser("schema", help="print, write or check workflow/schemas/config.schema.yaml")
@@ -148,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `trainbench cells | head`
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -74,11 +74,12 @@ class Cell:
         return self.params["device"] == "cuda" and self.unsupported is None
 
     def resources(self) -> dict[str, int]:
-        """What the cell's job asks the scheduler for (Snakemake resources; SLURM through the plugin)."""
+        """What the cell's job asks the scheduler for (Snakemake resources; SLURM through the plugin),
+        and how often the cell runner relaunches after an unexpected failure."""
         p, ex = self.params, self.execution
         if self.unsupported is not None:  # recorded without launching anything
             return {"gpu": 0, "nodes": 1, "tasks": 1, "cpus_per_task": 1, "mem_mb": 1000, "runtime": 5,
-                    "threads": 1}
+                    "threads": 1, "retries": 0}
         ranks_per_node = p["gpus_per_node"]
         cpus = ex["cpus_per_rank"] * ranks_per_node
         return {
@@ -90,6 +91,7 @@ class Cell:
             "runtime": ex["runtime_min"],
             # cores Snakemake books on one machine: CPU ranks need their cores; GPU ranks one each
             "threads": cpus if p["device"] == "cpu" else ranks_per_node,
+            "retries": ex["retries"],
         }
 
 

@@ -98,10 +98,11 @@ def build_schema() -> dict[str, Any]:
         "properties": {
             "default_studies": {
                 "type": "object", "additionalProperties": False,
-                "description": "Studies `snakemake` runs with no target, by what the machine has.",
-                "default": {"without_gpus": ["smoke"], "with_gpus": []},
+                "description": "Studies `snakemake` runs with no target, by what the machine has "
+                               "(none: name targets on the command line).",
+                "default": {"without_gpus": [], "with_gpus": []},
                 "properties": {
-                    "without_gpus": {"type": "array", "items": {"type": "string"}, "default": ["smoke"],
+                    "without_gpus": {"type": "array", "items": {"type": "string"}, "default": [],
                                      "description": "On a machine where NVML finds no GPU."},
                     "with_gpus": {"type": "array", "items": {"type": "string"}, "default": [],
                                   "description": "On a machine with GPUs."},

@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -25,6 +26,9 @@ from trainbench.metrics import MIB, MemorySampler, StepClock, process_peak_rss_m
 from trainbench.results import write_json_atomic
 from trainbench.runners import RunContext, make_runner, params_per_module
 
+# Test hook: TRAINBENCH_FAIL_AT_STEP=k makes every rank raise an ordinary error at step k (0 = init),
+# to exercise the failure path (retries, 'failed' with the error) with the real launchers.
+FAIL_AT_STEP_ENV = "TRAINBENCH_FAIL_AT_STEP"
 OOM_EXIT_CODE = 75  # distinct from Python's 1 so a reader of the launcher's log can tell
 IMPOSSIBLE_ALLOCATION = 1 << 60  # 1 EiB: more than any machine has, so the allocator must refuse
 
@@ -63,9 +67,11 @@ class Worker:
             return torch.device("cuda", self.local_rank)
         return torch.device("cpu")
 
-    def _inject_oom(self, device: torch.device) -> None:
+    def _inject_faults(self, device: torch.device) -> None:
         if self.params["inject_oom_at_step"] == self.step:
             torch.empty(IMPOSSIBLE_ALLOCATION, dtype=torch.uint8, device=device)
+        if os.environ.get(FAIL_AT_STEP_ENV) == str(self.step):
+            raise RuntimeError(f"injected failure at step {self.step} ({FAIL_AT_STEP_ENV})")
 
     def _say(self, text: str) -> None:
         if self.rank == 0:
@@ -85,7 +91,7 @@ class Worker:
 
         self._say(f"building {self.params['model']} with {self.params['framework']} {self.params['strategy']} "
                   f"on {self.world_size} rank(s) ({device.type})")
-        self._inject_oom(device)
+        self._inject_faults(device)
         runner = make_runner(context)
         runner.setup()
 
@@ -95,14 +101,17 @@ class Worker:
         step_times: list[float] = []
         self.phase = "step"
         report_every = max(1, total // 20)
+        last_report = time.monotonic()
         for self.step in range(1, total + 1):
-            self._inject_oom(device)
+            self._inject_faults(device)
             with StepClock(context.synchronize) as clock:
                 loss = runner.train_step().item()
             losses.append(loss)
             if self.step > warmup:
                 step_times.append(clock.elapsed_s)
-            if self.step % report_every == 0 or self.step == total:
+            # about 20 progress lines a run, and one at least every 30 s of a long one
+            if self.step % report_every == 0 or self.step in (1, total) or time.monotonic() - last_report > 30:
+                last_report = time.monotonic()
                 kind = "warm-up" if self.step <= warmup else "timed"
                 self._say(f"step {self.step}/{total} ({kind}) loss {loss:.4f} time {clock.elapsed_s * 1e3:.1f} ms")
         self._finish(runner, device, losses, step_times)

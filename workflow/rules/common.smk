@@ -1,6 +1,8 @@
 # The workflow's only Python layer: load and check config.yaml through the trainbench package, and
 # the input functions the rules use. Every decision about cells lives in the package (tested there).
+import os
 import sys
+from pathlib import Path
 
 try:
     from trainbench.config import load_config
@@ -9,13 +11,23 @@ try:
 except ImportError as error:
     sys.exit(f"error: cannot import trainbench ({error}); set up the environment first: make setup")
 
-from snakemake.settings.types import DeploymentMethod
 
 try:
     # Schema validation (workflow/schemas/config.schema.yaml) plus the semantic checks of every cell.
     CONFIG = load_config(config)
 except ConfigError as error:
     sys.exit(f"error: config.yaml: {error}")
+
+
+# Jobs call `trainbench` from the environment running Snakemake (a venv need not be activated);
+# under --sdm conda, Snakemake puts the rule's environment in front of this. Done through PATH rather
+# than a path in the rule, so neither the rule's text nor its params depend on where the clone is.
+envvars:
+    "PATH",
+
+
+search_path = os.environ["PATH"]
+os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), search_path])
 
 
 wildcard_constraints:
@@ -42,14 +54,6 @@ def get_cell_params(wildcards):
     return get_cell(wildcards).canonical
 
 
-def get_cell_retries(wildcards):
-    return get_cell(wildcards).execution["retries"]
-
-
-def get_cell_cpus_per_rank(wildcards):
-    return get_cell(wildcards).execution["cpus_per_rank"]
-
-
 def cell_resource(name):
     """An input function returning one of the cell's resources (see Cell.resources)."""
 
@@ -67,14 +71,6 @@ def get_study_metrics(wildcards):
 def get_study_layout(wildcards):
     study = get_study(wildcards)
     return {"description": study.description, "id_keys": study.id_keys, "report": study.report}
-
-
-def get_trainbench_command():
-    """How jobs call the package: through the interpreter running Snakemake, unless a conda
-    environment (--sdm conda) provides its own python on PATH."""
-    if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
-        return "python -m trainbench"
-    return f"{sys.executable} -m trainbench"
 
 
 def get_final_output():

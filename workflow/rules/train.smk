@@ -8,21 +8,21 @@ rule train_cell:
     log:
         "results/runs/{study}/{cell}/log",
     params:
+        # the cell's parameters, and nothing else: params are what trigger a rerun
         cell=get_cell_params,
-        retries=get_cell_retries,
-        cpus_per_rank=get_cell_cpus_per_rank,
-        trainbench=get_trainbench_command(),
     threads: cell_resource("threads")
     resources:
+        # how the cell runs, not what it measures: changing these reruns nothing
         gpu=cell_resource("gpu"),
         nodes=cell_resource("nodes"),
         tasks=cell_resource("tasks"),
         cpus_per_task=cell_resource("cpus_per_task"),
         mem_mb=cell_resource("mem_mb"),
         runtime=cell_resource("runtime"),
+        cell_retries=cell_resource("retries"),
     conda:
         "../../envs/train.yaml"
     shell:
-        "{params.trainbench} run-cell --study {wildcards.study} --cell {wildcards.cell}"
-        " --params {params.cell:q} --retries {params.retries} --cpus-per-rank {params.cpus_per_rank}"
+        "trainbench run-cell --study {wildcards.study} --cell {wildcards.cell} --params {params.cell:q}"
+        " --retries {resources.cell_retries} --cpus-per-task {resources.cpus_per_task}"
         " --runtime-min {resources.runtime} --output {output.metrics} > {log} 2>&1"

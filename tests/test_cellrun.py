@@ -1,0 +1,198 @@
+"""Running one cell for real on CPU ranks: outcomes, retries, limits, and what a killed run leaves."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from trainbench.cellrun import CellRun, classify, run_cell
+from trainbench.grid import Cell, check_cell, resolve
+from trainbench.models import get_model
+from trainbench.results import read_json, schema_problems
+from trainbench.worker import FAIL_AT_STEP_ENV
+
+TINY = {"model": "gpt2-tiny", "device": "cpu", "seq_len": 16, "micro_batch": 2, "warmup_steps": 1,
+        "timed_steps": 2}
+
+
+def make_cell(**params) -> Cell:
+    p = resolve({**TINY, **params})
+    errors, unsupported = check_cell(p)
+    assert not errors, errors
+    return Cell("t", "c", p, execution={"cpus_per_rank": 1}, unsupported=unsupported)
+
+
+def run(cell: Cell, tmp_path: Path, *, retries: int = 0, runtime_min: float = 5) -> dict:
+    output = tmp_path / "results/runs/t/c/metrics.json"
+    assert run_cell(cell, output, runtime_min=runtime_min, retries=retries) == 0
+    doc = read_json(output)
+    assert schema_problems(doc) == []
+    assert not (output.parent / ".work").exists()
+    return doc
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+
+def test_single_rank_cell_measures_and_records_everything(tmp_path):
+    cell = make_cell(strategy="single", timed_steps=4)
+    doc = run(cell, tmp_path)
+    m = doc["metrics"]
+    assert doc["status"] == "ok" and doc["reason"] is None
+    assert doc["params"] == cell.params and doc["params_hash"] == cell.params_hash
+    assert m["steps_timed"] == 4 and len(m["step_times_s"]) == 4
+    assert m["step_time_s"] == pytest.approx(sorted(m["step_times_s"])[1:3][0] / 2 + sorted(m["step_times_s"])[2] / 2,
+                                             rel=1e-3)
+    assert m["samples_per_s"] == pytest.approx(2 / m["step_time_s"], rel=1e-3)
+    assert m["tokens_per_s"] == pytest.approx(m["samples_per_s"] * 16, rel=1e-3)
+    assert m["params_total"] == get_model("gpt2-tiny").param_count()
+    assert sum(m["params_per_module_rank0"].values()) == m["params_total"]
+    assert math.isfinite(m["loss_first"]) and math.isfinite(m["loss_last"])
+    assert m["mfu"] is None and m["gpu_mem_used_mib"] is None  # a CPU: no peak FLOPS, no GPU
+    assert m["host_mem_peak_mib"] > 50
+    prov = doc["provenance"]
+    assert prov["versions"]["torch"] and prov["hostname"] and prov["started"] <= prov["ended"]
+    assert "trainbench.worker" in prov["command"]
+
+
+def test_ddp_on_two_ranks_reports_every_rank(tmp_path):
+    doc = run(make_cell(strategy="ddp", gpus=2), tmp_path)
+    assert doc["status"] == "ok"
+    assert len(doc["metrics"]["host_rss_peak_mib_per_rank"]) == 2
+    assert "torch.distributed.run --standalone --nproc-per-node=2" in doc["provenance"]["command"]
+
+
+def test_an_oom_at_a_step_is_a_result_with_its_step(tmp_path):
+    # A real allocation too large for any machine fails in the allocator on rank 0 and rank 1 of a
+    # DDP run, at step 2: the same handler a GPU's OutOfMemoryError goes through.
+    doc = run(make_cell(strategy="ddp", gpus=2, inject_oom_at_step=2), tmp_path, retries=2)
+    assert doc["status"] == "oom"
+    assert doc["reason"].startswith("OOM at step 2 of 3 on rank")
+    assert "can't allocate memory" in doc["reason"]
+    assert doc["attempts"] == 1  # an OOM is deterministic: never retried
+    assert doc["metrics"]["step_time_s"] is None and doc["metrics"]["wall_time_s"] > 0
+
+
+def test_an_oom_while_building_the_model_is_an_oom_at_init(tmp_path):
+    doc = run(make_cell(strategy="single", inject_oom_at_step=0), tmp_path)
+    assert doc["status"] == "oom"
+    assert doc["reason"].startswith("OOM at init (cannot even initialize the model)")
+
+
+def test_an_unexpected_failure_is_retried_then_recorded_with_its_error(tmp_path, monkeypatch):
+    monkeypatch.setenv(FAIL_AT_STEP_ENV, "1")
+    doc = run(make_cell(strategy="single"), tmp_path, retries=1)
+    assert doc["status"] == "failed"
+    assert doc["attempts"] == 2
+    assert "RuntimeError: injected failure at step 1" in doc["reason"]
+
+
+def test_a_run_past_its_time_limit_is_stopped_and_recorded_as_timeout(tmp_path):
+    started = time.monotonic()
+    doc = run(make_cell(strategy="ddp", gpus=2, timed_steps=10**6), tmp_path, runtime_min=0.15, retries=3)
+    assert doc["status"] == "timeout" and doc["attempts"] == 1
+    assert "time limit of 8 s" in doc["reason"]
+    assert time.monotonic() - started < 60
+
+
+def test_the_deepspeed_launcher_starts_a_zero_run(tmp_path):
+    doc = run(make_cell(framework="deepspeed", strategy="zero3", gpus=2, launcher="deepspeed"), tmp_path)
+    assert doc["status"] == "ok", doc["reason"]
+    assert "deepspeed.launcher.runner --num_gpus 2" in doc["provenance"]["command"]
+    config = read_json(tmp_path / "results/runs/t/c/deepspeed_config.json")
+    assert config["zero_optimization"]["stage"] == 3 and config["train_batch_size"] == 4
+    # ZeRO-3: rank 0 holds half of every partitioned parameter
+    held = sum(doc["metrics"]["params_per_module_rank0"].values())
+    assert held == pytest.approx(doc["metrics"]["params_total"] / 2, rel=0.01)
+
+
+def test_an_unsupported_cell_is_recorded_without_launching(tmp_path):
+    doc = run(make_cell(framework="deepspeed", strategy="zero1", ort=True), tmp_path)
+    assert doc["status"] == "unsupported" and "onnxruntime-training" in doc["reason"]
+    assert doc["provenance"]["command"] == ""
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"framework": "lightning", "strategy": "ddp", "gpus": 2}, "framework 'lightning' has no runner"),
+    ({"strategy": "single", "device": "cuda"}, "needs 1 GPUs; this machine has 0"),
+])
+def test_a_cell_that_cannot_run_here_writes_nothing(tmp_path, monkeypatch, capsys, params, message):
+    monkeypatch.setenv("TRAINBENCH_FAKE_GPUS", "0")
+    output = tmp_path / "metrics.json"
+    assert run_cell(make_cell(**params), output, runtime_min=5, retries=0) == 2
+    assert message in capsys.readouterr().err
+    assert not output.exists()
+
+
+def _processes_mentioning(text: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(text in part for part in proc.info["cmdline"] or []):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_a_killed_run_leaves_no_metrics_and_no_ranks(tmp_path):
+    cell = make_cell(strategy="ddp", gpus=2, timed_steps=10**6)
+    output = tmp_path / "results/runs/t/killed/metrics.json"
+    log = tmp_path / "log"
+    with open(log, "w") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainbench", "run-cell", "--study", "t", "--cell", "killed",
+             "--params", cell.canonical, "--output", str(output), "--cpus-per-task", "2"],
+            stdout=log_file, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while "step 1/" not in log.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert not output.exists() and not (output.parent / ".work").exists()
+    time.sleep(1)
+    assert _processes_mentioning(str(output.parent)) == []
+
+
+# --- classification of what the ranks left behind (no launch) -----------------------------
+
+def _rank(work, rank, **record):
+    (work / f"rank{rank}.json").write_text(json.dumps({"rank": rank, **record}))
+
+
+def test_classify_takes_the_earliest_oom_step_over_ranks(tmp_path):
+    _rank(tmp_path, 1, event="oom", phase="step", step=7, message="CUDA out of memory")
+    _rank(tmp_path, 0, event="oom", phase="step", step=5, message="CUDA out of memory")
+    outcome = classify(tmp_path, 1, False, 100, total_steps=25)
+    assert outcome.status == "oom" and outcome.reason.startswith("OOM at step 5 of 25 on rank 0, 1: CUDA out of memory")
+
+
+def test_classify_prefers_an_oom_over_a_peer_killed_by_the_launcher(tmp_path):
+    _rank(tmp_path, 0, event="error", phase="step", step=3, message="RuntimeError: NCCL communicator aborted")
+    _rank(tmp_path, 1, event="oom", phase="step", step=3, message="CUDA out of memory")
+    assert classify(tmp_path, 1, False, 100, total_steps=5).status == "oom"
+
+
+def test_classify_reports_a_signal_when_no_rank_said_anything(tmp_path):
+    outcome = classify(tmp_path, -9, False, 100, total_steps=5)
+    assert outcome.status == "failed" and "signal 9 (SIGKILL)" in outcome.reason
+
+
+def test_stop_time_leaves_room_to_write_the_result():
+    from trainbench.cellrun import stop_time_s
+
+    assert stop_time_s(30) == 30 * 60 - 60
+    assert stop_time_s(1) == pytest.approx(54)
+    assert CellRun(make_cell(strategy="single"), Path("x"), runtime_min=10, retries=0).timeout_s == 540

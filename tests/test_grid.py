@@ -1,0 +1,206 @@
+"""Grid expansion, cell ids, canonical parameters and config validation."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import yaml
+
+from trainbench.config import load_config
+from trainbench.errors import ConfigError
+from trainbench.grid import canonical_json, params_hash
+from trainbench.strategies import ORT_UNSUPPORTED
+
+from conftest import REPO
+
+
+def config_with(study: dict, name: str = "s") -> dict:
+    return {"default_studies": {"without_gpus": [name]}, "studies": {name: study}}
+
+
+def study(**kw) -> dict:
+    base = {"description": "d", "settings": {"model": "gpt2-tiny", "device": "cpu", "gpus": 2}}
+    base.update(kw)
+    return base
+
+
+def problems(config: dict) -> list[str]:
+    with pytest.raises(ConfigError) as error:
+        load_config(config)
+    return error.value.problems
+
+
+def test_axes_make_the_cartesian_product_minus_excludes():
+    s = load_config(config_with(study(
+        axes={"strategy": ["ddp", "fsdp"], "micro_batch": [1, 2, 4]},
+        exclude=[{"strategy": "fsdp", "micro_batch": 4}],
+    ))).study("s")
+    assert len(s.cells) == 5
+    assert {(c.params["strategy"], c.params["micro_batch"]) for c in s.cells} == {
+        ("ddp", 1), ("ddp", 2), ("ddp", 4), ("fsdp", 1), ("fsdp", 2)}
+
+
+def test_cell_ids_are_readable_key_value_pairs_in_parameter_order():
+    s = load_config(config_with(study(axes={"micro_batch": [2], "strategy": ["ddp"]}))).study("s")
+    # strategy comes before micro_batch in the parameter table, whatever the config's order
+    assert [c.cell_id for c in s.cells] == ["strategy~ddp__micro_batch~2"]
+    assert s.cells[0].target == "results/runs/s/strategy~ddp__micro_batch~2/metrics.json"
+
+
+def test_include_entries_add_cells_named_by_their_keys():
+    s = load_config(config_with(study(
+        axes={"strategy": ["ddp"]},
+        include=[{"strategy": "single", "gpus": 1},
+                 {"framework": "deepspeed", "strategy": "zero2", "offload_optimizer": True}],
+    ))).study("s")
+    ids = [c.cell_id for c in s.cells]
+    assert ids == ["strategy~ddp", "strategy~single__gpus~1",
+                   "framework~deepspeed__strategy~zero2__offload_optimizer~true"]
+    offload = s.cells[2].params
+    assert offload["framework"] == "deepspeed" and offload["offload_optimizer"] is True and offload["gpus"] == 2
+
+
+def test_variants_cross_bundles_of_parameters_with_the_axes():
+    s = load_config(config_with(study(
+        settings={"model": "gpt2-tiny", "device": "cpu", "framework": "deepspeed", "strategy": "zero3"},
+        variants={"scale": [{"nodes": 1, "gpus": 2}, {"nodes": 2, "gpus": 4}]},
+        axes={"micro_batch": [1, 2]},
+    ))).study("s")
+    assert sorted(c.cell_id for c in s.cells) == [
+        "nodes~1__gpus~2__micro_batch~1", "nodes~1__gpus~2__micro_batch~2",
+        "nodes~2__gpus~4__micro_batch~1", "nodes~2__gpus~4__micro_batch~2"]
+    assert {c.params["gpus_per_node"] for c in s.cells} == {2}
+
+
+def test_derived_values_and_defaults_are_in_the_parameters():
+    cell = load_config(config_with(study(
+        settings={"model": "gpt2-tiny", "device": "cpu", "framework": "deepspeed", "strategy": "zero1", "gpus": 8,
+                  "tp": 2, "micro_batch": 3, "grad_accum": 5, "nodes": 2},
+        include=[{}],
+    ))).study("s").cells[0]
+    p = cell.params
+    assert (p["dp"], p["gpus_per_node"], p["global_batch"]) == (4, 4, 3 * 5 * 4)
+    assert p["seq_len"] == 128  # null means the model's context length
+    assert p["launcher"] == "torchrun"  # auto resolves by rank count
+    assert p["lr"] == 1e-4 and isinstance(p["lr"], float)
+
+
+def test_canonical_string_ignores_key_order_and_hash_follows_values():
+    a = {"strategy": "ddp", "micro_batch": 2, "nested": {"x": 1, "y": 2}}
+    b = {"nested": {"y": 2, "x": 1}, "micro_batch": 2, "strategy": "ddp"}
+    assert canonical_json(a) == canonical_json(b)
+    assert params_hash(a) == params_hash(b)
+    assert params_hash(a) != params_hash({**a, "micro_batch": 3})
+
+
+def test_reordering_config_keys_changes_no_id_and_no_parameter_string():
+    original = study(axes={"strategy": ["ddp", "fsdp"], "micro_batch": [1, 2]},
+                     include=[{"strategy": "single", "gpus": 1}])
+    reordered = {"include": original["include"],
+                 "axes": {"micro_batch": [2, 1], "strategy": ["fsdp", "ddp"]},
+                 "settings": dict(reversed(list(original["settings"].items()))),
+                 "description": "d"}
+    cells_a = {c.cell_id: c.canonical for c in load_config(config_with(original)).study("s").cells}
+    cells_b = {c.cell_id: c.canonical for c in load_config(config_with(reordered)).study("s").cells}
+    assert cells_a == cells_b
+
+
+def test_yaml_float_spellings_are_numbers():
+    # PyYAML reads 5e-5 (no dot) as a string; a float parameter accepts it anyway.
+    config = yaml.safe_load("studies:\n  s:\n    description: d\n    settings: {device: cpu, lr: 5e-5}\n"
+                            "    include: [{}]\n")
+    assert load_config(config).study("s").cells[0].params["lr"] == 5e-5
+
+
+def test_stack_limits_make_cells_unsupported_not_errors():
+    config = load_config(REPO / "config.yaml")
+    lightning = {c.params["strategy"]: c for c in config.study("lightning").cells}
+    assert "ColossalAI" in lightning["colossalai"].unsupported
+    assert lightning["ddp"].unsupported is None
+    ort = [c for c in config.study("gpt2_zero").cells if c.params["ort"]]
+    assert ort and all(c.unsupported == ORT_UNSUPPORTED for c in ort)
+    assert lightning["colossalai"].resources()["gpu"] == 0  # recorded without holding GPUs
+
+
+def test_the_five_studies_and_smoke_expand(repo):
+    config = load_config(repo / "config.yaml")
+    counts = {name: len(s.cells) for name, s in config.studies.items()}
+    assert counts["smoke"] == 8
+    assert counts["lightning"] == 8  # 7 strategies on 4 GPUs and one GPU
+    assert counts["gpt2_zero"] == 28  # 4 stages x 2 precisions x offload (not stage 0) x ORT
+    assert counts["llama"] == 4 * 3 * 2 * 7 * 3
+    zero3 = config.study("zero3_pipeline")
+    assert {c.params["nodes"] for c in zero3.cells} == {8, 16}
+    assert {c.resources()["gpu"] for c in zero3.cells} == {64, 128}
+    assert config.default_targets_studies(have_gpus=False) == ["smoke"]
+
+
+# --- bad input: one message naming study, cell or key, and what is allowed --------------------
+
+@pytest.mark.parametrize("settings, expected", [
+    ({"micro_batch": -4}, "studies.s.settings.micro_batch: -4 is less than the minimum of 1"),
+    ({"micro_batch": "four"}, "micro_batch must be an integer >= 1"),
+    ({"precision": "fp8"}, "studies.s.settings.precision: 'fp8' is not allowed; precision must be one of 'fp32', 'fp16', 'bf16'"),
+    ({"micro_bach": 4}, "unknown key 'micro_bach' (did you mean 'micro_batch'?)"),
+])
+def test_schema_errors_name_the_key_and_what_is_allowed(settings, expected):
+    s = study()
+    s["settings"] = {**s["settings"], **settings}
+    s["include"] = [{}]
+    found = problems(config_with(s))
+    assert any(expected in p for p in found), found
+
+
+@pytest.mark.parametrize("cell, expected", [
+    ({"strategy": "ddp", "offload_optimizer": True}, "offload_optimizer: means nothing for torch strategy 'ddp'"),
+    ({"strategy": "single", "gpus": 4}, "gpus: strategy 'single' runs one rank"),
+    ({"strategy": "zero9", "framework": "deepspeed"}, "'zero9' is not a deepspeed strategy; allowed: zero0, zero1"),
+    ({"framework": "deepspeed", "strategy": "zero0", "offload_optimizer": True},
+     "offload_optimizer: means nothing for deepspeed strategy 'zero0'"),
+    ({"framework": "deepspeed", "strategy": "zero1", "tp": 3}, "gpus: gpus=2 is not divisible by tp x pp = 3 x 1"),
+    ({"model": "gpt5"}, "model: unknown model 'gpt5'; known: gpt2-tiny"),
+    ({"seq_len": 4096}, "seq_len: 4096 exceeds gpt2-tiny's context of 128 tokens"),
+    ({"gpus": 3, "nodes": 2}, "gpus=3 is not a multiple of nodes=2"),
+    ({"strategy": "ddp", "launcher": "deepspeed"}, "launcher: the DeepSpeed launcher starts DeepSpeed engine runs"),
+])
+def test_semantic_errors_name_study_cell_and_key(cell, expected):
+    found = problems(config_with(study(include=[cell])))
+    assert any(expected in p for p in found), found
+    assert all(p.startswith("study 's', cell '") for p in found if expected in p)
+
+
+def test_many_bad_cells_are_reported_once_per_problem():
+    found = problems(config_with(study(axes={"strategy": ["ddp"], "micro_batch": list(range(1, 9)),
+                                             "offload_optimizer": [True]})))
+    assert len(found) == 1 and "and 5 more" in found[0]
+
+
+def test_structural_mistakes_are_reported():
+    assert any("no cells" in p for p in problems(config_with(study())))
+    assert any("matches no cell" in p for p in problems(config_with(study(
+        axes={"strategy": ["ddp"]}, exclude=[{"strategy": "fsdp"}]))))
+    assert any("same cell" in p for p in problems(config_with(study(
+        axes={"strategy": ["ddp"]}, include=[{"strategy": "ddp"}]))))
+    assert any("repeated value" in p for p in problems(config_with(study(axes={"strategy": ["ddp", "ddp"]}))))
+    assert any("both a setting and an axis" in p for p in problems(config_with(study(
+        axes={"device": ["cpu"]}))))
+    bad_default = config_with(study(include=[{}]))
+    bad_default["default_studies"] = {"without_gpus": ["nope"]}
+    assert any("default_studies.without_gpus: unknown study 'nope'" in p for p in problems(bad_default))
+
+
+def test_unknown_study_and_cell_lookups_say_what_exists(repo):
+    config = load_config(repo / "config.yaml")
+    with pytest.raises(ConfigError, match="unknown study 'nope'; studies in config.yaml: smoke, lightning"):
+        config.study("nope")
+    with pytest.raises(ConfigError, match="has no cell 'x'; `trainbench cells smoke` lists"):
+        config.study("smoke").cell("x")
+
+
+def test_config_mapping_is_not_modified(repo):
+    raw = yaml.safe_load((repo / "config.yaml").read_text())
+    before = copy.deepcopy(raw)
+    load_config(raw)
+    assert json.dumps(raw, sort_keys=True) == json.dumps(before, sort_keys=True)

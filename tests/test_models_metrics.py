@@ -1,0 +1,76 @@
+"""Parameter counts, FLOPs per token, throughput, TFLOPS and MFU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainbench.gpt import GPT
+from trainbench.metrics import peak_flops, throughput
+from trainbench.models import MODELS, get_model
+from trainbench.tables import hms, si
+
+
+@pytest.mark.parametrize("name, published", [
+    ("gpt2-124m", 124_439_808),  # GPT-2 small as Hugging Face counts it (tied embeddings)
+    ("gpt2-350m", 354_823_168),
+    ("llama-7b", 6_738_415_616),
+    ("llama-13b", 13_015_864_320),
+    ("llama-65b", 65_285_660_672),
+])
+def test_parameter_counts_match_published_models(name, published):
+    assert get_model(name).param_count() == published
+
+
+@pytest.mark.parametrize("name, head", [("gpt2-tiny", "lm"), ("gpt2-tiny", "classifier"),
+                                        ("gpt2-small-cpu", "lm")])
+def test_analytic_count_equals_the_built_module(name, head):
+    spec = get_model(name)
+    model = GPT(spec, head=head, num_classes=5)
+    assert sum(p.numel() for p in model.parameters()) == spec.param_count(head, 5)
+
+
+def test_flops_per_token_is_palm_formula_on_gpt2_small():
+    spec = get_model("gpt2-124m")
+    n_without_positions = 124_439_808 - 1024 * 768  # nanoGPT's estimate_mfu uses this N
+    # 12 L H Q T with L=12, H=12, Q=64, T=1024
+    expected = 6 * n_without_positions + 12 * 12 * 12 * 64 * 1024
+    # ours leaves out the final LayerNorm (1,536 parameters), which does no matmul
+    assert spec.train_flops_per_token(1024) == pytest.approx(expected, rel=1e-4)
+
+
+def test_classifier_head_flops_leave_out_the_unused_lm_head():
+    spec = get_model("gpt2-124m")
+    assert spec.train_flops_per_token(512, "classifier", 5) < spec.train_flops_per_token(512, "lm") - 6 * 38e6
+
+
+def test_throughput_tflops_and_mfu_from_median_step():
+    rate = throughput([1.0, 0.5, 0.5, 9.0], global_batch=64, seq_len=1024, flops_per_token=1e9, gpus=2,
+                      peak=989e12)
+    assert rate.step_time_s == 0.75  # median, robust to one stray step
+    assert rate.samples_per_s == pytest.approx(64 / 0.75)
+    assert rate.tokens_per_s == pytest.approx(64 * 1024 / 0.75)
+    assert rate.tflops_per_gpu == pytest.approx(64 * 1024 / 0.75 * 1e9 / 2 / 1e12)
+    assert rate.mfu == pytest.approx(rate.tflops_per_gpu * 1e12 / 989e12)
+
+
+def test_peak_flops_by_gpu_and_precision():
+    assert peak_flops("NVIDIA H200", "bf16", False) == 989e12
+    assert peak_flops("NVIDIA H100 80GB HBM3", "fp32", True) == 494e12
+    assert peak_flops("NVIDIA A100-SXM4-40GB", "fp16", False) == 312e12
+    assert peak_flops("NVIDIA H100 PCIe", "bf16", False) is None  # not the SXM part in the table
+    assert peak_flops(None, "bf16", False) is None  # CPU: no MFU
+
+
+def test_units():
+    assert hms(3725.4) == "1:02:05"
+    assert si(124_439_808) == "124.4M" and si(6.74e9) == "6.7B" and si(640) == "640"
+
+
+def test_every_gpt_model_builds_on_meta_with_its_analytic_count():
+    for spec in MODELS.values():
+        if spec.family != "gpt":
+            continue
+        with torch.device("meta"):
+            model = GPT(spec)
+        assert sum(p.numel() for p in model.parameters()) == spec.param_count(), spec.name

@@ -1,0 +1,68 @@
+"""metrics.json: atomic writes and the schema every reader relies on."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from trainbench import results
+from trainbench.results import read_cells, schema_problems, write_json_atomic
+
+
+class Unserialisable:
+    pass
+
+
+def test_atomic_write_replaces_whole_files_and_leaves_no_temporaries(tmp_path):
+    target = tmp_path / "cell" / "metrics.json"
+    write_json_atomic(target, {"status": "ok", "n": 1})
+    write_json_atomic(target, {"status": "ok", "n": 2})
+    assert json.loads(target.read_text()) == {"status": "ok", "n": 2}
+    assert os.listdir(target.parent) == ["metrics.json"]
+
+
+def test_a_write_that_dies_midway_keeps_the_old_file_and_no_partial_one(tmp_path):
+    target = tmp_path / "metrics.json"
+    write_json_atomic(target, {"status": "ok"})
+    with pytest.raises(TypeError):
+        # json.dump fails after writing part of the document
+        write_json_atomic(target, {"status": "failed", "metrics": [1, 2, Unserialisable()]})
+    assert json.loads(target.read_text()) == {"status": "ok"}
+    assert os.listdir(tmp_path) == ["metrics.json"]
+
+
+def test_a_write_that_dies_before_the_first_file_leaves_nothing(tmp_path):
+    target = tmp_path / "metrics.json"
+    with pytest.raises(TypeError):
+        write_json_atomic(target, {"x": Unserialisable()})
+    assert os.listdir(tmp_path) == []
+
+
+def _document(**overrides):
+    doc = {"schema": 1, "study": "s", "cell_id": "c", "params": {}, "params_hash": "h", "status": "ok",
+           "reason": None, "metrics": results.empty_metrics(), "predicted": results.empty_predicted(),
+           "provenance": {k: None for k in results.PROVENANCE_KEYS}}
+    doc["provenance"]["versions"] = {k: None for k in results.VERSION_KEYS}
+    doc.update(overrides)
+    return doc
+
+
+def test_schema_problems_find_missing_keys_and_bad_statuses():
+    assert schema_problems(_document()) == []
+    assert schema_problems(_document(status="crashed", reason="?")) == [
+        "status 'crashed' is not one of ('ok', 'oom', 'unsupported', 'infeasible', 'failed', 'timeout')"]
+    assert schema_problems(_document(status="oom")) == ["status 'oom' needs a reason"]
+    doc = _document()
+    del doc["metrics"]["mfu"]
+    assert schema_problems(doc) == ["missing key metrics.mfu"]
+
+
+def test_reading_cells_refuses_a_malformed_file(tmp_path):
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(_document()))
+    bad.write_text(json.dumps({"status": "ok"}))
+    assert len(read_cells([good])) == 1
+    with pytest.raises(ValueError, match="bad.json: not a metrics.json of schema 1: missing key 'schema'"):
+        read_cells([good, bad])

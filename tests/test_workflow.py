@@ -1,0 +1,233 @@
+"""The workflow end to end, through real Snakemake runs in a scratch copy of the repository."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from trainbench.config import load_config
+
+from conftest import REPO, parse_dry_run, tiny_study
+
+
+def run_counts(jobs: dict[str, set[str]]) -> dict[str, int]:
+    return {rule: len(outputs) for rule, outputs in jobs.items()}
+
+
+def cells_planned(jobs) -> set[str]:
+    return {path.split("/")[3] for path in jobs.get("train_cell", set())}
+
+
+# --- every study of STUDIES.md dry-runs with its resources ----------------------------------
+
+@pytest.mark.parametrize("study", ["lightning", "llama", "zero3_pipeline", "gpt2_zero", "megatron"])
+def test_each_study_dry_runs_listing_its_cells_and_resources(workflow, study):
+    workflow.write_config((REPO / "config.yaml").read_text())
+    result = workflow.snakemake("-n", f"results/tables/{study}.md")
+    jobs = parse_dry_run(result.stdout)
+    expected = load_config(REPO / "config.yaml").study(study)
+    assert len(jobs["train_cell"]) == len(expected.cells)
+    assert jobs["study_table"] == {f"results/tables/{study}.md", f"results/tables/{study}.csv"}
+    resources = [line for line in result.stdout.splitlines() if line.strip().startswith("resources:")]
+    gpu_counts = {c.resources()["gpu"] for c in expected.cells}
+    for gpus in gpu_counts:
+        assert any(f"gpu={gpus}," in line for line in resources), gpus
+    assert all("runtime=" in line and "mem_mb=" in line for line in resources if "gpu=" in line)
+    if study == "zero3_pipeline":
+        assert any("nodes=8," in line and "gpu=64," in line for line in resources)
+        assert any("nodes=16," in line and "gpu=128," in line for line in resources)
+
+
+# --- only missing or changed cells rerun ------------------------------------------------------
+
+def rerun_config() -> dict:
+    t = tiny_study(strategy="single")
+    t["axes"] = {"micro_batch": [1, 2]}
+    u = tiny_study(strategy="single")
+    u["include"] = [{"seed": 1}]
+    return {"default_studies": {"without_gpus": ["t", "u"], "with_gpus": ["t", "u"]}, "studies": {"t": t, "u": u}}
+
+
+def test_only_missing_or_changed_cells_rerun(workflow):
+    config = rerun_config()
+    workflow.write_config(config)
+    first = workflow.planned()
+    assert cells_planned(first) == {"micro_batch~1", "micro_batch~2", "seed~1"}
+    workflow.snakemake()
+    untouched_u = workflow.path("results/runs/u/seed~1/metrics.json").stat().st_mtime_ns
+
+    # an unchanged tree: nothing to do
+    result = workflow.snakemake("-n")
+    assert "Nothing to be done" in result.stdout + result.stderr
+
+    # reordering keys and axis values in config.yaml: nothing to do
+    reordered = copy.deepcopy(config)
+    t = reordered["studies"]["t"]
+    t["settings"] = dict(reversed(list(t["settings"].items())))
+    t["axes"]["micro_batch"] = [2, 1]
+    reordered["studies"] = {"u": reordered["studies"]["u"], "t": t}
+    workflow.write_config(yaml.safe_dump(reordered, sort_keys=True))
+    assert "Nothing to be done" in (lambda r: r.stdout + r.stderr)(workflow.snakemake("-n"))
+
+    # execution settings (limits, retries) are not parameters: nothing to do
+    changed = copy.deepcopy(config)
+    changed["studies"]["t"]["execution"]["runtime_min"] = 7
+    changed["studies"]["t"]["execution"]["retries"] = 2
+    workflow.write_config(changed)
+    assert "Nothing to be done" in (lambda r: r.stdout + r.stderr)(workflow.snakemake("-n"))
+
+    # adding an axis value runs only the new cell, plus t's aggregates
+    changed = copy.deepcopy(config)
+    changed["studies"]["t"]["axes"]["micro_batch"] = [1, 2, 4]
+    workflow.write_config(changed)
+    jobs = workflow.planned()
+    assert cells_planned(jobs) == {"micro_batch~4"}
+    assert jobs["study_table"] == {"results/tables/t.md", "results/tables/t.csv"}
+    assert jobs["study_plots"] == {"results/plots/t_memory.png", "results/plots/t_throughput.png"}
+    workflow.snakemake()
+
+    # editing one axis value (2 -> 3) runs exactly the cell with the new value
+    changed["studies"]["t"]["axes"]["micro_batch"] = [1, 3, 4]
+    workflow.write_config(changed)
+    assert cells_planned(workflow.planned()) == {"micro_batch~3"}
+
+    # editing a setting changes every cell of that study, and no other study's
+    changed["studies"]["t"]["axes"]["micro_batch"] = [1, 2, 4]
+    changed["studies"]["t"]["settings"]["lr"] = 3e-4
+    workflow.write_config(changed)
+    jobs = workflow.planned()
+    assert cells_planned(jobs) == {"micro_batch~1", "micro_batch~2", "micro_batch~4"}
+    assert "results/tables/u.md" not in jobs.get("study_table", set())
+    workflow.snakemake()
+    rerun = json.loads(workflow.path("results/runs/t/micro_batch~1/metrics.json").read_text())
+    assert rerun["params"]["lr"] == 3e-4
+    assert workflow.path("results/runs/u/seed~1/metrics.json").stat().st_mtime_ns == untouched_u
+
+    # changing what the table shows reruns the table, not the cells
+    changed["studies"]["t"]["report"] = ["step_time_ms", "loss"]
+    workflow.write_config(changed)
+    jobs = workflow.planned()
+    assert "train_cell" not in jobs and jobs["study_table"] == {"results/tables/t.md", "results/tables/t.csv"}
+
+    # a reviewer re-runs one cell (README): only that cell; or that cell and the table it feeds
+    workflow.snakemake("results/tables/t.md")
+    cell = "results/runs/t/micro_batch~2/metrics.json"
+    jobs = workflow.planned("--force", cell)
+    assert cells_planned(jobs) == {"micro_batch~2"} and "study_table" not in jobs
+    jobs = workflow.planned("results/tables/t.md", "--forcerun", cell)
+    assert cells_planned(jobs) == {"micro_batch~2"} and jobs["study_table"] == {"results/tables/t.md",
+                                                                                 "results/tables/t.csv"}
+
+
+# --- outcomes are data: OOM in the table, not a crashed workflow ---------------------------------
+
+def test_an_oom_cell_is_a_row_of_the_table(workflow):
+    t = tiny_study(strategy="ddp", gpus=2)
+    t["axes"] = {"inject_oom_at_step": [2]}
+    t["include"] = [{"strategy": "single", "gpus": 1}]
+    workflow.write_config({"default_studies": {"without_gpus": ["t"], "with_gpus": ["t"]}, "studies": {"t": t}})
+    workflow.snakemake()
+    table = workflow.path("results/tables/t.md").read_text()
+    assert "| ddp | 2 | 2 | OOM at step 2 of 3 |" in table
+    assert "| single | 1 |  | ok |" in table
+    csv_text = workflow.path("results/tables/t.csv").read_text().replace('"', "")
+    # whichever rank failed first is named; the launcher may stop the other before its own OOM
+    assert re.search(r"inject_oom_at_step~2,oom,OOM at step 2 of 3 on rank [01]", csv_text)
+    assert workflow.path("results/plots/t_memory.png").stat().st_size > 10_000
+
+
+# --- bad input: a clear message, a non-zero exit, no traceback, results untouched ----------------
+
+BAD_CONFIGS = {
+    "unknown key": ("settings", {"micro_bach": 2}, "studies.t.settings: unknown key 'micro_bach' (did you mean 'micro_batch'?)"),
+    "negative size": ("settings", {"micro_batch": -1}, "studies.t.settings.micro_batch: -1 is less than the minimum of 1"),
+    "unknown strategy": ("settings", {"strategy": "zero2"}, "strategy: 'zero2' is not a torch strategy; allowed: single, ddp, fsdp"),
+    "offload without meaning": ("settings", {"strategy": "ddp", "gpus": 2, "offload_optimizer": True},
+                                "offload_optimizer: means nothing for torch strategy 'ddp'"),
+    "tp not dividing": ("settings", {"framework": "deepspeed", "strategy": "zero1", "gpus": 2, "tp": 4},
+                        "gpus: gpus=2 is not divisible by tp x pp = 4 x 1"),
+    "unknown model": ("settings", {"model": "gpt-9"}, "model: unknown model 'gpt-9'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
+def test_bad_config_stops_before_any_job_with_one_clear_message(workflow, case):
+    section, values, message = BAD_CONFIGS[case]
+    t = tiny_study(strategy="single")
+    t["include"] = [{}]
+    t[section].update(values)
+    workflow.write_config({"default_studies": {"without_gpus": ["t"], "with_gpus": ["t"]}, "studies": {"t": t}})
+    keep = workflow.path("results/runs/t/keep/metrics.json")
+    keep.parent.mkdir(parents=True)
+    keep.write_text("earlier result\n")
+    result = workflow.snakemake(check=False)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert message in output, output
+    assert "Traceback" not in output and "File \"" not in output
+    assert keep.read_text() == "earlier result\n"
+    assert sorted(p.name for p in workflow.path("results").rglob("*") if p.is_file()) == ["metrics.json"]
+
+
+@pytest.mark.parametrize("target, message", [
+    ("results/tables/nope.md", "unknown study 'nope'; studies in config.yaml: t"),
+    ("results/runs/t/micro_batch~9/metrics.json", "study 't' has no cell 'micro_batch~9'"),
+])
+def test_a_target_naming_nothing_known_is_refused(workflow, target, message):
+    t = tiny_study(strategy="single")
+    t["axes"] = {"micro_batch": [1]}
+    workflow.write_config({"studies": {"t": t}})
+    result = workflow.snakemake("-n", target, check=False)
+    assert result.returncode != 0
+    assert message in result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+# --- listing cells for reviewers -----------------------------------------------------------------
+
+def test_cells_lists_targets_and_current_status(workflow):
+    t = tiny_study(strategy="single")
+    t["axes"] = {"micro_batch": [1, 2]}
+    workflow.write_config({"studies": {"t": t}})
+    workflow.snakemake("results/runs/t/micro_batch~1/metrics.json")
+
+    def listing():
+        out = subprocess.run([sys.executable, "-m", "trainbench", "cells", "t", "--tsv"], cwd=workflow.root,
+                             capture_output=True, text=True, check=True).stdout
+        return {row.split("\t")[1]: row.split("\t") for row in out.strip().splitlines()[1:]}
+
+    rows = listing()
+    assert rows["micro_batch~1"][2] == "ok" and rows["micro_batch~2"][2] == "missing"
+    assert rows["micro_batch~1"][5] == "results/runs/t/micro_batch~1/metrics.json"
+    t["settings"]["lr"] = 5e-4
+    workflow.write_config({"studies": {"t": t}})
+    assert listing()["micro_batch~1"][2] == "ok (stale: parameters changed)"
+
+
+def test_lint_reports_nothing(workflow):
+    workflow.write_config((REPO / "config.yaml").read_text())
+    result = workflow.snakemake("--lint")
+    assert "Congratulations, your workflow is in a good condition!" in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_the_default_study_runs_on_a_cpu_machine_and_a_second_run_does_nothing(workflow):
+    workflow.write_config((REPO / "config.yaml").read_text())
+    # as the README's quick start runs it: all cores, no target
+    workflow.snakemake("--cores", "all", env={"TRAINBENCH_FAKE_GPUS": "0", "CUDA_VISIBLE_DEVICES": ""})
+    smoke = load_config(REPO / "config.yaml").study("smoke")
+    for cell in smoke.cells:
+        doc = json.loads(workflow.path(cell.target).read_text())
+        assert doc["status"] == "ok", (cell.cell_id, doc["reason"])
+    for name in ("tables/smoke.md", "tables/smoke.csv", "plots/smoke_memory.png", "plots/smoke_throughput.png"):
+        assert workflow.path(f"results/{name}").stat().st_size > 0
+    table = workflow.path("results/tables/smoke.md").read_text()
+    assert table.count("| ok |") == len(smoke.cells)
+    result = workflow.snakemake("-n", env={"TRAINBENCH_FAKE_GPUS": "0"})
+    assert "Nothing to be done" in result.stdout + result.stderr
