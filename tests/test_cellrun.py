@@ -155,15 +155,21 @@ def test_a_killed_run_leaves_no_metrics_and_no_ranks(tmp_path):
             [sys.executable, "-m", "trainbench", "run-cell", "--study", "t", "--cell", "killed",
              "--params", cell.canonical, "--output", str(output), "--cpus-per-task", "2"],
             stdout=log_file, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while "step 1/" not in log.read_text():
-        assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
-    assert not output.exists() and not (output.parent / ".work").exists()
-    time.sleep(1)
-    assert _processes_mentioning(str(output.parent)) == []
+    try:
+        deadline = time.monotonic() + 120
+        while "step 1/" not in log.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        assert not output.exists() and not (output.parent / ".work").exists()
+        time.sleep(1)
+        assert _processes_mentioning(str(output.parent)) == []
+    finally:  # never leave a million-step run behind, whatever failed above
+        for leftover in [psutil.Process(proc.pid)] if proc.poll() is None else []:
+            leftover.kill()
+        for leftover in _processes_mentioning(str(output.parent)):
+            leftover.kill()
 
 
 # --- classification of what the ranks left behind (no launch) -----------------------------
