@@ -2,7 +2,8 @@
 # Create (or update) the virtual environment the pipeline runs in: envs/bootstrap.sh [VENV] [--test]
 #
 # torch goes in first and alone: if the interpreter already has torch (a GPU host's CUDA build), the
-# venv sees it through --system-site-packages and keeps it; otherwise TORCH_SPEC is installed
+# venv sees it through --system-site-packages and keeps it; otherwise the venv is isolated and
+# TORCH_SPEC is installed
 # (default torch==2.13.0; set TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu for a CPU build
 # where the default index would give the multi-GB CUDA one).
 set -euo pipefail
@@ -18,19 +19,27 @@ done
 python=${PYTHON:-python3}
 
 if [ ! -x "$venv/bin/python" ]; then
-  echo "creating $venv with $($python --version)"
-  "$python" -m venv --system-site-packages "$venv"
+  if "$python" -c "import torch" 2>/dev/null; then
+    # keep the machine's own torch (a GPU host's CUDA build) and what came with it
+    echo "creating $venv with $($python --version), seeing its packages (torch is there)"
+    "$python" -m venv --system-site-packages "$venv"
+  else
+    echo "creating $venv with $($python --version)"
+    "$python" -m venv "$venv"
+  fi
 fi
 pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
+# Some machines' pip configuration names index folders that do not exist; pip warns about each one.
+quiet_pip() { "${pip[@]}" "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 
 if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
   echo "installing ${TORCH_SPEC:-torch==2.13.0}"
-  "${pip[@]}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "${TORCH_SPEC:-torch==2.13.0}"
+  quiet_pip ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "${TORCH_SPEC:-torch==2.13.0}"
 fi
 echo "installing envs/requirements.txt and trainbench (editable)"
-"${pip[@]}" -r envs/requirements.txt
-"${pip[@]}" --no-deps -e .
+quiet_pip -r envs/requirements.txt
+quiet_pip --no-deps -e .
 if [ "$with_tests" = 1 ]; then
-  "${pip[@]}" -r envs/requirements-test.txt
+  quiet_pip -r envs/requirements-test.txt
 fi
 "$venv/bin/python" -c "import torch, deepspeed, snakemake, trainbench; print('environment ready:', '$venv', 'torch', torch.__version__, 'deepspeed', deepspeed.__version__, 'snakemake', snakemake.__version__)" 2>&1 | grep -v "real_accelerator"

@@ -82,6 +82,19 @@ def workflow(tmp_path) -> Workflow:
     return Workflow(tmp_path)
 
 
+@pytest.fixture(scope="session")
+def smoke_run_locally(tmp_path_factory) -> tuple[Workflow, float]:
+    """The repository's config run as the README's quick start does on a CPU machine (once per
+    session: the local and the SLURM tests compare against it). Returns the workflow and its time."""
+    import time
+
+    flow = Workflow(tmp_path_factory.mktemp("smoke-local"))
+    flow.write_config((REPO / "config.yaml").read_text())
+    started = time.monotonic()
+    flow.snakemake("--cores", "all", env={"TRAINBENCH_FAKE_GPUS": "0", "CUDA_VISIBLE_DEVICES": ""})
+    return flow, time.monotonic() - started
+
+
 @pytest.fixture
 def repo() -> Path:
     return REPO

@@ -202,3 +202,24 @@ def test_stop_time_leaves_room_to_write_the_result():
     assert stop_time_s(30) == 30 * 60 - 60
     assert stop_time_s(1) == pytest.approx(54)
     assert CellRun(make_cell(strategy="single"), Path("x"), runtime_min=10, retries=0).timeout_s == 540
+
+
+# --- multi-node launch: two "nodes" on this host joining one c10d rendezvous ---------------------
+
+@pytest.mark.parametrize("framework, strategy", [("torch", "ddp"), ("deepspeed", "zero3")])
+def test_two_nodes_on_one_host_join_one_rendezvous(tmp_path, monkeypatch, framework, strategy):
+    monkeypatch.setenv("TRAINBENCH_SIMULATE_NODES", "1")
+    doc = run(make_cell(framework=framework, strategy=strategy, nodes=2, gpus=2), tmp_path)
+    assert doc["status"] == "ok", doc["reason"]
+    command = doc["provenance"]["command"]
+    # the same torchrun started once per node, meeting at one c10d endpoint
+    assert command.count("--nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:") == 2
+    assert len(doc["metrics"]["host_rss_peak_mib_per_rank"]) == 2
+    assert doc["params"]["dp"] == 2 and doc["metrics"]["samples_per_s"] > 0
+
+
+def test_a_multi_node_cell_outside_slurm_says_where_it_can_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("TRAINBENCH_SIMULATE_NODES", raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert run_cell(make_cell(strategy="ddp", nodes=2, gpus=2), tmp_path / "m.json", runtime_min=5, retries=0) == 2
+    assert "a 2-node cell runs inside a SLURM allocation" in capsys.readouterr().err

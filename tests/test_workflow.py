@@ -217,10 +217,9 @@ def test_lint_reports_nothing(workflow):
 
 
 @pytest.mark.slow
-def test_the_default_study_runs_on_a_cpu_machine_and_a_second_run_does_nothing(workflow):
-    workflow.write_config((REPO / "config.yaml").read_text())
-    # as the README's quick start runs it: all cores, no target
-    workflow.snakemake("--cores", "all", env={"TRAINBENCH_FAKE_GPUS": "0", "CUDA_VISIBLE_DEVICES": ""})
+def test_the_default_study_runs_on_a_cpu_machine_and_a_second_run_does_nothing(smoke_run_locally):
+    workflow, seconds = smoke_run_locally
+    print(f"smoke study, local: {seconds:.1f} s")
     smoke = load_config(REPO / "config.yaml").study("smoke")
     for cell in smoke.cells:
         doc = json.loads(workflow.path(cell.target).read_text())
@@ -231,3 +230,12 @@ def test_the_default_study_runs_on_a_cpu_machine_and_a_second_run_does_nothing(w
     assert table.count("| ok |") == len(smoke.cells)
     result = workflow.snakemake("-n", env={"TRAINBENCH_FAKE_GPUS": "0"})
     assert "Nothing to be done" in result.stdout + result.stderr
+
+
+def test_the_slurm_profile_dry_runs_multi_node_requests_without_a_cluster(workflow):
+    workflow.write_config((REPO / "config.yaml").read_text())
+    result = workflow.snakemake("--profile", "profiles/slurm", "-n", "results/tables/zero3_pipeline.md")
+    lines = [line for line in result.stdout.splitlines() if line.strip().startswith("resources:")]
+    assert sum("gres=gpu:8, nodes=8, tasks=8," in line for line in lines) == 76
+    assert sum("gres=gpu:8, nodes=16, tasks=16," in line for line in lines) == 75
+    assert all("mpi=srun" in line for line in lines if "nodes=" in line)

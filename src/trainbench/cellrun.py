@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,12 +24,18 @@ from typing import Any
 
 from trainbench import provenance, strategies
 from trainbench.grid import Cell, params_hash
-from trainbench.launch import launch_environment, node_command
+from trainbench.gpus import under_slurm
+from trainbench.launch import (Rendezvous, free_port, launch_environment, multinode_command, node_command,
+                              srun_command, worker_args)
 from trainbench.metrics import peak_flops, throughput
 from trainbench.models import get_model
 from trainbench.results import SCHEMA_VERSION, empty_metrics, empty_predicted, write_json_atomic
 
 TERMINATE_GRACE_S = 15
+PEER_EXIT_GRACE_S = 30  # after one node's launcher fails, how long the others get to notice
+# Run a multi-node CPU cell's nodes as processes on this machine, each its own torchrun joining one
+# c10d rendezvous: the multi-node launch path without a cluster (tests, laptops).
+SIMULATE_NODES_ENV = "TRAINBENCH_SIMULATE_NODES"
 
 
 def stop_time_s(runtime_min: float) -> float:
@@ -99,6 +107,10 @@ def _node_memory(entries: list[dict[str, Any] | None]) -> dict[str, list]:
         host_used.append(entry["host_used_mib"])
         host_percent.append(entry["host_percent"])
     return {"used": used, "total": total, "names": names, "host_used": host_used, "host_percent": host_percent}
+
+
+def _rank_entries(outcome: Outcome) -> list[dict[str, Any]]:
+    return outcome.result["ranks"] if outcome.result else outcome.rank_records
 
 
 def _round(value, digits=3):
@@ -183,7 +195,7 @@ class CellRun:
         self.timeout_s = stop_time_s(runtime_min)
         self.retries = retries
         self.python = python
-        self._child: subprocess.Popen | None = None
+        self._children: list[subprocess.Popen] = []
 
     def _say(self, text: str) -> None:
         print(f"[trainbench {self.cell.study}/{self.cell.cell_id}] {text}", flush=True)
@@ -200,14 +212,19 @@ class CellRun:
             doc = self._base_document("unsupported", self.cell.unsupported)
             doc["provenance"] = provenance.collect(devices=None, nodes=self.params["nodes"], gpus_total=0,
                                                    cuda=None, started=started, ended=provenance.now_iso(),
-                                                   command=[])
+                                                   command="")
             write_json_atomic(self.output, doc)
             return doc
         missing = strategies.not_implemented(self.params)
         if missing:
             raise CellCannotRun(f"{missing}; this cell can be listed and dry-run, not run")
         if self.params["nodes"] > 1:
-            raise CellCannotRun("multi-node cells run under SLURM (see README, 'Running on a SLURM cluster')")
+            if under_slurm():
+                return self._run_with_devices(None, started)
+            if os.environ.get(SIMULATE_NODES_ENV) == "1" and self.params["device"] == "cpu":
+                return self._run_with_devices(None, started)
+            raise CellCannotRun(f"a {self.params['nodes']}-node cell runs inside a SLURM allocation (see README, "
+                                f"'Running on a SLURM cluster'); CPU cells can simulate nodes with {SIMULATE_NODES_ENV}=1")
         from trainbench.gpus import NotEnoughGpus, devices_for_cell
 
         count = self.params["gpus_per_node"] if self.params["device"] == "cuda" else 0
@@ -219,16 +236,19 @@ class CellRun:
         except NotEnoughGpus as error:
             raise CellCannotRun(f"{error}; run it on a machine with more GPUs or through SLURM") from None
 
-    def _run_with_devices(self, devices: list[str] | None, started: str) -> dict[str, Any]:
+    def _run_with_devices(self, devices: list[str] | None, asked: str) -> dict[str, Any]:
+        # `started` is when the run had its devices; waiting for free GPUs is recorded apart
+        started = provenance.now_iso()
         if devices is not None:
             self._say(f"GPUs {','.join(devices)}")
         total_steps = self.params["warmup_steps"] + self.params["timed_steps"]
         attempts = self.retries + 1
         t0 = time.monotonic()
         for attempt in range(1, attempts + 1):
-            command = self._prepare_attempt(devices)
-            self._say(f"attempt {attempt}/{attempts}: {' '.join(command)}")
-            returncode, timed_out = self._launch(command, devices)
+            commands = self._prepare_attempt(devices, attempt)
+            for command in commands:
+                self._say(f"attempt {attempt}/{attempts}: {shlex.join(command)}")
+            returncode, timed_out = self._launch(commands, devices)
             outcome = classify(self.work_dir, returncode, timed_out, self.timeout_s, total_steps)
             self._say(f"attempt {attempt}: {outcome.status}" + (f" ({outcome.reason})" if outcome.reason else ""))
             if outcome.status != "failed":
@@ -243,47 +263,80 @@ class CellRun:
             doc["metrics"] = partial_metrics(outcome, self.params, wall_time_s)
         doc["attempts"] = attempt
         cuda = outcome.result.get("torch_cuda") if outcome.result else None
+        command = " & ".join(shlex.join(c) for c in commands)
         doc["provenance"] = provenance.collect(devices=devices, nodes=self.params["nodes"],
-                                               gpus_total=self.params["gpus"] if devices else 0, cuda=cuda,
-                                               started=started, ended=provenance.now_iso(), command=command)
+                                               gpus_total=self.params["gpus"] if self.params["device"] == "cuda" else 0,
+                                               cuda=cuda, started=started, ended=provenance.now_iso(), command=command,
+                                               run_gpus=_node_memory([r.get("node_memory") for r in
+                                                                      _rank_entries(outcome)]))
+        doc["provenance"]["asked"] = asked
         write_json_atomic(self.output, doc)
         shutil.rmtree(self.work_dir, ignore_errors=True)
         return doc
 
-    def _prepare_attempt(self, devices: list[str] | None) -> list[str]:
+    def _prepare_attempt(self, devices: list[str] | None, attempt: int) -> list[list[str]]:
+        """The commands to start on this machine for one attempt: one per local launcher."""
         shutil.rmtree(self.work_dir, ignore_errors=True)
         self.work_dir.mkdir(parents=True)
         cell_file = self.work_dir / "cell.json"
         cell_file.write_text(json.dumps({"study": self.cell.study, "cell_id": self.cell.cell_id,
                                          "params": self.params}, indent=2))
-        return node_command(self.params, cell_file, self.work_dir, python=self.python,
-                            devices_given=devices is not None)
+        p = self.params
+        if p["nodes"] == 1:
+            return [node_command(p, cell_file, self.work_dir, python=self.python, devices_given=devices is not None)]
+        run_id = f"{self.cell.study}-{params_hash(p)}-{attempt}"
+        if under_slurm():
+            # This runs on the allocation's first node (the batch host): it hosts the rendezvous.
+            rendezvous = Rendezvous(socket.gethostname(), free_port(), run_id, p["nodes"])
+            node_argv = multinode_command(p["gpus_per_node"], rendezvous, worker_args(cell_file, self.work_dir),
+                                          python=self.python)
+            cpus = self.cell.execution["cpus_per_rank"] * p["gpus_per_node"]
+            return [srun_command(p, node_argv, cpus_per_task=cpus)]
+        rendezvous = Rendezvous("127.0.0.1", free_port(), run_id, p["nodes"])
+        node_argv = multinode_command(p["gpus_per_node"], rendezvous, worker_args(cell_file, self.work_dir),
+                                      python=self.python)
+        return [node_argv] * p["nodes"]
 
-    def _launch(self, command: list[str], devices: list[str] | None) -> tuple[int | None, bool]:
+    def _launch(self, commands: list[list[str]], devices: list[str] | None) -> tuple[int | None, bool]:
+        """Start the commands, wait for all; stop them all at the time limit or soon after one fails."""
         env = launch_environment(self.params, cpus_per_rank=self.cell.execution["cpus_per_rank"], devices=devices)
-        # A session of its own, so the whole launcher tree can be stopped together.
-        self._child = subprocess.Popen(command, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
-        try:
-            return self._child.wait(timeout=self.timeout_s), False
-        except subprocess.TimeoutExpired:
-            self._say(f"time limit of {self.timeout_s:.0f} s reached; stopping the run")
-            self.stop_child()
-            return self._child.returncode, True
+        # Each in a session of its own, so a launcher's whole tree can be stopped together.
+        self._children = [subprocess.Popen(c, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+                          for c in commands]
+        deadline = time.monotonic() + self.timeout_s
+        first_failure: int | None = None
+        failed_at = None
+        while True:
+            codes = [child.poll() for child in self._children]
+            for code in codes:
+                if code not in (None, 0) and first_failure is None:
+                    first_failure, failed_at = code, time.monotonic()
+            if all(code is not None for code in codes):
+                return (first_failure if first_failure is not None else 0), False
+            if time.monotonic() > deadline:
+                self._say(f"time limit of {self.timeout_s:.0f} s reached; stopping the run")
+                self.stop_children()
+                return first_failure if first_failure is not None else self._children[0].returncode, True
+            if failed_at is not None and time.monotonic() - failed_at > PEER_EXIT_GRACE_S:
+                self._say("a node's launcher failed and the others did not stop; stopping them")
+                self.stop_children()
+                return first_failure, False
+            time.sleep(0.1)
 
-    def stop_child(self) -> None:
-        child = self._child
-        if child is None or child.poll() is not None:
-            return
-        for sig, wait_s in ((signal.SIGTERM, TERMINATE_GRACE_S), (signal.SIGKILL, 5)):
-            try:
-                os.killpg(child.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                child.wait(timeout=wait_s)
-                return
-            except subprocess.TimeoutExpired:
+    def stop_children(self) -> None:
+        for child in self._children:
+            if child.poll() is not None:
                 continue
+            for sig, wait_s in ((signal.SIGTERM, TERMINATE_GRACE_S), (signal.SIGKILL, 5)):
+                try:
+                    os.killpg(child.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    child.wait(timeout=wait_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
 
 
 def run_cell(cell: Cell, output: Path, *, runtime_min: float, retries: int) -> int:
@@ -293,7 +346,7 @@ def run_cell(cell: Cell, output: Path, *, runtime_min: float, retries: int) -> i
     def stop(signum, _frame):
         # Snakemake or SLURM is stopping us: stop the ranks and leave no metrics.json behind.
         run._say(f"received {signal.Signals(signum).name}; stopping the run, writing no result")
-        run.stop_child()
+        run.stop_children()
         shutil.rmtree(run.work_dir, ignore_errors=True)
         os._exit(128 + signum)
 

@@ -69,28 +69,35 @@ class Cell:
     def target(self) -> str:
         return f"{self.directory}/metrics.json"
 
-    @property
-    def uses_gpus(self) -> bool:
-        return self.params["device"] == "cuda" and self.unsupported is None
+    def resources(self) -> dict[str, int | str | None]:
+        """What the cell's job asks the scheduler for, as Snakemake resources that the SLURM plugin
+        maps to sbatch flags, and how often the cell runner relaunches after an unexpected failure.
 
-    def resources(self) -> dict[str, int]:
-        """What the cell's job asks the scheduler for (Snakemake resources; SLURM through the plugin),
-        and how often the cell runner relaunches after an unexpected failure."""
+        A one-node cell asks for `gpu` (sbatch --gpus) and runs inside the plugin's own job step.
+        A multi-node cell asks for GPUs per node (`gres`, sbatch --gres=gpu:N), one task per node,
+        and `mpi`: the plugin then runs the job's command without a step of its own, and the cell
+        runner starts one launcher per node with srun. None drops a resource from the job.
+        """
         p, ex = self.params, self.execution
         if self.unsupported is not None:  # recorded without launching anything
-            return {"gpu": 0, "nodes": 1, "tasks": 1, "cpus_per_task": 1, "mem_mb": 1000, "runtime": 5,
-                    "threads": 1, "retries": 0}
+            return {"gpu": 0, "nodes": 1, "cpus_per_task": 1, "mem_mb": 1000, "runtime": 5, "threads": 1,
+                    "retries": 0}
         ranks_per_node = p["gpus_per_node"]
         cpus = ex["cpus_per_rank"] * ranks_per_node
+        cuda = p["device"] == "cuda"
+        multinode = p["nodes"] > 1
         return {
-            "gpu": p["gpus"] if p["device"] == "cuda" else 0,
+            "gpu": p["gpus"] if cuda and not multinode else (None if multinode else 0),
+            "gres": f"gpu:{ranks_per_node}" if cuda and multinode else None,
             "nodes": p["nodes"],
-            "tasks": p["nodes"],  # one launcher per node; it starts the node's ranks
+            "tasks": p["nodes"] if multinode else None,
+            "tasks_per_gpu": 0 if cuda and multinode else None,  # 0: no --ntasks-per-gpu from the plugin
+            "mpi": "srun" if multinode else None,
             "cpus_per_task": cpus,
             "mem_mb": ex["mem_mb_per_rank"] * ranks_per_node,
             "runtime": ex["runtime_min"],
             # cores Snakemake books on one machine: CPU ranks need their cores; GPU ranks one each
-            "threads": cpus if p["device"] == "cpu" else ranks_per_node,
+            "threads": cpus if not cuda else ranks_per_node,
             "retries": ex["retries"],
         }
 

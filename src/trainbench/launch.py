@@ -1,8 +1,9 @@
 """The command and environment that start a cell's ranks on one node.
 
 plain python for one rank; `torchrun --standalone` for several on one node; the DeepSpeed launcher
-where the cell asks for it. Multi-node cells start one torchrun per node joining a c10d rendezvous
-(see `multinode_command`).
+where the cell asks for it. A multi-node cell starts the same torchrun on every node, joining a
+c10d rendezvous on the first node (`multinode_command`), through srun inside its SLURM allocation
+(`srun_command`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ class Rendezvous:
     port: int
     run_id: str
     nodes: int
-    node_rank: int | None = None  # None: each node reads it from SLURM_NODEID
 
 
 def free_port() -> int:
@@ -71,12 +71,24 @@ def node_command(params: dict[str, Any], cell_file: Path, work_dir: Path, *, pyt
 
 def multinode_command(ranks_per_node: int, rendezvous: Rendezvous, args: list[str], *,
                       python: str = sys.executable) -> list[str]:
-    """One node's torchrun in a multi-node c10d rendezvous (the same argv on every node)."""
-    node_rank = [] if rendezvous.node_rank is None else [f"--node-rank={rendezvous.node_rank}"]
+    """One node's torchrun in a multi-node c10d rendezvous: the same argv on every node. The node
+    whose hostname is the endpoint's hosts the rendezvous store; c10d numbers the nodes."""
     return [python, "-m", "torch.distributed.run", f"--nnodes={rendezvous.nodes}",
-            f"--nproc-per-node={ranks_per_node}", *node_rank, "--rdzv-backend=c10d",
+            f"--nproc-per-node={ranks_per_node}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={rendezvous.host}:{rendezvous.port}", f"--rdzv-id={rendezvous.run_id}",
             "-m", WORKER_MODULE, *args]
+
+
+def srun_command(params: dict[str, Any], node_argv: list[str], *, cpus_per_task: int) -> list[str]:
+    """Start `node_argv` once on every node of the SLURM allocation (run from the batch host).
+
+    One task per node with the node's GPUs and cores; --kill-on-bad-exit stops every node when one
+    fails, as torchrun does for the ranks of one node.
+    """
+    nodes = params["nodes"]
+    gres = [f"--gres=gpu:{params['gpus_per_node']}"] if params["device"] == "cuda" else []
+    return ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", f"--cpus-per-task={cpus_per_task}",
+            *gres, "--kill-on-bad-exit=1", "--export=ALL", *node_argv]
 
 
 def launch_environment(params: dict[str, Any], *, cpus_per_rank: int, devices: list[str] | None,

@@ -6,7 +6,6 @@ import datetime as dt
 import importlib.metadata
 import os
 import platform
-import shlex
 import socket
 import subprocess
 from typing import Any
@@ -16,7 +15,8 @@ PACKAGES = {"torch": "torch", "deepspeed": "deepspeed", "lightning": "lightning"
 
 
 def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).astimezone().isoformat(timespec="seconds")
+    # milliseconds: a test (and a reader) can tell which runs overlapped
+    return dt.datetime.now(dt.timezone.utc).astimezone().isoformat(timespec="milliseconds")
 
 
 def package_versions() -> dict[str, str | None]:
@@ -77,10 +77,14 @@ def slurm_facts() -> dict[str, Any]:
 
 
 def collect(*, devices: list[str] | None, nodes: int, gpus_total: int, cuda: str | None, started: str,
-            ended: str, command: list[str]) -> dict[str, Any]:
+            ended: str, command: str, run_gpus: dict[str, list] | None = None) -> dict[str, Any]:
+    """Provenance of a run. GPU facts come from NVML here for the devices this node gave the cell,
+    else from what the run's own samplers saw on every node (multi-node cells under SLURM)."""
     facts = gpu_facts(devices)
-    if facts["gpu_count"]:
-        facts["gpu_count"] = gpus_total  # every node has its share; NVML here saw the first node's
+    if not facts["gpu_name"] and run_gpus and run_gpus.get("names"):
+        facts.update(gpu_name=run_gpus["names"][0], gpu_memory_mib=run_gpus["total"][0])
+    facts["gpu_count"] = gpus_total if (facts["gpu_name"] or gpus_total) else 0
+    visible = ",".join(devices) if devices is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
     return {
         **facts,
         "nodes": nodes,
@@ -91,7 +95,8 @@ def collect(*, devices: list[str] | None, nodes: int, gpus_total: int, cuda: str
         "versions": package_versions(),
         "git_commit": git_commit(),
         **slurm_facts(),
+        "cuda_visible_devices": visible,
         "started": started,
         "ended": ended,
-        "command": shlex.join(command),
+        "command": command,
     }

@@ -1,0 +1,3 @@
+from trainbench.cli import main
+import sys
+sys.exit(main())

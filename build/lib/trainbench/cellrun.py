@@ -1,0 +1,361 @@
+"""Run one cell and write its metrics.json: what the Snakemake rule `train_cell` calls.
+
+Launch the ranks (with GPUs from the slot pool or SLURM), retry unexpected failures, stop the run at
+its time limit, and classify what happened: ok, OOM (at init or at step k), timeout, or failed after
+the retries with the error from the log. Each of those outcomes is a result and is written; only a
+cell this version cannot run (no runner yet, not enough GPUs here) stops with an error and no file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainbench import provenance, strategies
+from trainbench.grid import Cell, params_hash
+from trainbench.gpus import under_slurm
+from trainbench.launch import (Rendezvous, free_port, launch_environment, multinode_command, node_command,
+                              srun_command, worker_args)
+from trainbench.metrics import peak_flops, throughput
+from trainbench.models import get_model
+from trainbench.results import SCHEMA_VERSION, empty_metrics, empty_predicted, write_json_atomic
+
+TERMINATE_GRACE_S = 15
+PEER_EXIT_GRACE_S = 30  # after one node's launcher fails, how long the others get to notice
+# Run a multi-node CPU cell's nodes as processes on this machine, each its own torchrun joining one
+# c10d rendezvous: the multi-node launch path without a cluster (tests, laptops).
+SIMULATE_NODES_ENV = "TRAINBENCH_SIMULATE_NODES"
+
+
+def stop_time_s(runtime_min: float) -> float:
+    """When to stop a run given its time limit: early enough to write the result before SLURM
+    kills the job at the limit (10% of it, at most a minute)."""
+    limit = runtime_min * 60
+    return limit - min(60.0, 0.1 * limit)
+
+
+class CellCannotRun(Exception):
+    """This cell cannot run here or in this version; no result is written."""
+
+
+@dataclass
+class Outcome:
+    status: str
+    reason: str | None
+    result: dict[str, Any] | None = None
+    rank_records: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _read_rank_records(work_dir: Path) -> list[dict[str, Any]]:
+    records = []
+    for path in sorted(work_dir.glob("rank*.json")):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue  # a rank killed while writing: the others still tell the story
+    return sorted(records, key=lambda r: r.get("rank", 0))
+
+
+def classify(work_dir: Path, returncode: int | None, timed_out: bool, timeout_s: float, total_steps: int) -> Outcome:
+    """What happened to one attempt, from the files the ranks left and the launcher's exit status."""
+    records = _read_rank_records(work_dir)
+    result_file = work_dir / "result.json"
+    if returncode == 0 and result_file.exists():
+        return Outcome("ok", None, json.loads(result_file.read_text()), records)
+    ooms = [r for r in records if r.get("event") == "oom"]
+    if ooms:
+        at_init = [r for r in ooms if r["phase"] == "init"]
+        if at_init:
+            reason = "OOM at init (cannot even initialize the model)"
+        else:
+            step = min(r["step"] for r in ooms)
+            reason = f"OOM at step {step} of {total_steps}"
+        ranks = ", ".join(str(r["rank"]) for r in ooms)
+        return Outcome("oom", f"{reason} on rank {ranks}: {ooms[0]['message'][:300]}", None, records)
+    if timed_out:
+        return Outcome("timeout", f"stopped at the time limit of {timeout_s:.0f} s", None, records)
+    errors = [r for r in records if r.get("event") == "error"]
+    if errors:
+        return Outcome("failed", f"rank {errors[0]['rank']}: {errors[0]['message'][:500]}", None, records)
+    if returncode is not None and returncode < 0:
+        return Outcome("failed", f"launcher killed by signal {-returncode} ({signal.Signals(-returncode).name})",
+                       None, records)
+    return Outcome("failed", f"launcher exited with status {returncode} and no rank reported why (see log)",
+                   None, records)
+
+
+def _node_memory(entries: list[dict[str, Any] | None]) -> dict[str, list]:
+    """Concatenate per-node sampler peaks (in rank order) into per-GPU lists."""
+    used, total, names, host_used, host_percent = [], [], [], [], []
+    for entry in entries:
+        if not entry:
+            continue
+        used += entry["gpu_used_mib"]
+        total += entry["gpu_total_mib"]
+        names += entry["gpu_names"]
+        host_used.append(entry["host_used_mib"])
+        host_percent.append(entry["host_percent"])
+    return {"used": used, "total": total, "names": names, "host_used": host_used, "host_percent": host_percent}
+
+
+def _rank_entries(outcome: Outcome) -> list[dict[str, Any]]:
+    return outcome.result["ranks"] if outcome.result else outcome.rank_records
+
+
+def _round(value, digits=3):
+    return None if value is None else round(value, digits)
+
+
+def summarize(params: dict[str, Any], result: dict[str, Any], wall_time_s: float) -> dict[str, Any]:
+    """The metrics of a successful run, from rank 0's result.json."""
+    spec = get_model(params["model"])
+    ranks = result["ranks"]
+    memory = _node_memory([r["node_memory"] for r in ranks])
+    gpu_name = memory["names"][0] if memory["names"] else None
+    flops_per_token = spec.train_flops_per_token(params["seq_len"], params["head"], params["num_classes"])
+    rate = throughput(result["step_times_s"], global_batch=params["global_batch"], seq_len=params["seq_len"],
+                      flops_per_token=flops_per_token, gpus=params["gpus"],
+                      peak=peak_flops(gpu_name, params["precision"], params["tf32"]))
+    projected = None
+    if params["dataset_size"] and params["epochs"]:
+        # Steady state only: optimizer steps of the whole run times the median step (no start-up,
+        # evaluation or checkpoint time).
+        steps = math.ceil(params["dataset_size"] / params["global_batch"]) * params["epochs"]
+        projected = steps * rate.step_time_s
+    rss_by_host: dict[str, float] = {}
+    for r in ranks:
+        rss_by_host[r["host"]] = rss_by_host.get(r["host"], 0.0) + r["host_rss_peak_mib"]
+    metrics = empty_metrics()
+    metrics.update(
+        warmup_steps=params["warmup_steps"],
+        steps_timed=len(result["step_times_s"]),
+        step_time_s=_round(rate.step_time_s, 6),
+        samples_per_s=_round(rate.samples_per_s),
+        tokens_per_s=_round(rate.tokens_per_s, 1),
+        tflops_per_gpu=_round(rate.tflops_per_gpu, 4),
+        mfu=_round(rate.mfu, 4),
+        wall_time_s=_round(wall_time_s, 2),
+        projected_run_s=_round(projected, 1),
+        gpu_mem_used_mib=[_round(v, 1) for v in memory["used"]] or None,
+        gpu_mem_total_mib=[_round(v, 1) for v in memory["total"]] or None,
+        torch_peak_allocated_mib=[_round(r["torch_peak_allocated_mib"], 1) for r in ranks]
+        if ranks[0]["torch_peak_allocated_mib"] is not None else None,
+        torch_peak_reserved_mib=[_round(r["torch_peak_reserved_mib"], 1) for r in ranks]
+        if ranks[0]["torch_peak_reserved_mib"] is not None else None,
+        # the busiest node's ranks together: what that node's host memory had to hold
+        host_mem_peak_mib=_round(max(rss_by_host.values()), 1),
+        loss_first=_round(result["losses"][0], 5),
+        loss_last=_round(result["losses"][-1], 5),
+        params_total=result["params_total"],
+        params_per_module_rank0=result["params_per_module_rank0"],
+    )
+    metrics.update(
+        step_times_s=[_round(t, 6) for t in result["step_times_s"]],
+        flops_per_token=flops_per_token,
+        host_rss_peak_mib_per_rank=[_round(r["host_rss_peak_mib"], 1) for r in ranks],
+        host_mem_used_peak_mib=_round(max(memory["host_used"]), 1) if memory["host_used"] else None,
+        host_mem_percent_peak=_round(max(memory["host_percent"]), 1) if memory["host_percent"] else None,
+    )
+    return metrics
+
+
+def partial_metrics(outcome: Outcome, params: dict[str, Any], wall_time_s: float) -> dict[str, Any]:
+    """What is known of a run that did not finish: wall time, and memory at the failure (OOM)."""
+    metrics = empty_metrics()
+    metrics["wall_time_s"] = _round(wall_time_s, 2)
+    records = sorted(outcome.rank_records, key=lambda r: r["rank"])
+    memory = _node_memory([r.get("node_memory") for r in records])
+    if memory["used"]:
+        metrics["gpu_mem_used_mib"] = [_round(v, 1) for v in memory["used"]]
+        metrics["gpu_mem_total_mib"] = [_round(v, 1) for v in memory["total"]]
+    allocated = [r.get("torch_peak_allocated_mib") for r in records]
+    if allocated and all(a is not None for a in allocated):
+        metrics["torch_peak_allocated_mib"] = [_round(a, 1) for a in allocated]
+    return metrics
+
+
+class CellRun:
+    def __init__(self, cell: Cell, output: Path, *, runtime_min: float, retries: int,
+                 python: str = sys.executable):
+        self.cell = cell
+        self.params = cell.params
+        self.output = output
+        self.work_dir = output.parent / ".work"
+        self.timeout_s = stop_time_s(runtime_min)
+        self.retries = retries
+        self.python = python
+        self._children: list[subprocess.Popen] = []
+
+    def _say(self, text: str) -> None:
+        print(f"[trainbench {self.cell.study}/{self.cell.cell_id}] {text}", flush=True)
+
+    def _base_document(self, status: str, reason: str | None) -> dict[str, Any]:
+        return {"schema": SCHEMA_VERSION, "study": self.cell.study, "cell_id": self.cell.cell_id,
+                "params": self.params, "params_hash": params_hash(self.params), "status": status,
+                "reason": reason, "metrics": empty_metrics(), "predicted": empty_predicted(), "provenance": {}}
+
+    def run(self) -> dict[str, Any]:
+        started = provenance.now_iso()
+        if self.cell.unsupported:
+            self._say(f"unsupported: {self.cell.unsupported}")
+            doc = self._base_document("unsupported", self.cell.unsupported)
+            doc["provenance"] = provenance.collect(devices=None, nodes=self.params["nodes"], gpus_total=0,
+                                                   cuda=None, started=started, ended=provenance.now_iso(),
+                                                   command="")
+            write_json_atomic(self.output, doc)
+            return doc
+        missing = strategies.not_implemented(self.params)
+        if missing:
+            raise CellCannotRun(f"{missing}; this cell can be listed and dry-run, not run")
+        if self.params["nodes"] > 1:
+            if under_slurm():
+                return self._run_with_devices(None, started)
+            if os.environ.get(SIMULATE_NODES_ENV) == "1" and self.params["device"] == "cpu":
+                return self._run_with_devices(None, started)
+            raise CellCannotRun(f"a {self.params['nodes']}-node cell runs inside a SLURM allocation (see README, "
+                                f"'Running on a SLURM cluster'); CPU cells can simulate nodes with {SIMULATE_NODES_ENV}=1")
+        from trainbench.gpus import NotEnoughGpus, devices_for_cell
+
+        count = self.params["gpus_per_node"] if self.params["device"] == "cuda" else 0
+        try:
+            if count:
+                with devices_for_cell(count, on_wait=lambda: self._say(f"waiting for {count} free GPU(s)")) as devices:
+                    return self._run_with_devices(devices, started)
+            return self._run_with_devices(None, started)
+        except NotEnoughGpus as error:
+            raise CellCannotRun(f"{error}; run it on a machine with more GPUs or through SLURM") from None
+
+    def _run_with_devices(self, devices: list[str] | None, asked: str) -> dict[str, Any]:
+        # `started` is when the run had its devices; waiting for free GPUs is recorded apart
+        started = provenance.now_iso()
+        if devices is not None:
+            self._say(f"GPUs {','.join(devices)}")
+        total_steps = self.params["warmup_steps"] + self.params["timed_steps"]
+        attempts = self.retries + 1
+        t0 = time.monotonic()
+        for attempt in range(1, attempts + 1):
+            commands = self._prepare_attempt(devices, attempt)
+            for command in commands:
+                self._say(f"attempt {attempt}/{attempts}: {shlex.join(command)}")
+            returncode, timed_out = self._launch(commands, devices)
+            outcome = classify(self.work_dir, returncode, timed_out, self.timeout_s, total_steps)
+            self._say(f"attempt {attempt}: {outcome.status}" + (f" ({outcome.reason})" if outcome.reason else ""))
+            if outcome.status != "failed":
+                break
+        wall_time_s = time.monotonic() - t0
+        doc = self._base_document(outcome.status, outcome.reason)
+        if outcome.status == "ok":
+            doc["metrics"] = summarize(self.params, outcome.result, wall_time_s)
+            if "deepspeed_config" in outcome.result:
+                write_json_atomic(self.output.parent / "deepspeed_config.json", outcome.result["deepspeed_config"])
+        else:
+            doc["metrics"] = partial_metrics(outcome, self.params, wall_time_s)
+        doc["attempts"] = attempt
+        cuda = outcome.result.get("torch_cuda") if outcome.result else None
+        command = " & ".join(shlex.join(c) for c in commands)
+        doc["provenance"] = provenance.collect(devices=devices, nodes=self.params["nodes"],
+                                               gpus_total=self.params["gpus"] if self.params["device"] == "cuda" else 0,
+                                               cuda=cuda, started=started, ended=provenance.now_iso(), command=command,
+                                               run_gpus=_node_memory([r.get("node_memory") for r in
+                                                                      _rank_entries(outcome)]))
+        doc["provenance"]["asked"] = asked
+        write_json_atomic(self.output, doc)
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+        return doc
+
+    def _prepare_attempt(self, devices: list[str] | None, attempt: int) -> list[list[str]]:
+        """The commands to start on this machine for one attempt: one per local launcher."""
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+        self.work_dir.mkdir(parents=True)
+        cell_file = self.work_dir / "cell.json"
+        cell_file.write_text(json.dumps({"study": self.cell.study, "cell_id": self.cell.cell_id,
+                                         "params": self.params}, indent=2))
+        p = self.params
+        if p["nodes"] == 1:
+            return [node_command(p, cell_file, self.work_dir, python=self.python, devices_given=devices is not None)]
+        run_id = f"{self.cell.study}-{params_hash(p)}-{attempt}"
+        if under_slurm():
+            # This runs on the allocation's first node (the batch host): it hosts the rendezvous.
+            rendezvous = Rendezvous(socket.gethostname(), free_port(), run_id, p["nodes"])
+            node_argv = multinode_command(p["gpus_per_node"], rendezvous, worker_args(cell_file, self.work_dir),
+                                          python=self.python)
+            cpus = self.cell.execution["cpus_per_rank"] * p["gpus_per_node"]
+            return [srun_command(p, node_argv, cpus_per_task=cpus)]
+        rendezvous = Rendezvous("127.0.0.1", free_port(), run_id, p["nodes"])
+        node_argv = multinode_command(p["gpus_per_node"], rendezvous, worker_args(cell_file, self.work_dir),
+                                      python=self.python)
+        return [node_argv] * p["nodes"]
+
+    def _launch(self, commands: list[list[str]], devices: list[str] | None) -> tuple[int | None, bool]:
+        """Start the commands, wait for all; stop them all at the time limit or soon after one fails."""
+        env = launch_environment(self.params, cpus_per_rank=self.cell.execution["cpus_per_rank"], devices=devices)
+        # Each in a session of its own, so a launcher's whole tree can be stopped together.
+        self._children = [subprocess.Popen(c, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+                          for c in commands]
+        deadline = time.monotonic() + self.timeout_s
+        first_failure: int | None = None
+        failed_at = None
+        while True:
+            codes = [child.poll() for child in self._children]
+            for code in codes:
+                if code not in (None, 0) and first_failure is None:
+                    first_failure, failed_at = code, time.monotonic()
+            if all(code is not None for code in codes):
+                return (first_failure if first_failure is not None else 0), False
+            if time.monotonic() > deadline:
+                self._say(f"time limit of {self.timeout_s:.0f} s reached; stopping the run")
+                self.stop_children()
+                return first_failure if first_failure is not None else self._children[0].returncode, True
+            if failed_at is not None and time.monotonic() - failed_at > PEER_EXIT_GRACE_S:
+                self._say("a node's launcher failed and the others did not stop; stopping them")
+                self.stop_children()
+                return first_failure, False
+            time.sleep(0.1)
+
+    def stop_children(self) -> None:
+        for child in self._children:
+            if child.poll() is not None:
+                continue
+            for sig, wait_s in ((signal.SIGTERM, TERMINATE_GRACE_S), (signal.SIGKILL, 5)):
+                try:
+                    os.killpg(child.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    child.wait(timeout=wait_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+
+
+def run_cell(cell: Cell, output: Path, *, runtime_min: float, retries: int) -> int:
+    """CLI entry: 0 when a result was written; 2 when the cell cannot run here (message on stderr)."""
+    run = CellRun(cell, output, runtime_min=runtime_min, retries=retries)
+
+    def stop(signum, _frame):
+        # Snakemake or SLURM is stopping us: stop the ranks and leave no metrics.json behind.
+        run._say(f"received {signal.Signals(signum).name}; stopping the run, writing no result")
+        run.stop_children()
+        shutil.rmtree(run.work_dir, ignore_errors=True)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        doc = run.run()
+    except CellCannotRun as error:
+        print(f"error: {cell.study}/{cell.cell_id}: {error}", file=sys.stderr, flush=True)
+        return 2
+    run._say(f"wrote {output} (status {doc['status']})")
+    return 0

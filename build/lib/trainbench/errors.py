@@ -1,0 +1,14 @@
+"""Errors that are the user's to fix, raised with messages that say where and how."""
+
+from __future__ import annotations
+
+
+class ConfigError(Exception):
+    """A mistake in config.yaml (or a target naming something that does not exist)."""
+
+    def __init__(self, problems: list[str] | str):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        shown = self.problems[:12]
+        more = len(self.problems) - len(shown)
+        text = "\n".join(f"  - {p}" for p in shown) + (f"\n  ... and {more} more" if more > 0 else "")
+        super().__init__(f"invalid configuration:\n{text}")

@@ -1,0 +1,122 @@
+"""A GPT-2-layout transformer (nanoGPT's shape) with an LM or a classification head.
+
+Built from a ModelSpec; the constructor leaves weights to `init_weights(seed)`, so a runner can build
+on the meta device and fill parameters after sharding (`to_empty`), or initialise layer by layer
+under ZeRO-3, and still get the same model a plain build gets.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from trainbench.models import ModelSpec
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.n_head = spec.n_head
+        self.causal = spec.causal
+        self.qkv = nn.Linear(spec.d_model, 3 * spec.d_model)
+        self.proj = nn.Linear(spec.d_model, spec.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, width = x.shape
+        q, k, v = self.qkv(x).split(width, dim=2)
+        q, k, v = (t.view(batch, seq, self.n_head, width // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return self.proj(y.transpose(1, 2).reshape(batch, seq, width))
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.fc = nn.Linear(spec.d_model, spec.ffn)
+        self.proj = nn.Linear(spec.ffn, spec.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(spec.d_model)
+        self.attn = SelfAttention(spec)
+        self.ln_2 = nn.LayerNorm(spec.d_model)
+        self.mlp = MLP(spec)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, spec: ModelSpec, head: str = "lm", num_classes: int = 2,
+                 activation_checkpointing: bool = False):
+        super().__init__()
+        self.spec = spec
+        self.head_kind = head
+        self.activation_checkpointing = activation_checkpointing
+        self.wte = nn.Embedding(spec.vocab_size, spec.d_model)
+        self.wpe = nn.Embedding(spec.max_seq, spec.d_model)
+        self.blocks = nn.ModuleList(Block(spec) for _ in range(spec.n_layer))
+        self.ln_f = nn.LayerNorm(spec.d_model)
+        # The LM head reuses the token embedding (GPT-2 ties them); a classifier has its own layer.
+        self.classifier = nn.Linear(spec.d_model, num_classes) if head == "classifier" else None
+
+    def init_targets(self):
+        """(index, name, module) of every module that owns parameters, in a fixed order."""
+        return [(i, name, m) for i, (name, m) in enumerate(self.named_modules())
+                if any(True for _ in m.parameters(recurse=False))]
+
+    @torch.no_grad()
+    def init_module(self, index: int, name: str, module: nn.Module, seed: int) -> None:
+        """GPT-2 initialisation of one module, from a generator of its own.
+
+        Seeding per module makes the weights independent of construction order and of how the
+        parameters are later gathered, so ZeRO-3 (initialised layer by layer) matches a plain build.
+        Sharded DTensor parameters (FSDP) draw from DTensor's own RNG: same distribution, other values.
+        """
+        weight = module.weight
+        generator = None
+        if type(weight) is nn.Parameter or type(weight) is torch.Tensor:
+            generator = torch.Generator(device=weight.device).manual_seed(seed * 1_000_003 + index)
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            # residual projections are scaled by 1/sqrt(2 x layers)
+            std = 0.02 / math.sqrt(2 * self.spec.n_layer) if name.endswith(".proj") else 0.02
+            nn.init.normal_(weight, mean=0.0, std=std, generator=generator)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(weight)
+            nn.init.zeros_(module.bias)
+
+    def init_weights(self, seed: int) -> None:
+        for index, name, module in self.init_targets():
+            self.init_module(index, name, module, seed)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy loss: next-token targets (batch, seq) or class labels (batch,)."""
+        seq = tokens.shape[1]
+        positions = torch.arange(seq, device=tokens.device)
+        x = self.wte(tokens) + self.wpe(positions)
+        for block in self.blocks:
+            if self.activation_checkpointing and self.training:
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        x = self.ln_f(x)
+        if self.classifier is not None:
+            # Causal models see the whole sequence at its last token; bidirectional ones pool the first.
+            pooled = x[:, -1] if self.spec.causal else x[:, 0]
+            return F.cross_entropy(self.classifier(pooled).float(), targets)
+        logits = F.linear(x, self.wte.weight)
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+
+

@@ -1,0 +1,122 @@
+"""Which GPUs a cell may use.
+
+Under SLURM the allocation's devices are used as given (SLURM sets CUDA_VISIBLE_DEVICES). On one
+machine Snakemake counts GPUs (`--resources gpu=N`) but does not say which, so concurrent cells take
+disjoint devices from a slot pool: one lock file per device, held with flock(2) for the life of the
+cell. The kernel drops a dead process's locks, so a crashed cell's slots come back by themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import time
+from pathlib import Path
+
+POOL_DIR_ENV = "TRAINBENCH_GPU_POOL_DIR"
+FAKE_GPUS_ENV = "TRAINBENCH_FAKE_GPUS"  # tests: pretend this many devices exist
+
+
+class NotEnoughGpus(Exception):
+    pass
+
+
+def under_slurm() -> bool:
+    return "SLURM_JOB_ID" in os.environ
+
+
+def nvml_device_count() -> int:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVIDIA driver
+        return 0
+
+
+def machine_devices() -> list[str]:
+    """Device ids this process may hand out: CUDA_VISIBLE_DEVICES if set, else every GPU NVML sees."""
+    if FAKE_GPUS_ENV in os.environ:
+        return [str(i) for i in range(int(os.environ[FAKE_GPUS_ENV]))]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [d.strip() for d in visible.split(",") if d.strip()]
+    return [str(i) for i in range(nvml_device_count())]
+
+
+def local_gpu_count() -> int:
+    return len(machine_devices())
+
+
+def default_pool_dir() -> Path:
+    # Per host: a shared home directory must not make two machines share one pool.
+    return Path(os.environ.get(POOL_DIR_ENV, f"/tmp/trainbench-gpu-slots-{os.getuid()}")) / socket.gethostname()
+
+
+class SlotPool:
+    def __init__(self, devices: list[str], directory: Path | None = None, poll_s: float = 0.5):
+        self.devices = devices
+        self.directory = directory or default_pool_dir()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.poll_s = poll_s
+
+    def _lock_path(self, device: str) -> Path:
+        return self.directory / f"gpu{device}.lock"
+
+    def _try_take(self, count: int) -> list[tuple[str, int]] | None:
+        """Take `count` free devices, or none: all-or-nothing under a pool-wide lock."""
+        with open(self.directory / "pool.lock", "w") as pool_lock:
+            fcntl.flock(pool_lock, fcntl.LOCK_EX)
+            taken: list[tuple[str, int]] = []
+            for device in self.devices:
+                fd = os.open(self._lock_path(device), os.O_CREAT | os.O_RDWR, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())
+                taken.append((device, fd))
+                if len(taken) == count:
+                    return taken
+            for _, fd in taken:
+                os.close(fd)  # closing releases the flock
+            return None
+
+    @contextlib.contextmanager
+    def lease(self, count: int, on_wait=None):
+        """Hold `count` devices for the duration of the block; wait while fewer are free."""
+        if count > len(self.devices):
+            raise NotEnoughGpus(f"needs {count} GPUs; this machine has {len(self.devices)} "
+                                f"({', '.join(self.devices) or 'none'})")
+        waited = False
+        while (taken := self._try_take(count)) is None:
+            if not waited and on_wait:
+                on_wait()
+            waited = True
+            time.sleep(self.poll_s)
+        try:
+            yield [device for device, _ in taken]
+        finally:
+            for _, fd in taken:
+                os.close(fd)
+
+
+@contextlib.contextmanager
+def devices_for_cell(count: int, on_wait=None):
+    """CUDA_VISIBLE_DEVICES for a cell on this node: SLURM's allocation, or a lease from the pool."""
+    if under_slurm() and os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+        given = machine_devices()
+        if len(given) < count:
+            raise NotEnoughGpus(f"needs {count} GPUs per node; the SLURM allocation gives {given}")
+        yield given[:count]
+        return
+    with SlotPool(machine_devices()).lease(count, on_wait=on_wait) as devices:
+        yield devices

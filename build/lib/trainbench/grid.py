@@ -1,0 +1,260 @@
+"""Expand a study's declarative grid into cells, each with a stable id and a canonical parameter string.
+
+A cell's id is made of the keys the study varies (its axes, and the keys of its `include` entry), in
+the parameter table's order: `strategy~zero2__offload_optimizer~true`. Fixed settings stay out of the
+id, so editing one reruns the same cells (their parameters changed) rather than creating new ones.
+The canonical string (JSON with sorted keys) is what the Snakemake rule receives as a param: it
+changes exactly when the cell's own parameters change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainbench import strategies
+from trainbench.errors import ConfigError
+from trainbench.models import MODELS
+from trainbench.params import PARAMS_BY_NAME, defaults, sort_keys
+from trainbench.schema import EXECUTION, REPORT_COLUMNS_DEFAULT
+
+ID_VALUE = re.compile(r"^[A-Za-z0-9._+-]+$")
+ID_SEPARATOR = "__"
+
+
+def format_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def canonical_json(params: dict[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True, separators=(",", ":"))
+
+
+def params_hash(params: dict[str, Any]) -> str:
+    return hashlib.sha256(canonical_json(params).encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Cell:
+    study: str
+    cell_id: str
+    params: dict[str, Any]
+    id_keys: tuple[str, ...] = ()
+    execution: dict[str, Any] = field(default_factory=dict)
+    unsupported: str | None = None
+
+    @property
+    def canonical(self) -> str:
+        return canonical_json(self.params)
+
+    @property
+    def params_hash(self) -> str:
+        return params_hash(self.params)
+
+    @property
+    def directory(self) -> str:
+        return f"results/runs/{self.study}/{self.cell_id}"
+
+    @property
+    def target(self) -> str:
+        return f"{self.directory}/metrics.json"
+
+    def resources(self) -> dict[str, int | str | None]:
+        """What the cell's job asks the scheduler for, as Snakemake resources that the SLURM plugin
+        maps to sbatch flags, and how often the cell runner relaunches after an unexpected failure.
+
+        A one-node cell asks for `gpu` (sbatch --gpus) and runs inside the plugin's own job step.
+        A multi-node cell asks for GPUs per node (`gres`, sbatch --gres=gpu:N), one task per node,
+        and `mpi`: the plugin then runs the job's command without a step of its own, and the cell
+        runner starts one launcher per node with srun. None drops a resource from the job.
+        """
+        p, ex = self.params, self.execution
+        if self.unsupported is not None:  # recorded without launching anything
+            return {"gpu": 0, "nodes": 1, "cpus_per_task": 1, "mem_mb": 1000, "runtime": 5, "threads": 1,
+                    "retries": 0}
+        ranks_per_node = p["gpus_per_node"]
+        cpus = ex["cpus_per_rank"] * ranks_per_node
+        cuda = p["device"] == "cuda"
+        multinode = p["nodes"] > 1
+        return {
+            "gpu": p["gpus"] if cuda and not multinode else (None if multinode else 0),
+            "gres": f"gpu:{ranks_per_node}" if cuda and multinode else None,
+            "nodes": p["nodes"],
+            "tasks": p["nodes"] if multinode else None,
+            "tasks_per_gpu": 0 if cuda and multinode else None,  # 0: no --ntasks-per-gpu from the plugin
+            "mpi": "srun" if multinode else None,
+            "cpus_per_task": cpus,
+            "mem_mb": ex["mem_mb_per_rank"] * ranks_per_node,
+            "runtime": ex["runtime_min"],
+            # cores Snakemake books on one machine: CPU ranks need their cores; GPU ranks one each
+            "threads": cpus if not cuda else ranks_per_node,
+            "retries": ex["retries"],
+        }
+
+
+@dataclass
+class Study:
+    name: str
+    description: str
+    cells: list[Cell]
+    id_keys: list[str]
+    report: list[str] = field(default_factory=lambda: list(REPORT_COLUMNS_DEFAULT))
+
+    def cell(self, cell_id: str) -> Cell:
+        for c in self.cells:
+            if c.cell_id == cell_id:
+                return c
+        raise ConfigError(f"study {self.name!r} has no cell {cell_id!r}; "
+                          f"`trainbench cells {self.name}` lists its cells")
+
+    @property
+    def targets(self) -> list[str]:
+        return [c.target for c in self.cells]
+
+
+def make_cell_id(params: dict[str, Any], keys) -> str:
+    return ID_SEPARATOR.join(f"{k}~{format_value(params[k])}" for k in sort_keys(keys))
+
+
+def resolve(params: dict[str, Any]) -> dict[str, Any]:
+    """Fill defaults, normalise types and add derived values. Assumes schema-valid input."""
+    p = {**defaults(), **params}
+    for name, value in p.items():
+        param = PARAMS_BY_NAME.get(name)
+        if param and param.kind == "float" and isinstance(value, int) and not isinstance(value, bool):
+            p[name] = float(value)
+    model = MODELS.get(p["model"])
+    if p["seq_len"] is None and model is not None:
+        p["seq_len"] = model.max_seq
+    if p["launcher"] == "auto":
+        p["launcher"] = "python" if p["gpus"] == 1 and p["nodes"] == 1 else "torchrun"
+    model_parallel = p["tp"] * p["pp"]
+    p["dp"] = p["gpus"] // model_parallel if p["gpus"] % model_parallel == 0 else None
+    p["gpus_per_node"] = p["gpus"] // p["nodes"] if p["gpus"] % p["nodes"] == 0 else None
+    p["global_batch"] = p["micro_batch"] * p["grad_accum"] * p["dp"] if p["dp"] else None
+    return p
+
+
+def check_cell(p: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
+    """Semantic checks of one resolved cell: (key, problem) pairs, and the unsupported reason if any."""
+    errors: list[tuple[str, str]] = []
+    model = MODELS.get(p["model"])
+    if model is None:
+        errors.append(("model", f"unknown model {p['model']!r}; known: {', '.join(MODELS)}"))
+    elif p["seq_len"] > model.max_seq:
+        errors.append(("seq_len", f"{p['seq_len']} exceeds {p['model']}'s context of {model.max_seq} tokens"))
+    if p["gpus_per_node"] is None:
+        errors.append(("gpus", f"gpus={p['gpus']} is not a multiple of nodes={p['nodes']}"))
+    if p["dp"] is None:
+        errors.append(("gpus", f"gpus={p['gpus']} is not divisible by tp x pp = {p['tp']} x {p['pp']}"))
+    steps = p["warmup_steps"] + p["timed_steps"]
+    if p["inject_oom_at_step"] is not None and p["inject_oom_at_step"] > steps:
+        errors.append(("inject_oom_at_step", f"step {p['inject_oom_at_step']} is never reached: the cell runs "
+                                             f"{steps} steps"))
+    if (p["dataset_size"] is None) != (p["epochs"] is None):
+        errors.append(("epochs" if p["epochs"] is None else "dataset_size",
+                       "dataset_size and epochs describe the whole run together: set both or neither"))
+    if p["launcher"] == "python" and p["nodes"] > 1:
+        errors.append(("launcher", "'python' cannot span nodes"))
+    strategy_errors, unsupported = strategies.check(p)
+    return errors + strategy_errors, unsupported
+
+
+def _matches(params: dict[str, Any], pattern: dict[str, Any]) -> bool:
+    return all(params.get(k) == v for k, v in pattern.items())
+
+
+def _execution(study_spec: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    settings = {k: v["default"] for k, v in EXECUTION.items()}
+    settings.update(study_spec.get("execution") or {})
+    for override in study_spec.get("execution_overrides") or []:
+        if _matches(params, override["when"]):
+            settings.update(override["set"])
+    return settings
+
+
+def expand_study(name: str, spec: dict[str, Any]) -> Study:
+    """All cells of one schema-valid study, in a stable order; ConfigError lists every problem."""
+    settings = spec.get("settings") or {}
+    axes: dict[str, list[Any]] = spec.get("axes") or {}
+    problems: list[str] = []
+
+    for key, values in axes.items():
+        seen = [canonical_json({"v": v}) for v in values]
+        if len(set(seen)) != len(seen):
+            problems.append(f"studies.{name}.axes.{key}: repeated value in {values!r}")
+        if key in settings:
+            problems.append(f"studies.{name}: {key!r} is both a setting and an axis; keep one")
+
+    variants: dict[str, list[dict[str, Any]]] = spec.get("variants") or {}
+    owners: dict[str, str] = {}
+    for variant, values in variants.items():
+        for key in sorted({k for value in values for k in value}):
+            if key in settings or key in axes or key in owners:
+                other = "settings" if key in settings else "axes" if key in axes else f"variants.{owners[key]}"
+                problems.append(f"studies.{name}.variants.{variant}: {key!r} is also set in {other}; keep one")
+            owners[key] = variant
+
+    # Each dimension is a list of (parameters, id keys) choices: one per axis value or variant value.
+    dimensions = [[({key: value}, (key,)) for value in values] for key, values in axes.items()]
+    dimensions += [[(value, tuple(value)) for value in values] for values in variants.values()]
+    entries: list[tuple[dict[str, Any], tuple[str, ...]]] = []
+    if dimensions:
+        product = []
+        for choice in itertools.product(*dimensions):
+            combo = {k: v for part, _ in choice for k, v in part.items()}
+            product.append((combo, tuple(k for _, keys in choice for k in keys)))
+        excludes = spec.get("exclude") or []
+        for i, pattern in enumerate(excludes):
+            if not any(_matches(resolve({**settings, **combo}), pattern) for combo, _ in product):
+                problems.append(f"studies.{name}.exclude[{i}]: {pattern!r} matches no cell of the axes")
+        for combo, keys in product:
+            full = resolve({**settings, **combo})
+            if not any(_matches(full, pattern) for pattern in excludes):
+                entries.append((combo, keys))
+    elif spec.get("exclude"):
+        problems.append(f"studies.{name}.exclude: there are no axes to exclude combinations from")
+    for entry in spec.get("include") or []:
+        entries.append((entry, tuple(entry)))
+    if not entries and not problems:
+        problems.append(f"studies.{name}: no cells; give it axes, variants or include entries")
+
+    cells: list[Cell] = []
+    seen_ids: dict[str, int] = {}
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for index, (entry, id_keys) in enumerate(entries):
+        params = resolve({**settings, **entry})
+        for key in id_keys:
+            if not ID_VALUE.match(format_value(params[key])):
+                problems.append(f"studies.{name}: value {params[key]!r} of {key} cannot name a cell; "
+                                "use letters, digits, '.', '_', '+' and '-'")
+        cell_id = make_cell_id(params, id_keys) if id_keys else "default"
+        if cell_id in seen_ids:
+            problems.append(f"studies.{name}: two entries make the same cell {cell_id!r}; "
+                            "an include entry repeats another cell")
+            continue
+        seen_ids[cell_id] = index
+        errors, unsupported = check_cell(params)
+        for key, message in errors:
+            grouped.setdefault((key, message), []).append(cell_id)
+        cells.append(Cell(name, cell_id, params, tuple(sort_keys(id_keys)), _execution(spec, params), unsupported))
+
+    for (key, message), ids in grouped.items():
+        shown = ", ".join(repr(i) for i in ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+        problems.append(f"study {name!r}, cell {shown}: {key}: {message}")
+    if problems:
+        raise ConfigError(problems)
+
+    id_keys = sort_keys({k for c in cells for k in c.id_keys})
+    return Study(name, spec.get("description", ""), cells, id_keys,
+                 list(spec.get("report") or REPORT_COLUMNS_DEFAULT))

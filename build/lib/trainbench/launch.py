@@ -1,0 +1,108 @@
+"""The command and environment that start a cell's ranks on one node.
+
+plain python for one rank; `torchrun --standalone` for several on one node; the DeepSpeed launcher
+where the cell asks for it. A multi-node cell starts the same torchrun on every node, joining a
+c10d rendezvous on the first node (`multinode_command`), through srun inside its SLURM allocation
+(`srun_command`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+
+WORKER_MODULE = "trainbench.worker"
+
+# Settings every launched rank gets, whatever the caller's environment says.
+FIXED_ENVIRONMENT = {
+    # NVLink SHARP multicast is off on the GPU hosts: NCCL and torch's symmetric memory must not try it.
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    # CUDA's default order is "fastest first"; PCI order makes device ids agree with NVML and nvidia-smi.
+    "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the nodes of a multi-node cell meet: the first node's address, a port, a job-unique id."""
+
+    host: str
+    port: int
+    run_id: str
+    nodes: int
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_args(cell_file: Path, work_dir: Path) -> list[str]:
+    return ["--cell", str(cell_file), "--work-dir", str(work_dir)]
+
+
+def node_command(params: dict[str, Any], cell_file: Path, work_dir: Path, *, python: str = sys.executable,
+                 devices_given: bool = False, rendezvous: Rendezvous | None = None) -> list[str]:
+    """argv that starts this node's ranks of the cell."""
+    ranks = params["gpus_per_node"]
+    args = worker_args(cell_file, work_dir)
+    launcher = params["launcher"]
+    if launcher == "python":
+        return [python, "-m", WORKER_MODULE, *args]
+    if launcher == "deepspeed" and rendezvous is None:
+        # Given CUDA_VISIBLE_DEVICES, the DeepSpeed launcher takes exactly those devices; naming a count
+        # as well would make it ignore them and start from device 0.
+        count = [] if devices_given else ["--num_gpus", str(ranks)]
+        return [python, "-m", "deepspeed.launcher.runner", *count, "--master_port", str(free_port()),
+                "--module", WORKER_MODULE, *args]
+    if rendezvous is None:
+        return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+                "-m", WORKER_MODULE, *args]
+    return multinode_command(ranks, rendezvous, args, python=python)
+
+
+def multinode_command(ranks_per_node: int, rendezvous: Rendezvous, args: list[str], *,
+                      python: str = sys.executable) -> list[str]:
+    """One node's torchrun in a multi-node c10d rendezvous: the same argv on every node. The node
+    whose hostname is the endpoint's hosts the rendezvous store; c10d numbers the nodes."""
+    return [python, "-m", "torch.distributed.run", f"--nnodes={rendezvous.nodes}",
+            f"--nproc-per-node={ranks_per_node}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={rendezvous.host}:{rendezvous.port}", f"--rdzv-id={rendezvous.run_id}",
+            "-m", WORKER_MODULE, *args]
+
+
+def srun_command(params: dict[str, Any], node_argv: list[str], *, cpus_per_task: int) -> list[str]:
+    """Start `node_argv` once on every node of the SLURM allocation (run from the batch host).
+
+    One task per node with the node's GPUs and cores; --kill-on-bad-exit stops every node when one
+    fails, as torchrun does for the ranks of one node.
+    """
+    nodes = params["nodes"]
+    gres = [f"--gres=gpu:{params['gpus_per_node']}"] if params["device"] == "cuda" else []
+    return ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", f"--cpus-per-task={cpus_per_task}",
+            *gres, "--kill-on-bad-exit=1", "--export=ALL", *node_argv]
+
+
+def launch_environment(params: dict[str, Any], *, cpus_per_rank: int, devices: list[str] | None,
+                       base: Mapping[str, str] = os.environ) -> dict[str, str]:
+    env = dict(base)
+    env.update(FIXED_ENVIRONMENT)
+    env.setdefault("OMP_NUM_THREADS", str(cpus_per_rank))
+    if params["device"] == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU cell must not touch (or be measured on) a GPU
+        env["DS_ACCELERATOR"] = "cpu"
+    elif devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    arch = env.get("TORCH_CUDA_ARCH_LIST")
+    if arch and "a" in arch:
+        # DeepSpeed's op builder parses arch numbers with int(): "9.0a" breaks FusedAdam's compile.
+        env["TORCH_CUDA_ARCH_LIST"] = ";".join(a.rstrip("a") for a in arch.replace(" ", ";").split(";") if a)
+    return env

@@ -1,0 +1,126 @@
+"""The parameters a grid cell can set: one table, the source of the config schema and of cell defaults.
+
+Every key a study may use in `settings`, `axes`, `include` or `exclude` is declared here with its
+type, default and meaning. `workflow/schemas/config.schema.yaml` is generated from this table
+(`trainbench schema`), and a test keeps the two in sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: str  # "int", "float", "bool", "str"
+    default: Any
+    description: str
+    choices: tuple[Any, ...] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    nullable: bool = False
+
+    def json_schema(self) -> dict[str, Any]:
+        base = {"int": "integer", "float": "number", "bool": "boolean", "str": "string"}[self.kind]
+        schema: dict[str, Any] = {"type": [base, "null"] if self.nullable else base}
+        if self.choices is not None:
+            schema["enum"] = list(self.choices) + ([None] if self.nullable else [])
+        if self.minimum is not None:
+            schema["minimum"] = self.minimum
+        if self.maximum is not None:
+            schema["maximum"] = self.maximum
+        schema["description"] = self.description
+        schema["default"] = self.default
+        return schema
+
+    def allowed(self) -> str:
+        """A short phrase saying what values are allowed, for error messages."""
+        if self.choices is not None:
+            text = "one of " + ", ".join(repr(c) for c in self.choices)
+        else:
+            text = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}[
+                self.kind
+            ]
+            if self.minimum is not None and self.maximum is not None:
+                text += f" from {self.minimum:g} to {self.maximum:g}"
+            elif self.minimum is not None:
+                text += f" >= {self.minimum:g}"
+        return text + (" or null" if self.nullable else "")
+
+
+FRAMEWORKS = ("torch", "deepspeed", "lightning", "hf_trainer")
+
+# Order matters: it is the order of keys in cell ids and table columns, most telling first.
+PARAMS: tuple[Param, ...] = (
+    Param("framework", "str", "torch", "What drives training: plain torch (DDP, FSDP2), the DeepSpeed engine, "
+          "Lightning's Trainer or the Hugging Face Trainer.", choices=FRAMEWORKS),
+    Param("strategy", "str", "single", "Parallelism strategy, in the framework's own vocabulary "
+          "(`trainbench strategies` lists them).") ,
+    Param("model", "str", "gpt2-tiny", "Architecture name from the model registry (`trainbench models`); "
+          "built from its config with random weights."),
+    Param("head", "str", "lm", "Output head: next-token language modelling or sequence classification.",
+          choices=("lm", "classifier")),
+    Param("num_classes", "int", 2, "Classes of the classification head (head: classifier).", minimum=2),
+    Param("seq_len", "int", None, "Tokens per sample; null means the model's context length.",
+          minimum=1, nullable=True),
+    Param("precision", "str", "fp32", "Training precision: fp32, or fp16/bf16 mixed precision.",
+          choices=("fp32", "fp16", "bf16")),
+    Param("tf32", "bool", False, "Allow TF32 matmuls for fp32 work on Ampere and newer GPUs."),
+    Param("device", "str", "cuda", "Where ranks run: one CUDA GPU per rank (NCCL), or CPU processes (gloo).",
+          choices=("cuda", "cpu")),
+    Param("nodes", "int", 1, "Nodes the cell spans.", minimum=1),
+    Param("gpus", "int", 1, "Ranks in total, one per GPU (with device: cpu, CPU processes standing in for "
+          "GPUs); must be a multiple of nodes and of tp x pp.", minimum=1),
+    Param("tp", "int", 1, "Tensor-parallel size.", minimum=1),
+    Param("pp", "int", 1, "Pipeline-parallel size.", minimum=1),
+    Param("micro_batch", "int", 1, "Samples per rank per forward/backward pass.", minimum=1),
+    Param("grad_accum", "int", 1, "Micro batches accumulated per optimizer step.", minimum=1),
+    Param("offload_optimizer", "bool", False, "Keep optimizer states (and the optimizer step) in CPU memory "
+          "(DeepSpeed ZeRO 1-3)."),
+    Param("offload_param", "bool", False, "Keep parameters in CPU memory between uses (DeepSpeed ZeRO-3; "
+          "FSDP, where it offloads gradients and optimizer states too)."),
+    Param("pin_memory", "bool", True, "Page-locked host memory for offloaded tensors (faster copies; memory "
+          "the OS cannot swap). CUDA only."),
+    Param("overlap_comm", "bool", None, "DeepSpeed: overlap gradient reduction with the backward pass; null "
+          "keeps DeepSpeed's default for the stage.", nullable=True),
+    Param("activation_checkpointing", "bool", False, "Recompute each transformer block's activations in "
+          "the backward pass instead of storing them."),
+    Param("ort", "bool", False, "Run the model under ONNX Runtime training (ORTModule)."),
+    Param("compile", "bool", False, "Compile the model with torch.compile."),
+    Param("lr", "float", 1e-4, "Peak learning rate.", minimum=0),
+    Param("weight_decay", "float", 0.0, "AdamW weight decay.", minimum=0),
+    Param("warmup_steps", "int", 3, "Optimizer steps run before timing starts (excluded from step time).",
+          minimum=0),
+    Param("timed_steps", "int", 10, "Optimizer steps timed after warm-up; step_time_s is their median.",
+          minimum=1),
+    Param("dataset_size", "int", None, "Samples per epoch of the whole run the study describes; with "
+          "epochs, gives projected_run_s. Null: no projection.", minimum=1, nullable=True),
+    Param("epochs", "int", None, "Epochs of the whole run the study describes.", minimum=1, nullable=True),
+    Param("launcher", "str", "auto", "How ranks start: auto (plain python for one rank, else torchrun), "
+          "torchrun, or the DeepSpeed launcher.", choices=("auto", "python", "torchrun", "deepspeed")),
+    Param("seed", "int", 0, "Seed of model initialisation and synthetic data.", minimum=0),
+    Param("inject_oom_at_step", "int", None, "Testing aid: make the allocator fail at this step (0 = during "
+          "initialisation) through a real allocation too large for any machine. Null: off.",
+          minimum=0, nullable=True),
+)
+
+PARAMS_BY_NAME: dict[str, Param] = {p.name: p for p in PARAMS}
+PARAM_ORDER: dict[str, int] = {p.name: i for i, p in enumerate(PARAMS)}
+
+# Values the grid computes from the parameters above; a study may not set them.
+DERIVED = {
+    "dp": "data-parallel size, gpus / (tp x pp)",
+    "gpus_per_node": "gpus / nodes",
+    "global_batch": "micro_batch x grad_accum x dp: samples per optimizer step",
+}
+
+
+def defaults() -> dict[str, Any]:
+    return {p.name: p.default for p in PARAMS}
+
+
+def sort_keys(keys) -> list[str]:
+    """Keys in the table's order: declared parameters first, anything else alphabetically after."""
+    return sorted(keys, key=lambda k: (PARAM_ORDER.get(k, len(PARAM_ORDER)), k))

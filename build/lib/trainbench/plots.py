@@ -1,0 +1,101 @@
+"""Per-study plots: peak memory of every GPU (or CPU rank) by cell, and throughput by cell.
+
+Cells that did not run to the end keep their place on the x axis with their status written in, so
+a plot shows the same cells as the table.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+Doc = dict[str, Any]
+
+
+def cell_label(doc: Doc, id_keys: list[str]) -> str:
+    """Short x-axis label: names alone say what they are (zero2), numbers keep their key (gpus=2),
+    flags appear by name when set."""
+    parts = []
+    for key in id_keys:
+        value = doc["params"].get(key)
+        if isinstance(value, bool):
+            if value:
+                parts.append(key)
+        elif isinstance(value, str):
+            parts.append(value)
+        else:
+            parts.append(f"{key}={value}")
+    return "\n".join(parts) or doc["cell_id"]
+
+
+def _status_mark(ax, x: float, doc: Doc) -> None:
+    text = "OOM" if doc["status"] == "oom" else doc["status"]
+    ax.text(x, 0, text, rotation=90, ha="center", va="bottom", fontsize=8, color="firebrick")
+
+
+def _memory_series(doc: Doc) -> tuple[list[float], str]:
+    metrics = doc.get("metrics") or {}
+    if metrics.get("gpu_mem_used_mib"):
+        return metrics["gpu_mem_used_mib"], "GPU"
+    if metrics.get("host_rss_peak_mib_per_rank"):
+        return metrics["host_rss_peak_mib_per_rank"], "CPU rank"
+    return [], ""
+
+
+def memory_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path) -> None:
+    series = [_memory_series(d) for d in docs]
+    kind = next((k for _, k in series if k), "GPU")
+    width_per_cell = max(len(v) for v, _ in series) if any(v for v, _ in series) else 1
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(docs) + 2), 5))
+    bar = 0.8 / width_per_cell
+    labelled: set[int] = set()
+    for x, (doc, (values, _)) in enumerate(zip(docs, series)):
+        if not values:
+            _status_mark(ax, x, doc)
+            continue
+        for i, value in enumerate(values):
+            ax.bar(x - 0.4 + bar * (i + 0.5), value, width=bar, color=f"C{i % 10}",
+                   label=None if i in labelled else f"{kind} {i}")
+            labelled.add(i)
+        if doc["status"] != "ok":
+            ax.text(x, max(values), doc["status"], ha="center", va="bottom", fontsize=8, color="firebrick")
+    ax.set_xticks(range(len(docs)), [cell_label(d, id_keys) for d in docs], fontsize=7)
+    what = "peak NVML 'used' memory per GPU" if kind == "GPU" else "peak resident memory per CPU rank"
+    ax.set_ylabel("MiB")
+    ax.set_title(f"{title}: {what}")
+    if labelled:
+        ax.legend(fontsize=7, ncols=min(8, width_per_cell))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def throughput_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(docs) + 2), 5))
+    for x, doc in enumerate(docs):
+        value = (doc.get("metrics") or {}).get("samples_per_s") if doc["status"] == "ok" else None
+        if value is None:
+            _status_mark(ax, x, doc)
+            continue
+        ax.bar(x, value, color="C0")
+        mfu = doc["metrics"].get("mfu")
+        note = f"{value:,.1f}" + (f"\n{mfu:.0%} MFU" if mfu is not None else "")
+        ax.text(x, value, note, ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(docs)), [cell_label(d, id_keys) for d in docs], fontsize=7)
+    ax.set_ylabel("samples / s (all ranks)")
+    ax.set_title(f"{title}: training throughput (median step)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_plots(docs: list[Doc], *, study: str, id_keys: list[str], memory_path: Path,
+                throughput_path: Path) -> None:
+    Path(memory_path).parent.mkdir(parents=True, exist_ok=True)
+    memory_plot(docs, id_keys, study, Path(memory_path))
+    throughput_plot(docs, id_keys, study, Path(throughput_path))

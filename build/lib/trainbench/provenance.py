@@ -1,0 +1,102 @@
+"""Where and with what a cell ran: hardware, driver, software versions, git commit, SLURM job."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+import os
+import platform
+import socket
+import subprocess
+from typing import Any
+
+PACKAGES = {"torch": "torch", "deepspeed": "deepspeed", "lightning": "lightning",
+            "transformers": "transformers", "snakemake": "snakemake"}
+
+
+def now_iso() -> str:
+    # milliseconds: a test (and a reader) can tell which runs overlapped
+    return dt.datetime.now(dt.timezone.utc).astimezone().isoformat(timespec="milliseconds")
+
+
+def package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for key, dist in PACKAGES.items():
+        try:
+            versions[key] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[key] = None
+    return versions
+
+
+def git_commit(directory: str = ".") -> str | None:
+    """HEAD of the workflow's checkout, with '-dirty' when tracked files outside results/ changed."""
+    try:
+        head = subprocess.run(["git", "-C", directory, "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True, timeout=10).stdout.strip()
+        status = subprocess.run(["git", "-C", directory, "status", "--porcelain", "--untracked-files=no", "--",
+                                 ".", ":(exclude)results"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("-dirty" if status.strip() else "")
+
+
+def gpu_facts(devices: list[str] | None) -> dict[str, Any]:
+    """Name, count, memory and driver of the GPUs a cell was given, from NVML."""
+    facts: dict[str, Any] = {"gpu_name": None, "gpu_count": 0, "gpu_memory_mib": None, "driver": None}
+    if not devices:
+        return facts
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return facts
+    try:
+        names, memory = [], []
+        for device in devices:
+            handle = (pynvml.nvmlDeviceGetHandleByIndex(int(device)) if device.isdigit()
+                      else pynvml.nvmlDeviceGetHandleByUUID(device))
+            name = pynvml.nvmlDeviceGetName(handle)
+            names.append(name.decode() if isinstance(name, bytes) else name)
+            memory.append(pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**20)
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        facts.update(gpu_name=names[0], gpu_count=len(names), gpu_memory_mib=memory[0],
+                     driver=driver.decode() if isinstance(driver, bytes) else driver)
+        if len(set(names)) > 1:
+            facts["gpu_names"] = names
+    finally:
+        pynvml.nvmlShutdown()
+    return facts
+
+
+def slurm_facts() -> dict[str, Any]:
+    env = os.environ
+    return {"slurm_job_id": env.get("SLURM_JOB_ID"), "slurm_nodelist": env.get("SLURM_JOB_NODELIST"),
+            "slurm_job_gpus": env.get("SLURM_JOB_GPUS") or env.get("SLURM_STEP_GPUS")}
+
+
+def collect(*, devices: list[str] | None, nodes: int, gpus_total: int, cuda: str | None, started: str,
+            ended: str, command: str, run_gpus: dict[str, list] | None = None) -> dict[str, Any]:
+    """Provenance of a run. GPU facts come from NVML here for the devices this node gave the cell,
+    else from what the run's own samplers saw on every node (multi-node cells under SLURM)."""
+    facts = gpu_facts(devices)
+    if not facts["gpu_name"] and run_gpus and run_gpus.get("names"):
+        facts.update(gpu_name=run_gpus["names"][0], gpu_memory_mib=run_gpus["total"][0])
+    facts["gpu_count"] = gpus_total if (facts["gpu_name"] or gpus_total) else 0
+    visible = ",".join(devices) if devices is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
+    return {
+        **facts,
+        "nodes": nodes,
+        "cuda": cuda,
+        "hostname": socket.gethostname(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "versions": package_versions(),
+        "git_commit": git_commit(),
+        **slurm_facts(),
+        "cuda_visible_devices": visible,
+        "started": started,
+        "ended": ended,
+        "command": command,
+    }

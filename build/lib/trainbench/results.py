@@ -1,0 +1,92 @@
+"""metrics.json: the public schema, atomic writing, and reading cells back.
+
+A cell's metrics.json is written once, at the end, by renaming a finished temporary file over the
+target: readers see the old file or the new one, never half of one, and a run killed before the
+rename leaves no metrics.json at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "oom", "unsupported", "infeasible", "failed", "timeout")
+
+METRIC_KEYS = (
+    "warmup_steps", "steps_timed", "step_time_s", "samples_per_s", "tokens_per_s", "tflops_per_gpu", "mfu",
+    "wall_time_s", "projected_run_s", "gpu_mem_used_mib", "gpu_mem_total_mib", "torch_peak_allocated_mib",
+    "torch_peak_reserved_mib", "host_mem_peak_mib", "loss_first", "loss_last", "test_accuracy",
+    "params_total", "params_per_module_rank0",
+)
+PREDICTED_KEYS = ("gpu_mem_mib", "host_mem_mib", "fits")
+PROVENANCE_KEYS = (
+    "gpu_name", "gpu_count", "nodes", "driver", "cuda", "hostname", "versions", "git_commit", "slurm_job_id",
+    "started", "ended", "command",
+)
+VERSION_KEYS = ("python", "torch", "deepspeed", "lightning", "transformers", "snakemake")
+TOP_KEYS = ("schema", "study", "cell_id", "params", "params_hash", "status", "reason", "metrics", "predicted",
+            "provenance")
+
+
+def empty_metrics() -> dict[str, Any]:
+    return {key: None for key in METRIC_KEYS}
+
+
+def empty_predicted() -> dict[str, Any]:
+    return {key: None for key in PREDICTED_KEYS}
+
+
+def schema_problems(doc: dict[str, Any]) -> list[str]:
+    """What is missing or wrong in a metrics.json document; empty when it follows the schema."""
+    problems = [f"missing key {k!r}" for k in TOP_KEYS if k not in doc]
+    if problems:
+        return problems
+    if doc["schema"] != SCHEMA_VERSION:
+        problems.append(f"schema {doc['schema']!r} is not {SCHEMA_VERSION}")
+    if doc["status"] not in STATUSES:
+        problems.append(f"status {doc['status']!r} is not one of {STATUSES}")
+    if doc["status"] != "ok" and not doc["reason"]:
+        problems.append(f"status {doc['status']!r} needs a reason")
+    for section, keys in (("metrics", METRIC_KEYS), ("predicted", PREDICTED_KEYS),
+                          ("provenance", PROVENANCE_KEYS)):
+        problems += [f"missing key {section}.{k}" for k in keys if k not in (doc[section] or {})]
+    problems += [f"missing key provenance.versions.{k}" for k in VERSION_KEYS
+                 if k not in (doc["provenance"].get("versions") or {})]
+    return problems
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: str | Path) -> Any:
+    with open(path) as f:
+        return json.load(f)
+
+
+def read_cells(paths) -> list[dict[str, Any]]:
+    """metrics.json documents in the order given; a missing or malformed file is an error, not a gap."""
+    docs = []
+    for path in paths:
+        doc = read_json(path)
+        problems = schema_problems(doc)
+        if problems:
+            raise ValueError(f"{path}: not a metrics.json of schema {SCHEMA_VERSION}: {'; '.join(problems)}")
+        docs.append(doc)
+    return docs

@@ -1,0 +1,80 @@
+"""Runners: one small adapter per framework from a cell to a training run.
+
+A runner builds the model, wraps it for its strategy and makes the optimizer (`setup`), then runs one
+optimizer step over `grad_accum` micro batches per `train_step`. The worker owns the loop, timing,
+OOM handling and results, so every framework is measured the same way.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from trainbench.data import SyntheticBatches
+from trainbench.models import ModelSpec, get_model
+
+
+@dataclass
+class RunContext:
+    params: dict[str, Any]
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def spec(self) -> ModelSpec:
+        return get_model(self.params["model"])
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def batches(self) -> SyntheticBatches:
+        p = self.params
+        return SyntheticBatches(vocab_size=self.spec.vocab_size, seq_len=p["seq_len"], micro_batch=p["micro_batch"],
+                                head=p["head"], num_classes=p["num_classes"], seed=p["seed"], rank=self.rank,
+                                device=self.device)
+
+    def synchronize(self) -> None:
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+
+
+class Runner(Protocol):
+    def setup(self) -> None: ...
+
+    def train_step(self) -> torch.Tensor:
+        """One optimizer step; returns the mean loss of its micro batches (a detached scalar)."""
+
+    def model(self) -> torch.nn.Module:
+        """The unwrapped model (for parameter counts)."""
+
+    def params_total(self) -> int: ...
+
+    def local_numel(self, parameter: torch.nn.Parameter) -> int:
+        """Elements of this parameter held by this rank (a shard under ZeRO-3 or FSDP)."""
+
+
+def params_per_module(runner: Runner) -> dict[str, int]:
+    """Parameter elements held by this rank, by the class of the module that owns them."""
+    counts: Counter[str] = Counter()
+    for module in runner.model().modules():
+        for parameter in module.parameters(recurse=False):
+            counts[type(module).__name__] += runner.local_numel(parameter)
+    return dict(sorted(counts.items()))
+
+
+_RUNNERS = {
+    "torch": "trainbench.runners.torch_native:TorchRunner",
+    "deepspeed": "trainbench.runners.deepspeed_engine:DeepSpeedRunner",
+}
+
+
+def make_runner(context: RunContext) -> Runner:
+    module_name, class_name = _RUNNERS[context.params["framework"]].split(":")
+    return getattr(importlib.import_module(module_name), class_name)(context)

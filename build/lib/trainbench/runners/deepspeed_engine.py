@@ -1,0 +1,110 @@
+"""The DeepSpeed engine with ZeRO stage 0-3, optimizer and parameter offload, one JSON config per cell.
+
+`deepspeed_config` is a pure function of the cell's parameters; the cell's runner writes the config
+it used next to metrics.json, as the study's origin kept one JSON file per scenario.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trainbench.gpt import GPT
+from trainbench.runners import RunContext
+
+
+def zero_stage(strategy: str) -> int:
+    return int(strategy.removeprefix("zero"))
+
+
+def deepspeed_config(params: dict[str, Any], device_type: str) -> dict[str, Any]:
+    stage = zero_stage(params["strategy"])
+    on_gpu = device_type == "cuda"
+    pin = params["pin_memory"] and on_gpu
+    zero: dict[str, Any] = {"stage": stage}
+    if params["offload_optimizer"]:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
+    if params["offload_param"]:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
+    if params["overlap_comm"] is not None:
+        zero["overlap_comm"] = params["overlap_comm"]
+    return {
+        "train_micro_batch_size_per_gpu": params["micro_batch"],
+        "gradient_accumulation_steps": params["grad_accum"],
+        "train_batch_size": params["global_batch"],
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": params["lr"], "betas": [0.9, 0.999], "eps": 1e-8,
+                "weight_decay": params["weight_decay"],
+                # torch's AdamW on the device; an offloaded optimizer on a GPU machine uses
+                # DeepSpeedCPUAdam (compiled on first use), which is what offload is measured with.
+                "torch_adam": not (params["offload_optimizer"] and on_gpu),
+            },
+        },
+        "zero_optimization": zero,
+        "fp16": {"enabled": params["precision"] == "fp16", "initial_scale_power": 16},
+        "bf16": {"enabled": params["precision"] == "bf16"},
+        "steps_per_print": 2**31 - 1,  # the worker reports progress; DeepSpeed's own lines are noise
+        "wall_clock_breakdown": False,
+    }
+
+
+class DeepSpeedRunner:
+    def __init__(self, context: RunContext):
+        self.ctx = context
+        self.p = context.params
+        self.stage = zero_stage(self.p["strategy"])
+
+    def setup(self) -> None:
+        import deepspeed
+
+        self.config = deepspeed_config(self.p, self.ctx.device.type)
+        # Wrap the process group the worker made; zero.Init reads the world size from it.
+        deepspeed.init_distributed(dist_backend="nccl" if self.ctx.is_cuda else "gloo")
+        self.inner = self._build_model(deepspeed)
+        self.engine, _, _, _ = deepspeed.initialize(model=self.inner, model_parameters=self.inner.parameters(),
+                                                    config=self.config)
+        self.batches = self.ctx.batches()
+
+    def _build_model(self, deepspeed) -> GPT:
+        def new_model():
+            return GPT(self.ctx.spec, head=self.p["head"], num_classes=self.p["num_classes"],
+                       activation_checkpointing=self.p["activation_checkpointing"])
+
+        if self.stage < 3:
+            with self.ctx.device:
+                model = new_model()
+            model.init_weights(self.p["seed"])
+            return model
+        # ZeRO-3 partitions every layer as it is constructed, so no rank ever holds the whole model;
+        # weights are then initialised one module at a time, gathered, written by rank 0.
+        with deepspeed.zero.Init(config_dict_or_path=self.config):
+            model = new_model()
+        for index, name, module in model.init_targets():
+            with deepspeed.zero.GatheredParameters(list(module.parameters(recurse=False)), modifier_rank=0):
+                if self.ctx.rank == 0:
+                    model.init_module(index, name, module, self.p["seed"])
+        return model
+
+    def train_step(self) -> torch.Tensor:
+        accumulation = self.p["grad_accum"]
+        total = torch.zeros((), device=self.ctx.device)
+        for _ in range(accumulation):
+            inputs, targets = self.batches.next()
+            loss = self.engine(inputs, targets)
+            self.engine.backward(loss)  # scales by 1/accumulation itself
+            self.engine.step()  # steps the optimizer at the accumulation boundary only
+            total += loss.detach().float() / accumulation
+        return total
+
+    def model(self) -> torch.nn.Module:
+        return self.engine.module
+
+    def params_total(self) -> int:
+        return sum(getattr(p, "ds_numel", p.numel()) for p in self.engine.module.parameters())
+
+    def local_numel(self, parameter) -> int:
+        shard = getattr(parameter, "ds_tensor", None)  # ZeRO-3: this rank's partition
+        return shard.numel() if shard is not None else parameter.numel()

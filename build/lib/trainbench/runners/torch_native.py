@@ -1,0 +1,114 @@
+"""Plain torch: one process, DistributedDataParallel, or FSDP2 (`fully_shard`).
+
+FSDP follows pytorch/examples' FSDP2 recipe: build on the meta device, shard every block and then the
+root, materialise the local shards, initialise them. Mixed precision is autocast for single/DDP and
+FSDP's MixedPrecisionPolicy (bf16/fp16 compute, fp32 gradient reduction) for FSDP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from trainbench.gpt import GPT
+from trainbench.runners import RunContext
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class TorchRunner:
+    def __init__(self, context: RunContext):
+        self.ctx = context
+        self.p = context.params
+        self.dtype = DTYPES[self.p["precision"]]
+        self.inner: GPT | None = None
+        self.wrapped: torch.nn.Module | None = None
+
+    def _new_model(self) -> GPT:
+        return GPT(self.ctx.spec, head=self.p["head"], num_classes=self.p["num_classes"],
+                   activation_checkpointing=self.p["activation_checkpointing"])
+
+    def setup(self) -> None:
+        strategy, device = self.p["strategy"], self.ctx.device
+        if strategy == "fsdp":
+            self.inner = self._build_fsdp()
+            self.wrapped = self.inner
+        else:
+            with device:
+                self.inner = self._new_model()
+            self.inner.init_weights(self.p["seed"])
+            self.wrapped = self.inner
+            if strategy == "ddp":
+                self.wrapped = DistributedDataParallel(
+                    self.inner, device_ids=[device.index] if self.ctx.is_cuda else None)
+            if self.p["compile"]:
+                self.wrapped = torch.compile(self.wrapped)
+        on_device = self.ctx.is_cuda and not self.p["offload_param"]
+        self.optimizer = torch.optim.AdamW(self.inner.parameters(), lr=self.p["lr"],
+                                           weight_decay=self.p["weight_decay"], fused=on_device or None)
+        # Only fp16 needs loss scaling; the scaler is a no-op pass-through when disabled.
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.p["precision"] == "fp16")
+        self.batches = self.ctx.batches()
+
+    def _build_fsdp(self) -> GPT:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+        device = self.ctx.device
+        with torch.device("meta"):
+            model = self._new_model()
+        options = {"mesh": init_device_mesh(device.type, (self.ctx.world_size,))}
+        if self.p["precision"] != "fp32":
+            options["mp_policy"] = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
+        if self.p["offload_param"]:
+            options["offload_policy"] = CPUOffloadPolicy(pin_memory=self.ctx.is_cuda)
+        for block in model.blocks:
+            if self.p["compile"]:
+                block.compile()
+            fully_shard(block, **options)
+        fully_shard(model, **options)
+        # With CPU offload the sharded parameters live in host memory; FSDP copies them in per use.
+        model.to_empty(device="cpu" if self.p["offload_param"] else device)
+        model.init_weights(self.p["seed"])
+        return model
+
+    def _autocast(self):
+        # FSDP casts through its policy; autocast on top would only add casts.
+        if self.p["precision"] == "fp32" or self.p["strategy"] == "fsdp":
+            return contextlib.nullcontext()
+        return torch.autocast(self.ctx.device.type, dtype=self.dtype)
+
+    def _gradient_sync(self, last_micro_batch: bool):
+        """Skip the gradient all-reduce on all but the last micro batch of an accumulation."""
+        if self.p["strategy"] == "ddp" and not last_micro_batch:
+            return self.wrapped.no_sync()
+        if self.p["strategy"] == "fsdp":
+            self.inner.set_requires_gradient_sync(last_micro_batch)
+        return contextlib.nullcontext()
+
+    def train_step(self) -> torch.Tensor:
+        accumulation = self.p["grad_accum"]
+        total = torch.zeros((), device=self.ctx.device)
+        for micro in range(accumulation):
+            inputs, targets = self.batches.next()
+            with self._gradient_sync(micro == accumulation - 1):
+                with self._autocast():
+                    loss = self.wrapped(inputs, targets) / accumulation
+                self.scaler.scale(loss).backward()
+            total += loss.detach()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total
+
+    def model(self) -> torch.nn.Module:
+        return self.inner
+
+    def params_total(self) -> int:
+        return sum(p.numel() for p in self.inner.parameters())
+
+    def local_numel(self, parameter) -> int:
+        to_local = getattr(parameter, "to_local", None)  # an FSDP2 DTensor shard
+        return to_local().numel() if to_local else parameter.numel()

@@ -1,0 +1,114 @@
+"""The JSON schema of config.yaml, built from the parameter table.
+
+`trainbench schema` writes it to workflow/schemas/config.schema.yaml; tests check that the file in
+the repository is what this module builds, so the table in params.py stays the single source.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainbench.params import PARAMS
+
+# How a cell is run, as opposed to what it measures: changing these reruns nothing.
+EXECUTION: dict[str, dict[str, Any]] = {
+    "runtime_min": {"type": "integer", "minimum": 1, "default": 30,
+                    "description": "Wall-clock limit of one attempt in minutes: the SLURM time request; "
+                                   "the run is stopped a little before it and recorded as 'timeout'."},
+    "mem_mb_per_rank": {"type": "integer", "minimum": 1, "default": 16000,
+                        "description": "Host memory per rank in MB; a node asks for this times its ranks."},
+    "cpus_per_rank": {"type": "integer", "minimum": 1, "default": 4,
+                      "description": "CPU cores per rank (data loading, optimizer offload)."},
+    "retries": {"type": "integer", "minimum": 0, "default": 1,
+                "description": "Relaunches after an unexpected failure (not after OOM) before the cell is "
+                               "recorded as 'failed' with its log."},
+}
+
+REPORT_COLUMNS_DEFAULT = ["step_time_ms", "samples_per_s", "tokens_per_s", "tflops_per_gpu", "mfu",
+                          "gpu_mem_mib", "host_mem_mib", "loss"]
+
+
+def _param_object() -> dict[str, Any]:
+    return {"type": "object", "additionalProperties": False,
+            "properties": {p.name: p.json_schema() for p in PARAMS}}
+
+
+def _param_lists() -> dict[str, Any]:
+    props = {}
+    for p in PARAMS:
+        item = p.json_schema()
+        props[p.name] = {"type": "array", "minItems": 1, "items": {k: v for k, v in item.items()
+                                                                  if k not in ("description", "default")},
+                         "description": f"Values of {p.name} to cross with the other axes.", "default": []}
+    return {"type": "object", "additionalProperties": False, "properties": props}
+
+
+def build_schema() -> dict[str, Any]:
+    param_object = _param_object()
+    execution = {"type": "object", "additionalProperties": False, "properties": EXECUTION}
+    study = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["description"],
+        "properties": {
+            "description": {"type": "string", "default": "",
+                            "description": "What the study measures and where its set-up comes from."},
+            "settings": {**param_object, "default": {},
+                         "description": "Parameters every cell of the study shares (missing keys take "
+                                        "their defaults)."},
+            "axes": {**_param_lists(), "default": {},
+                     "description": "Parameters that vary: the cells are the cartesian product of these "
+                                    "lists, minus `exclude`. Axis keys name the cells."},
+            "variants": {"type": "object", "default": {},
+                         "additionalProperties": {"type": "array", "minItems": 1, "items": param_object},
+                         "description": "Named axes whose values are sets of parameters that go together "
+                                        "(e.g. {nodes: 8, gpus: 64}); crossed with `axes` like one more "
+                                        "axis. The keys a value sets name its cells."},
+            "include": {"type": "array", "items": param_object, "default": [],
+                        "description": "Extra cells, one per entry: settings updated with the entry. The "
+                                       "entry's keys name the cell."},
+            "exclude": {"type": "array", "items": param_object, "default": [],
+                        "description": "Combinations removed from the product of the axes: a cell is "
+                                       "dropped when it matches every key of an entry."},
+            "execution": {**execution, "default": {},
+                          "description": "How the study's cells are run (resources, limits, retries); "
+                                         "changing these reruns nothing."},
+            "execution_overrides": {
+                "type": "array", "default": [],
+                "description": "Per-cell execution settings: `set` applies to the cells matching `when`.",
+                "items": {"type": "object", "additionalProperties": False, "required": ["when", "set"],
+                          "properties": {
+                              "when": {**param_object, "description": "Parameters a cell must match.",
+                                       "default": {}},
+                              "set": {**execution, "description": "Execution settings for those cells.",
+                                      "default": {}}}},
+            },
+            "report": {"type": "array", "items": {"type": "string"}, "default": REPORT_COLUMNS_DEFAULT,
+                       "description": "Metric columns of the study's markdown table, in order "
+                                      "(`trainbench columns` lists them)."},
+        },
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "trainbench config.yaml",
+        "description": "Benchmark studies: each a grid of training-run cells.",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["studies"],
+        "properties": {
+            "default_studies": {
+                "type": "object", "additionalProperties": False,
+                "description": "Studies `snakemake` runs with no target, by what the machine has "
+                               "(none: name targets on the command line).",
+                "default": {"without_gpus": [], "with_gpus": []},
+                "properties": {
+                    "without_gpus": {"type": "array", "items": {"type": "string"}, "default": [],
+                                     "description": "On a machine where NVML finds no GPU."},
+                    "with_gpus": {"type": "array", "items": {"type": "string"}, "default": [],
+                                  "description": "On a machine with GPUs."},
+                },
+            },
+            "studies": {"type": "object", "additionalProperties": study, "default": {},
+                        "description": "Study name (letters, digits, '_' and '-') to its grid."},
+        },
+    }

@@ -1,0 +1,234 @@
+"""Aggregate a study's metrics.json files into a CSV (everything, flattened) and a markdown table.
+
+The markdown table has one row per cell, whatever its status: the cell's varying parameters, its
+result ("ok", "OOM at step 23 of 25", "unsupported: why"), then the study's report columns in the
+units its origin used. Every number comes from a metrics.json; nothing here invents one.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+Doc = dict[str, Any]
+
+
+def _metric(doc: Doc, key: str):
+    return (doc.get("metrics") or {}).get(key)
+
+
+def _max(values):
+    values = [v for v in (values or []) if v is not None]
+    return max(values) if values else None
+
+
+def hms(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def si(count: float) -> str:
+    for factor, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(count) >= factor:
+            return f"{count / factor:.1f}{suffix}"
+    return f"{count:g}"
+
+
+def _fmt(digits: int) -> Callable[[float], str]:
+    return lambda v: f"{v:,.{digits}f}"
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    value: Callable[[Doc], Any]
+    text: Callable[[Any], str]
+    description: str
+    needs_ok: bool = True  # only meaningful for a run that finished
+
+
+def _per_gpu(doc: Doc) -> str | None:
+    used, total = _metric(doc, "gpu_mem_used_mib"), _metric(doc, "gpu_mem_total_mib")
+    if not used:
+        return None
+    return ", ".join(f"{u:,.0f} / {t:,.0f}" for u, t in zip(used, total or [None] * len(used)))
+
+
+def _time_per_sample_ms(doc: Doc):
+    step, batch = _metric(doc, "step_time_s"), doc["params"].get("global_batch")
+    return step / batch * 1e3 if step and batch else None
+
+
+def _timed_total_s(doc: Doc):
+    times = _metric(doc, "step_times_s")
+    return sum(times) if times else None
+
+
+def _loss(doc: Doc):
+    first, last = _metric(doc, "loss_first"), _metric(doc, "loss_last")
+    return None if first is None else f"{first:.3f} → {last:.3f}"
+
+
+def _params_rank0(doc: Doc):
+    counts = _metric(doc, "params_per_module_rank0")
+    if not counts:
+        return None
+    return ", ".join(f"{name} {si(n)}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _predicted_gib(doc: Doc):
+    value = (doc.get("predicted") or {}).get("gpu_mem_mib")
+    return value / 1024 if value is not None else None
+
+
+COLUMNS: dict[str, Column] = {
+    "gpus": Column("GPUs", lambda d: d["params"]["gpus"], str, "ranks (GPUs) of the cell", needs_ok=False),
+    "global_batch": Column("global batch", lambda d: d["params"].get("global_batch"), str,
+                           "micro batch x accumulation x data-parallel size", needs_ok=False),
+    "step_time_ms": Column("step (ms)", lambda d: _metric(d, "step_time_s") and _metric(d, "step_time_s") * 1e3,
+                           _fmt(1), "median optimizer-step time"),
+    "time_per_sample_ms": Column("ms/sample", _time_per_sample_ms, _fmt(2), "median step time / global batch"),
+    "timed_total_s": Column("timed (s)", _timed_total_s, _fmt(2), "total time of the timed steps"),
+    "samples_per_s": Column("samples/s", lambda d: _metric(d, "samples_per_s"), _fmt(1), "samples per second"),
+    "tokens_per_s": Column("tokens/s", lambda d: _metric(d, "tokens_per_s"), _fmt(0), "tokens per second"),
+    "tflops_per_gpu": Column("TFLOPS/GPU", lambda d: _metric(d, "tflops_per_gpu"), _fmt(2),
+                             "model TFLOP/s per GPU (6N + 12LHQT per token)"),
+    "mfu": Column("MFU", lambda d: _metric(d, "mfu"), lambda v: f"{v:.1%}",
+                  "model FLOPs utilisation against the GPU's dense peak"),
+    "gpu_mem_mib": Column("GPU mem (MiB)", lambda d: _max(_metric(d, "gpu_mem_used_mib")), _fmt(0),
+                          "peak NVML 'used' memory of the busiest GPU (as nvidia-smi shows it)", needs_ok=False),
+    "gpu_mem_gib": Column("GPU mem (GiB)", lambda d: _max(_metric(d, "gpu_mem_used_mib")) and
+                          _max(_metric(d, "gpu_mem_used_mib")) / 1024, _fmt(1),
+                          "peak NVML 'used' memory of the busiest GPU, GiB", needs_ok=False),
+    "gpu_mem_each": Column("GPU mem used / total (MiB), each GPU", _per_gpu, str,
+                           "peak NVML 'used' and total memory of every GPU", needs_ok=False),
+    "torch_alloc_mib": Column("torch peak alloc (MiB)", lambda d: _max(_metric(d, "torch_peak_allocated_mib")),
+                              _fmt(0), "largest torch peak allocated over ranks", needs_ok=False),
+    "host_mem_mib": Column("host mem (MiB)", lambda d: _metric(d, "host_mem_peak_mib"), _fmt(0),
+                           "peak resident memory of the busiest node's ranks together"),
+    "host_mem_pct": Column("host mem %", lambda d: _metric(d, "host_mem_percent_peak"), _fmt(1),
+                           "peak share of the node's memory in use (all processes)"),
+    "wall_min": Column("wall (min)", lambda d: _metric(d, "wall_time_s") and _metric(d, "wall_time_s") / 60,
+                       _fmt(2), "wall time of the measured run, start-up included"),
+    "projected_hms": Column("whole run (h:mm:ss)", lambda d: _metric(d, "projected_run_s"), hms,
+                            "projected steady-state time of the run the study describes"),
+    "projected_min": Column("whole run (min)", lambda d: _metric(d, "projected_run_s") and
+                            _metric(d, "projected_run_s") / 60, _fmt(1),
+                            "projected steady-state time of the run the study describes"),
+    "test_accuracy": Column("test acc.", lambda d: _metric(d, "test_accuracy"), lambda v: f"{v:.1%}",
+                            "accuracy on held-out data"),
+    "loss": Column("loss first → last", _loss, str, "training loss at the first and last step"),
+    "params_total": Column("params", lambda d: _metric(d, "params_total"), si, "parameters in the model"),
+    "params_rank0": Column("params held by rank 0, by module", _params_rank0, str,
+                           "parameter elements rank 0 holds, by module class (ZeRO-3 shards them)"),
+    "predicted_gpu_mem_gib": Column("predicted GPU mem (GiB)", _predicted_gib, _fmt(1),
+                                    "memory model's prediction per GPU", needs_ok=False),
+}
+
+
+def result_text(doc: Doc) -> str:
+    status, reason = doc["status"], doc.get("reason")
+    if status == "ok":
+        return "ok"
+    if status == "oom":
+        # "OOM at step 23 of 25 on rank 0, 1: <allocator message>" -> the part before the ranks
+        return reason.split(" on rank")[0] if reason else "OOM"
+    return f"{status}: {reason}" if reason else status
+
+
+def _cell_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return "" if value is None else str(value)
+
+
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(docs: list[Doc], *, id_keys: list[str], report: list[str]) -> str:
+    unknown = [c for c in report if c not in COLUMNS]
+    if unknown:
+        raise ValueError(f"unknown report column(s) {unknown}; known: {', '.join(COLUMNS)}")
+    headers = [*id_keys, "result", *(COLUMNS[c].header for c in report)]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
+    for doc in docs:
+        row = [_cell_value(doc["params"].get(k)) for k in id_keys] + [result_text(doc)]
+        for name in report:
+            column = COLUMNS[name]
+            value = None if column.needs_ok and doc["status"] != "ok" else column.value(doc)
+            row.append("—" if value is None else column.text(value))
+        lines.append("| " + " | ".join(_escape(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def _hardware_summary(docs: list[Doc]) -> str:
+    machines = Counter()
+    for doc in docs:
+        prov = doc.get("provenance") or {}
+        if doc["status"] in ("unsupported", "infeasible"):
+            continue
+        gpu = prov.get("gpu_name")
+        where = f"{prov.get('gpu_count')} x {gpu}" if gpu else f"CPU ({prov.get('cpu_count')} cores)"
+        machines[f"{where} on {prov.get('hostname')}, torch {prov.get('versions', {}).get('torch')}"] += 1
+    return "; ".join(f"{m} ({n} cells)" for m, n in machines.items()) or "none ran"
+
+
+def study_markdown(study: str, description: str, docs: list[Doc], *, id_keys: list[str], report: list[str]) -> str:
+    statuses = Counter(d["status"] for d in docs)
+    commits = sorted({(d.get("provenance") or {}).get("git_commit") or "unknown" for d in docs})
+    parts = [
+        f"# {study}",
+        "",
+        description.strip(),
+        "",
+        markdown_table(docs, id_keys=id_keys, report=report),
+        "",
+        f"{len(docs)} cells: " + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) + ".",
+        f"Ran on: {_hardware_summary(docs)}.",
+        f"Code: {', '.join(commits)}. Generated {dt.date.today().isoformat()} by `snakemake "
+        f"results/tables/{study}.md` from results/runs/{study}/*/metrics.json.",
+        "",
+        "Columns: " + "; ".join(f"{COLUMNS[c].header}: {COLUMNS[c].description}" for c in report) + ".",
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts and lists to dotted columns: metrics.gpu_mem_used_mib.0, params.strategy."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    if isinstance(value, list):
+        if not value:
+            return {prefix: ""}
+        out = {}
+        for i, item in enumerate(value):
+            out.update(flatten(item, f"{prefix}.{i}"))
+        return out
+    return {prefix: value}
+
+
+def write_csv(docs: list[Doc], path: Path) -> None:
+    rows = [flatten({k: v for k, v in doc.items()}) for doc in docs]
+    first = ["study", "cell_id", "status", "reason", "params_hash"]
+    rest = sorted({k for row in rows for k in row} - set(first))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=first + rest)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: row.get(k, "") for k in first + rest})
+
+
+def write_tables(docs: list[Doc], *, study: str, description: str, id_keys: list[str], report: list[str],
+                 csv_path: Path, md_path: Path) -> None:
+    write_csv(docs, Path(csv_path))
+    Path(md_path).write_text(study_markdown(study, description, docs, id_keys=id_keys, report=report))

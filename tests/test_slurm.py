@@ -1,0 +1,150 @@
+"""Against a real SLURM cluster: tools/local-slurm-cluster.sh start (CI does; see .ci/run).
+
+One node with 8 CPUs and 4 GPUs declared as GRES (character devices on a machine without GPUs), and
+16 nodes that never come up in partition `far`, where multi-node submissions pend for inspection.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from trainbench.cellrun import classify
+from trainbench.config import load_config
+from trainbench.grid import resolve
+from trainbench.launch import Rendezvous, launch_environment, multinode_command, srun_command, worker_args
+
+from conftest import REPO, tiny_study
+from test_gpus import assert_never_shared, max_in_use
+
+
+def slurm_up() -> bool:
+    if not shutil.which("sinfo"):
+        return False
+    try:
+        out = subprocess.run(["sinfo", "-h", "-p", "debug", "-o", "%t"], capture_output=True, text=True, timeout=10)
+    except subprocess.TimeoutExpired:
+        return False
+    return out.returncode == 0 and any(s.startswith(("idle", "mix", "alloc")) for s in out.stdout.split())
+
+
+REQUIRED = os.environ.get("TRAINBENCH_REQUIRE_SLURM") == "1"  # CI: a missing cluster is a failure
+pytestmark = [pytest.mark.slurm,
+              pytest.mark.skipif(not REQUIRED and not slurm_up(), reason="no SLURM cluster: "
+                                 "sudo tools/local-slurm-cluster.sh install && sudo tools/local-slurm-cluster.sh start")]
+
+PROFILE = ("--profile", "profiles/slurm", "--slurm-status-command", "squeue")
+
+
+def test_cluster_is_up():
+    assert slurm_up(), "tools/local-slurm-cluster.sh start"
+
+
+def test_the_smoke_study_through_slurm_is_one_job_per_cell_and_the_local_table_shape(workflow, smoke_run_locally):
+    workflow.write_config((REPO / "config.yaml").read_text())
+    started = time.monotonic()
+    workflow.snakemake(*PROFILE, "-j", "8", "results/tables/smoke.md", timeout=1800)
+    print(f"smoke study through SLURM: {time.monotonic() - started:.1f} s; "
+          f"locally: {smoke_run_locally[1]:.1f} s")
+    smoke = load_config(REPO / "config.yaml").study("smoke")
+    jobs = set()
+    for cell in smoke.cells:
+        doc = json.loads(workflow.path(cell.target).read_text())
+        assert doc["status"] == "ok", (cell.cell_id, doc["reason"])
+        assert doc["provenance"]["slurm_job_id"] and doc["provenance"]["slurm_nodelist"]
+        jobs.add(doc["provenance"]["slurm_job_id"])
+    assert len(jobs) == len(smoke.cells)  # every cell its own SLURM job
+
+    def shape(table: str):
+        rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ")]
+        width = len(smoke.id_keys) + 1  # the cell's keys and its result
+        return len(rows[0]), rows[0], [row[:width] for row in rows[1:]]
+
+    local = smoke_run_locally[0].path("results/tables/smoke.md").read_text()
+    assert shape(workflow.path("results/tables/smoke.md").read_text()) == shape(local)
+
+
+def test_two_gpu_cells_get_two_devices_each_and_never_more_than_four_at_once(workflow):
+    """Six cells of 2 GPUs on a node of 4: SLURM runs two at a time with disjoint devices.
+
+    The GPUs are character devices, so each cell's ranks fail once they try CUDA (status
+    `failed`); what is checked is what SLURM gave each cell, and when.
+    """
+    study = tiny_study(strategy="ddp", device="cuda", gpus=2)
+    study["axes"] = {"seed": list(range(6))}
+    workflow.write_config({"studies": {"g": study}})
+    workflow.snakemake(*PROFILE, "-j", "6", "results/tables/g.md", timeout=900)
+    intervals, jobs = [], set()
+    for path in sorted(workflow.path("results/runs/g").glob("*/metrics.json")):
+        doc = json.loads(path.read_text())
+        prov = doc["provenance"]
+        devices = prov["cuda_visible_devices"].split(",")
+        assert len(devices) == 2 and prov["slurm_job_gpus"]
+        intervals.append((devices, prov["started"], prov["ended"]))
+        jobs.add(prov["slurm_job_id"])
+    assert len(intervals) == 6 and len(jobs) == 6
+    assert_never_shared(intervals)
+    assert max_in_use(intervals) <= 4
+
+
+def test_multi_node_cells_reach_slurm_as_one_task_per_node_with_their_gpus(workflow):
+    workflow.write_config((REPO / "config.yaml").read_text())
+    study = load_config(REPO / "config.yaml").study("zero3_pipeline")
+    eight = next(c for c in study.cells if c.params["nodes"] == 8)
+    sixteen = next(c for c in study.cells if c.params["nodes"] == 16)
+    # targets before --default-resources, which takes every word after it
+    proc = subprocess.Popen([sys.executable, "-m", "snakemake", eight.target, sixteen.target, *PROFILE, "-j", "4",
+                             "--default-resources", "slurm_partition=far"], cwd=workflow.root,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            queued = subprocess.run(["squeue", "-h", "-p", "far", "-o", "%i"], capture_output=True, text=True).stdout.split()
+            if len(queued) == 2:
+                break
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0] if proc.poll() else ""
+            time.sleep(1)
+        requests = {}
+        for job in queued:
+            text = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+            fields = dict(item.split("=", 1) for item in text.split() if "=" in item)
+            requests[int(fields["NumNodes"].split("-")[0])] = fields
+        for nodes, cell in ((8, eight), (16, sixteen)):
+            r = requests[nodes]
+            assert r["NumTasks"] == str(nodes) and r["CPUs/Task"] == "64"
+            assert r["TresPerNode"] == "gres:gpu:8"
+            assert r["MinMemoryNode"] == f"{cell.resources()['mem_mb']}M"
+            assert r["TimeLimit"] == "02:00:00" and r["Partition"] == "far"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        subprocess.run(["scancel", "-p", "far"], check=False)
+
+
+def test_the_srun_fan_out_starts_a_node_that_joins_its_rendezvous(tmp_path):
+    # A one-node allocation, so it runs here; with N nodes srun starts the same argv on each.
+    params = resolve({"model": "gpt2-tiny", "device": "cpu", "strategy": "ddp", "gpus": 2, "seq_len": 16,
+                      "warmup_steps": 1, "timed_steps": 2})
+    work = tmp_path / ".work"
+    work.mkdir()
+    cell_file = work / "cell.json"
+    cell_file.write_text(json.dumps({"study": "t", "cell_id": "c", "params": params}))
+    rendezvous = Rendezvous(socket.gethostname(), 29555, "srun-test", 1)
+    argv = srun_command(params, multinode_command(2, rendezvous, worker_args(cell_file, work)), cpus_per_task=2)
+    env = launch_environment(params, cpus_per_rank=1, devices=None)
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    outcome = classify(work, result.returncode, False, 300, total_steps=3)
+    assert outcome.status == "ok"
+    assert len(outcome.result["ranks"]) == 2

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# A real single-node SLURM cluster on this machine, for the tests and for trying profiles/slurm:
+# Debian's slurm-wlm (22.05) and munge, slurmctld and slurmd on one host, select/cons_tres, and
+# GPUS GPUs declared as a GRES. Where the machine has no GPUs, the GRES files are character
+# devices made with mknod (c 1 3, like /dev/null): SLURM allocates them and sets
+# CUDA_VISIBLE_DEVICES as it would for real ones, but nothing can compute on them.
+#
+#   tools/local-slurm-cluster.sh install   apt-get install slurm-wlm munge (root)
+#   tools/local-slurm-cluster.sh start     write the configuration, start munged, slurmctld, slurmd
+#   tools/local-slurm-cluster.sh stop      stop the daemons
+#   tools/local-slurm-cluster.sh status    sinfo
+#
+# It also declares 16 nodes of 8 GPUs that never come up, in partition `far`: a multi-node job
+# submitted there is accepted and pends, so its request can be checked and cancelled.
+#
+# Settings (environment): GPUS (4), CPUS (8; more than a small machine has, so that several
+# GPU jobs can be placed at once: SlurmdParameters=config_overrides lets slurmd accept it),
+# MEM_MB (64000), STATE_DIR (/var/lib/trainbench-slurm). Needs root. Refuses to overwrite an
+# /etc/slurm/slurm.conf it did not write.
+set -euo pipefail
+
+GPUS=${GPUS:-4}
+CPUS=${CPUS:-8}
+MEM_MB=${MEM_MB:-64000}
+STATE_DIR=${STATE_DIR:-/var/lib/trainbench-slurm}
+CONF_DIR=/etc/slurm
+MARKER="# written by trainbench tools/local-slurm-cluster.sh"
+host=$(hostname -s)
+
+say() { echo "local-slurm: $*"; }
+
+install() {
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends slurm-wlm munge
+}
+
+write_config() {
+  if [ -f "$CONF_DIR/slurm.conf" ] && ! grep -qF "$MARKER" "$CONF_DIR/slurm.conf"; then
+    say "$CONF_DIR/slurm.conf exists and is not ours; not touching it"; exit 1
+  fi
+  mkdir -p "$CONF_DIR" "$STATE_DIR"/{ctld,spool,log,dev}
+  local gpu_files=""
+  for ((i = 0; i < GPUS; i++)); do
+    [ -e "$STATE_DIR/dev/nvidia$i" ] || mknod "$STATE_DIR/dev/nvidia$i" c 1 3
+  done
+  if [ "$GPUS" -gt 0 ]; then gpu_files="$STATE_DIR/dev/nvidia[0-$((GPUS - 1))]"; fi
+  cat > "$CONF_DIR/slurm.conf" <<EOF
+$MARKER
+ClusterName=trainbench
+SlurmctldHost=$host
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+StateSaveLocation=$STATE_DIR/ctld
+SlurmdSpoolDir=$STATE_DIR/spool
+SlurmctldPidFile=$STATE_DIR/slurmctld.pid
+SlurmdPidFile=$STATE_DIR/slurmd.pid
+SlurmctldLogFile=$STATE_DIR/log/slurmctld.log
+SlurmdLogFile=$STATE_DIR/log/slurmd.log
+# no cgroups: containers and CI machines rarely delegate them
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=none
+ReturnToService=2
+SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2,bf_interval=2
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+SlurmdParameters=config_overrides
+GresTypes=gpu
+NodeName=$host CPUs=$CPUS RealMemory=$MEM_MB Gres=gpu:$GPUS State=UNKNOWN
+PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
+# 16 nodes that never come up, in a partition of their own: multi-node jobs submitted there are
+# accepted and pend, so their exact request can be read back (scontrol show job), then cancelled.
+NodeName=far[01-16] NodeAddr=127.0.0.1 CPUs=64 RealMemory=512000 Gres=gpu:8 State=FUTURE
+PartitionName=far Nodes=far[01-16] MaxTime=INFINITE State=UP
+EOF
+  if [ "$GPUS" -gt 0 ]; then
+    printf '%s\nNodeName=%s Name=gpu File=%s\n' "$MARKER" "$host" "$gpu_files" > "$CONF_DIR/gres.conf"
+  else
+    printf '%s\n' "$MARKER" > "$CONF_DIR/gres.conf"
+  fi
+}
+
+start_munge() {
+  if pgrep -x munged >/dev/null; then return; fi
+  if [ ! -s /etc/munge/munge.key ]; then
+    mkdir -p /etc/munge
+    dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
+  fi
+  mkdir -p /run/munge /var/log/munge /var/lib/munge
+  chown -R munge:munge /etc/munge /run/munge /var/log/munge /var/lib/munge
+  chmod 400 /etc/munge/munge.key
+  chmod 755 /run/munge
+  runuser -u munge -- /usr/sbin/munged
+  for _ in $(seq 50); do munge -n >/dev/null 2>&1 && return; sleep 0.1; done
+  say "munged did not start"; exit 1
+}
+
+start() {
+  command -v slurmctld >/dev/null || { say "slurmctld not found: run '$0 install' first"; exit 1; }
+  write_config
+  start_munge
+  pgrep -x slurmctld >/dev/null || slurmctld -i
+  pgrep -x slurmd >/dev/null || slurmd
+  for _ in $(seq 100); do
+    state=$(timeout 5 sinfo -h -N -o "%t" -n "$host" 2>/dev/null || true)
+    case "$state" in
+      idle*|mix*|alloc*) say "up: $host with $CPUS CPUs, $MEM_MB MB, $GPUS GPUs ($state)"; return ;;
+      down*|drain*) scontrol update nodename="$host" state=resume >/dev/null 2>&1 || true ;;
+    esac
+    sleep 0.2
+  done
+  say "node did not come up; see $STATE_DIR/log"; tail -n 20 "$STATE_DIR"/log/*.log; exit 1
+}
+
+stop() {
+  pkill -x slurmd || true
+  pkill -x slurmctld || true
+  for _ in $(seq 100); do
+    pgrep -x slurmd >/dev/null || pgrep -x slurmctld >/dev/null || { say "stopped"; return; }
+    sleep 0.2
+  done
+  pkill -9 -x slurmd || true
+  pkill -9 -x slurmctld || true
+  say "stopped (killed)"
+}
+
+case "${1:-}" in
+  install) install ;;
+  start) start ;;
+  stop) stop ;;
+  status) timeout 10 sinfo -N -o "%N %t %c %m %G" ;;
+  *) sed -n '2,17p' "$0"; exit 2 ;;
+esac
