@@ -122,6 +122,7 @@ def test_stack_limits_make_cells_unsupported_not_errors():
     ort = [c for c in config.study("gpt2_zero").cells if c.params["ort"]]
     assert ort and all(c.unsupported == ORT_UNSUPPORTED for c in ort)
     assert lightning["colossalai"].resources()["gpu"] == 0  # recorded without holding GPUs
+    assert set(lightning["colossalai"].resources()) == set(lightning["ddp"].resources())
 
 
 def test_the_five_studies_and_smoke_expand(repo):
@@ -133,7 +134,7 @@ def test_the_five_studies_and_smoke_expand(repo):
     assert counts["llama"] == 4 * 3 * 2 * 7 * 3
     zero3 = config.study("zero3_pipeline")
     assert {c.params["nodes"] for c in zero3.cells} == {8, 16}
-    assert {c.resources()["gpu"] for c in zero3.cells} == {64, 128}
+    assert {(c.resources()["nodes"], c.resources()["gres"]) for c in zero3.cells} == {(8, "gpu:8"), (16, "gpu:8")}
     assert config.default_targets_studies(have_gpus=False) == ["smoke"]
 
 

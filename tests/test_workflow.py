@@ -35,13 +35,14 @@ def test_each_study_dry_runs_listing_its_cells_and_resources(workflow, study):
     assert len(jobs["train_cell"]) == len(expected.cells)
     assert jobs["study_table"] == {f"results/tables/{study}.md", f"results/tables/{study}.csv"}
     resources = [line for line in result.stdout.splitlines() if line.strip().startswith("resources:")]
-    gpu_counts = {c.resources()["gpu"] for c in expected.cells}
-    for gpus in gpu_counts:
-        assert any(f"gpu={gpus}," in line for line in resources), gpus
+    for cell in expected.cells:
+        r = cell.resources()
+        request = f"gpu={r['gpu']}," if r["gpu"] is not None else f"gres={r['gres']}, nodes={r['nodes']},"
+        assert any(request in line for line in resources), request
     assert all("runtime=" in line and "mem_mb=" in line for line in resources if "gpu=" in line)
     if study == "zero3_pipeline":
-        assert any("nodes=8," in line and "gpu=64," in line for line in resources)
-        assert any("nodes=16," in line and "gpu=128," in line for line in resources)
+        assert any("gres=gpu:8, nodes=8, tasks=8," in line for line in resources)
+        assert any("gres=gpu:8, nodes=16, tasks=16," in line for line in resources)
 
 
 # --- only missing or changed cells rerun ------------------------------------------------------

@@ -24,7 +24,7 @@ from typing import Any
 
 from trainbench import provenance, strategies
 from trainbench.grid import Cell, params_hash
-from trainbench.gpus import under_slurm
+from trainbench.gpus import NotEnoughGpus, devices_for_cell, under_slurm
 from trainbench.launch import (Rendezvous, free_port, launch_environment, multinode_command, node_command,
                               srun_command, worker_args)
 from trainbench.metrics import peak_flops, throughput
@@ -225,8 +225,6 @@ class CellRun:
                 return self._run_with_devices(None, started)
             raise CellCannotRun(f"a {self.params['nodes']}-node cell runs inside a SLURM allocation (see README, "
                                 f"'Running on a SLURM cluster'); CPU cells can simulate nodes with {SIMULATE_NODES_ENV}=1")
-        from trainbench.gpus import NotEnoughGpus, devices_for_cell
-
         count = self.params["gpus_per_node"] if self.params["device"] == "cuda" else 0
         try:
             if count:
@@ -243,17 +241,19 @@ class CellRun:
             self._say(f"GPUs {','.join(devices)}")
         total_steps = self.params["warmup_steps"] + self.params["timed_steps"]
         attempts = self.retries + 1
-        t0 = time.monotonic()
+        # One deadline for all attempts: the job's time limit (SLURM's) covers them all.
+        deadline = time.monotonic() + self.timeout_s
         for attempt in range(1, attempts + 1):
             commands = self._prepare_attempt(devices, attempt)
             for command in commands:
                 self._say(f"attempt {attempt}/{attempts}: {shlex.join(command)}")
-            returncode, timed_out = self._launch(commands, devices)
+            attempt_start = time.monotonic()
+            returncode, timed_out = self._launch(commands, devices, deadline)
+            wall_time_s = time.monotonic() - attempt_start
             outcome = classify(self.work_dir, returncode, timed_out, self.timeout_s, total_steps)
             self._say(f"attempt {attempt}: {outcome.status}" + (f" ({outcome.reason})" if outcome.reason else ""))
             if outcome.status != "failed":
                 break
-        wall_time_s = time.monotonic() - t0
         doc = self._base_document(outcome.status, outcome.reason)
         if outcome.status == "ok":
             doc["metrics"] = summarize(self.params, outcome.result, wall_time_s)
@@ -297,13 +297,13 @@ class CellRun:
                                       python=self.python)
         return [node_argv] * p["nodes"]
 
-    def _launch(self, commands: list[list[str]], devices: list[str] | None) -> tuple[int | None, bool]:
-        """Start the commands, wait for all; stop them all at the time limit or soon after one fails."""
+    def _launch(self, commands: list[list[str]], devices: list[str] | None,
+                deadline: float) -> tuple[int | None, bool]:
+        """Start the commands, wait for all; stop them all at the deadline or soon after one fails."""
         env = launch_environment(self.params, cpus_per_rank=self.cell.execution["cpus_per_rank"], devices=devices)
         # Each in a session of its own, so a launcher's whole tree can be stopped together.
         self._children = [subprocess.Popen(c, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
                           for c in commands]
-        deadline = time.monotonic() + self.timeout_s
         first_failure: int | None = None
         failed_at = None
         while True:

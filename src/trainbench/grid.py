@@ -80,8 +80,8 @@ class Cell:
         """
         p, ex = self.params, self.execution
         if self.unsupported is not None:  # recorded without launching anything
-            return {"gpu": 0, "nodes": 1, "cpus_per_task": 1, "mem_mb": 1000, "runtime": 5, "threads": 1,
-                    "retries": 0}
+            return {"gpu": 0, "gres": None, "nodes": 1, "tasks": None, "tasks_per_gpu": None, "mpi": None,
+                    "cpus_per_task": 1, "mem_mb": 1000, "runtime": 5, "threads": 1, "retries": 0}
         ranks_per_node = p["gpus_per_node"]
         cpus = ex["cpus_per_rank"] * ranks_per_node
         cuda = p["device"] == "cuda"
