@@ -41,7 +41,10 @@ pytestmark = [pytest.mark.slurm,
               pytest.mark.skipif(not REQUIRED and not slurm_up(), reason="no SLURM cluster: "
                                  "sudo tools/local-slurm-cluster.sh install && sudo tools/local-slurm-cluster.sh start")]
 
-PROFILE = ("--profile", "profiles/slurm", "--slurm-status-command", "squeue")
+# squeue: the test cluster keeps no accounting; 5 s: the profile's default first status check (40 s)
+# is for real clusters' sake and would make these tests wait.
+PROFILE = ("--profile", "profiles/slurm", "--slurm-status-command", "squeue",
+           "--slurm-init-seconds-before-status-checks", "5")
 
 
 def test_cluster_is_up():
