@@ -1,3 +1,0 @@
-"""trainbench: reproducible benchmarks of distributed deep-learning training set-ups."""
-
-__version__ = "0.1.0"

@@ -1,3 +1,0 @@
-from trainbench.cli import main
-import sys
-sys.exit(main())
