@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -83,7 +84,12 @@ def main() -> int:
     if args.torch:
         fetch("torch", args.torch.split("==")[1], args.dest, args.python)
     if not args.no_project:
-        subprocess.run([*PIP, "wheel", "--no-deps", "-w", str(args.dest), str(REPO)], check=True)
+        # from a copy: setuptools would leave build/ and *.egg-info in the checkout
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in ("pyproject.toml", "README.md", "src"):
+                source = REPO / name
+                (shutil.copytree if source.is_dir() else shutil.copy)(source, Path(tmp) / name)
+            subprocess.run([*PIP, "wheel", "--no-deps", "-w", str(args.dest.resolve()), tmp], check=True)
     wheels = sorted(args.dest.glob("*.whl"))
     size = sum(w.stat().st_size for w in wheels) / 2**20
     print(f"wheelhouse {args.dest}: {len(wheels)} wheels, {size:.0f} MiB "
