@@ -9,6 +9,10 @@ On the target:
     python -m pip install --no-index --find-links DIR -r envs/requirements.txt
     python -m pip install --no-index --no-deps DIR/trainbench-*.whl     (or -e . in a clone)
 
+Where the target already has most packages (the GPU hosts' image: --skip envs/gpu-host-image.txt),
+the wheelhouse holds only the rest; install it with tools/install_offline.sh DIR, which adds its
+wheels without resolving against an index.
+
 How: resolve envs/requirements.txt with pip's resolver, then fetch every resolved package except
 torch and its CUDA wheels (the target has its own; --torch adds one) as a wheel for the target's
 Python and manylinux x86_64. Packages published only as source (deepspeed, connection_pool) are
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -34,6 +39,10 @@ PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
 def requirements(path: Path) -> list[str]:
     lines = path.read_text().splitlines()
     return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def provided_by_torch(name: str) -> bool:
@@ -73,10 +82,15 @@ def main() -> int:
     parser.add_argument("--torch", metavar="SPEC", help="also fetch torch, e.g. torch==2.13.0")
     parser.add_argument("--requirements", type=Path, default=REPO / "envs/requirements.txt")
     parser.add_argument("--no-project", action="store_true", help="leave out the trainbench wheel")
+    parser.add_argument("--skip", type=Path, metavar="FILE",
+                        help="names the target already has, one a line (e.g. envs/gpu-host-image.txt)")
     args = parser.parse_args()
     args.dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         resolved = [(n, v) for n, v in resolve(requirements(args.requirements), Path(tmp)) if not provided_by_torch(n)]
+    if args.skip:
+        present = {normalise(n) for n in requirements(args.skip)}
+        resolved = [(n, v) for n, v in resolved if normalise(n) not in present]
     print(f"{len(resolved)} packages for cp{args.python.replace('.', '')}")
     kinds = {"wheel": 0, "built": 0}
     for name, version in resolved:

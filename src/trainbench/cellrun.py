@@ -155,6 +155,7 @@ def summarize(params: dict[str, Any], result: dict[str, Any], wall_time_s: float
         if ranks[0]["torch_peak_reserved_mib"] is not None else None,
         # the busiest node's ranks together: what that node's host memory had to hold
         host_mem_peak_mib=_round(max(rss_by_host.values()), 1),
+        test_accuracy=_round(result.get("test_accuracy"), 4),
         loss_first=_round(result["losses"][0], 5),
         loss_last=_round(result["losses"][-1], 5),
         params_total=result["params_total"],
@@ -167,6 +168,8 @@ def summarize(params: dict[str, Any], result: dict[str, Any], wall_time_s: float
         host_mem_used_peak_mib=_round(max(memory["host_used"]), 1) if memory["host_used"] else None,
         host_mem_percent_peak=_round(max(memory["host_percent"]), 1) if memory["host_percent"] else None,
     )
+    if "dataset" in result:  # where accuracy was measured: real data, or the synthetic stand-in
+        metrics.update(dataset=result["dataset"], test_samples=result["test_samples"])
     return metrics
 
 

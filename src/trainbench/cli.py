@@ -99,7 +99,8 @@ def cmd_vocabulary(args) -> int:
         from trainbench.models import BUILDABLE_FAMILIES, MODELS
 
         for m in MODELS.values():
-            built = "" if m.family in BUILDABLE_FAMILIES else " (planning only in this version)"
+            runners = [fw for fw, families in BUILDABLE_FAMILIES.items() if m.family in families]
+            built = f" (runs with {', '.join(runners)})" if runners else " (planning only in this version)"
             print(f"{m.name:<16} {m.param_count() / 1e6:>10,.1f}M  L={m.n_layer} d={m.d_model} h={m.n_head} "
                   f"ctx={m.max_seq}  {m.note}{built}")
     elif args.command == "columns":

@@ -101,6 +101,8 @@ def launch_environment(params: dict[str, Any], *, cpus_per_rank: int, devices: l
         env["DS_ACCELERATOR"] = "cpu"
     elif devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    if params.get("deterministic"):
+        env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for deterministic results
     arch = env.get("TORCH_CUDA_ARCH_LIST")
     if arch and "a" in arch:
         # DeepSpeed's op builder parses arch numbers with int(): "9.0a" breaks FusedAdam's compile.

@@ -54,7 +54,9 @@ class ModelSpec:
 
     def head_params(self, head: str = "lm", num_classes: int = 2) -> int:
         if head == "classifier":
-            return self.d_model * num_classes + num_classes
+            # Hugging Face's DistilBERT classifier has a hidden layer before the output layer
+            hidden = self.d_model * self.d_model + self.d_model if self.family == "distilbert" else 0
+            return hidden + self.d_model * num_classes + num_classes
         return 0 if self.tied_embeddings else self.vocab_size * self.d_model
 
     def matmul_params(self, head: str = "lm", num_classes: int = 2) -> int:
@@ -64,7 +66,8 @@ class ModelSpec:
         """
         blocks = self.n_layer * self.block_params()
         if head == "classifier":
-            return blocks + self.d_model * num_classes
+            hidden = self.d_model * self.d_model if self.family == "distilbert" else 0
+            return blocks + hidden + self.d_model * num_classes
         return blocks + self.vocab_size * self.d_model
 
     def train_flops_per_token(self, seq_len: int, head: str = "lm", num_classes: int = 2) -> float:
@@ -106,11 +109,13 @@ MODELS: dict[str, ModelSpec] = {
         _llama("llama-65b", 80, 8192, 64, 22016),
         ModelSpec("distilbert-base", "distilbert", 6, 768, 12, 30522, 512, causal=False,
                   block_class="TransformerBlock", note="DistilBERT-base sized classifier"),
+        ModelSpec("distilbert-tiny", "distilbert", 2, 64, 2, 2048, 128, causal=False,
+                  block_class="TransformerBlock", note="DistilBERT layout for CPU tests"),
     )
 }
 
-# Families whose modules this version can build (the others are known for planning only).
-BUILDABLE_FAMILIES = ("gpt",)
+# Model families each framework's runner can build (the others are known for planning only).
+BUILDABLE_FAMILIES = {"torch": ("gpt",), "deepspeed": ("gpt",), "lightning": ("distilbert",)}
 
 
 def get_model(name: str) -> ModelSpec:

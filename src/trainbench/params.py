@@ -101,6 +101,12 @@ PARAMS: tuple[Param, ...] = (
     Param("launcher", "str", "auto", "How ranks start: auto (plain python for one rank, else torchrun), "
           "torchrun, or the DeepSpeed launcher.", choices=("auto", "python", "torchrun", "deepspeed")),
     Param("seed", "int", 0, "Seed of model initialisation and synthetic data.", minimum=0),
+    Param("deterministic", "bool", False, "Deterministic algorithms only (Lightning's deterministic=True); "
+          "attention then uses the eager implementation, whose backward is deterministic."),
+    Param("dataset_path", "str", None, "Real data to train and test on (the aclImdb folder for sentiment "
+          "studies); null: synthetic data of the study's shape.", nullable=True),
+    Param("pretrained_path", "str", None, "A local Hugging Face model folder to start from (weights and "
+          "tokenizer); null: random weights from the architecture config.", nullable=True),
     Param("inject_oom_at_step", "int", None, "Testing aid: make the allocator fail at this step (0 = during "
           "initialisation) through a real allocation too large for any machine. Null: off.",
           minimum=0, nullable=True),

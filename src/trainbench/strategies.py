@@ -23,8 +23,10 @@ class Strategy:
     parallel_dims: bool = False  # accepts tp/pp > 1
     single_rank: bool = False  # exactly one rank
     unsupported: str | None = None  # the stack cannot run it at all
+    needs_cuda: str | None = None  # why it cannot run on CPU ranks, if it cannot
 
 
+_LIGHTNING_CUDA_ONLY = "Lightning's FSDP and DeepSpeed strategies refuse a CPU accelerator"
 _COLOSSALAI = (
     "Lightning removed its ColossalAI strategy (Lightning-AI/pytorch-lightning#19528, 2024) after the "
     "external lightning-colossalai package was archived; lightning 2.x has no strategy='colossalai'"
@@ -51,11 +53,11 @@ STRATEGIES: dict[tuple[str, str], Strategy] = {
                  "partitioned", offload_optimizer=True, offload_param=True, parallel_dims=True),
         Strategy("lightning", "single", "Trainer(devices=1)", single_rank=True),
         Strategy("lightning", "ddp", "Trainer(strategy='ddp')"),
-        Strategy("lightning", "fsdp", "Trainer(strategy='fsdp')"),
-        Strategy("lightning", "deepspeed_stage_2", "Trainer(strategy='deepspeed_stage_2')"),
-        Strategy("lightning", "deepspeed_stage_2_offload", "Trainer(strategy='deepspeed_stage_2_offload')"),
-        Strategy("lightning", "deepspeed_stage_3", "Trainer(strategy='deepspeed_stage_3')"),
-        Strategy("lightning", "deepspeed_stage_3_offload", "Trainer(strategy='deepspeed_stage_3_offload')"),
+        Strategy("lightning", "fsdp", "Trainer(strategy='fsdp')", needs_cuda=_LIGHTNING_CUDA_ONLY),
+        Strategy("lightning", "deepspeed_stage_2", "Trainer(strategy='deepspeed_stage_2')", needs_cuda=_LIGHTNING_CUDA_ONLY),
+        Strategy("lightning", "deepspeed_stage_2_offload", "Trainer(strategy='deepspeed_stage_2_offload')", needs_cuda=_LIGHTNING_CUDA_ONLY),
+        Strategy("lightning", "deepspeed_stage_3", "Trainer(strategy='deepspeed_stage_3')", needs_cuda=_LIGHTNING_CUDA_ONLY),
+        Strategy("lightning", "deepspeed_stage_3_offload", "Trainer(strategy='deepspeed_stage_3_offload')", needs_cuda=_LIGHTNING_CUDA_ONLY),
         Strategy("lightning", "colossalai", "Trainer(strategy='colossalai')", unsupported=_COLOSSALAI),
         Strategy("hf_trainer", "ddp", "Hugging Face Trainer, plain data parallel"),
         Strategy("hf_trainer", "fsdp", "Trainer fsdp='full_shard auto_wrap' (offload_param adds 'offload')",
@@ -67,7 +69,7 @@ STRATEGIES: dict[tuple[str, str], Strategy] = {
 
 # Frameworks with a runner in this version. Cells of the others expand, validate and dry-run, but
 # running one stops with a clear error (and no result): a later runner must not find stale outcomes.
-IMPLEMENTED_FRAMEWORKS = ("torch", "deepspeed")
+IMPLEMENTED_FRAMEWORKS = ("torch", "deepspeed", "lightning")
 
 
 def names(framework: str) -> list[str]:
@@ -111,6 +113,8 @@ def check(params: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
 
     if strategy.unsupported:
         return errors, strategy.unsupported
+    if strategy.needs_cuda and params["device"] == "cpu":
+        return errors, strategy.needs_cuda
     if params["ort"]:
         return errors, ORT_UNSUPPORTED
     return errors, None
@@ -123,6 +127,6 @@ def not_implemented(params: dict[str, Any]) -> str | None:
     if params["tp"] > 1 or params["pp"] > 1:
         return "tensor and pipeline parallelism have no runner in this version"
     family = MODELS[params["model"]].family
-    if family not in BUILDABLE_FAMILIES:
-        return f"model family {family!r} ({params['model']}) cannot be built in this version"
+    if family not in BUILDABLE_FAMILIES.get(params["framework"], ()):
+        return f"{params['framework']} cannot build model family {family!r} ({params['model']}) in this version"
     return None

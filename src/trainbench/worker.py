@@ -87,7 +87,7 @@ class Worker:
         dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
         if self.local_rank == 0:  # one sampler per node sees all of the node's GPUs
             self.sampler = MemorySampler(use_gpus=device.type == "cuda").start()
-        context = RunContext(self.params, self.rank, self.world_size, self.local_rank, device)
+        context = RunContext(self.params, self.rank, self.world_size, self.local_rank, device, self.work_dir)
 
         self._say(f"building {self.params['model']} with {self.params['framework']} {self.params['strategy']} "
                   f"on {self.world_size} rank(s) ({device.type})")
@@ -95,26 +95,16 @@ class Worker:
         runner = make_runner(context)
         runner.setup()
 
-        warmup, timed = self.params["warmup_steps"], self.params["timed_steps"]
-        total = warmup + timed
-        losses: list[float] = []
-        step_times: list[float] = []
         self.phase = "step"
-        report_every = max(1, total // 20)
-        last_report = time.monotonic()
-        for self.step in range(1, total + 1):
-            self._inject_faults(device)
-            with StepClock(context.synchronize) as clock:
-                loss = runner.train_step().item()
-            losses.append(loss)
-            if self.step > warmup:
-                step_times.append(clock.elapsed_s)
-            # about 20 progress lines a run, and one at least every 30 s of a long one
-            if self.step % report_every == 0 or self.step in (1, total) or time.monotonic() - last_report > 30:
-                last_report = time.monotonic()
-                kind = "warm-up" if self.step <= warmup else "timed"
-                self._say(f"step {self.step}/{total} ({kind}) loss {loss:.4f} time {clock.elapsed_s * 1e3:.1f} ms")
-        self._finish(runner, device, losses, step_times)
+        steps = StepRecorder(self, context.synchronize, device)
+        if hasattr(runner, "train"):  # a framework that owns its loop calls the recorder around steps
+            runner.train(steps)
+        else:
+            for _ in range(steps.total):
+                steps.begin()
+                steps.end(runner.train_step().item())
+        extra = runner.evaluate() if hasattr(runner, "evaluate") else {}
+        self._finish(runner, device, steps.losses, steps.step_times, extra)
 
     def _rank_figures(self, device: torch.device) -> dict:
         figures = {"rank": self.rank, "local_rank": self.local_rank, "host": socket.gethostname(),
@@ -127,7 +117,7 @@ class Worker:
             figures["node_memory"] = vars(self.sampler.stop())
         return figures
 
-    def _finish(self, runner, device, losses, step_times) -> None:
+    def _finish(self, runner, device, losses, step_times, extra: dict) -> None:
         figures = self._rank_figures(device)
         per_module = params_per_module(runner)
         gathered: list = [None] * self.world_size
@@ -136,7 +126,7 @@ class Worker:
             result = {
                 "losses": losses, "step_times_s": step_times, "ranks": gathered,
                 "params_total": runner.params_total(), "params_per_module_rank0": per_module,
-                "torch_version": torch.__version__, "torch_cuda": torch.version.cuda,
+                "torch_version": torch.__version__, "torch_cuda": torch.version.cuda, **extra,
             }
             config = getattr(runner, "config", None)
             if config is not None:  # DeepSpeed: keep the exact JSON config this run used
@@ -155,6 +145,39 @@ class Worker:
         if self.params["device"] == "cuda" and torch.cuda.is_initialized():
             record["torch_peak_allocated_mib"] = torch.cuda.max_memory_allocated() / MIB
         write_json_atomic(self.work_dir / f"rank{self.rank}.json", record)
+
+
+class StepRecorder:
+    """Times optimizer steps (device synchronised at both ends), records losses, reports progress,
+    and injects test faults at the step they name. Used by the worker's own loop and, from a
+    callback, by frameworks that run their own loop (Lightning)."""
+
+    def __init__(self, worker: Worker, synchronize, device: torch.device):
+        self.worker, self.device = worker, device
+        self.warmup = worker.params["warmup_steps"]
+        self.total = self.warmup + worker.params["timed_steps"]
+        self.losses: list[float] = []
+        self.step_times: list[float] = []
+        self._clock = StepClock(synchronize)
+        self._report_every = max(1, self.total // 20)
+        self._last_report = time.monotonic()
+
+    def begin(self) -> None:
+        self.worker.step += 1
+        self.worker._inject_faults(self.device)
+        self._clock.__enter__()
+
+    def end(self, loss: float) -> None:
+        self._clock.__exit__(None, None, None)
+        step, elapsed = self.worker.step, self._clock.elapsed_s
+        self.losses.append(loss)
+        if step > self.warmup:
+            self.step_times.append(elapsed)
+        # about 20 progress lines a run, and one at least every 30 s of a long one
+        if step % self._report_every == 0 or step in (1, self.total) or time.monotonic() - self._last_report > 30:
+            self._last_report = time.monotonic()
+            kind = "warm-up" if step <= self.warmup else "timed"
+            self.worker._say(f"step {step}/{self.total} ({kind}) loss {loss:.4f} time {elapsed * 1e3:.1f} ms")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,10 @@
 """Runners: one small adapter per framework from a cell to a training run.
 
 A runner builds the model, wraps it for its strategy and makes the optimizer (`setup`), then runs one
-optimizer step over `grad_accum` micro batches per `train_step`. The worker owns the loop, timing,
-OOM handling and results, so every framework is measured the same way.
+optimizer step over `grad_accum` micro batches per `train_step`; the worker owns the loop. A runner
+whose framework owns the loop (Lightning) instead has `train(recorder)` and calls the recorder
+around each step. Either way the worker's recorder times steps and handles OOMs and results, so every
+framework is measured the same way. An optional `evaluate()` adds results (test accuracy).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import importlib
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -25,6 +28,7 @@ class RunContext:
     world_size: int
     local_rank: int
     device: torch.device
+    work_dir: Path = Path(".")  # the attempt's scratch directory (checkpoints, logs)
 
     @property
     def spec(self) -> ModelSpec:
@@ -72,6 +76,7 @@ def params_per_module(runner: Runner) -> dict[str, int]:
 _RUNNERS = {
     "torch": "trainbench.runners.torch_native:TorchRunner",
     "deepspeed": "trainbench.runners.deepspeed_engine:DeepSpeedRunner",
+    "lightning": "trainbench.runners.lightning_trainer:LightningRunner",
 }
 
 

@@ -1,0 +1,76 @@
+"""The Lightning runner on CPU ranks, and the sentiment data it trains on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainbench import sentiment
+from trainbench.config import load_config
+from trainbench.models import get_model
+from trainbench.runners.lightning_trainer import build_classifier
+
+from test_cellrun import make_cell, run
+
+
+def test_the_synthetic_set_is_balanced_and_carries_its_label():
+    split = sentiment.synthetic(2000, 64, 30522, seed=3)
+    assert 0.45 < split.labels.float().mean() < 0.55
+    assert (split.tokens[:, 0] == sentiment.CLS).all()
+    positive = ((split.tokens >= 200) & (split.tokens < 200 + sentiment.LEXICON_SIZE)).sum(1)
+    negative = ((split.tokens >= 300) & (split.tokens < 300 + sentiment.LEXICON_SIZE)).sum(1)
+    # counting lexicon words alone classifies almost every review: the task is learnable
+    assert ((positive > negative).long() == split.labels).float().mean() > 0.95
+    assert torch.equal(split.tokens, sentiment.synthetic(2000, 64, 30522, seed=3).tokens)  # deterministic
+
+
+def test_imdb_reviews_are_read_from_an_aclimdb_folder(tmp_path):
+    for label, words in (("pos", "wonderful brilliant"), ("neg", "dreadful boring")):
+        folder = tmp_path / "test" / label
+        folder.mkdir(parents=True)
+        for i in range(3):
+            (folder / f"{i}_7.txt").write_text(f"A {words} film, number {i}.")
+    split = sentiment.imdb(tmp_path, "test", None, 16, 30522, seed=0)
+    assert split.tokens.shape == (6, 16) and sorted(split.labels.tolist()) == [0, 0, 0, 1, 1, 1]
+    assert split.source == f"IMDB test from {tmp_path}"
+    lengths = split.mask.sum(1)
+    assert (lengths == 7).all()  # [CLS] + six words, the rest padding
+    with pytest.raises(FileNotFoundError, match="aclImdb's layout"):
+        sentiment.imdb(tmp_path, "train", None, 16, 30522, seed=0)
+
+
+def test_the_classifier_is_the_registry_size():
+    for name in ("distilbert-tiny", "distilbert-base"):
+        spec = get_model(name)
+        with torch.device("meta"):
+            model = build_classifier(spec, 2, None, deterministic=True)
+        assert sum(p.numel() for p in model.parameters()) == spec.param_count("classifier", 2)
+
+
+LIGHTNING = {"framework": "lightning", "model": "distilbert-tiny", "head": "classifier", "seq_len": 32,
+             "micro_batch": 16, "lr": 2e-3, "warmup_steps": 2, "timed_steps": 38, "deterministic": True}
+
+
+@pytest.mark.parametrize("strategy, gpus", [("single", 1), ("ddp", 2)])
+def test_lightning_trains_learns_and_tests_on_cpu_ranks(tmp_path, strategy, gpus):
+    doc = run(make_cell(**LIGHTNING, strategy=strategy, gpus=gpus, dataset_size=35000, epochs=3), tmp_path)
+    m = doc["metrics"]
+    assert doc["status"] == "ok", doc["reason"]
+    assert m["steps_timed"] == 38 and m["step_time_s"] > 0
+    assert m["dataset"] == "synthetic sentiment" and m["test_samples"] == 2048
+    assert m["test_accuracy"] > 0.75  # chance is 0.5
+    assert m["loss_last"] < m["loss_first"]
+    global_batch = 16 * gpus
+    assert m["projected_run_s"] == pytest.approx(-(-35000 // global_batch) * 3 * m["step_time_s"], rel=0.01)
+    assert m["params_total"] == get_model("distilbert-tiny").param_count("classifier", 2)
+
+
+def test_lightning_sharded_strategies_on_cpu_are_unsupported_results(tmp_path):
+    doc = run(make_cell(**LIGHTNING, strategy="deepspeed_stage_3", gpus=2), tmp_path)
+    assert doc["status"] == "unsupported" and "refuse a CPU accelerator" in doc["reason"]
+
+
+def test_the_lightning_study_keeps_colossalai_as_unsupported(repo):
+    cells = {c.params["strategy"]: c for c in load_config(repo / "config.yaml").study("lightning").cells}
+    assert "ColossalAI" in cells["colossalai"].unsupported
+    assert all(c.unsupported is None for name, c in cells.items() if name != "colossalai")
