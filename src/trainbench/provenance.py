@@ -29,8 +29,14 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
+GIT_COMMIT_ENV = "TRAINBENCH_GIT_COMMIT"
+
+
 def git_commit(directory: str = ".") -> str | None:
-    """HEAD of the workflow's checkout, with '-dirty' when tracked files outside results/ changed."""
+    """HEAD of the workflow's checkout, with '-dirty' when tracked files outside results/ changed;
+    TRAINBENCH_GIT_COMMIT where the code was copied without its .git (a GPU host given a tree)."""
+    if os.environ.get(GIT_COMMIT_ENV):
+        return os.environ[GIT_COMMIT_ENV]
     try:
         head = subprocess.run(["git", "-C", directory, "rev-parse", "HEAD"], capture_output=True, text=True,
                               check=True, timeout=10).stdout.strip()
