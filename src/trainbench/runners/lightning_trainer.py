@@ -2,8 +2,10 @@
 
 The model is a Hugging Face DistilBERT sequence classifier built from its config (random weights),
 or loaded from `pretrained_path`. Lightning owns the training loop; a callback hands each batch to
-the worker's StepRecorder, so steps are timed like every other runner's. After the measured steps
-the model is tested on held-out data and the accuracy reported.
+the worker's StepRecorder, so steps are timed like every other runner's. After the last measured step
+the model is evaluated on held-out data, inside `fit` through the training engine (a separate
+`trainer.test()` builds a new DeepSpeed inference engine, which fails under ZeRO-3 with parameter
+offload), and the accuracy reported.
 
 The process group is already up (the worker made it, torchrun started the ranks): Lightning detects
 torchrun's environment and uses it rather than launching processes of its own.
@@ -53,13 +55,13 @@ def _module_class():
             tokens, mask, labels = batch
             return self.model(input_ids=tokens, attention_mask=mask, labels=labels).loss
 
-        def test_step(self, batch, batch_idx):
+        def validation_step(self, batch, batch_idx):
             tokens, mask, labels = batch
             logits = self.model(input_ids=tokens, attention_mask=mask).logits
             self.correct = self.correct.to(labels.device) + (logits.argmax(-1) == labels).sum()
             self.seen = self.seen.to(labels.device) + labels.numel()
 
-        def on_test_epoch_end(self):
+        def on_validation_epoch_end(self):
             correct = self.trainer.strategy.reduce(self.correct.float(), reduce_op="sum")
             seen = self.trainer.strategy.reduce(self.seen.float(), reduce_op="sum")
             self.accuracy = (correct / seen).item()
@@ -137,15 +139,15 @@ class LightningRunner:
             callbacks=[_step_callback(recorder, p["grad_accum"]),
                        ModelCheckpoint(dirpath=scratch / "checkpoints", save_last=False)],
             logger=CSVLogger(scratch / "logs"), enable_progress_bar=False, enable_model_summary=False,
-            num_sanity_val_steps=0, limit_val_batches=0)
+            # one pass over the held-out set after the last step, outside the timed steps
+            num_sanity_val_steps=0, val_check_interval=recorder.total, check_val_every_n_epoch=None)
 
     def train(self, recorder) -> None:
         self.trainer = self._trainer(recorder)
-        self.trainer.fit(self.module, train_dataloaders=self._loader(self.train_split, self.p["micro_batch"], True))
+        self.trainer.fit(self.module, train_dataloaders=self._loader(self.train_split, self.p["micro_batch"], True),
+                         val_dataloaders=self._loader(self.test_split, self.p["micro_batch"], False))
 
     def evaluate(self) -> dict:
-        self.trainer.test(self.module, dataloaders=self._loader(self.test_split, self.p["micro_batch"], False),
-                          verbose=False)
         return {"test_accuracy": self.module.accuracy, "dataset": self.train_split.source,
                 "test_samples": len(self.test_split.labels)}
 
