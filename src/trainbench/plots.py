@@ -33,6 +33,15 @@ def cell_label(doc: Doc, id_keys: list[str]) -> str:
     return "\n".join(parts) or doc["cell_id"]
 
 
+def _cell_ticks(ax, docs: list[Doc], id_keys: list[str]) -> None:
+    labels = [cell_label(d, id_keys) for d in docs]
+    widest = max((len(line) for label in labels for line in label.splitlines()), default=0)
+    # slanted when neighbours' labels would run into each other
+    crowded = widest > 12 or len(docs) > 12
+    ax.set_xticks(range(len(docs)), labels, fontsize=7, rotation=35 if crowded else 0,
+                  ha="right" if crowded else "center", rotation_mode="anchor")
+
+
 def _status_mark(ax, x: float, doc: Doc) -> None:
     text = "OOM" if doc["status"] == "oom" else doc["status"]
     ax.text(x, 0, text, rotation=90, ha="center", va="bottom", fontsize=8, color="firebrick")
@@ -64,7 +73,7 @@ def memory_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path) -> 
             labelled.add(i)
         if doc["status"] != "ok":
             ax.text(x, max(values), doc["status"], ha="center", va="bottom", fontsize=8, color="firebrick")
-    ax.set_xticks(range(len(docs)), [cell_label(d, id_keys) for d in docs], fontsize=7)
+    _cell_ticks(ax, docs, id_keys)
     what = "peak NVML 'used' memory per GPU" if kind == "GPU" else "peak resident memory per CPU rank"
     ax.set_ylabel("MiB")
     ax.set_title(f"{title}: {what}")
@@ -86,7 +95,7 @@ def throughput_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path)
         mfu = doc["metrics"].get("mfu")
         note = f"{value:,.1f}" + (f"\n{mfu:.0%} MFU" if mfu is not None else "")
         ax.text(x, value, note, ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(docs)), [cell_label(d, id_keys) for d in docs], fontsize=7)
+    _cell_ticks(ax, docs, id_keys)
     ax.set_ylabel("samples / s (all ranks)")
     ax.set_title(f"{title}: training throughput (median step)")
     fig.tight_layout()

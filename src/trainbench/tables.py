@@ -130,14 +130,25 @@ COLUMNS: dict[str, Column] = {
 }
 
 
-def result_text(doc: Doc) -> str:
+FOOTNOTE_AFTER = 60  # reasons longer than this go under the table, once each
+
+
+def result_text(doc: Doc, notes: list[str] | None = None) -> str:
+    """A cell's outcome for the table: "ok", "OOM at step 23 of 25", "unsupported: why". With a notes
+    list, a long reason becomes a numbered footnote there (shared by every cell that gives it)."""
     status, reason = doc["status"], doc.get("reason")
     if status == "ok":
         return "ok"
     if status == "oom":
         # "OOM at step 23 of 25 on rank 0, 1: <allocator message>" -> the part before the ranks
         return reason.split(" on rank")[0] if reason else "OOM"
-    return f"{status}: {reason}" if reason else status
+    if not reason:
+        return status
+    if notes is not None and len(reason) > FOOTNOTE_AFTER:
+        if reason not in notes:
+            notes.append(reason)
+        return f"{status} [{notes.index(reason) + 1}]"
+    return f"{status}: {reason}"
 
 
 def _cell_value(value: Any) -> str:
@@ -156,13 +167,17 @@ def markdown_table(docs: list[Doc], *, id_keys: list[str], report: list[str]) ->
         raise ValueError(f"unknown report column(s) {unknown}; known: {', '.join(COLUMNS)}")
     headers = [*id_keys, "result", *(COLUMNS[c].header for c in report)]
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
+    notes: list[str] = []
     for doc in docs:
-        row = [_cell_value(doc["params"].get(k)) for k in id_keys] + [result_text(doc)]
+        row = [_cell_value(doc["params"].get(k)) for k in id_keys] + [result_text(doc, notes)]
         for name in report:
             column = COLUMNS[name]
             value = None if column.needs_ok and doc["status"] != "ok" else column.value(doc)
             row.append("—" if value is None else column.text(value))
         lines.append("| " + " | ".join(_escape(v) for v in row) + " |")
+    if notes:
+        lines.append("")
+        lines += [f"[{i}] {_escape(note)}" + ("  " if i < len(notes) else "") for i, note in enumerate(notes, 1)]
     return "\n".join(lines)
 
 
