@@ -126,6 +126,32 @@ def test_only_missing_or_changed_cells_rerun(workflow):
                                                                                  "results/tables/t.csv"}
 
 
+def test_reruns_follow_the_config_in_a_fresh_clone_without_snakemake_metadata(workflow):
+    """A clone has results but no .snakemake: new and changed cells must still run, others not."""
+    import shutil
+
+    config = rerun_config()
+    workflow.write_config(config)
+    workflow.snakemake()
+    shutil.rmtree(workflow.path(".snakemake"))
+    assert "Nothing to be done" in (lambda r: r.stdout + r.stderr)(workflow.snakemake("-n"))
+
+    changed = copy.deepcopy(config)
+    changed["studies"]["t"]["axes"]["micro_batch"] = [1, 2, 4]
+    workflow.write_config(changed)
+    jobs = workflow.planned()
+    assert cells_planned(jobs) == {"micro_batch~4"} and "results/tables/t.md" in jobs["study_table"]
+    assert "results/tables/u.md" not in jobs["study_table"]
+
+    changed["studies"]["u"]["settings"]["lr"] = 3e-4  # u's only cell now has other parameters
+    workflow.write_config(changed)
+    jobs = workflow.planned()
+    assert cells_planned(jobs) == {"micro_batch~4", "seed~1"}
+    workflow.snakemake()
+    shutil.rmtree(workflow.path(".snakemake"))
+    assert "Nothing to be done" in (lambda r: r.stdout + r.stderr)(workflow.snakemake("-n"))
+
+
 # --- outcomes are data: OOM in the table, not a crashed workflow ---------------------------------
 
 def test_an_oom_cell_is_a_row_of_the_table(workflow):

@@ -3,7 +3,8 @@
 
 rule study_table:
     input:
-        get_study_metrics,
+        metrics=get_study_metrics,
+        grid=get_study_grid,
     output:
         csv="results/tables/{study}.csv",
         md="results/tables/{study}.md",

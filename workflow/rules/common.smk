@@ -7,6 +7,7 @@ from pathlib import Path
 try:
     from trainbench.config import load_config
     from trainbench.errors import ConfigError
+    from trainbench.freshness import prepare, stamp_path
     from trainbench.gpus import local_gpu_count
 except ImportError as error:
     sys.exit(f"error: cannot import trainbench ({error}); set up the environment first: make setup")
@@ -17,6 +18,10 @@ try:
     CONFIG = load_config(config)
 except ConfigError as error:
     sys.exit(f"error: config.yaml: {error}")
+
+# Grid stamps let reruns follow config.yaml even without .snakemake metadata (a fresh clone):
+# see src/trainbench/freshness.py. Rewritten only when a study's cells or their parameters change.
+STALE_CELLS = {name: prepare(study) for name, study in CONFIG.studies.items()}
 
 
 # Jobs call `trainbench` from the environment running Snakemake (a venv need not be activated);
@@ -64,8 +69,20 @@ def cell_resource(name):
     return get_cell_resource
 
 
+def get_cell_grid(wildcards):
+    """The study's grid stamp: a trigger if the cell's result was made with other parameters,
+    ancient (never a trigger) otherwise."""
+    cell = get_cell(wildcards)
+    stamp = stamp_path(cell.study)
+    return stamp if cell.cell_id in STALE_CELLS[cell.study] else ancient(stamp)
+
+
 def get_study_metrics(wildcards):
     return get_study(wildcards).targets
+
+
+def get_study_grid(wildcards):
+    return stamp_path(get_study(wildcards).name)
 
 
 def get_study_layout(wildcards):

@@ -3,7 +3,8 @@
 
 rule study_plots:
     input:
-        get_study_metrics,
+        metrics=get_study_metrics,
+        grid=get_study_grid,
     output:
         memory="results/plots/{study}_memory.png",
         throughput="results/plots/{study}_throughput.png",

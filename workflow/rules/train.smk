@@ -3,6 +3,9 @@
 
 
 rule train_cell:
+    input:
+        # the study's grid stamp, a trigger only when the cell's result is stale: see freshness.py
+        grid=get_cell_grid,
     output:
         metrics="results/runs/{study}/{cell}/metrics.json",
     log:

@@ -7,6 +7,6 @@ from trainbench.results import read_cells
 
 with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
     sys.stderr = log
-    write_plots(read_cells(snakemake.input), study=snakemake.wildcards.study,  # noqa: F821
+    write_plots(read_cells(snakemake.input.metrics), study=snakemake.wildcards.study,  # noqa: F821
                 id_keys=snakemake.params.layout["id_keys"],  # noqa: F821
                 memory_path=snakemake.output.memory, throughput_path=snakemake.output.throughput)  # noqa: F821

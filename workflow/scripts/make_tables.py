@@ -8,6 +8,6 @@ from trainbench.tables import write_tables
 with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
     sys.stderr = log
     layout = snakemake.params.layout  # noqa: F821
-    write_tables(read_cells(snakemake.input), study=snakemake.wildcards.study,  # noqa: F821
+    write_tables(read_cells(snakemake.input.metrics), study=snakemake.wildcards.study,  # noqa: F821
                  description=layout["description"], id_keys=layout["id_keys"], report=layout["report"],
                  csv_path=snakemake.output.csv, md_path=snakemake.output.md)  # noqa: F821

@@ -1,0 +1,73 @@
+"""Rerun decisions that hold without Snakemake's metadata (a fresh clone of published results).
+
+Snakemake reruns a job when its params or its set of inputs changed only if it recorded them
+(.snakemake/metadata, which a clone lacks). Without them it compares file times alone, and an
+existing table newer than every cell file present counts as up to date even when cells are
+missing: their jobs are pruned. So each study keeps a grid stamp, results/.grid/<study>.json,
+mapping its cell ids to their parameter hashes:
+
+- it is rewritten (at workflow parse time) only when that mapping changes, so reordering
+  config.yaml or editing execution settings leaves it alone;
+- the study's table and plots take it as an input: a changed grid makes them rerun, and with them
+  every missing cell they read;
+- every cell takes the stamp as an input: as it is when the cell's metrics.json records other
+  parameters than config.yaml now gives (stale), so the cell reruns; marked ancient() otherwise, so
+  its time never matters. The input set stays the same either way, which Snakemake's own
+  "input changed" trigger needs to stay quiet.
+
+Results cloned from git all get checkout times; decisions here read file contents, not times,
+except that a stale cell's stamp is made newer than its result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from trainbench.grid import Cell, Study
+from trainbench.results import write_json_atomic
+
+STAMP_DIR = "results/.grid"
+
+
+def stamp_path(study: str) -> str:
+    return f"{STAMP_DIR}/{study}.json"
+
+
+def refresh_stamp(study: Study, root: Path | str = ".") -> Path:
+    """Write the study's grid stamp if the mapping of cell ids to parameter hashes changed."""
+    path = Path(root) / stamp_path(study.name)
+    grid = {cell.cell_id: cell.params_hash for cell in study.cells}
+    try:
+        if json.loads(path.read_text()) == grid:
+            return path
+    except (OSError, ValueError):
+        pass
+    write_json_atomic(path, grid)
+    return path
+
+
+def recorded_hash(cell: Cell, root: Path | str = ".") -> str | None:
+    try:
+        return json.loads((Path(root) / cell.target).read_text()).get("params_hash")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def prepare(study: Study, root: Path | str = ".") -> set[str]:
+    """Refresh the study's stamp; return the ids of its stale cells, after making sure the stamp is
+    newer than each of their results."""
+    stamp = refresh_stamp(study, root)
+    stale = {cell.cell_id for cell in study.cells if is_stale(cell, root)}
+    newest = max((os.stat(Path(root) / study.cell(i).target).st_mtime for i in stale), default=None)
+    if newest is not None and stamp.stat().st_mtime <= newest:
+        os.utime(stamp)
+    return stale
+
+
+def is_stale(cell: Cell, root: Path | str = ".") -> bool:
+    """The cell has a result, made with other parameters than the config now gives it."""
+    if not (Path(root) / cell.target).exists():
+        return False
+    return recorded_hash(cell, root) != cell.params_hash
