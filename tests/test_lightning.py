@@ -74,3 +74,16 @@ def test_the_lightning_study_keeps_colossalai_as_unsupported(repo):
     cells = {c.params["strategy"]: c for c in load_config(repo / "config.yaml").study("lightning").cells}
     assert "ColossalAI" in cells["colossalai"].unsupported
     assert all(c.unsupported is None for name, c in cells.items() if name != "colossalai")
+
+
+def test_a_local_pretrained_model_is_loaded_instead_of_random_weights(tmp_path):
+    spec = get_model("distilbert-tiny")
+    torch.manual_seed(1)
+    saved = build_classifier(spec, 2, None, deterministic=False)
+    saved.save_pretrained(tmp_path)
+    torch.manual_seed(2)
+    loaded = build_classifier(spec, 2, str(tmp_path), deterministic=True)
+    fresh = build_classifier(spec, 2, None, deterministic=True)
+    key = "distilbert.transformer.layer.0.attention.q_lin.weight"
+    assert torch.equal(loaded.state_dict()[key], saved.state_dict()[key])
+    assert not torch.equal(fresh.state_dict()[key], saved.state_dict()[key])
