@@ -124,7 +124,8 @@ def test_an_unsupported_cell_is_recorded_without_launching(tmp_path):
 
 
 @pytest.mark.parametrize("params, message", [
-    ({"framework": "lightning", "strategy": "ddp", "gpus": 2}, "framework 'lightning' has no runner"),
+    ({"framework": "hf_trainer", "strategy": "ddp", "gpus": 2}, "framework 'hf_trainer' has no runner"),
+    ({"framework": "lightning", "strategy": "ddp", "gpus": 2}, "lightning cannot build model family 'gpt'"),
     ({"strategy": "single", "device": "cuda"}, "needs 1 GPUs; this machine has 0"),
 ])
 def test_a_cell_that_cannot_run_here_writes_nothing(tmp_path, monkeypatch, capsys, params, message):

@@ -223,21 +223,21 @@ class CellRun:
             raise CellCannotRun(f"{missing}; this cell can be listed and dry-run, not run")
         if self.params["nodes"] > 1:
             if under_slurm():
-                return self._run_with_devices(None, started)
+                return self._run_attempts(None, started)
             if os.environ.get(SIMULATE_NODES_ENV) == "1" and self.params["device"] == "cpu":
-                return self._run_with_devices(None, started)
+                return self._run_attempts(None, started)
             raise CellCannotRun(f"a {self.params['nodes']}-node cell runs inside a SLURM allocation (see README, "
                                 f"'Running on a SLURM cluster'); CPU cells can simulate nodes with {SIMULATE_NODES_ENV}=1")
         count = self.params["gpus_per_node"] if self.params["device"] == "cuda" else 0
         try:
             if count:
                 with devices_for_cell(count, on_wait=lambda: self._say(f"waiting for {count} free GPU(s)")) as devices:
-                    return self._run_with_devices(devices, started)
-            return self._run_with_devices(None, started)
+                    return self._run_attempts(devices, started)
+            return self._run_attempts(None, started)
         except NotEnoughGpus as error:
             raise CellCannotRun(f"{error}; run it on a machine with more GPUs or through SLURM") from None
 
-    def _run_with_devices(self, devices: list[str] | None, asked: str) -> dict[str, Any]:
+    def _run_attempts(self, devices: list[str] | None, asked: str) -> dict[str, Any]:
         # `started` is when the run had its devices; waiting for free GPUs is recorded apart
         started = provenance.now_iso()
         if devices is not None:

@@ -164,13 +164,13 @@ class StepClock:
     def __init__(self, synchronize):
         self._synchronize = synchronize
         self._start = 0.0
+        self.elapsed_s = 0.0
 
-    def __enter__(self) -> "StepClock":
+    def start(self) -> None:
         self._synchronize()
         self._start = time.perf_counter()
-        return self
 
-    def __exit__(self, exc_type, *rest) -> None:
-        if exc_type is None:  # after a failure (an OOM) the device may not synchronise again
-            self._synchronize()
+    def stop(self) -> float:
+        self._synchronize()
         self.elapsed_s = time.perf_counter() - self._start
+        return self.elapsed_s

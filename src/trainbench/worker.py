@@ -165,11 +165,11 @@ class StepRecorder:
     def begin(self) -> None:
         self.worker.step += 1
         self.worker._inject_faults(self.device)
-        self._clock.__enter__()
+        self._clock.start()
 
     def end(self, loss: float) -> None:
-        self._clock.__exit__(None, None, None)
-        step, elapsed = self.worker.step, self._clock.elapsed_s
+        elapsed = self._clock.stop()
+        step = self.worker.step
         self.losses.append(loss)
         if step > self.warmup:
             self.step_times.append(elapsed)
