@@ -71,6 +71,35 @@ def test_ddp_on_two_ranks_reports_every_rank(tmp_path):
     assert doc["status"] == "ok"
     assert len(doc["metrics"]["host_rss_peak_mib_per_rank"]) == 2
     assert "torch.distributed.run --standalone --nproc-per-node=2" in doc["provenance"]["command"]
+    # the memory model's prediction is recorded, and on CPU ranks it is within a quarter of what they held
+    predicted = doc["predicted"]
+    assert predicted["fits"] is True and predicted["gpu_mem_mib"] is None
+    assert predicted["host_mem_mib"] == pytest.approx(doc["metrics"]["host_mem_peak_mib"], rel=0.25)
+
+
+def test_a_cell_predicted_not_to_fit_is_recorded_infeasible_without_running(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINBENCH_MEMORY_LIMITS", "host=0.2")  # plan as if the host had 205 MiB
+    doc = run(make_cell(strategy="ddp", gpus=2), tmp_path)
+    assert doc["status"] == "infeasible"
+    assert doc["reason"].startswith("predicted ") and "host memory per node > 0.2 GiB" in doc["reason"]
+    assert "TRAINBENCH_FORCE_INFEASIBLE=1" in doc["reason"]
+    assert doc["predicted"]["fits"] is False and doc["provenance"]["command"] == ""
+    assert doc["metrics"]["step_time_s"] is None
+
+
+def test_a_forced_infeasible_cell_runs_and_says_it_was_forced(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINBENCH_MEMORY_LIMITS", "host=0.2")
+    monkeypatch.setenv("TRAINBENCH_FORCE_INFEASIBLE", "1")
+    doc = run(make_cell(strategy="single"), tmp_path)
+    assert doc["status"] == "ok"
+    assert doc["predicted"]["fits"] is False and doc["predicted"]["forced"] is True
+
+
+def test_a_malformed_memory_limit_is_an_error_naming_the_variable(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TRAINBENCH_MEMORY_LIMITS", "host=lots")
+    output = tmp_path / "metrics.json"
+    assert run_cell(make_cell(strategy="single"), output, runtime_min=5, retries=0) == 2
+    assert "TRAINBENCH_MEMORY_LIMITS='host=lots'" in capsys.readouterr().err and not output.exists()
 
 
 def test_an_oom_at_a_step_is_a_result_with_its_step(tmp_path):

@@ -22,9 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainbench import provenance, strategies
+import psutil
+
+from trainbench import memory_model, provenance, strategies
 from trainbench.grid import Cell, params_hash
-from trainbench.gpus import NotEnoughGpus, devices_for_cell, under_slurm
+from trainbench.gpus import NotEnoughGpus, devices_for_cell, machine_devices, under_slurm
 from trainbench.launch import (Rendezvous, free_port, launch_environment, multinode_command, node_command,
                               srun_command, worker_args)
 from trainbench.metrics import peak_flops, throughput
@@ -36,6 +38,38 @@ PEER_EXIT_GRACE_S = 30  # after one node's launcher fails, how long the others g
 # Run a multi-node CPU cell's nodes as processes on this machine, each its own torchrun joining one
 # c10d rendezvous: the multi-node launch path without a cluster (tests, laptops).
 SIMULATE_NODES_ENV = "TRAINBENCH_SIMULATE_NODES"
+# Run cells the memory model predicts will not fit (to measure where it is wrong).
+FORCE_ENV = "TRAINBENCH_FORCE_INFEASIBLE"
+# Plan against less memory than the machine has: "gpu=40,host=64" (GiB; either may be left out).
+MEMORY_LIMITS_ENV = "TRAINBENCH_MEMORY_LIMITS"
+
+
+def memory_limits_override() -> dict[str, float]:
+    text = os.environ.get(MEMORY_LIMITS_ENV, "").strip()
+    limits = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, _, value = part.partition("=")
+        if key not in ("gpu", "host") or not value:
+            raise CellCannotRun(f"{MEMORY_LIMITS_ENV}={text!r}: expected 'gpu=GiB,host=GiB'")
+        try:
+            limits[key] = float(value) * 1024
+        except ValueError:
+            raise CellCannotRun(f"{MEMORY_LIMITS_ENV}={text!r}: {value!r} is not a number of GiB") from None
+    return limits
+
+
+def hardware_here(devices: list[str] | None, device_type: str) -> memory_model.Hardware:
+    """The memory a cell gets on this node: its GPUs' (NVML) and this host's, less any override."""
+    gpu_mib, name = None, "CPU"
+    if device_type == "cuda":
+        facts = provenance.gpu_facts(devices if devices is not None else machine_devices())
+        gpu_mib, name = facts["gpu_memory_mib"], facts["gpu_name"] or "GPU"
+    host_mib = psutil.virtual_memory().total / memory_model.MIB
+    limits = memory_limits_override()
+    if "gpu" in limits and device_type == "cuda":
+        gpu_mib = min(gpu_mib, limits["gpu"]) if gpu_mib else limits["gpu"]
+    host_mib = min(host_mib, limits.get("host", host_mib))
+    return memory_model.Hardware(gpu_mib, host_mib, len(devices or []), name)
 
 
 def stop_time_s(runtime_min: float) -> float:
@@ -199,6 +233,7 @@ class CellRun:
         self.retries = retries
         self.python = python
         self._children: list[subprocess.Popen] = []
+        self.predicted = {**empty_predicted(), **memory_model.predict(self.params).as_dict()}
 
     def _say(self, text: str) -> None:
         print(f"[trainbench {self.cell.study}/{self.cell.cell_id}] {text}", flush=True)
@@ -206,7 +241,7 @@ class CellRun:
     def _base_document(self, status: str, reason: str | None) -> dict[str, Any]:
         return {"schema": SCHEMA_VERSION, "study": self.cell.study, "cell_id": self.cell.cell_id,
                 "params": self.params, "params_hash": params_hash(self.params), "status": status,
-                "reason": reason, "metrics": empty_metrics(), "predicted": empty_predicted(), "provenance": {}}
+                "reason": reason, "metrics": empty_metrics(), "predicted": self.predicted, "provenance": {}}
 
     def run(self) -> dict[str, Any]:
         started = provenance.now_iso()
@@ -242,6 +277,14 @@ class CellRun:
         started = provenance.now_iso()
         if devices is not None:
             self._say(f"GPUs {','.join(devices)}")
+        hardware = hardware_here(devices, self.params["device"])
+        prediction = memory_model.predict(self.params, hardware)
+        self.predicted = {**prediction.as_dict(), "hardware": hardware.describe()}
+        if not prediction.fits:
+            if os.environ.get(FORCE_ENV) != "1":
+                return self._write_infeasible(prediction, devices, started, asked)
+            self.predicted["forced"] = True
+            self._say(f"{prediction.why_not} ({hardware.describe()}); running anyway ({FORCE_ENV}=1)")
         total_steps = self.params["warmup_steps"] + self.params["timed_steps"]
         attempts = self.retries + 1
         # One deadline for all attempts: the job's time limit (SLURM's) covers them all.
@@ -275,6 +318,16 @@ class CellRun:
         doc["provenance"]["asked"] = asked
         write_json_atomic(self.output, doc)
         shutil.rmtree(self.work_dir, ignore_errors=True)
+        return doc
+
+    def _write_infeasible(self, prediction, devices, started: str, asked: str) -> dict[str, Any]:
+        reason = f"{prediction.why_not} ({self.predicted['hardware']}); not run (set {FORCE_ENV}=1 to run it)"
+        self._say(f"infeasible: {reason}")
+        doc = self._base_document("infeasible", reason)
+        doc["provenance"] = provenance.collect(devices=devices, nodes=self.params["nodes"], gpus_total=0, cuda=None,
+                                               started=started, ended=provenance.now_iso(), command="")
+        doc["provenance"]["asked"] = asked
+        write_json_atomic(self.output, doc)
         return doc
 
     def _prepare_attempt(self, devices: list[str] | None, attempt: int) -> list[list[str]]:

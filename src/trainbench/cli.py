@@ -1,4 +1,4 @@
-"""`trainbench`: list cells and their status, run one cell, print the vocabulary, write the schema."""
+"""`trainbench`: list cells and their status, run one cell, predict memory, print the vocabulary, write the schema."""
 
 from __future__ import annotations
 
@@ -71,6 +71,40 @@ def cmd_run_cell(args) -> int:
     return run_cell(cell, Path(args.output), runtime_min=args.runtime_min, retries=args.retries)
 
 
+PREDICT_COLUMNS = ("study", "cell", "model", "strategy", "gpus", "nodes", "micro_batch", "activation_checkpointing",
+                   "offload_optimizer", "offload_param", "gpu_mem_gib", "host_mem_gib_per_node", "fits", "why_not")
+
+
+def cmd_predict(args) -> int:
+    """One CSV row per cell: predicted memory per GPU and per node, and whether it fits the hardware."""
+    import csv
+
+    from trainbench.memory_model import hardware_from_args, predict
+
+    try:
+        hardware = hardware_from_args(args.gpu, args.gpu_mem_gib, args.host_mem_gib, args.gpus_per_node)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    config = _config(args.config)
+    writer = csv.writer(sys.stdout, lineterminator="\n")
+    writer.writerow(PREDICT_COLUMNS)
+    for name in args.studies or list(config.studies):
+        for cell in config.study(name).cells:
+            p = cell.params
+            if p["gpus_per_node"] > hardware.gpus_per_node and p["device"] == "cuda":
+                fits, why = False, f"{p['gpus_per_node']} GPUs per node > {hardware.gpus_per_node}"
+                prediction = predict(p)
+            else:
+                prediction = predict(p, hardware)
+                fits, why = prediction.fits, prediction.why_not
+            gpu = prediction.gpu_mem_mib
+            writer.writerow([name, cell.cell_id, p["model"], p["strategy"], p["gpus"], p["nodes"], p["micro_batch"],
+                             p["activation_checkpointing"], p["offload_optimizer"], p["offload_param"],
+                             "" if gpu is None else f"{gpu / 1024:.1f}", f"{prediction.host_mem_mib / 1024:.1f}",
+                             fits, why or ""])
+    return 0
+
+
 def cmd_schema(args) -> int:
     from trainbench.schema import build_schema
 
@@ -131,6 +165,17 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--retries", type=int, default=1)
     run.add_argument("--cpus-per-task", type=int, default=4, help="CPU cores of the job on each node")
     run.set_defaults(func=cmd_run_cell)
+
+    predict = sub.add_parser("predict", help="predict every cell's memory on given hardware (CSV)",
+                             description="Predict per-GPU and per-node host memory of every cell of the given "
+                                         "studies (default: all) on the hardware described, and whether it fits.")
+    predict.add_argument("studies", nargs="*")
+    predict.add_argument("--config", default="config.yaml")
+    predict.add_argument("--gpu", help="GPU model: h100, h200, a100-80g, a100-40g, v100-32g, v100-16g")
+    predict.add_argument("--gpu-mem-gib", type=float, help="memory per GPU in GiB (instead of --gpu)")
+    predict.add_argument("--gpus-per-node", type=int, default=8)
+    predict.add_argument("--host-mem-gib", type=float, required=True, help="host memory per node in GiB")
+    predict.set_defaults(func=cmd_predict)
 
     schema = sub.add_parser("schema", help="print, write or check workflow/schemas/config.schema.yaml")
     group = schema.add_mutually_exclusive_group()

@@ -84,9 +84,9 @@ def _gpt(name, n_layer, d_model, n_head, vocab=50257, max_seq=1024, **kw) -> Mod
     return ModelSpec(name, "gpt", n_layer, d_model, n_head, vocab, max_seq, **kw)
 
 
-def _llama(name, n_layer, d_model, n_head, ffn) -> ModelSpec:
-    return ModelSpec(name, "llama", n_layer, d_model, n_head, 32000, 2048, ffn_hidden=ffn,
-                     tied_embeddings=False, learned_positions=False, block_class="LlamaDecoderLayer")
+def _llama(name, n_layer, d_model, n_head, ffn, vocab=32000, max_seq=2048, **kw) -> ModelSpec:
+    return ModelSpec(name, "llama", n_layer, d_model, n_head, vocab, max_seq, ffn_hidden=ffn,
+                     tied_embeddings=False, learned_positions=False, block_class="LlamaDecoderLayer", **kw)
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -103,6 +103,7 @@ MODELS: dict[str, ModelSpec] = {
              note="Megatron-DeepSpeed BERT-style ~180B (zero3_pipeline study)"),
         _gpt("bert-180b-l4", 4, 12288, 96, vocab=30522, max_seq=2048, causal=False,
              note="bert-180b layer shapes, 4 layers: the scaled-down runnable version"),
+        _llama("llama-tiny", 2, 64, 4, 172, vocab=512, max_seq=128, note="LLaMA layout for CPU tests"),
         _llama("llama-7b", 32, 4096, 32, 11008),
         _llama("llama-13b", 40, 5120, 40, 13824),
         _llama("llama-30b", 60, 6656, 52, 17920),

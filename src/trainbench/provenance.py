@@ -10,6 +10,8 @@ import socket
 import subprocess
 from typing import Any
 
+import psutil
+
 PACKAGES = {"torch": "torch", "deepspeed": "deepspeed", "lightning": "lightning",
             "transformers": "transformers", "snakemake": "snakemake"}
 
@@ -98,6 +100,7 @@ def collect(*, devices: list[str] | None, nodes: int, gpus_total: int, cuda: str
         "hostname": socket.gethostname(),
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
+        "host_mem_total_mib": round(psutil.virtual_memory().total / 2**20, 1),
         "versions": package_versions(),
         "git_commit": git_commit(),
         **slurm_facts(),

@@ -80,8 +80,27 @@ def _params_rank0(doc: Doc):
     return ", ".join(f"{name} {si(n)}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
+def _prediction(doc: Doc) -> dict:
+    """The memory model's prediction the run recorded; for cells run before there was one (and
+    unsupported cells), the current model's prediction from the cell's parameters."""
+    stored = doc.get("predicted") or {}
+    if stored.get("host_mem_mib") is not None:
+        return stored
+    from trainbench.memory_model import predict
+
+    try:
+        return predict(doc["params"]).as_dict()
+    except (KeyError, ValueError):  # a cell of a model or strategy the model does not know
+        return {}
+
+
 def _predicted_gib(doc: Doc):
-    value = (doc.get("predicted") or {}).get("gpu_mem_mib")
+    value = _prediction(doc).get("gpu_mem_mib")
+    return value / 1024 if value is not None else None
+
+
+def _predicted_host_gib(doc: Doc):
+    value = _prediction(doc).get("host_mem_mib")
     return value / 1024 if value is not None else None
 
 
@@ -126,8 +145,20 @@ COLUMNS: dict[str, Column] = {
     "params_rank0": Column("params held by rank 0, by module", _params_rank0, str,
                            "parameter elements rank 0 holds, by module class (ZeRO-3 shards them)"),
     "predicted_gpu_mem_gib": Column("predicted GPU mem (GiB)", _predicted_gib, _fmt(1),
-                                    "memory model's prediction per GPU", needs_ok=False),
+                                    "the memory model's prediction of the busiest GPU's NVML 'used' memory",
+                                    needs_ok=False),
+    "predicted_host_mem_gib": Column("predicted host mem (GiB)", _predicted_host_gib, _fmt(1),
+                                     "the memory model's prediction of the busiest node's ranks' memory",
+                                     needs_ok=False),
 }
+
+
+def with_predictions(report: list[str], docs: list[Doc]) -> list[str]:
+    """Every study's table shows the memory model's prediction next to what was measured."""
+    wanted = ["predicted_host_mem_gib"]
+    if any(d["params"].get("device") == "cuda" for d in docs):
+        wanted.insert(0, "predicted_gpu_mem_gib")
+    return [*report, *(c for c in wanted if c not in report)]
 
 
 FOOTNOTE_AFTER = 60  # reasons longer than this go under the table, once each
@@ -194,6 +225,7 @@ def _hardware_summary(docs: list[Doc]) -> str:
 
 
 def study_markdown(study: str, description: str, docs: list[Doc], *, id_keys: list[str], report: list[str]) -> str:
+    report = with_predictions(report, docs)
     statuses = Counter(d["status"] for d in docs)
     commits = sorted({(d.get("provenance") or {}).get("git_commit") or "unknown" for d in docs})
     parts = [

@@ -1,0 +1,87 @@
+"""How good is the memory model? Predicted versus measured peak memory over every measured cell.
+
+    python bench/memory_model.py [results/runs] [--csv FILE]
+
+For every metrics.json under the results folder: cells that ran (ok) compare the predicted per-GPU
+memory with the peak NVML 'used' of the busiest GPU, and the predicted host memory with the busiest
+node's ranks' peak resident memory; cells that ran out of memory check the verdict. Prints one line
+per cell and the error distribution: median and worst absolute error in percent, and how many
+fit/OOM verdicts were right (a cell that ran fits; a cell that hit OOM does not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+from pathlib import Path
+
+from trainbench.memory_model import Hardware, predict
+from trainbench.results import read_json
+
+
+def hardware_of(doc) -> Hardware | None:
+    """The machine a cell ran on, as far as its metrics.json says (older runs did not record the host)."""
+    totals = doc["metrics"].get("gpu_mem_total_mib")
+    host = doc["provenance"].get("host_mem_total_mib") or float("inf")
+    if not totals and host == float("inf"):
+        return None
+    return Hardware(min(totals) if totals else None, host, len(totals or []))
+
+
+def error_pct(predicted, measured):
+    return 100.0 * (predicted - measured) / measured
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="?", default="results/runs", type=Path)
+    parser.add_argument("--csv", type=Path, help="also write the per-cell comparison here")
+    args = parser.parse_args(argv)
+    rows = []
+    for path in sorted(args.runs.glob("*/*/metrics.json")):
+        doc = read_json(path)
+        if doc["status"] not in ("ok", "oom"):
+            continue
+        m = doc["metrics"]
+        pred = predict(doc["params"], hardware_of(doc))
+        row = {"study": doc["study"], "cell": doc["cell_id"], "status": doc["status"],
+               "gpu_pred_mib": pred.gpu_mem_mib, "gpu_meas_mib": max(m["gpu_mem_used_mib"] or [0]) or None,
+               "host_pred_mib": pred.host_mem_mib, "host_meas_mib": m["host_mem_peak_mib"], "fits": pred.fits}
+        for kind in ("gpu", "host"):
+            p, x = row[f"{kind}_pred_mib"], row[f"{kind}_meas_mib"]
+            row[f"{kind}_err_pct"] = error_pct(p, x) if p and x and doc["status"] == "ok" else None
+        rows.append(row)
+    if not rows:
+        print(f"no measured cells under {args.runs}", file=sys.stderr)
+        return 1
+    print(f"{'study':<15} {'cell':<62} {'status':<6} {'GPU pred':>9} {'meas':>9} {'err%':>6} "
+          f"{'host pred':>10} {'meas':>9} {'err%':>6}")
+    for r in rows:
+        def f(v, fmt):
+            return format(v, fmt) if v is not None else "-"
+        print(f"{r['study']:<15} {r['cell'][:62]:<62} {r['status']:<6} {f(r['gpu_pred_mib'], '9.0f')} "
+              f"{f(r['gpu_meas_mib'], '9.0f')} {f(r['gpu_err_pct'], '+6.1f')} {f(r['host_pred_mib'], '10.0f')} "
+              f"{f(r['host_meas_mib'], '9.0f')} {f(r['host_err_pct'], '+6.1f')}")
+    print()
+    for kind, label in (("gpu", "GPU memory per GPU (NVML used)"), ("host", "host memory per node (ranks' RSS)")):
+        errors = [abs(r[f"{kind}_err_pct"]) for r in rows if r[f"{kind}_err_pct"] is not None]
+        if errors:
+            print(f"{label}: {len(errors)} cells, median |error| {statistics.median(errors):.1f}%, "
+                  f"worst {max(errors):.1f}%, within 10%: {sum(e <= 10 for e in errors)}, "
+                  f"within 25%: {sum(e <= 25 for e in errors)}")
+    judged = [r for r in rows if r["fits"] is not None]
+    right = sum((r["fits"] and r["status"] == "ok") or (not r["fits"] and r["status"] == "oom") for r in judged)
+    print(f"fit/OOM verdicts: {right} of {len(judged)} right (cells with a known machine: "
+          f"{sum(r['status'] == 'ok' for r in judged)} ran, {sum(r['status'] == 'oom' for r in judged)} hit OOM)")
+    if args.csv:
+        with args.csv.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

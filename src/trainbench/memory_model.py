@@ -1,0 +1,286 @@
+"""Predict a cell's peak memory per GPU and per host before it runs, and whether it fits.
+
+The prediction adds up what a rank holds at its peak, which for these training loops is the end of the
+forward pass of a steady-state step: every activation saved for backward is alive, the optimizer
+states exist (they are created at the first step), gradients of the previous step too where the loop
+zeroes them late.
+
+Model states, per parameter, by who holds them (Rajbhandari et al., "ZeRO", 2020, section 3; N = the
+data-parallel size, Psi = parameters of the rank's model-parallel shard):
+
+- replicated (single, DDP) with autocast mixed precision: fp32 weights 4 + fp32 gradients 4 +
+  Adam moments 8 = 16 bytes, all on each GPU. DDP keeps a second copy of the gradients in its
+  reduction buckets (4 bytes).
+- DeepSpeed engine: in fp16/bf16 the weights and gradients are half precision (2 + 2) and the
+  optimizer holds an fp32 master copy and the moments (K = 12); in fp32 the master copy is still a
+  separate fp32 partition (stages 1-3). Stage 0 holds everything, plus fp32 gradients for the master
+  copy in mixed precision; stages 1 and 2 partition the optimizer and gradients (DeepSpeed's stage 1
+  reduces into gradient partitions like stage 2, and measures the same); stage 3 partitions the
+  weights too and gathers them layer by layer. Gradient reduction goes through a contiguous buffer
+  of `reduce_bucket_size` elements whatever the model's size.
+- FSDP (torch's fully_shard, Lightning, the Hugging Face Trainer): fp32 weights, gradients and
+  moments sharded (16 / N), plus the unsharded weights and gradients of the units in flight
+  (the current block and the prefetched one) in the compute dtype. With offload, the shards live on
+  the host and only the units in flight are on the GPU.
+- Offload (ZeRO-Offload/Infinity): the fp32 master copy, moments and fp32 gradient partition go to
+  host memory (16 bytes per parameter of the partition); offloaded parameters add their half copy.
+
+Activations follow Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+Models" (2022), counted tensor by tensor for each block layout (trainbench's GPT-2, Hugging Face's
+LLaMA and DistilBERT): the tensors a block saves for backward, in the dtype they are saved in. Under
+autocast the residual stream, LayerNorm inputs and softmax outputs stay fp32; in DeepSpeed's half
+precision engine everything is half. Fused attention (SDPA) saves no seq x seq matrix; eager
+attention saves the softmax output (and dropout mask and output where there is dropout). With
+activation checkpointing each block keeps only its input, and one block's activations exist again
+during its recomputation.
+
+What a GPU reports as used (NVML) is more than the tensors: the caching allocator's slack over the
+peak allocation, and the CUDA context, cuBLAS workspace and NCCL buffers. Those constants, and each
+rank's host-side footprint, were set from the published gpt2_zero and lightning runs on H200 (see
+`bench/memory_model.py` for how well the whole model does on every measured cell).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainbench.models import ModelSpec, get_model
+
+MIB = 2**20
+
+# DeepSpeed's defaults (deepspeed/runtime/zero/config.py) and the values that frameworks set.
+DS_REDUCE_BUCKET = 5e8
+DS_MAX_LIVE_PARAMETERS = 1e9
+LIGHTNING_DS_BUCKET = 2e8  # lightning.pytorch.strategies.DeepSpeedStrategy(reduce_bucket_size=2e8)
+
+# Measured on H200 (published runs): NVML 'used' minus torch's peak reservation on a one-GPU run
+# (CUDA context with lazy loading, cuBLAS workspace) and the extra with NCCL communicators.
+CUDA_CONTEXT_MIB = 1850.0
+NCCL_MIB = 550.0
+# The caching allocator reserves more than the peak it hands out (measured 1.04-1.24x).
+ALLOCATOR_SLACK = 1.10
+# Host memory each rank process holds before its share of model states: torch (CPU ranks), plus the
+# CUDA libraries (GPU ranks), plus transformers/Lightning and their data where they are used.
+HOST_RANK_BASE_MIB = {"cpu": 320.0, "cuda": 1800.0}
+HOST_FRAMEWORK_EXTRA_MIB = {"torch": 0.0, "deepspeed": 75.0, "lightning": 900.0, "hf_trainer": 900.0}
+
+# NVML totals of common GPUs (MiB), for describing hardware by name on the command line.
+GPU_MEMORY_MIB = {"h100": 81559.0, "h200": 143771.0, "a100-80g": 81920.0, "a100-40g": 40960.0,
+                  "v100-32g": 32768.0, "v100-16g": 16384.0}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What a cell would run on: memory per GPU and per host, and GPUs per host."""
+    gpu_mem_mib: float | None  # None: no GPUs (CPU ranks)
+    host_mem_mib: float
+    gpus_per_node: int
+    name: str = ""
+
+    def describe(self) -> str:
+        gpu = f"{self.gpu_mem_mib / 1024:.1f} GiB per GPU, " if self.gpu_mem_mib else ""
+        return f"{self.name + ': ' if self.name else ''}{gpu}{self.host_mem_mib / 1024:.1f} GiB host"
+
+
+@dataclass
+class Prediction:
+    gpu_mem_mib: float | None  # per GPU, as NVML reports 'used'; None for CPU ranks
+    host_mem_mib: float  # per node: every rank's process and what is offloaded to it
+    fits: bool | None  # None when no hardware was given
+    why_not: str | None = None
+    parts_mib: dict[str, float] = field(default_factory=dict)  # the GPU figure (or a CPU rank's), by part
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"gpu_mem_mib": _r(self.gpu_mem_mib), "host_mem_mib": _r(self.host_mem_mib), "fits": self.fits,
+                "why_not": self.why_not, "parts_mib": {k: _r(v) for k, v in self.parts_mib.items()}}
+
+
+def _r(value):
+    return None if value is None else round(value, 1)
+
+
+def engine(params: dict[str, Any]) -> tuple[str, int | None]:
+    """Which memory layout a cell's strategy has: ('replicated'|'fsdp'|'zero', ZeRO stage or None)."""
+    strategy = params["strategy"]
+    if strategy.startswith("zero"):
+        return "zero", int(strategy.removeprefix("zero"))
+    if strategy.startswith("deepspeed_stage_"):  # Lightning's names
+        return "zero", int(strategy.removeprefix("deepspeed_stage_")[0])
+    if strategy == "fsdp":
+        return "fsdp", None
+    return "replicated", None
+
+
+def _offloads(params: dict[str, Any]) -> tuple[bool, bool]:
+    """(optimizer offloaded, parameters offloaded), whichever way the strategy spells it."""
+    if params["strategy"].endswith("_offload"):  # Lightning: optimizer (and for stage 3, parameters)
+        return True, params["strategy"].startswith("deepspeed_stage_3")
+    return bool(params["offload_optimizer"]), bool(params["offload_param"])
+
+
+def _reduce_bucket_elements(params: dict[str, Any], spec: ModelSpec) -> float:
+    if params["framework"] == "lightning":
+        return LIGHTNING_DS_BUCKET
+    if params["framework"] == "hf_trainer":
+        return float(spec.d_model**2)  # the Trainer's "auto": hidden_size squared
+    return DS_REDUCE_BUCKET
+
+
+def model_states(params: dict[str, Any], spec: ModelSpec) -> tuple[dict[str, float], dict[str, float]]:
+    """Bytes of weights, gradients, optimizer states and buffers: (on the device, on the host) per rank."""
+    psi = spec.param_count(params["head"], params["num_classes"]) / (params["tp"] * params["pp"])
+    n = params["dp"]
+    mixed = params["precision"] != "fp32"
+    kind, stage = engine(params)
+    offload_optimizer, offload_param = _offloads(params)
+    device: dict[str, float] = {}
+    host: dict[str, float] = {}
+    if kind == "replicated":
+        device["weights"] = 4 * psi
+        device["gradients"] = 4 * psi
+        device["optimizer"] = 8 * psi
+        if params["gpus"] > 1:
+            device["buffers"] = 4 * psi  # DDP's gradient buckets
+        if mixed:
+            device["buffers"] = device.get("buffers", 0) + 2 * psi  # autocast's cached half weights
+    elif kind == "fsdp":
+        block = spec.block_params() / params["tp"]
+        compute = 2 if mixed else 4
+        in_flight = 2 * block * (compute + compute)  # current and prefetched unit, weights and gradients
+        states = {"weights": 4 * psi / n, "gradients": 4 * psi / n, "optimizer": 8 * psi / n}
+        (host if offload_param else device).update(states)
+        device["buffers"] = in_flight
+    else:
+        weight = 2 if mixed else 4
+        master = 4  # the optimizer's fp32 copy (a separate partition even in fp32 for stages 1-3)
+        bucket_elements = _reduce_bucket_elements(params, spec)
+        if params["device"] == "cpu":
+            # host pages of an untouched torch.empty are not resident: only what reduction writes counts
+            bucket_elements = min(bucket_elements, psi)
+        bucket = bucket_elements * weight
+        if stage == 0:
+            device["weights"] = weight * psi
+            device["gradients"] = weight * psi + (4 * psi if mixed else 0)
+            device["optimizer"] = (master * psi if mixed else 0) + 8 * psi
+        else:
+            shard = 1 if stage < 3 else n
+            weights = weight * psi / shard
+            optimizer = (master + 8) * psi / n
+            gradients = weight * psi / n
+            if offload_param and stage == 3:
+                host["weights"] = weights
+            else:
+                device["weights"] = weights
+            if offload_optimizer:
+                host["optimizer"] = optimizer
+                host["gradients"] = 4 * psi / n  # the fp32 gradient partition the CPU optimizer steps on
+                if stage < 3:
+                    device["gradients"] = gradients
+            else:
+                device["optimizer"] = optimizer
+                device["gradients"] = gradients
+            device["buffers"] = bucket
+            if stage == 3:
+                # gathered weights of the layers in use, capped by stage3_max_live_parameters
+                device["buffers"] += min(DS_MAX_LIVE_PARAMETERS, psi) * weight
+    return device, host
+
+
+def _block_tensors(spec: ModelSpec) -> list[tuple[float, str]]:
+    """What one block saves for backward, per token: (width in elements, which dtype class).
+
+    'res' tensors are in the residual-stream dtype (fp32 under autocast), 'c' in the compute dtype,
+    'mask' are dropout masks (one byte per element).
+    """
+    h, f = spec.d_model, spec.ffn
+    if spec.family == "llama":
+        # Hugging Face's LlamaDecoderLayer (counted with saved-tensor hooks, tests/test_memory_model.py):
+        # RMSNorm (computed in fp32) input and normalised input, its output (q/k/v input); q and k
+        # after RoPE, v; the attention output and its reshaped copy (o_proj input); the same RMSNorm
+        # tensors before the MLP; gate, up, SiLU(gate) and their product (down_proj input)
+        return [(2 * h, "res"), (h, "c"), (3 * h, "c"), (2 * h, "c"), (2 * h, "res"), (h, "c"), (4 * f, "c")]
+    if spec.family == "distilbert":
+        # post-LN: block input (q/k/v input), q, k, v, context (out_lin input), LayerNorm input,
+        # FFN input, lin1 output, GELU output (lin2 input); two dropout masks (1 byte each)
+        return [(h, "c"), (3 * h, "c"), (h, "c"), (h, "res"), (h, "c"), (2 * f, "c"), (h, "res"),
+                (2 * h, "mask")]
+    # trainbench's GPT-2: LayerNorm input and output (qkv input), q, k, v, attention output
+    # (proj input); LayerNorm input and output (fc input), fc output (GELU input), GELU output
+    return [(h, "res"), (h, "c"), (3 * h, "c"), (h, "c"), (h, "res"), (h, "c"), (2 * f, "c")]
+
+
+def activations(params: dict[str, Any], spec: ModelSpec) -> float:
+    """Bytes of activations saved for backward at the end of the forward pass, per rank."""
+    mixed = params["precision"] != "fp32"
+    kind, _ = engine(params)
+    half_engine = mixed and kind == "zero"  # DeepSpeed runs the model itself in half precision
+    compute = 2 if mixed else 4
+    residual = 2 if half_engine else 4
+    sizes = {"c": compute, "res": residual, "mask": 1}
+    seq, batch, tp = params["seq_len"] or spec.max_seq, params["micro_batch"], params["tp"]
+    tokens = seq * batch
+    # tensor parallelism splits what is inside attention and the MLP, not the residual stream
+    per_token = sum(width * sizes[dtype] / (tp if dtype == "c" else 1) for width, dtype in _block_tensors(spec))
+    block = tokens * per_token
+    eager = spec.family == "distilbert" and params["deterministic"]
+    if eager:
+        scores = spec.n_head / tp * seq * seq * batch
+        softmax_dtype = residual  # autocast runs softmax in fp32
+        block += scores * (softmax_dtype + 1 + softmax_dtype)  # softmax output, dropout mask, dropout output
+    layers = spec.n_layer / params["pp"]
+    in_flight = min(params["pp"], params["grad_accum"]) if params["pp"] > 1 else 1
+    if params["activation_checkpointing"]:
+        total = layers * tokens * spec.d_model * residual * in_flight + block
+    else:
+        total = layers * block * in_flight
+    if params["head"] == "lm":
+        # logits in the compute dtype, their fp32 copy for the loss, and its gradient
+        total += tokens * spec.vocab_size / tp * (compute + 4 + 4)
+    return total
+
+
+def predict(params: dict[str, Any], hardware: Hardware | None = None) -> Prediction:
+    """Peak memory of one rank's GPU, the busiest node's host memory, and whether both fit."""
+    spec = get_model(params["model"])
+    on_device, on_host = model_states(params, spec)
+    acts = activations(params, spec)
+    ranks_per_node = params["gpus_per_node"]
+    base = HOST_RANK_BASE_MIB[params["device"]] + HOST_FRAMEWORK_EXTRA_MIB[params["framework"]]
+    parts = {k: v / MIB for k, v in on_device.items()}
+    parts["activations"] = acts / MIB
+    allocated = sum(parts.values())
+    if params["device"] == "cuda":
+        parts["allocator_slack"] = allocated * (ALLOCATOR_SLACK - 1)
+        parts["cuda_context"] = CUDA_CONTEXT_MIB + (NCCL_MIB if params["gpus"] > 1 else 0)
+        gpu = sum(parts.values())
+        host = ranks_per_node * (base + sum(on_host.values()) / MIB)
+    else:  # CPU ranks: everything a "GPU" would hold is in each rank's process
+        gpu = None
+        parts["process"] = base
+        host = ranks_per_node * (allocated + base + sum(on_host.values()) / MIB)
+    prediction = Prediction(gpu, host, None, None, parts)
+    if hardware is not None:
+        problems = []
+        if gpu is not None and hardware.gpu_mem_mib is not None and gpu > hardware.gpu_mem_mib:
+            problems.append(f"{gpu / 1024:.1f} GiB per GPU > {hardware.gpu_mem_mib / 1024:.1f} GiB")
+        if host > hardware.host_mem_mib:
+            problems.append(f"{host / 1024:.1f} GiB host memory per node > {hardware.host_mem_mib / 1024:.1f} GiB")
+        prediction.fits = not problems
+        prediction.why_not = ("predicted " + " and ".join(problems)) if problems else None
+    return prediction
+
+
+def hardware_from_args(gpu: str | None, gpu_mem_gib: float | None, host_mem_gib: float,
+                       gpus_per_node: int) -> Hardware:
+    """A hardware description from command-line words: a GPU name or its memory, host memory."""
+    if gpu_mem_gib is not None:
+        gpu_mib = gpu_mem_gib * 1024
+    elif gpu is not None:
+        key = gpu.lower()
+        if key not in GPU_MEMORY_MIB:
+            raise ValueError(f"unknown GPU {gpu!r}; known: {', '.join(GPU_MEMORY_MIB)} (or give --gpu-mem-gib)")
+        gpu_mib = GPU_MEMORY_MIB[key]
+    else:
+        gpu_mib = None
+    return Hardware(gpu_mib, host_mem_gib * 1024, gpus_per_node, gpu or "")

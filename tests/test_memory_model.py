@@ -1,0 +1,159 @@
+"""The memory model: model states against the ZeRO paper's formulas, activations against what real
+blocks save for backward on CPU, host memory against measured CPU runs, and its use by the pipeline."""
+
+from __future__ import annotations
+
+import csv
+import io
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from trainbench.grid import resolve
+from trainbench.memory_model import MIB, Hardware, activations, model_states, predict
+from trainbench.models import get_model
+
+GIB = 2**30
+
+
+def cell(**params) -> dict:
+    return resolve({"device": "cuda", "seq_len": 2048, **params})
+
+
+@pytest.mark.parametrize("name, count", [
+    # the published LLaMA sizes (Touvron et al. 2023; the Hugging Face checkpoints' parameter counts)
+    ("llama-7b", 6_738_415_616), ("llama-13b", 13_015_864_320), ("llama-30b", 32_528_943_616),
+])
+def test_llama_parameter_counts_are_the_published_ones(name, count):
+    assert get_model(name).param_count() == count
+
+
+def test_zero_stages_hold_the_model_states_of_the_zero_paper():
+    # ZeRO (Rajbhandari et al. 2020), mixed-precision Adam: 2 + 2 + K=12 bytes per parameter;
+    # stage 2 holds 2 psi + 14 psi / N, stage 3 holds 16 psi / N.
+    spec = get_model("llama-7b")
+    psi = spec.param_count()
+    n = 64
+    common = dict(framework="deepspeed", model="llama-7b", precision="bf16", gpus=n)
+
+    def states(**kw):
+        device, host = model_states(cell(**common, **kw), spec)
+        return device, host
+
+    device, _ = states(strategy="zero2")
+    assert device["weights"] + device["gradients"] + device["optimizer"] == pytest.approx(2 * psi + 14 * psi / n)
+    device, _ = states(strategy="zero3")
+    assert device["weights"] + device["gradients"] + device["optimizer"] == pytest.approx(16 * psi / n)
+    # DeepSpeed's stage 1 reduces into gradient partitions too: it measures like stage 2 (gpt2_zero runs)
+    assert states(strategy="zero1") == states(strategy="zero2")
+    # offload moves the optimizer's fp32 copy, moments and fp32 gradient partition to the host
+    device, host = states(strategy="zero3", offload_optimizer=True, offload_param=True)
+    assert "optimizer" not in device and "weights" not in device
+    assert host["optimizer"] == pytest.approx(12 * psi / n) and host["weights"] == pytest.approx(2 * psi / n)
+    # plain data parallel with autocast: fp32 weights, gradients and moments, and DDP's bucket copy
+    device, _ = model_states(cell(model="llama-7b", strategy="ddp", gpus=2, precision="bf16"), spec)
+    assert device["weights"] + device["gradients"] + device["optimizer"] == pytest.approx(16 * psi)
+    # FSDP shards all of it
+    device, _ = model_states(cell(model="llama-7b", strategy="fsdp", gpus=8, precision="bf16"), spec)
+    assert device["weights"] + device["gradients"] + device["optimizer"] == pytest.approx(16 * psi / 8)
+
+
+def _saved_bytes(model: torch.nn.Module, run) -> int:
+    """Bytes of distinct storages autograd saves for backward while `run()` executes, parameters excluded."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        is_weight = t.requires_grad and (t.is_leaf or (t._base is not None and t._base.is_leaf))
+        if storage.data_ptr() not in params and not is_weight and t.dtype.is_floating_point:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return sum(seen.values())
+
+
+def _block_only(params, spec):
+    """The model's activation bytes of the blocks alone (no LM head), fp32."""
+    return activations({**params, "head": "classifier"}, spec)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_gpt_block_activations_match_what_the_blocks_save(checkpointing):
+    from trainbench.gpt import GPT
+
+    spec = get_model("gpt2-small-cpu")
+    params = resolve({"model": spec.name, "device": "cpu", "seq_len": 64, "micro_batch": 3, "head": "classifier",
+                      "activation_checkpointing": checkpointing})
+    model = GPT(spec, head="classifier", num_classes=2, activation_checkpointing=checkpointing).train()
+    x = torch.randn(3, 64, spec.d_model, requires_grad=True)
+
+    def blocks():
+        h = x * 1  # the first block's input is an activation too, not a leaf
+        for block in model.blocks:
+            h = torch.utils.checkpoint.checkpoint(block, h, use_reentrant=False) if checkpointing else block(h)
+
+    measured = _saved_bytes(model, blocks)
+    predicted = _block_only(params, spec)
+    if checkpointing:  # the model adds the one block recomputed during backward
+        predicted -= activations({**params, "activation_checkpointing": False, "head": "classifier"}, spec) / spec.n_layer
+    assert predicted == pytest.approx(measured, rel=0.05)
+
+
+def test_llama_block_activations_match_what_hugging_face_saves():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    spec = get_model("llama-tiny")
+    config = LlamaConfig(hidden_size=spec.d_model, intermediate_size=spec.ffn, num_hidden_layers=spec.n_layer,
+                         num_attention_heads=spec.n_head, num_key_value_heads=spec.n_head, vocab_size=spec.vocab_size,
+                         max_position_embeddings=spec.max_seq, attn_implementation="sdpa")
+    model = LlamaForCausalLM(config).train()
+    params = resolve({"framework": "hf_trainer", "strategy": "ddp", "model": spec.name, "device": "cpu",
+                      "seq_len": 32, "micro_batch": 2, "gpus": 2})
+    h0 = torch.randn(2, 32, spec.d_model, requires_grad=True)
+
+    def blocks():
+        rope = model.model.rotary_emb(h0, torch.arange(32)[None])
+        h = h0 * 1
+        for layer in model.model.layers:
+            h = layer(h, position_embeddings=rope, attention_mask=None)
+
+    measured = _saved_bytes(model, blocks)
+    assert _block_only(params, spec) == pytest.approx(measured, rel=0.10)
+
+
+def test_prediction_adds_up_and_judges_the_hardware():
+    p = cell(framework="hf_trainer", model="llama-7b", strategy="fsdp", gpus=2, micro_batch=1, precision="bf16")
+    free = predict(p)
+    assert free.fits is None and free.gpu_mem_mib == pytest.approx(sum(free.parts_mib.values()))
+    big = predict(p, Hardware(143771, 2048 * 1024, 8))
+    assert big.fits is True and big.why_not is None
+    small = predict(p, Hardware(40960, 2048 * 1024, 8))
+    assert small.fits is False and "per GPU > 40.0 GiB" in small.why_not
+    # more micro batch, more memory; checkpointing, less
+    assert predict({**p, "micro_batch": 4}).gpu_mem_mib > free.gpu_mem_mib
+    assert predict({**p, "activation_checkpointing": True}).gpu_mem_mib < free.gpu_mem_mib
+    # offload trades GPU memory for host memory
+    offloaded = predict({**p, "offload_param": True})
+    assert offloaded.gpu_mem_mib < free.gpu_mem_mib / 2 and offloaded.host_mem_mib > 100 * 1024
+    assert predict({**p, "offload_param": True}, Hardware(143771, 64 * 1024, 8)).why_not.endswith(
+        "GiB host memory per node > 64.0 GiB")
+
+
+def test_the_predict_command_prints_one_row_per_cell(repo):
+    run = subprocess.run([sys.executable, "-m", "trainbench", "predict", "llama", "--config", str(repo / "config.yaml"),
+                          "--gpu", "h200", "--gpus-per-node", "8", "--host-mem-gib", "2048"],
+                         capture_output=True, text=True, check=True)
+    rows = list(csv.DictReader(io.StringIO(run.stdout)))
+    assert len(rows) == 4 * 3 * 2 * 7 * 3
+    by_cell = {(r["model"], r["strategy"], r["gpus"], r["micro_batch"], r["activation_checkpointing"],
+                r["offload_param"]): r for r in rows}
+    assert by_cell[("llama-7b", "fsdp", "8", "1", "True", "False")]["fits"] == "True"
+    assert by_cell[("llama-65b", "fsdp", "2", "32", "False", "False")]["fits"] == "False"
+    bad = subprocess.run([sys.executable, "-m", "trainbench", "predict", "--gpu", "h900", "--host-mem-gib", "1"],
+                         capture_output=True, text=True, cwd=repo)
+    assert bad.returncode == 2 and "unknown GPU 'h900'" in bad.stderr and "Traceback" not in bad.stderr
