@@ -62,8 +62,13 @@ NCCL_MIB = 550.0
 ALLOCATOR_SLACK = 1.10
 # Host memory each rank process holds before its share of model states: torch (CPU ranks), plus the
 # CUDA libraries (GPU ranks), plus transformers/Lightning and their data where they are used.
+# Measured: smoke (CPU) and gpt2_zero/lightning (H200) runs; Hugging Face Trainer ranks on CPU in tests.
 HOST_RANK_BASE_MIB = {"cpu": 320.0, "cuda": 1800.0}
-HOST_FRAMEWORK_EXTRA_MIB = {"torch": 0.0, "deepspeed": 75.0, "lightning": 900.0, "hf_trainer": 900.0}
+HOST_FRAMEWORK_EXTRA_MIB = {  # (device type) -> framework -> MiB; DeepSpeed's import adds DEEPSPEED_IMPORT_MIB
+    "cpu": {"torch": 0.0, "deepspeed": 0.0, "lightning": 250.0, "hf_trainer": 70.0},
+    "cuda": {"torch": 0.0, "deepspeed": 0.0, "lightning": 900.0, "hf_trainer": 900.0},
+}
+DEEPSPEED_IMPORT_MIB = 75.0
 
 # NVML totals of common GPUs (MiB), for describing hardware by name on the command line.
 GPU_MEMORY_MIB = {"h100": 81559.0, "h200": 143771.0, "a100-80g": 81920.0, "a100-40g": 40960.0,
@@ -246,7 +251,9 @@ def predict(params: dict[str, Any], hardware: Hardware | None = None) -> Predict
     on_device, on_host = model_states(params, spec)
     acts = activations(params, spec)
     ranks_per_node = params["gpus_per_node"]
-    base = HOST_RANK_BASE_MIB[params["device"]] + HOST_FRAMEWORK_EXTRA_MIB[params["framework"]]
+    kind, _ = engine(params)
+    base = (HOST_RANK_BASE_MIB[params["device"]] + HOST_FRAMEWORK_EXTRA_MIB[params["device"]][params["framework"]]
+            + (DEEPSPEED_IMPORT_MIB if kind == "zero" else 0.0))
     parts = {k: v / MIB for k, v in on_device.items()}
     parts["activations"] = acts / MIB
     allocated = sum(parts.values())

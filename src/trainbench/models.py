@@ -116,7 +116,7 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 # Model families each framework's runner can build (the others are known for planning only).
-BUILDABLE_FAMILIES = {"torch": ("gpt",), "deepspeed": ("gpt",), "lightning": ("distilbert",)}
+BUILDABLE_FAMILIES = {"torch": ("gpt",), "deepspeed": ("gpt",), "lightning": ("distilbert",), "hf_trainer": ("llama",)}
 
 
 def get_model(name: str) -> ModelSpec:

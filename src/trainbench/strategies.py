@@ -31,6 +31,8 @@ _COLOSSALAI = (
     "Lightning removed its ColossalAI strategy (Lightning-AI/pytorch-lightning#19528, 2024) after the "
     "external lightning-colossalai package was archived; lightning 2.x has no strategy='colossalai'"
 )
+_HF_FSDP_CUDA_ONLY = ("accelerate runs the Trainer's FSDP only on GPUs; on CPU ranks the Trainer quietly trains "
+                      "with DDP instead")
 ORT_UNSUPPORTED = (
     "ORTModule needs onnxruntime-training, which is no longer published after 1.19.2, has no build for "
     "Python 3.12+ or current torch (pytorch/ort#199), and was removed from onnxruntime "
@@ -61,7 +63,7 @@ STRATEGIES: dict[tuple[str, str], Strategy] = {
         Strategy("lightning", "colossalai", "Trainer(strategy='colossalai')", unsupported=_COLOSSALAI),
         Strategy("hf_trainer", "ddp", "Hugging Face Trainer, plain data parallel"),
         Strategy("hf_trainer", "fsdp", "Trainer fsdp='full_shard auto_wrap' (offload_param adds 'offload')",
-                 offload_param=True),
+                 offload_param=True, needs_cuda=_HF_FSDP_CUDA_ONLY),
         Strategy("hf_trainer", "zero3", "Trainer with a DeepSpeed ZeRO-3 config",
                  offload_optimizer=True, offload_param=True),
     )
@@ -69,7 +71,7 @@ STRATEGIES: dict[tuple[str, str], Strategy] = {
 
 # Frameworks with a runner in this version. Cells of the others expand, validate and dry-run, but
 # running one stops with a clear error (and no result): a later runner must not find stale outcomes.
-IMPLEMENTED_FRAMEWORKS = ("torch", "deepspeed", "lightning")
+IMPLEMENTED_FRAMEWORKS = ("torch", "deepspeed", "lightning", "hf_trainer")
 
 
 def names(framework: str) -> list[str]:
@@ -108,6 +110,9 @@ def check(params: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
         errors.append(("overlap_comm", f"is a DeepSpeed engine setting; framework is {framework}"))
     if params["launcher"] == "deepspeed" and framework != "deepspeed":
         errors.append(("launcher", f"the DeepSpeed launcher starts DeepSpeed engine runs, not {framework}"))
+    if framework == "hf_trainer" and params["dataset_path"]:
+        errors.append(("dataset_path", "the Hugging Face Trainer runner trains on synthetic tokens in this version; "
+                                       "leave dataset_path null"))
     if params["launcher"] == "python" and params["gpus"] > 1:
         errors.append(("launcher", f"'python' starts one process; this cell has {params['gpus']} ranks"))
 

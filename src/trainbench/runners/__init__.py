@@ -2,7 +2,7 @@
 
 A runner builds the model, wraps it for its strategy and makes the optimizer (`setup`), then runs one
 optimizer step over `grad_accum` micro batches per `train_step`; the worker owns the loop. A runner
-whose framework owns the loop (Lightning) instead has `train(recorder)` and calls the recorder
+whose framework owns the loop (Lightning, the Hugging Face Trainer) instead has `train(recorder)` and calls the recorder
 around each step. Either way the worker's recorder times steps and handles OOMs and results, so every
 framework is measured the same way. An optional `evaluate()` adds results (test accuracy).
 """
@@ -77,6 +77,7 @@ _RUNNERS = {
     "torch": "trainbench.runners.torch_native:TorchRunner",
     "deepspeed": "trainbench.runners.deepspeed_engine:DeepSpeedRunner",
     "lightning": "trainbench.runners.lightning_trainer:LightningRunner",
+    "hf_trainer": "trainbench.runners.hf_trainer:HfTrainerRunner",
 }
 
 

@@ -1,0 +1,219 @@
+"""The Hugging Face Trainer: the Alpaca-style fine-tuning recipe of the `llama` study, under torchrun.
+
+Strategies, as the study's commands set them:
+- fsdp: `fsdp="full_shard auto_wrap"` wrapping the model's decoder layer class (LlamaDecoderLayer);
+  with offload_param, `"full_shard auto_wrap offload"` (parameters, gradients and optimizer on the host);
+- zero3: a DeepSpeed ZeRO-3 config with the optimizer and the parameters offloaded to (pinned) CPU
+  memory, "auto" wherever the Trainer fills the value in;
+- ddp: the Trainer's plain data parallel.
+
+The model is built from its architecture config with random weights and is never whole on one device
+or in host memory: under ZeRO-3 it is constructed after the TrainingArguments, which makes
+transformers build it inside `deepspeed.zero.Init` (each layer partitioned as it is created); under
+FSDP it is built on the meta device and FSDP's `param_init_fn` materialises and initialises one
+wrapped unit at a time on the GPU before sharding it.
+
+The Trainer owns the loop; a callback hands each optimizer step to the worker's StepRecorder, so steps
+are timed like every other runner's. After training the runner checks that the Trainer really wrapped
+the model as asked: on CPU, accelerate quietly trains FSDP requests with DDP instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainbench.models import ModelSpec
+from trainbench.runners import RunContext
+
+EXPECTED_WRAPPER = {"fsdp": "FullyShardedDataParallel", "zero3": "DeepSpeedEngine",
+                    "ddp": "DistributedDataParallel"}
+
+
+def llama_config(spec: ModelSpec):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=spec.d_model, intermediate_size=spec.ffn, num_hidden_layers=spec.n_layer,
+                       num_attention_heads=spec.n_head, num_key_value_heads=spec.n_head,
+                       vocab_size=spec.vocab_size, max_position_embeddings=spec.max_seq,
+                       attn_implementation="sdpa", use_cache=False)
+
+
+def deepspeed_config(params: dict[str, Any], device_type: str) -> dict[str, Any]:
+    """The study's ZeRO-3 config; "auto" values are filled in by the Trainer from its arguments."""
+    on_gpu = device_type == "cuda"
+    pin = params["pin_memory"] and on_gpu
+    zero: dict[str, Any] = {
+        "stage": 3, "overlap_comm": True, "contiguous_gradients": True, "sub_group_size": 1e9,
+        "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto", "stage3_max_live_parameters": 1e9,
+        "stage3_max_reuse_distance": 1e9, "stage3_gather_16bit_weights_on_model_save": True,
+    }
+    if params["offload_optimizer"]:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
+    if params["offload_param"]:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
+    return {
+        "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"},
+        "optimizer": {"type": "AdamW", "params": {
+            "lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto",
+            # CPU ranks have no DeepSpeedCPUAdam build to use; GPU runs measure the real offload path
+            "torch_adam": not (params["offload_optimizer"] and on_gpu)}},
+        "zero_optimization": zero,
+        "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "train_batch_size": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+        "steps_per_print": 2**31 - 1, "wall_clock_breakdown": False,
+    }
+
+
+def training_arguments(params: dict[str, Any], spec: ModelSpec, output_dir: Path, device_type: str,
+                       max_steps: int) -> dict[str, Any]:
+    """The Trainer's arguments for a cell: the study's recipe, with a fixed number of steps."""
+    on_gpu = device_type == "cuda"
+    args: dict[str, Any] = dict(
+        output_dir=str(output_dir), max_steps=max_steps, per_device_train_batch_size=params["micro_batch"],
+        gradient_accumulation_steps=params["grad_accum"], learning_rate=params["lr"],
+        # the study: 3% of the steps warm the learning rate up (a float below 1 is a ratio), cosine after
+        weight_decay=params["weight_decay"], warmup_steps=0.03, lr_scheduler_type="cosine",
+        bf16=params["precision"] == "bf16", fp16=params["precision"] == "fp16",
+        tf32=bool(params["tf32"]) if on_gpu else None,
+        gradient_checkpointing=params["activation_checkpointing"],
+        gradient_checkpointing_kwargs={"use_reentrant": False} if params["activation_checkpointing"] else None,
+        # the study: a checkpoint every 100 steps, keeping 1; no evaluation
+        save_strategy="steps", save_steps=100, save_total_limit=1, eval_strategy="no",
+        logging_strategy="no", report_to=[], disable_tqdm=True, seed=params["seed"], data_seed=params["seed"],
+        dataloader_drop_last=True, use_cpu=not on_gpu, ddp_find_unused_parameters=False,
+        average_tokens_across_devices=False,  # each rank's loss is its own tokens' mean
+    )
+    if params["strategy"] == "fsdp":
+        args["fsdp"] = "full_shard auto_wrap" + (" offload" if params["offload_param"] else "")
+        args["fsdp_config"] = {"transformer_layer_cls_to_wrap": [spec.block_class]}
+    elif params["strategy"] == "zero3":
+        args["deepspeed"] = deepspeed_config(params, device_type)
+    return args
+
+
+class SyntheticTokens(torch.utils.data.Dataset):
+    """Random token sequences of the study's length, the same on every run of a seed."""
+
+    def __init__(self, size: int, seq_len: int, vocab_size: int, seed: int):
+        self.size, self.seq_len, self.vocab_size, self.seed = size, seq_len, vocab_size, seed
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        tokens = torch.randint(0, self.vocab_size, (self.seq_len,), generator=generator)
+        return {"input_ids": tokens, "labels": tokens}
+
+
+def _initialise_on_device(model, device: torch.device):
+    """FSDP's param_init_fn: give one module's meta tensors storage on the device and initialise them
+    as transformers would (its _init_weights), rotary tables recomputed."""
+
+    def init(module: torch.nn.Module) -> None:
+        module.to_empty(device=device, recurse=False)
+        if hasattr(module, "rope_init_fn") and hasattr(module, "inv_freq"):
+            inv_freq, _ = module.rope_init_fn(module.config, device)
+            module.inv_freq = inv_freq
+            module.original_inv_freq = inv_freq.clone()
+        with torch.no_grad():
+            model._init_weights(module)
+
+    return init
+
+
+class HfTrainerRunner:
+    def __init__(self, context: RunContext):
+        self.ctx = context
+        self.p = context.params
+
+    def setup(self) -> None:
+        from transformers import LlamaForCausalLM, TrainingArguments
+
+        p, spec = self.p, self.ctx.spec
+        self.deepspeed_config = deepspeed_config(p, self.ctx.device.type) if p["strategy"] == "zero3" else None
+        self.max_steps = p["warmup_steps"] + p["timed_steps"]
+        if self.deepspeed_config is not None:
+            import deepspeed
+
+            # Wrap the process group the worker made: left alone, DeepSpeed's own view of the world
+            # would be a single rank and its batch-size check fails.
+            deepspeed.init_distributed(dist_backend="nccl" if self.ctx.is_cuda else "gloo")
+        # Made before the model: with a ZeRO-3 config it tells transformers to build inside zero.Init.
+        self.args = TrainingArguments(**training_arguments(p, spec, Path(self.ctx.work_dir) / "trainer", self.ctx.device.type,
+                                                           self.max_steps))
+        config = llama_config(spec)
+        torch.manual_seed(p["seed"])
+        if p["strategy"] == "fsdp" and self.ctx.is_cuda:
+            with torch.device("meta"):
+                self.hf_model = LlamaForCausalLM(config)
+        else:
+            self.hf_model = LlamaForCausalLM._from_config(config)
+        self._params_total = sum(getattr(q, "ds_numel", q.numel()) for q in self.hf_model.parameters())
+        self.dataset = SyntheticTokens(self.max_steps * p["global_batch"], p["seq_len"], spec.vocab_size, p["seed"])
+
+    def _trainer(self, recorder):
+        from transformers import Trainer, TrainerCallback
+
+        runner = self
+
+        class MeasuredTrainer(Trainer):
+            def create_accelerator_and_postprocess(self):
+                super().create_accelerator_and_postprocess()
+                plugin = getattr(self.accelerator.state, "fsdp_plugin", None)
+                if plugin is not None and runner.ctx.is_cuda:
+                    # every rank starts from the meta model: no rank-0 copy to broadcast
+                    plugin.param_init_fn = _initialise_on_device(runner.hf_model, runner.ctx.device)
+                    plugin.sync_module_states = False
+
+            def compute_loss(self, model, inputs, return_outputs=False, **kwargs):
+                result = super().compute_loss(model, inputs, return_outputs=return_outputs, **kwargs)
+                loss = result[0] if return_outputs else result
+                # With num_items_in_batch the Trainer divides each micro batch's summed token loss by
+                # the tokens of the whole accumulated step: the step's mean loss is their sum.
+                scale = 1.0 if kwargs.get("num_items_in_batch") is not None else 1.0 / runner.p["grad_accum"]
+                runner._micro_losses.append(loss.detach().float() * scale)
+                return result
+
+        class StepTiming(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kwargs):
+                runner._micro_losses = []
+                recorder.begin()
+
+            def on_step_end(self, args, state, control, **kwargs):
+                losses = runner._micro_losses
+                recorder.end(torch.stack(losses).sum().item() if losses else float("nan"))
+
+        self._micro_losses: list[torch.Tensor] = []
+        return MeasuredTrainer(model=self.hf_model, args=self.args, train_dataset=self.dataset,
+                               callbacks=[StepTiming()])
+
+    def train(self, recorder) -> None:
+        self.trainer = self._trainer(recorder)
+        self.trainer.train()
+        wrapper = type(self.trainer.model_wrapped).__name__
+        expected = EXPECTED_WRAPPER[self.p["strategy"]] if self.ctx.world_size > 1 else None
+        if expected and wrapper != expected:
+            raise RuntimeError(f"the Trainer wrapped the model in {wrapper}, not {expected}: it did not run "
+                               f"strategy {self.p['strategy']!r} as asked")
+
+    def evaluate(self) -> dict:
+        result: dict[str, Any] = {}
+        if self.deepspeed_config is not None:
+            # the config as DeepSpeed ran it, the Trainer's "auto" values filled in
+            result["deepspeed_config"] = self.trainer.accelerator.state.deepspeed_plugin.deepspeed_config
+        return result
+
+    def model(self) -> torch.nn.Module:
+        return self.hf_model
+
+    def params_total(self) -> int:
+        return self._params_total
+
+    def local_numel(self, parameter) -> int:
+        shard = getattr(parameter, "ds_tensor", None)  # DeepSpeed ZeRO-3 partition
+        return shard.numel() if shard is not None else parameter.numel()

@@ -1,0 +1,86 @@
+"""The Hugging Face Trainer runner on CPU ranks: real Trainer, real DeepSpeed ZeRO-3 with offload on gloo."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from trainbench.grid import check_cell, resolve
+from trainbench.models import get_model
+from trainbench.runners.hf_trainer import _initialise_on_device, llama_config, training_arguments
+from test_cellrun import make_cell, run
+
+LLAMA = {"framework": "hf_trainer", "model": "llama-tiny", "gpus": 2, "seq_len": 32, "grad_accum": 2,
+         "precision": "fp32"}
+
+
+def test_fsdp_arguments_follow_the_alpaca_recipe(tmp_path):
+    from transformers import TrainingArguments
+
+    spec = get_model("llama-tiny")
+    for offload, expected in ((False, "full_shard auto_wrap"), (True, "full_shard auto_wrap offload")):
+        p = resolve({**LLAMA, "strategy": "fsdp", "offload_param": offload, "device": "cuda"})
+        kwargs = training_arguments(p, spec, tmp_path, "cuda", max_steps=5)
+        assert kwargs["fsdp"] == expected
+        assert kwargs["fsdp_config"] == {"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}
+        assert "deepspeed" not in kwargs
+    p = resolve({**LLAMA, "strategy": "fsdp", "device": "cpu"})
+    args = TrainingArguments(**{**training_arguments(p, spec, tmp_path, "cpu", max_steps=5)})
+    assert args.max_steps == 5 and args.gradient_accumulation_steps == 2 and args.save_steps == 100
+    assert args.save_total_limit == 1 and args.warmup_steps == 0.03
+
+
+def test_fsdp_on_cpu_ranks_is_unsupported_not_silently_ddp():
+    errors, unsupported = check_cell(resolve({**LLAMA, "strategy": "fsdp", "device": "cpu"}))
+    assert not errors and "falls back" not in unsupported and "instead" in unsupported
+
+
+def test_meta_model_is_materialised_and_initialised_module_by_module():
+    # What FSDP's param_init_fn does to each wrapped unit on a GPU, here on the CPU for every module.
+    from transformers import LlamaForCausalLM
+
+    spec = get_model("llama-tiny")
+    reference = LlamaForCausalLM(llama_config(spec))
+    with torch.device("meta"):
+        model = LlamaForCausalLM(llama_config(spec))
+    init = _initialise_on_device(model, torch.device("cpu"))
+    for module in model.modules():
+        init(module)
+    assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
+    assert torch.equal(model.model.rotary_emb.inv_freq, reference.model.rotary_emb.inv_freq)
+    q = model.model.layers[0].self_attn.q_proj.weight
+    assert q.std().item() == pytest.approx(model.config.initializer_range, rel=0.15)
+    assert torch.equal(model.model.norm.weight, torch.ones(spec.d_model))
+    tokens = torch.randint(0, spec.vocab_size, (2, 16))
+    loss = model(input_ids=tokens, labels=tokens).loss.item()
+    assert loss == pytest.approx(math.log(spec.vocab_size), abs=0.3)  # random weights: uniform guesses
+
+
+def test_ddp_trains_through_the_trainer(tmp_path):
+    doc = run(make_cell(**LLAMA, strategy="ddp"), tmp_path)
+    m = doc["metrics"]
+    assert doc["status"] == "ok", doc["reason"]
+    assert m["steps_timed"] == 2 and all(t > 0 for t in m["step_times_s"])
+    assert m["params_total"] == get_model("llama-tiny").param_count()
+    assert m["loss_first"] == pytest.approx(math.log(512), abs=0.3)  # each step's mean token loss
+    assert doc["predicted"]["host_mem_mib"] == pytest.approx(m["host_mem_peak_mib"], rel=0.25)
+
+
+def test_zero3_with_offload_partitions_the_model_and_keeps_the_filled_config(tmp_path):
+    doc = run(make_cell(**LLAMA, strategy="zero3", offload_optimizer=True, offload_param=True), tmp_path)
+    m = doc["metrics"]
+    assert doc["status"] == "ok", doc["reason"]
+    spec = get_model("llama-tiny")
+    assert m["params_total"] == spec.param_count()
+    # zero.Init built the model partitioned: rank 0 holds half of every Linear
+    assert m["params_per_module_rank0"]["Linear"] * 2 == pytest.approx(
+        spec.n_layer * (4 * spec.d_model**2 + 3 * spec.d_model * spec.ffn) + spec.vocab_size * spec.d_model, abs=2)
+    config = json.loads((tmp_path / "results/runs/t/c/deepspeed_config.json").read_text())
+    zero = config["zero_optimization"]
+    assert zero["stage"] == 3 and zero["offload_param"]["device"] == "cpu"
+    assert zero["offload_optimizer"] == {"device": "cpu", "pin_memory": False}  # no pinning without CUDA
+    assert zero["reduce_bucket_size"] == spec.d_model**2  # the Trainer filled in "auto"
+    assert config["train_batch_size"] == 2 * 2 * 2 and config["train_micro_batch_size_per_gpu"] == 2
