@@ -59,6 +59,37 @@ def test_meta_model_is_materialised_and_initialised_module_by_module():
     assert loss == pytest.approx(math.log(spec.vocab_size), abs=0.3)  # random weights: uniform guesses
 
 
+def test_fsdp_materialises_the_meta_model_unit_by_unit_through_accelerate():
+    # The path a GPU run takes, on a one-rank gloo group: FSDP (version 1, as accelerate builds it) wraps
+    # each LlamaDecoderLayer of a meta-device model and calls our param_init_fn through accelerate's
+    # wrapper that re-ties shared weights.
+    import functools
+
+    import torch.distributed as dist
+    from accelerate.utils.fsdp_utils import ensure_weights_retied
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+    from transformers import LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    spec = get_model("llama-tiny")
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        with torch.device("meta"):
+            model = LlamaForCausalLM(llama_config(spec))
+        cpu = torch.device("cpu")
+        wrapped = FullyShardedDataParallel(
+            model, auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
+                                                      transformer_layer_cls={LlamaDecoderLayer}),
+            param_init_fn=ensure_weights_retied(_initialise_on_device(model, cpu), model, cpu),
+            device_id=cpu, use_orig_params=True)
+        assert not [name for name, p in wrapped.named_parameters() if p.is_meta]
+        tokens = torch.randint(0, spec.vocab_size, (2, 16))
+        assert wrapped(input_ids=tokens, labels=tokens).loss.item() == pytest.approx(math.log(spec.vocab_size), abs=0.3)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_ddp_trains_through_the_trainer(tmp_path):
     doc = run(make_cell(**LLAMA, strategy="ddp"), tmp_path)
     m = doc["metrics"]

@@ -114,7 +114,8 @@ def _initialise_on_device(model, device: torch.device):
     """FSDP's param_init_fn: give one module's meta tensors storage on the device and initialise them
     as transformers would (its _init_weights), rotary tables recomputed."""
 
-    def init(module: torch.nn.Module) -> None:
+    def init(module: torch.nn.Module) -> torch.nn.Module:
+        # accelerate's wrapper (which re-ties shared weights) carries on with the module returned
         module.to_empty(device=device, recurse=False)
         if hasattr(module, "rope_init_fn") and hasattr(module, "inv_freq"):
             inv_freq, _ = module.rope_init_fn(module.config, device)
@@ -122,6 +123,7 @@ def _initialise_on_device(model, device: torch.device):
             module.original_inv_freq = inv_freq.clone()
         with torch.no_grad():
             model._init_weights(module)
+        return module
 
     return init
 
