@@ -10,7 +10,7 @@ import torch
 
 from trainbench.grid import check_cell, resolve
 from trainbench.models import get_model
-from trainbench.runners.hf_trainer import _initialise_on_device, llama_config, training_arguments
+from trainbench.runners.hf_trainer import _initialise_on_device, build_for_fsdp, llama_config, training_arguments
 from test_cellrun import make_cell, run
 
 LLAMA = {"framework": "hf_trainer", "model": "llama-tiny", "gpus": 2, "seq_len": 32, "grad_accum": 2,
@@ -69,15 +69,15 @@ def test_fsdp_materialises_the_meta_model_unit_by_unit_through_accelerate():
     from accelerate.utils.fsdp_utils import ensure_weights_retied
     from torch.distributed.fsdp import FullyShardedDataParallel
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
-    from transformers import LlamaForCausalLM
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
     spec = get_model("llama-tiny")
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     try:
-        with torch.device("meta"):
-            model = LlamaForCausalLM(llama_config(spec))
         cpu = torch.device("cpu")
+        model = build_for_fsdp(spec, cpu)
+        assert all(p.is_meta for p in model.model.layers.parameters())
+        assert not model.model.embed_tokens.weight.is_meta
         wrapped = FullyShardedDataParallel(
             model, auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
                                                       transformer_layer_cls={LlamaDecoderLayer}),

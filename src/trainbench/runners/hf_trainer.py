@@ -128,6 +128,27 @@ def _initialise_on_device(model, device: torch.device):
     return init
 
 
+def build_for_fsdp(spec: ModelSpec, device: torch.device):
+    """The model with its decoder layers on the meta device, for FSDP to materialise one at a time.
+
+    The few modules outside the layers (embeddings, final norm, LM head, rotary tables) get storage
+    and weights on the device now: FSDP's root unit then has nothing to materialise, and accelerate's
+    re-tying of shared weights (which LLaMA does not share) never touches a meta tensor.
+    """
+    from transformers import LlamaForCausalLM
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(llama_config(spec))
+    if not model.config.tie_word_embeddings:
+        model._tied_weights_keys = {}  # this instance shares no weights; nothing to re-tie
+    init = _initialise_on_device(model, device)
+    blocks = {id(m) for layer in model.model.layers for m in layer.modules()}
+    for module in model.modules():
+        if id(module) not in blocks:
+            init(module)
+    return model
+
+
 class HfTrainerRunner:
     def __init__(self, context: RunContext):
         self.ctx = context
@@ -151,8 +172,7 @@ class HfTrainerRunner:
         config = llama_config(spec)
         torch.manual_seed(p["seed"])
         if p["strategy"] == "fsdp" and self.ctx.is_cuda:
-            with torch.device("meta"):
-                self.hf_model = LlamaForCausalLM(config)
+            self.hf_model = build_for_fsdp(spec, self.ctx.device)
         else:
             self.hf_model = LlamaForCausalLM._from_config(config)
         self._params_total = sum(getattr(q, "ds_numel", q.numel()) for q in self.hf_model.parameters())
