@@ -25,7 +25,7 @@ def test_fsdp_arguments_follow_the_alpaca_recipe(tmp_path):
         p = resolve({**LLAMA, "strategy": "fsdp", "offload_param": offload, "device": "cuda"})
         kwargs = training_arguments(p, spec, tmp_path, "cuda", max_steps=5)
         assert kwargs["fsdp"] == expected
-        assert kwargs["fsdp_config"] == {"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}
+        assert kwargs["fsdp_config"] == {"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"], "version": 1}
         assert "deepspeed" not in kwargs
     p = resolve({**LLAMA, "strategy": "fsdp", "device": "cpu"})
     args = TrainingArguments(**{**training_arguments(p, spec, tmp_path, "cpu", max_steps=5)})

@@ -89,7 +89,8 @@ def training_arguments(params: dict[str, Any], spec: ModelSpec, output_dir: Path
     )
     if params["strategy"] == "fsdp":
         args["fsdp"] = "full_shard auto_wrap" + (" offload" if params["offload_param"] else "")
-        args["fsdp_config"] = {"transformer_layer_cls_to_wrap": [spec.block_class]}
+        # FSDP1, the study's (transformers 5 defaults to FSDP2, whose wrapping takes no param_init_fn)
+        args["fsdp_config"] = {"transformer_layer_cls_to_wrap": [spec.block_class], "version": 1}
     elif params["strategy"] == "zero3":
         args["deepspeed"] = deepspeed_config(params, device_type)
     return args
