@@ -81,8 +81,10 @@ def training_arguments(params: dict[str, Any], spec: ModelSpec, output_dir: Path
         tf32=bool(params["tf32"]) if on_gpu else None,
         gradient_checkpointing=params["activation_checkpointing"],
         gradient_checkpointing_kwargs={"use_reentrant": False} if params["activation_checkpointing"] else None,
-        # the study: a checkpoint every 100 steps, keeping 1; no evaluation
-        save_strategy="steps", save_steps=100, save_total_limit=1, eval_strategy="no",
+        # No checkpoint: the Trainer saves one at the end of any run with a save strategy, and a
+        # 7B model's takes longer than the measured steps. (The study checkpoints every 100 steps,
+        # keeping 1; its projected run time leaves that out.) No evaluation, as in the study.
+        save_strategy="no", eval_strategy="no",
         logging_strategy="no", report_to=[], disable_tqdm=True, seed=params["seed"], data_seed=params["seed"],
         dataloader_drop_last=True, use_cpu=not on_gpu, ddp_find_unused_parameters=False,
         average_tokens_across_devices=False,  # each rank's loss is its own tokens' mean
