@@ -14,6 +14,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from trainbench.tables import prediction  # noqa: E402
+
 Doc = dict[str, Any]
 
 
@@ -56,9 +58,19 @@ def _memory_series(doc: Doc) -> tuple[list[float], str]:
     return [], ""
 
 
+def _predicted_per_device(doc: Doc, kind: str) -> float | None:
+    """The memory model's figure comparable to the bars: per GPU, or per CPU rank."""
+    predicted = prediction(doc)
+    if kind == "GPU":
+        return predicted.get("gpu_mem_mib")
+    host = predicted.get("host_mem_mib")
+    return host / doc["params"]["gpus_per_node"] if host is not None else None
+
+
 def memory_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path) -> None:
     series = [_memory_series(d) for d in docs]
-    kind = next((k for _, k in series if k), "GPU")
+    kind = next((k for _, k in series if k), "GPU" if any(d["params"].get("device") == "cuda" for d in docs)
+                else "CPU rank")
     width_per_cell = max(len(v) for v, _ in series) if any(v for v, _ in series) else 1
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(docs) + 2), 5))
     bar = 0.8 / width_per_cell
@@ -73,12 +85,20 @@ def memory_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path) -> 
             labelled.add(i)
         if doc["status"] != "ok":
             ax.text(x, max(values), doc["status"], ha="center", va="bottom", fontsize=8, color="firebrick")
+    predicted_label = "memory model's prediction"
+    for x, doc in enumerate(docs):
+        predicted = _predicted_per_device(doc, kind)
+        if predicted is not None:
+            ax.hlines(predicted, x - 0.45, x + 0.45, colors="black", linewidths=2, label=predicted_label)
+            predicted_label = None
+            labelled.add(-1)
     _cell_ticks(ax, docs, id_keys)
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.12)  # room for the legend above the tallest bar
     what = "peak NVML 'used' memory per GPU" if kind == "GPU" else "peak resident memory per CPU rank"
     ax.set_ylabel("MiB")
-    ax.set_title(f"{title}: {what}")
+    ax.set_title(f"{title}: {what} (bars) and predicted (black)")
     if labelled:
-        ax.legend(fontsize=7, ncols=min(8, width_per_cell))
+        ax.legend(fontsize=7, ncols=min(8, width_per_cell + 1))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

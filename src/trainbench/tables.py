@@ -80,7 +80,7 @@ def _params_rank0(doc: Doc):
     return ", ".join(f"{name} {si(n)}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
-def _prediction(doc: Doc) -> dict:
+def prediction(doc: Doc) -> dict:
     """The memory model's prediction the run recorded; for cells run before there was one (and
     unsupported cells), the current model's prediction from the cell's parameters."""
     stored = doc.get("predicted") or {}
@@ -95,12 +95,12 @@ def _prediction(doc: Doc) -> dict:
 
 
 def _predicted_gib(doc: Doc):
-    value = _prediction(doc).get("gpu_mem_mib")
+    value = prediction(doc).get("gpu_mem_mib")
     return value / 1024 if value is not None else None
 
 
 def _predicted_host_gib(doc: Doc):
-    value = _prediction(doc).get("host_mem_mib")
+    value = prediction(doc).get("host_mem_mib")
     return value / 1024 if value is not None else None
 
 
