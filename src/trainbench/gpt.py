@@ -20,15 +20,18 @@ from trainbench.models import ModelSpec
 class SelfAttention(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        self.n_head = spec.n_head
+        self.head_dim = spec.head_dim
         self.causal = spec.causal
         self.qkv = nn.Linear(spec.d_model, 3 * spec.d_model)
         self.proj = nn.Linear(spec.d_model, spec.d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, seq, width = x.shape
-        q, k, v = self.qkv(x).split(width, dim=2)
-        q, k, v = (t.view(batch, seq, self.n_head, width // self.n_head).transpose(1, 2) for t in (q, k, v))
+        batch, seq, _ = x.shape
+        # Under tensor parallelism qkv is column-parallel ([q; k; v] each split across ranks) and
+        # this rank computes width / tp of the heads; the widths below are this rank's.
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        width = q.shape[-1]
+        q, k, v = (t.reshape(batch, seq, width // self.head_dim, self.head_dim).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         return self.proj(y.transpose(1, 2).reshape(batch, seq, width))
 

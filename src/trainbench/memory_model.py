@@ -134,7 +134,10 @@ def _reduce_bucket_elements(params: dict[str, Any], spec: ModelSpec) -> float:
 
 def model_states(params: dict[str, Any], spec: ModelSpec) -> tuple[dict[str, float], dict[str, float]]:
     """Bytes of weights, gradients, optimizer states and buffers: (on the device, on the host) per rank."""
-    psi = spec.param_count(params["head"], params["num_classes"]) / (params["tp"] * params["pp"])
+    # Tensor parallelism (DeepSpeed AutoTP in Megatron's layout) splits the blocks, not the embeddings;
+    # pipeline stages split the layers.
+    blocks = spec.n_layer * spec.block_params()
+    psi = (spec.param_count(params["head"], params["num_classes"]) - blocks + blocks / params["tp"]) / params["pp"]
     n = params["dp"]
     mixed = params["precision"] != "fp32"
     kind, stage = engine(params)

@@ -106,6 +106,11 @@ def check(params: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
         errors.append(("tp" if params["tp"] > 1 else "pp",
                        f"{framework} strategy {name!r} has no tensor or pipeline parallelism; "
                        "use a deepspeed zero* strategy"))
+    if params["tp"] > 1 and params["model"] in MODELS:
+        spec = MODELS[params["model"]]
+        if spec.n_head % params["tp"] or spec.ffn % params["tp"]:
+            errors.append(("tp", f"tensor parallelism splits heads and the MLP across ranks: tp={params['tp']} "
+                                 f"must divide {spec.name}'s {spec.n_head} heads and MLP width {spec.ffn}"))
     if params["overlap_comm"] is not None and framework != "deepspeed":
         errors.append(("overlap_comm", f"is a DeepSpeed engine setting; framework is {framework}"))
     if params["launcher"] == "deepspeed" and framework != "deepspeed":
@@ -129,8 +134,8 @@ def not_implemented(params: dict[str, Any]) -> str | None:
     """Why this version cannot run the cell although the stack could; None if it can."""
     if params["framework"] not in IMPLEMENTED_FRAMEWORKS:
         return f"framework {params['framework']!r} has no runner in this version"
-    if params["tp"] > 1 or params["pp"] > 1:
-        return "tensor and pipeline parallelism have no runner in this version"
+    if params["pp"] > 1:
+        return "pipeline parallelism has no runner in this version"
     family = MODELS[params["model"]].family
     if family not in BUILDABLE_FAMILIES.get(params["framework"], ()):
         return f"{params['framework']} cannot build model family {family!r} ({params['model']}) in this version"

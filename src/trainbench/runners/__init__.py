@@ -38,11 +38,12 @@ class RunContext:
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
 
-    def batches(self) -> SyntheticBatches:
+    def batches(self, rank: int | None = None) -> SyntheticBatches:
+        """This rank's data shard; `rank`: the data-parallel rank where it differs from the global one."""
         p = self.params
         return SyntheticBatches(vocab_size=self.spec.vocab_size, seq_len=p["seq_len"], micro_batch=p["micro_batch"],
-                                head=p["head"], num_classes=p["num_classes"], seed=p["seed"], rank=self.rank,
-                                device=self.device)
+                                head=p["head"], num_classes=p["num_classes"], seed=p["seed"],
+                                rank=self.rank if rank is None else rank, device=self.device)
 
     def synchronize(self) -> None:
         if self.is_cuda:

@@ -18,6 +18,20 @@ def zero_stage(strategy: str) -> int:
     return int(strategy.removeprefix("zero"))
 
 
+# Megatron's layout for trainbench's GPT, as DeepSpeed AutoTP partition rules: attention's fused qkv
+# and the MLP's first layer column-parallel (qkv split as [q; k; v], each across the ranks), the
+# attention and MLP output projections row-parallel (an all-reduce after them).
+GPT_TENSOR_PARALLEL_LAYOUT = {
+    "use_default_specs": False,
+    "layer_specs": [
+        {"patterns": [r".*\.attn\.qkv\.(weight|bias)$"], "partition_type": "column", "shape": [3, -1],
+         "partition_dim": 0},
+        {"patterns": [r".*\.mlp\.fc\.(weight|bias)$"], "partition_type": "column"},
+        {"patterns": [r".*\.attn\.proj\.weight$", r".*\.mlp\.proj\.weight$"], "partition_type": "row"},
+    ],
+}
+
+
 def deepspeed_config(params: dict[str, Any], device_type: str) -> dict[str, Any]:
     stage = zero_stage(params["strategy"])
     on_gpu = device_type == "cuda"
@@ -29,7 +43,7 @@ def deepspeed_config(params: dict[str, Any], device_type: str) -> dict[str, Any]
         zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
     if params["overlap_comm"] is not None:
         zero["overlap_comm"] = params["overlap_comm"]
-    return {
+    config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": params["micro_batch"],
         "gradient_accumulation_steps": params["grad_accum"],
         "train_batch_size": params["global_batch"],
@@ -49,6 +63,13 @@ def deepspeed_config(params: dict[str, Any], device_type: str) -> dict[str, Any]
         "steps_per_print": 2**31 - 1,  # the worker reports progress; DeepSpeed's own lines are noise
         "wall_clock_breakdown": False,
     }
+    if params["tp"] > 1:
+        config["tensor_parallel"] = {"autotp_size": params["tp"], "partition_config": GPT_TENSOR_PARALLEL_LAYOUT}
+        # DeepSpeed 0.19 checks train_batch_size against every rank, not the data-parallel ones, when
+        # AutoTP comes from the config; left out, it is derived (the cell's global_batch is still
+        # micro batch x accumulation x data-parallel size).
+        del config["train_batch_size"]
+    return config
 
 
 class DeepSpeedRunner:
@@ -64,16 +85,26 @@ class DeepSpeedRunner:
         # Wrap the process group the worker made; zero.Init reads the world size from it.
         deepspeed.init_distributed(dist_backend="nccl" if self.ctx.is_cuda else "gloo")
         self.inner = self._build_model(deepspeed)
+        self._params_total = sum(getattr(p, "ds_numel", p.numel()) for p in self.inner.parameters())
         self.engine, _, _, _ = deepspeed.initialize(model=self.inner, model_parameters=self.inner.parameters(),
                                                     config=self.config)
-        self.batches = self.ctx.batches()
+        # The ranks of one tensor-parallel group compute on the same batch: data follows the
+        # data-parallel rank.
+        from deepspeed.utils import groups
+
+        data_rank = groups.get_data_parallel_rank() if self.p["tp"] > 1 else self.ctx.rank
+        if self.p["tp"] > 1 and groups.get_tensor_model_parallel_world_size() != self.p["tp"]:
+            raise RuntimeError(f"DeepSpeed made tensor-parallel groups of "
+                               f"{groups.get_tensor_model_parallel_world_size()} ranks, not tp={self.p['tp']}")
+        self.batches = self.ctx.batches(rank=data_rank)
 
     def _build_model(self, deepspeed) -> GPT:
         def new_model():
             return GPT(self.ctx.spec, head=self.p["head"], num_classes=self.p["num_classes"],
                        activation_checkpointing=self.p["activation_checkpointing"])
 
-        if self.stage < 3:
+        if self.stage < 3 or self.p["tp"] > 1:
+            # (with tensor parallelism AutoTP shards the built model inside deepspeed.initialize)
             with self.ctx.device:
                 model = new_model()
             model.init_weights(self.p["seed"])
@@ -103,7 +134,7 @@ class DeepSpeedRunner:
         return self.engine.module
 
     def params_total(self) -> int:
-        return sum(getattr(p, "ds_numel", p.numel()) for p in self.engine.module.parameters())
+        return self._params_total  # counted before tensor parallelism split the layers
 
     def local_numel(self, parameter) -> int:
         shard = getattr(parameter, "ds_tensor", None)  # ZeRO-3: this rank's partition
