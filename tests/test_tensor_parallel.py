@@ -27,10 +27,17 @@ def test_tp_must_divide_heads_and_mlp():
     assert any(key == "tp" and "must divide gpt2-tiny's 2 heads" in message for key, message in errors)
 
 
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory):
+    """The same model and first batch on one rank, without tensor parallelism."""
+    return run(make_cell(framework="deepspeed", strategy="zero0", gpus=1, seq_len=32, timed_steps=3),
+               tmp_path_factory.mktemp("one"))
+
+
 @pytest.mark.parametrize("strategy", ["zero1", "zero3"])
-def test_tensor_parallel_ranks_split_the_blocks_and_compute_what_one_rank_does(tmp_path, strategy):
+def test_tensor_parallel_ranks_split_the_blocks_and_compute_what_one_rank_does(tmp_path, one_rank, strategy):
     spec = get_model("gpt2-tiny")
-    one = run(make_cell(framework="deepspeed", strategy="zero0", gpus=1, seq_len=32, timed_steps=3), tmp_path / "one")
+    one = one_rank
     split = run(make_cell(**TP, strategy=strategy), tmp_path / "tp")
     assert one["status"] == "ok" and split["status"] == "ok", split["reason"]
     m = split["metrics"]
