@@ -105,6 +105,16 @@ def cmd_predict(args) -> int:
     return 0
 
 
+def cmd_search_summary(args) -> int:
+    """The max-batch search's result from its probes (the search_result rule)."""
+    from trainbench.batch_search import summary
+    from trainbench.results import read_cells, write_json_atomic
+
+    docs = read_cells(args.probes)
+    write_json_atomic(args.output, summary({doc["params"]["micro_batch"]: doc for doc in docs}))
+    return 0
+
+
 def cmd_schema(args) -> int:
     from trainbench.schema import build_schema
 
@@ -176,6 +186,11 @@ def parser() -> argparse.ArgumentParser:
     predict.add_argument("--gpus-per-node", type=int, default=8)
     predict.add_argument("--host-mem-gib", type=float, required=True, help="host memory per node in GiB")
     predict.set_defaults(func=cmd_predict)
+
+    search = sub.add_parser("search-summary", help="write a max-batch search's result from its probes")
+    search.add_argument("--output", required=True)
+    search.add_argument("probes", nargs="+", help="the probes' metrics.json files")
+    search.set_defaults(func=cmd_search_summary)
 
     schema = sub.add_parser("schema", help="print, write or check workflow/schemas/config.schema.yaml")
     group = schema.add_mutually_exclusive_group()

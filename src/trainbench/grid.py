@@ -109,6 +109,7 @@ class Study:
     cells: list[Cell]
     id_keys: list[str]
     report: list[str] = field(default_factory=lambda: list(REPORT_COLUMNS_DEFAULT))
+    search: dict[str, Any] = field(default_factory=dict)  # the max-batch search's settings
 
     def cell(self, cell_id: str) -> Cell:
         for c in self.cells:
@@ -256,5 +257,16 @@ def expand_study(name: str, spec: dict[str, Any]) -> Study:
         raise ConfigError(problems)
 
     id_keys = sort_keys({k for c in cells for k in c.id_keys})
+    search = {"max_micro_batch": 256, "steps": None, "gpu_mem_gib": None, **(spec.get("search") or {})}
     return Study(name, spec.get("description", ""), cells, id_keys,
-                 list(spec.get("report") or REPORT_COLUMNS_DEFAULT))
+                 list(spec.get("report") or REPORT_COLUMNS_DEFAULT), search)
+
+
+def probe_cell(study: Study, cell: Cell, micro_batch: int) -> Cell:
+    """One probe of the max-batch search: the cell with another micro batch (and the search's steps)."""
+    changes: dict[str, Any] = {"micro_batch": micro_batch}
+    if study.search.get("steps"):
+        changes["timed_steps"] = study.search["steps"]
+    params = resolve({**cell.params, **changes})  # derived values (global batch) follow
+    return Cell(study.name, f"{cell.cell_id}/mb~{micro_batch}", params, cell.id_keys, cell.execution,
+                cell.unsupported)

@@ -243,8 +243,9 @@ def activations(params: dict[str, Any], spec: ModelSpec) -> float:
     else:
         total = layers * block * in_flight
     if params["head"] == "lm":
-        # logits in the compute dtype, their fp32 copy for the loss, and its gradient
-        total += tokens * spec.vocab_size / tp * (compute + 4 + 4)
+        # logits in the compute dtype, their fp32 copy for the loss, and its gradient (whole on every
+        # tensor-parallel rank: AutoTP leaves the tied LM head unsplit)
+        total += tokens * spec.vocab_size * (compute + 4 + 4)
     return total
 
 

@@ -83,6 +83,22 @@ def build_schema() -> dict[str, Any]:
                               "set": {**execution, "description": "Execution settings for those cells.",
                                       "default": {}}}},
             },
+            "search": {
+                "type": "object", "additionalProperties": False, "default": {},
+                "description": "The largest micro batch search (`results/search/<study>/<cell>/max_batch.json`): "
+                               "probes double then bisect the cell's micro batch, each a cached run.",
+                "properties": {
+                    "max_micro_batch": {"type": "integer", "minimum": 1, "default": 256,
+                                        "description": "The largest micro batch a probe may try."},
+                    "steps": {"type": ["integer", "null"], "minimum": 1, "default": None,
+                              "description": "Timed steps of each probe (enough to reach late OOMs); "
+                                             "null: the cell's timed_steps."},
+                    "gpu_mem_gib": {"type": ["number", "null"], "minimum": 0, "default": None,
+                                    "description": "Memory per GPU the memory model seeds and bounds the "
+                                                   "search with; null: no GPU bound (CPU cells use this "
+                                                   "host's memory)."},
+                },
+            },
             "report": {"type": "array", "items": {"type": "string"}, "default": REPORT_COLUMNS_DEFAULT,
                        "description": "Metric columns of the study's markdown table, in order "
                                       "(`trainbench columns` lists them)."},

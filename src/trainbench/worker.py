@@ -29,6 +29,9 @@ from trainbench.runners import RunContext, make_runner, params_per_module
 # Test hook: TRAINBENCH_FAIL_AT_STEP=k makes every rank raise an ordinary error at step k (0 = init),
 # to exercise the failure path (retries, 'failed' with the error) with the real launchers.
 FAIL_AT_STEP_ENV = "TRAINBENCH_FAIL_AT_STEP"
+# Testing aid: a memory boundary, "B:k" = any micro batch above B runs out of memory at step k
+# (0 = while initialising), through the same real allocation as inject_oom_at_step.
+OOM_ABOVE_BATCH_ENV = "TRAINBENCH_OOM_ABOVE_MICRO_BATCH"
 OOM_EXIT_CODE = 75  # distinct from Python's 1 so a reader of the launcher's log can tell
 IMPOSSIBLE_ALLOCATION = 1 << 60  # 1 EiB: more than any machine has, so the allocator must refuse
 
@@ -68,6 +71,11 @@ class Worker:
         return torch.device("cpu")
 
     def _inject_faults(self, device: torch.device) -> None:
+        boundary = os.environ.get(OOM_ABOVE_BATCH_ENV)
+        if boundary:
+            batch, _, step = boundary.partition(":")
+            if self.params["micro_batch"] > int(batch) and self.step == int(step or 1):
+                torch.empty(IMPOSSIBLE_ALLOCATION, dtype=torch.uint8, device=device)
         if self.params["inject_oom_at_step"] == self.step:
             torch.empty(IMPOSSIBLE_ALLOCATION, dtype=torch.uint8, device=device)
         if os.environ.get(FAIL_AT_STEP_ENV) == str(self.step):

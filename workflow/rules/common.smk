@@ -5,10 +5,13 @@ import sys
 from pathlib import Path
 
 try:
+    from trainbench.batch_search import bounds_for, walk
     from trainbench.config import load_config
     from trainbench.errors import ConfigError
     from trainbench.freshness import prepare, stamp_path
     from trainbench.gpus import local_gpu_count
+    from trainbench.grid import probe_cell
+    from trainbench.results import read_json
 except ImportError as error:
     sys.exit(f"error: cannot import trainbench ({error}); set up the environment first: make setup")
 
@@ -38,6 +41,7 @@ os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), search_p
 wildcard_constraints:
     study=r"[A-Za-z0-9][A-Za-z0-9_-]*",
     cell=r"[^/]+",
+    micro_batch=r"[0-9]+",
 
 
 def get_study(wildcards):
@@ -75,6 +79,26 @@ def get_cell_grid(wildcards):
     cell = get_cell(wildcards)
     stamp = stamp_path(cell.study)
     return stamp if cell.cell_id in STALE_CELLS[cell.study] else ancient(stamp)
+
+
+def get_probe_params(wildcards):
+    """A max-batch probe's parameters: its cell's, with the probe's micro batch."""
+    return probe_cell(get_study(wildcards), get_cell(wildcards), int(wildcards.micro_batch)).canonical
+
+
+def get_search_probes(wildcards):
+    """The search's probes so far. Asking for a probe not yet run makes Snakemake run it and call
+    this again, one probe further."""
+    study, cell = get_study(wildcards), get_cell(wildcards)
+    paths = {}
+
+    def status_of(batch):
+        paths[batch] = checkpoints.search_probe.get(study=study.name, cell=cell.cell_id,
+                                                    micro_batch=batch).output.metrics
+        return read_json(paths[batch])["status"]
+
+    walk(status_of, *bounds_for(study.search, cell.params))
+    return list(paths.values())
 
 
 def get_study_metrics(wildcards):

@@ -1,0 +1,105 @@
+"""The largest micro batch a cell trains without running out of memory: double, then bisect.
+
+Each probe is the cell with another micro batch, trained for a fixed number of steps (enough to catch
+OOMs that come late), and is a cached result of its own (results/search/<study>/<cell>/mb~<k>/), so an
+interrupted search resumes where it stopped. The memory model seeds the first probe (the largest
+power of two it predicts to fit) and bounds the search (never more than twice its largest fitting
+batch, nor the study's `max_micro_batch`).
+
+A probe fits when it ran its steps (status ok); OOM, a predicted-infeasible batch, a timeout or a
+failure all end the doubling, and the search bisects below the smallest such batch. Which one it was
+("cannot even initialize", "OOM at step k of n") stays in the probe's metrics.json and the summary.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import psutil
+
+from trainbench.memory_model import MIB, Hardware, predict
+
+
+def next_probe(outcomes: dict[int, str], start: int, upper: int) -> int | None:
+    """The next micro batch to try given the statuses so far, or None when the answer is known."""
+    if not outcomes:
+        return min(start, upper)
+    fitted = [b for b, status in outcomes.items() if status == "ok"]
+    failed = [b for b, status in outcomes.items() if status != "ok"]
+    low = max(fitted, default=0)
+    high = min((b for b in failed if b > low), default=None)
+    if high is None:  # nothing too big yet: keep doubling up to the bound
+        return None if low >= upper else min(2 * low, upper)
+    return None if high - low <= 1 else (low + high) // 2
+
+
+def largest_fitting(outcomes: dict[int, str]) -> int | None:
+    """The search's answer: the largest micro batch that trained, below every failed one."""
+    failed = [b for b, status in outcomes.items() if status != "ok"]
+    limit = min(failed, default=None)
+    fitted = [b for b, status in outcomes.items() if status == "ok" and (limit is None or b < limit)]
+    return max(fitted, default=None)
+
+
+def model_bounds(params: dict[str, Any], hardware: Hardware | None, max_micro_batch: int) -> tuple[int, int]:
+    """(first probe, upper bound) from the memory model: the largest power of two predicted to fit,
+    and at most twice the largest batch predicted to fit."""
+    if hardware is None:
+        return 1, max_micro_batch
+    largest = 0
+    batch = 1
+    while batch <= max_micro_batch and predict({**params, "micro_batch": batch}, hardware).fits:
+        largest, batch = batch, batch * 2
+    if largest == 0:
+        return 1, min(max_micro_batch, 2)  # even one sample is predicted not to fit: check 1 (and 2)
+    # refine the upper bound between the last fitting power of two and the next
+    low, high = largest, min(2 * largest, max_micro_batch + 1)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if predict({**params, "micro_batch": middle}, hardware).fits:
+            low = middle
+        else:
+            high = middle
+    return largest, min(max_micro_batch, 2 * low)
+
+
+def bounds_for(search: dict[str, Any], params: dict[str, Any]) -> tuple[int, int]:
+    """A study's search settings and a cell: the memory model's seed and bound on the machine the
+    study describes (its `gpu_mem_gib`), or on this host for CPU cells."""
+    if params["device"] == "cpu":
+        hardware = Hardware(None, psutil.virtual_memory().total / MIB, params["gpus_per_node"])
+    elif search.get("gpu_mem_gib"):
+        hardware = Hardware(search["gpu_mem_gib"] * 1024, float("inf"), params["gpus_per_node"])
+    else:
+        hardware = None
+    return model_bounds(params, hardware, search["max_micro_batch"])
+
+
+def walk(status_of: Callable[[int], str], start: int, upper: int) -> list[int]:
+    """The probes of a search, in order; `status_of(batch)` runs (or reads) one probe."""
+    outcomes: dict[int, str] = {}
+    while (batch := next_probe(outcomes, start, upper)) is not None:
+        outcomes[batch] = status_of(batch)
+    return list(outcomes)
+
+
+def summary(outcomes: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The search's result from its probes' metrics.json documents (by micro batch)."""
+    statuses = {batch: doc["status"] for batch, doc in outcomes.items()}
+    best = largest_fitting(statuses)
+    failures = sorted((b, doc) for b, doc in outcomes.items() if doc["status"] != "ok")
+    first = failures[0] if failures else None
+    best_doc = outcomes.get(best) if best is not None else None
+    return {
+        "max_micro_batch": best,
+        "max_global_batch": best_doc["params"]["global_batch"] if best_doc else None,
+        "first_failure": {"micro_batch": first[0], "status": first[1]["status"], "reason": first[1]["reason"]}
+        if first else None,
+        "probes": [{"micro_batch": b, "status": doc["status"], "reason": doc["reason"],
+                    "step_time_s": doc["metrics"].get("step_time_s"),
+                    "samples_per_s": doc["metrics"].get("samples_per_s"),
+                    "gpu_mem_used_mib": doc["metrics"].get("gpu_mem_used_mib")}
+                   for b, doc in sorted(outcomes.items())],
+        # the largest batch's own run: the throughput at the maximum batch
+        "metrics_at_max": best_doc["metrics"] if best_doc else None,
+    }

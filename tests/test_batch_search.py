@@ -1,0 +1,66 @@
+"""The max-batch search: its logic against fake memory boundaries, its seed from the memory model,
+and the Snakemake rules that run it probe by probe, each probe a cached result."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from trainbench.batch_search import largest_fitting, model_bounds, next_probe, walk
+from trainbench.grid import resolve
+from trainbench.memory_model import Hardware, predict
+from conftest import tiny_study
+
+
+@pytest.mark.parametrize("start", [1, 4, 16])
+@pytest.mark.parametrize("boundary", [0, 1, 2, 3, 5, 8, 13, 31, 64, 100, 200])
+def test_the_search_finds_the_boundary_in_logarithmic_probes(start, boundary):
+    upper = 128
+    probes = walk(lambda batch: "ok" if batch <= boundary else "oom", start, upper)
+    found = largest_fitting({b: ("ok" if b <= boundary else "oom") for b in probes})
+    assert found == (min(boundary, upper) or None)
+    assert len(probes) == len(set(probes))  # no probe twice
+    assert len(probes) <= 2 * math.log2(upper) + 2
+
+
+def test_a_failure_of_any_kind_ends_the_doubling():
+    assert next_probe({1: "ok", 2: "ok", 4: "timeout"}, 1, 64) == 3
+    assert next_probe({1: "ok", 2: "ok", 3: "ok", 4: "infeasible"}, 1, 64) is None
+    assert next_probe({1: "oom"}, 1, 64) is None  # cannot even train one sample
+    assert next_probe({64: "ok"}, 64, 64) is None  # the bound
+
+
+def test_the_memory_model_seeds_and_bounds_the_search():
+    params = resolve({"framework": "hf_trainer", "strategy": "fsdp", "model": "llama-7b", "gpus": 2,
+                      "seq_len": 2048, "precision": "bf16", "device": "cuda"})
+    h200 = Hardware(143771, float("inf"), 8)
+    start, upper = model_bounds(params, h200, 256)
+    assert start & (start - 1) == 0  # a power of two
+    assert predict({**params, "micro_batch": start}, h200).fits
+    assert not predict({**params, "micro_batch": 2 * start}, h200).fits or 2 * start > upper
+    largest_predicted = max(b for b in range(1, 257) if predict({**params, "micro_batch": b}, h200).fits)
+    assert upper == 2 * largest_predicted
+    assert model_bounds(params, None, 256) == (1, 256)
+
+
+def test_snakemake_runs_the_search_probe_by_probe_and_resumes(workflow):
+    study = {**tiny_study(), "include": [{"strategy": "single", "gpus": 1}],
+             "search": {"max_micro_batch": 16, "steps": 2}}
+    workflow.write_config({"studies": {"s": study}})
+    target = "results/search/s/strategy~single__gpus~1/max_batch.json"
+    env = {"TRAINBENCH_OOM_ABOVE_MICRO_BATCH": "5:2"}  # micro batches above 5 run out of memory at step 2
+    workflow.snakemake(target, env=env)
+    result = json.loads(workflow.path(target).read_text())
+    assert result["max_micro_batch"] == 5 and result["max_global_batch"] == 5
+    assert result["first_failure"]["micro_batch"] == 6
+    assert result["first_failure"]["reason"].startswith("OOM at step 2 of 3")
+    tried = [p["micro_batch"] for p in result["probes"]]
+    # this host's memory lets the model seed at the bound (16): then bisect down to 5
+    assert sorted(tried) == [4, 5, 6, 8, 16]
+    assert result["metrics_at_max"]["steps_timed"] == 2
+    # an interrupted search resumes: with the result gone, no probe runs again
+    workflow.path(target).unlink()
+    planned = workflow.planned(target)
+    assert set(planned) == {"search_result"}

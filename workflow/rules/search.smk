@@ -1,0 +1,46 @@
+# The largest micro batch each cell trains (results/search/{study}/{cell}/max_batch.json): probes
+# double then bisect the micro batch (src/trainbench/batch_search.py). Each probe is a checkpoint
+# job of its own, so the next probe is chosen from the last one's result, and an interrupted search
+# resumes from the probes already on disk.
+
+
+checkpoint search_probe:
+    output:
+        metrics="results/search/{study}/{cell}/mb~{micro_batch}/metrics.json",
+    log:
+        "results/search/{study}/{cell}/mb~{micro_batch}/log",
+    params:
+        cell=get_probe_params,
+        probe_id=lambda wildcards: f"{wildcards.cell}/mb~{wildcards.micro_batch}",
+    threads: cell_resource("threads")
+    resources:
+        gpu=cell_resource("gpu"),
+        gres=cell_resource("gres"),
+        nodes=cell_resource("nodes"),
+        tasks=cell_resource("tasks"),
+        tasks_per_gpu=cell_resource("tasks_per_gpu"),
+        mpi=cell_resource("mpi"),
+        cpus_per_task=cell_resource("cpus_per_task"),
+        mem_mb=cell_resource("mem_mb"),
+        runtime=cell_resource("runtime"),
+        cell_retries=cell_resource("retries"),
+    conda:
+        "../../envs/train.yaml"
+    shell:
+        "trainbench run-cell --study {wildcards.study} --cell {params.probe_id:q} --params {params.cell:q}"
+        " --retries {resources.cell_retries} --cpus-per-task {resources.cpus_per_task}"
+        " --runtime-min {resources.runtime} --output {output.metrics:q} > {log:q} 2>&1"
+
+
+rule search_result:
+    input:
+        probes=get_search_probes,
+    output:
+        "results/search/{study}/{cell}/max_batch.json",
+    log:
+        "results/search/{study}/{cell}/max_batch.log",
+    localrule: True
+    conda:
+        "../../envs/analysis.yaml"
+    shell:
+        "trainbench search-summary --output {output:q} {input.probes:q} > {log:q} 2>&1"
