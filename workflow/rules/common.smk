@@ -73,6 +73,16 @@ def cell_resource(name):
     return get_cell_resource
 
 
+# A cell job's resources (the train_cell and search_probe rules): how it runs, not what it measures,
+# so changing them reruns nothing.
+CELL_RESOURCES = {
+    resource: cell_resource(name)
+    for resource, name in (("gpu", "gpu"), ("gres", "gres"), ("nodes", "nodes"), ("tasks", "tasks"),
+                           ("tasks_per_gpu", "tasks_per_gpu"), ("mpi", "mpi"), ("cpus_per_task", "cpus_per_task"),
+                           ("mem_mb", "mem_mb"), ("runtime", "runtime"), ("cell_retries", "retries"))
+}
+
+
 def get_cell_grid(wildcards):
     """The study's grid stamp: a trigger if the cell's result was made with other parameters,
     ancient (never a trigger) otherwise."""

@@ -14,16 +14,7 @@ checkpoint search_probe:
         probe_id=lambda wildcards: f"{wildcards.cell}/mb~{wildcards.micro_batch}",
     threads: cell_resource("threads")
     resources:
-        gpu=cell_resource("gpu"),
-        gres=cell_resource("gres"),
-        nodes=cell_resource("nodes"),
-        tasks=cell_resource("tasks"),
-        tasks_per_gpu=cell_resource("tasks_per_gpu"),
-        mpi=cell_resource("mpi"),
-        cpus_per_task=cell_resource("cpus_per_task"),
-        mem_mb=cell_resource("mem_mb"),
-        runtime=cell_resource("runtime"),
-        cell_retries=cell_resource("retries"),
+        **CELL_RESOURCES,
     conda:
         "../../envs/train.yaml"
     shell:

@@ -15,17 +15,7 @@ rule train_cell:
         cell=get_cell_params,
     threads: cell_resource("threads")
     resources:
-        # how the cell runs, not what it measures: changing these reruns nothing
-        gpu=cell_resource("gpu"),
-        gres=cell_resource("gres"),
-        nodes=cell_resource("nodes"),
-        tasks=cell_resource("tasks"),
-        tasks_per_gpu=cell_resource("tasks_per_gpu"),
-        mpi=cell_resource("mpi"),
-        cpus_per_task=cell_resource("cpus_per_task"),
-        mem_mb=cell_resource("mem_mb"),
-        runtime=cell_resource("runtime"),
-        cell_retries=cell_resource("retries"),
+        **CELL_RESOURCES,
     conda:
         "../../envs/train.yaml"
     shell:
