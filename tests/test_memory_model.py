@@ -105,13 +105,12 @@ def test_gpt_block_activations_match_what_the_blocks_save(checkpointing):
 
 
 def test_llama_block_activations_match_what_hugging_face_saves():
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
+
+    from trainbench.runners.hf_trainer import llama_config
 
     spec = get_model("llama-tiny")
-    config = LlamaConfig(hidden_size=spec.d_model, intermediate_size=spec.ffn, num_hidden_layers=spec.n_layer,
-                         num_attention_heads=spec.n_head, num_key_value_heads=spec.n_head, vocab_size=spec.vocab_size,
-                         max_position_embeddings=spec.max_seq, attn_implementation="sdpa")
-    model = LlamaForCausalLM(config).train()
+    model = LlamaForCausalLM(llama_config(spec)).train()  # as the Hugging Face Trainer runner builds it
     params = resolve({"framework": "hf_trainer", "strategy": "ddp", "model": spec.name, "device": "cpu",
                       "seq_len": 32, "micro_batch": 2, "gpus": 2})
     h0 = torch.randn(2, 32, spec.d_model, requires_grad=True)

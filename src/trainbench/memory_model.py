@@ -63,6 +63,7 @@ ALLOCATOR_SLACK = 1.10
 # Host memory each rank process holds before its share of model states: torch (CPU ranks), plus the
 # CUDA libraries (GPU ranks), plus transformers/Lightning and their data where they are used.
 # Measured: smoke (CPU) and gpt2_zero/lightning (H200) runs; Hugging Face Trainer ranks on CPU in tests.
+# Not measured: Lightning on CPU ranks (250, a guess) and the Trainer on GPUs (taken from Lightning's).
 HOST_RANK_BASE_MIB = {"cpu": 320.0, "cuda": 1800.0}
 HOST_FRAMEWORK_EXTRA_MIB = {  # (device type) -> framework -> MiB; DeepSpeed's import adds DEEPSPEED_IMPORT_MIB
     "cpu": {"torch": 0.0, "deepspeed": 0.0, "lightning": 250.0, "hf_trainer": 70.0},

@@ -91,9 +91,17 @@ def get_cell_grid(wildcards):
     return stamp if cell.cell_id in STALE_CELLS[cell.study] else ancient(stamp)
 
 
+def get_probe(wildcards):
+    """A max-batch probe: its cell with the probe's micro batch."""
+    return probe_cell(get_study(wildcards), get_cell(wildcards), int(wildcards.micro_batch))
+
+
 def get_probe_params(wildcards):
-    """A max-batch probe's parameters: its cell's, with the probe's micro batch."""
-    return probe_cell(get_study(wildcards), get_cell(wildcards), int(wildcards.micro_batch)).canonical
+    return get_probe(wildcards).canonical
+
+
+def get_probe_id(wildcards):
+    return get_probe(wildcards).cell_id
 
 
 def get_search_probes(wildcards):

@@ -11,7 +11,7 @@ checkpoint search_probe:
         "results/search/{study}/{cell}/mb~{micro_batch}/log",
     params:
         cell=get_probe_params,
-        probe_id=lambda wildcards: f"{wildcards.cell}/mb~{wildcards.micro_batch}",
+        probe_id=get_probe_id,
     threads: cell_resource("threads")
     resources:
         **CELL_RESOURCES,
