@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Run pipeline targets on a GPU host that reaches no package index, within a fixed time, and pack
+# what they wrote. This is how the published results under results/runs/ were made on the lent
+# H200 hosts (a copy of the working tree, no .git, a few minutes per command).
+#
+#   tools/gpu-host-run.sh WHEELHOUSE SECONDS TARBALL TARGETS_FILE...
+#
+# TARGETS_FILE: Snakemake targets, one per line ('#' starts a comment). The files run in order, as
+# separate Snakemake invocations sharing the SECONDS budget, so the first file's cells come first.
+# When the budget ends Snakemake is interrupted: a cell still running leaves no metrics.json (see
+# cellrun.py), finished cells keep theirs. TARBALL gets results/runs, results/search and the logs.
+# Set TRAINBENCH_GIT_COMMIT to the commit the tree was copied from (provenance).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+house=${1:?usage: tools/gpu-host-run.sh WHEELHOUSE SECONDS TARBALL TARGETS_FILE...}
+seconds=${2:?seconds}
+tarball=${3:?tarball}
+shift 3
+deadline=$(( $(date +%s) + seconds ))
+
+bash tools/install_offline.sh "$house" || exit 1
+# DeepSpeed's CPU Adam compiles once per host, not once per cell
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch-extensions}
+gpus=$(nvidia-smi -L | wc -l)
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+
+for file in "$@"; do
+  left=$(( deadline - $(date +%s) ))
+  if (( left < 30 )); then echo "== no time left for $file"; continue; fi
+  mapfile -t targets < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$file")
+  echo "== $file: ${#targets[@]} targets, ${left}s left"
+  timeout --signal=INT --kill-after=60 "$left" \
+    snakemake --cores "$(nproc)" --resources gpu="$gpus" --keep-going --printshellcmds \
+      "${targets[@]}"
+  echo "== $file: snakemake exit $?"
+done
+
+tar czf "$tarball" --ignore-failed-read results/runs results/search .snakemake/log 2>/dev/null
+echo "packed $(tar tzf "$tarball" | grep -c metrics.json) metrics.json files into $tarball"
