@@ -69,6 +69,10 @@ STRATEGIES: dict[tuple[str, str], Strategy] = {
     )
 }
 
+# deepspeed/runtime/pipe/engine.py asserts this when the pipeline engine starts (checked by a test)
+PIPELINE_ZERO_UNSUPPORTED = ("DeepSpeed's pipeline engine refuses ZeRO stage 2 and 3: "
+                             "'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'")
+
 # Frameworks with a runner in this version. Cells of the others expand, validate and dry-run, but
 # running one stops with a clear error (and no result): a later runner must not find stale outcomes.
 IMPLEMENTED_FRAMEWORKS = ("torch", "deepspeed", "lightning", "hf_trainer")
@@ -111,6 +115,9 @@ def check(params: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
         if spec.n_head % params["tp"] or spec.ffn % params["tp"]:
             errors.append(("tp", f"tensor parallelism splits heads and the MLP across ranks: tp={params['tp']} "
                                  f"must divide {spec.name}'s {spec.n_head} heads and MLP width {spec.ffn}"))
+    if params["pp"] > 1 and params["model"] in MODELS and params["pp"] > MODELS[params["model"]].n_layer:
+        errors.append(("pp", f"pp={params['pp']} stages need at least as many layers; "
+                             f"{params['model']} has {MODELS[params['model']].n_layer}"))
     if params["overlap_comm"] is not None and framework != "deepspeed":
         errors.append(("overlap_comm", f"is a DeepSpeed engine setting; framework is {framework}"))
     if params["launcher"] == "deepspeed" and framework != "deepspeed":
@@ -123,6 +130,8 @@ def check(params: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
 
     if strategy.unsupported:
         return errors, strategy.unsupported
+    if params["pp"] > 1 and name in ("zero2", "zero3"):
+        return errors, PIPELINE_ZERO_UNSUPPORTED
     if strategy.needs_cuda and params["device"] == "cpu":
         return errors, strategy.needs_cuda
     if params["ort"]:
@@ -134,8 +143,8 @@ def not_implemented(params: dict[str, Any]) -> str | None:
     """Why this version cannot run the cell although the stack could; None if it can."""
     if params["framework"] not in IMPLEMENTED_FRAMEWORKS:
         return f"framework {params['framework']!r} has no runner in this version"
-    if params["pp"] > 1:
-        return "pipeline parallelism has no runner in this version"
+    if params["pp"] > 1 and params["tp"] > 1:
+        return "pipeline and tensor parallelism together have no runner in this version"
     family = MODELS[params["model"]].family
     if family not in BUILDABLE_FAMILIES.get(params["framework"], ()):
         return f"{params['framework']} cannot build model family {family!r} ({params['model']}) in this version"

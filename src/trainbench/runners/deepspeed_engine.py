@@ -2,15 +2,27 @@
 
 `deepspeed_config` is a pure function of the cell's parameters; the cell's runner writes the config
 it used next to metrics.json, as the study's origin kept one JSON file per scenario.
+
+Tensor parallelism (tp > 1) goes through DeepSpeed AutoTP with Megatron's layout. Pipeline
+parallelism (pp > 1) goes through DeepSpeed's pipeline engine: the GPT is rebuilt as a
+PipelineModule (embeddings, blocks, final norm, LM head tied to the token embedding across the
+first and last stage), blocks balanced over the stages, and each step is one `train_batch` of
+`grad_accum` micro batches flowing through the pipeline.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
+import math
+import zlib
 
-from trainbench.gpt import GPT
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainbench.gpt import GPT, Block
+from trainbench.models import ModelSpec
 from trainbench.runners import RunContext
 
 
@@ -72,6 +84,76 @@ def deepspeed_config(params: dict[str, Any], device_type: str) -> dict[str, Any]
     return config
 
 
+class PositionEmbedding(nn.Module):
+    """Pipeline layer after the token embedding: adds learned positions."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.wpe = nn.Embedding(spec.max_seq, spec.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.wpe(torch.arange(x.shape[1], device=x.device))
+
+
+class ClassifierHead(nn.Module):
+    """Pipeline layer for a classification head: pool one position (as GPT.forward does), project."""
+
+    def __init__(self, spec: ModelSpec, num_classes: int):
+        super().__init__()
+        self.causal = spec.causal
+        self.classifier = nn.Linear(spec.d_model, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(x[:, -1] if self.causal else x[:, 0])
+
+
+def _lm_head(embedding: nn.Embedding, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, embedding.weight)
+
+
+def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+
+
+def pipeline_module(spec: ModelSpec, params: dict[str, Any]):
+    """trainbench's GPT as a DeepSpeed PipelineModule of `pp` stages (same layers, same loss)."""
+    from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+
+    layers: list[Any] = [TiedLayerSpec("embedding", nn.Embedding, spec.vocab_size, spec.d_model),
+                         LayerSpec(PositionEmbedding, spec)]
+    layers += [LayerSpec(Block, spec) for _ in range(spec.n_layer)]
+    layers.append(LayerSpec(nn.LayerNorm, spec.d_model))
+    if params["head"] == "classifier":
+        layers.append(LayerSpec(ClassifierHead, spec, params["num_classes"]))
+    else:  # GPT-2 ties the LM head to the token embedding: DeepSpeed keeps the copies in sync
+        layers.append(TiedLayerSpec("embedding", nn.Embedding, spec.vocab_size, spec.d_model, forward_fn=_lm_head))
+    return PipelineModule(layers=layers, loss_fn=_loss, num_stages=params["pp"],
+                          partition_method="type:Block",
+                          activation_checkpoint_interval=1 if params["activation_checkpointing"] else 0,
+                          # blocks only, as GPT.forward does: the embedding's input (token ids) needs no grad
+                          checkpointable_layers=["Block"])
+
+
+@torch.no_grad()
+def init_pipeline_weights(module: nn.Module, spec: ModelSpec, seed: int) -> None:
+    """GPT-2 initialisation (as GPT.init_module) of the layers this stage holds. Each module draws
+    from a generator seeded by its name, which starts with the layer's global index (or the tied
+    key), so a layer gets the same weights whichever stage holds it, and tied copies start equal."""
+    for name, sub in module.named_modules():
+        if not isinstance(sub, (nn.Linear, nn.Embedding, nn.LayerNorm)):
+            continue
+        generator = torch.Generator(device=sub.weight.device).manual_seed(
+            seed * 1_000_003 + zlib.crc32(name.encode()))
+        if isinstance(sub, nn.LayerNorm):
+            nn.init.ones_(sub.weight)
+            nn.init.zeros_(sub.bias)
+            continue
+        std = 0.02 / math.sqrt(2 * spec.n_layer) if name.endswith(".proj") else 0.02
+        nn.init.normal_(sub.weight, mean=0.0, std=std, generator=generator)
+        if isinstance(sub, nn.Linear) and sub.bias is not None:
+            nn.init.zeros_(sub.bias)
+
+
 class DeepSpeedRunner:
     def __init__(self, context: RunContext):
         self.ctx = context
@@ -84,6 +166,8 @@ class DeepSpeedRunner:
         self.config = deepspeed_config(self.p, self.ctx.device.type)
         # Wrap the process group the worker made; zero.Init reads the world size from it.
         deepspeed.init_distributed(dist_backend="nccl" if self.ctx.is_cuda else "gloo")
+        if self.p["pp"] > 1:
+            return self._setup_pipeline(deepspeed)
         self.inner = self._build_model(deepspeed)
         self._params_total = sum(getattr(p, "ds_numel", p.numel()) for p in self.inner.parameters())
         self.engine, _, _, _ = deepspeed.initialize(model=self.inner, model_parameters=self.inner.parameters(),
@@ -97,6 +181,20 @@ class DeepSpeedRunner:
             raise RuntimeError(f"DeepSpeed made tensor-parallel groups of "
                                f"{groups.get_tensor_model_parallel_world_size()} ranks, not tp={self.p['tp']}")
         self.batches = self.ctx.batches(rank=data_rank)
+
+    def _setup_pipeline(self, deepspeed) -> None:
+        spec = self.ctx.spec
+        with self.ctx.device:
+            self.inner = pipeline_module(spec, self.p)  # only this stage's layers are built
+        init_pipeline_weights(self.inner, spec, self.p["seed"])
+        # each stage holds a part: the whole model is the spec's count (tied embedding once)
+        self._params_total = spec.param_count(self.p["head"], self.p["num_classes"])
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=self.inner, model_parameters=[q for q in self.inner.parameters() if q.requires_grad],
+            config=self.config)
+        # the first stage reads inputs, the last targets: both from the pipeline's data-parallel shard
+        batches = self.ctx.batches(rank=self.engine.grid.get_data_parallel_id())
+        self.pipeline_data = iter(batches.next, None)
 
     def _build_model(self, deepspeed) -> GPT:
         def new_model():
@@ -120,6 +218,10 @@ class DeepSpeedRunner:
         return model
 
     def train_step(self) -> torch.Tensor:
+        if self.p["pp"] > 1:
+            # grad_accum micro batches through the stages, then the optimizer step; the mean loss
+            # comes back to every stage
+            return self.engine.train_batch(data_iter=self.pipeline_data).detach().float()
         accumulation = self.p["grad_accum"]
         total = torch.zeros((), device=self.ctx.device)
         for _ in range(accumulation):
