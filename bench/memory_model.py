@@ -17,17 +17,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from trainbench.memory_model import Hardware, predict
+from trainbench.memory_model import hardware_of_run, predict
 from trainbench.results import read_json
-
-
-def hardware_of(doc) -> Hardware | None:
-    """The machine a cell ran on, as far as its metrics.json says (older runs did not record the host)."""
-    totals = doc["metrics"].get("gpu_mem_total_mib")
-    host = doc["provenance"].get("host_mem_total_mib") or float("inf")
-    if not totals and host == float("inf"):
-        return None
-    return Hardware(min(totals) if totals else None, host, len(totals or []))
 
 
 def error_pct(predicted, measured):
@@ -45,7 +36,7 @@ def main(argv=None) -> int:
         if doc["status"] not in ("ok", "oom"):
             continue
         m = doc["metrics"]
-        pred = predict(doc["params"], hardware_of(doc))
+        pred = predict(doc["params"], hardware_of_run(doc))
         row = {"study": doc["study"], "cell": doc["cell_id"], "status": doc["status"],
                "gpu_pred_mib": pred.gpu_mem_mib, "gpu_meas_mib": max(m["gpu_mem_used_mib"] or [0]) or None,
                "host_pred_mib": pred.host_mem_mib, "host_meas_mib": m["host_mem_peak_mib"], "fits": pred.fits}

@@ -134,8 +134,12 @@ def test_the_five_studies_and_smoke_expand(repo):
     assert counts["gpt2_zero"] == (4 + 3) * 3 * 2
     assert counts["llama"] == 4 * 3 * 2 * 7 * 3
     zero3 = config.study("zero3_pipeline")
-    assert {c.params["nodes"] for c in zero3.cells} == {8, 16}
-    assert {(c.resources()["nodes"], c.resources()["gres"]) for c in zero3.cells} == {(8, "gpu:8"), (16, "gpu:8")}
+    full_size = [c for c in zero3.cells if c.params["model"] == "bert-180b"]
+    assert {c.params["nodes"] for c in full_size} == {8, 16}
+    assert {(c.resources()["nodes"], c.resources()["gres"]) for c in full_size} == {(8, "gpu:8"), (16, "gpu:8")}
+    # the scaled-down cells are the ones measured; the full-size grid is planned
+    assert {c.params["model"] for c in zero3.cells if c.measured} == {"bert-180b-l4"}
+    assert not any(c.measured for c in full_size)
     assert config.default_targets_studies(have_gpus=False) == ["smoke"]
 
 
@@ -206,3 +210,26 @@ def test_config_mapping_is_not_modified(repo):
     before = copy.deepcopy(raw)
     load_config(raw)
     assert json.dumps(raw, sort_keys=True) == json.dumps(before, sort_keys=True)
+
+
+# --- measure: which cells a study's table runs; the rest are planned rows -----------------------
+
+def test_measure_selects_cells_and_the_rest_are_planned():
+    s = study(axes={"micro_batch": [1, 2, 4], "strategy": ["ddp", "fsdp"]},
+              measure={"cells": [{"micro_batch": [1, 2], "strategy": "ddp"}]})
+    result = load_config(config_with(s)).study("s")
+    measured = {(c.params["strategy"], c.params["micro_batch"]) for c in result.cells if c.measured}
+    assert measured == {("ddp", 1), ("ddp", 2)}
+    assert len(result.targets) == 2 and len(result.planned) == 4
+    assert set(result.targets) == {c.target for c in result.cells if c.measured}
+    # without measure every cell is measured
+    assert not load_config(config_with(study(axes={"micro_batch": [1, 2], "strategy": ["ddp"]}))).study("s").planned
+
+
+def test_a_measure_pattern_that_selects_nothing_is_an_error():
+    s = study(axes={"micro_batch": [1, 2]}, measure={"cells": [{"micro_batch": 8}]})
+    s["settings"]["strategy"] = "ddp"
+    assert problems(config_with(s)) == ["studies.s.measure.cells[0]: {'micro_batch': 8} matches no cell"]
+    s = study(axes={"micro_batch": [1, 2]}, measure={"cells": [{"micro_batch": 1}], "plan_for": {"gpus_per_node": 8}})
+    s["settings"]["strategy"] = "ddp"
+    assert any("plan_for" in p and "gpu_mem_gib" in p for p in problems(config_with(s)))

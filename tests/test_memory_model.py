@@ -156,3 +156,23 @@ def test_the_predict_command_prints_one_row_per_cell(repo):
     bad = subprocess.run([sys.executable, "-m", "trainbench", "predict", "--gpu", "h900", "--host-mem-gib", "1"],
                          capture_output=True, text=True, cwd=repo)
     assert bad.returncode == 2 and "unknown GPU 'h900'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_fsdp1_accumulation_keeps_unsharded_gradients_in_the_compute_dtype():
+    # accelerate and Lightning accumulate under FSDP1's no_sync: every rank holds 2 psi of bf16
+    # gradients whatever N (measured on llama-7b: 12 psi/N + 2 psi without offload, 2 psi with)
+    spec = get_model("llama-7b")
+    psi = spec.param_count()
+    for n in (2, 4):
+        base = dict(framework="hf_trainer", model="llama-7b", strategy="fsdp", precision="bf16", gpus=n, grad_accum=8)
+        device, host = model_states(cell(**base), spec)
+        assert device["unsharded_gradients"] == pytest.approx(2 * psi)
+        assert device["weights"] + device["optimizer"] == pytest.approx(12 * psi / n) and "gradients" not in device
+        device, host = model_states(cell(**base, offload_param=True), spec)
+        assert "weights" not in device and device["unsharded_gradients"] == pytest.approx(2 * psi)
+        assert host["weights"] + host["gradients"] + host["optimizer"] == pytest.approx(16 * psi / n)
+    # one micro batch per step: no accumulation, the sharded states alone
+    device, _ = model_states(cell(framework="hf_trainer", model="llama-7b", strategy="fsdp", precision="bf16",
+                                  gpus=4, grad_accum=1), spec)
+    assert "unsharded_gradients" not in device
+    assert device["weights"] + device["gradients"] + device["optimizer"] == pytest.approx(16 * psi / 4)

@@ -66,3 +66,28 @@ def test_reading_cells_refuses_a_malformed_file(tmp_path):
     assert len(read_cells([good])) == 1
     with pytest.raises(ValueError, match="bad.json: not a metrics.json of schema 1: missing key 'schema'"):
         read_cells([good, bad])
+
+
+def test_planned_rows_give_the_memory_models_verdict_in_grid_order():
+    from trainbench.grid import resolve
+    from trainbench.tables import study_markdown, with_planned
+
+    plan_for = {"name": "8 x H200", "gpu_mem_gib": 140.4, "gpus_per_node": 8, "host_mem_gib": 560}
+    small = resolve({"framework": "hf_trainer", "strategy": "fsdp", "model": "llama-7b", "gpus": 8,
+                     "micro_batch": 1, "activation_checkpointing": True, "grad_accum": 8})
+    big = {**small, "model": "llama-65b", "activation_checkpointing": False, "micro_batch": 32}
+    measured = {"study": "s", "cell_id": "b", "params": small, "status": "ok", "reason": None,
+                "metrics": {}, "provenance": {}}
+    layout = {"plan_for": plan_for, "order": ["a", "b", "c", "d"],
+              "planned": [{"cell_id": "a", "params": small}, {"cell_id": "c", "params": big},
+                          {"cell_id": "d", "params": small, "unsupported": "the stack refuses"}]}
+    docs = with_planned([measured], layout, "s")
+    assert [d["cell_id"] for d in docs] == ["a", "b", "c", "d"]
+    assert docs[0]["status"] == "planned" and docs[0]["reason"] == "predicted to fit"
+    assert docs[2]["reason"] == "predicted not to fit: GPU"
+    assert docs[2]["predicted"]["gpu_mem_mib"] > 140.4 * 1024
+    assert (docs[3]["status"], docs[3]["reason"]) == ("unsupported", "the stack refuses")
+    text = study_markdown("s", "d", docs, id_keys=["model"], report=["gpu_mem_gib"], plan_for=plan_for)
+    assert "4 cells: 1 ok, 2 planned, 1 unsupported." in text
+    assert "| llama-65b | planned: predicted not to fit: GPU |" in text
+    assert "for 8 x H200: 8 GPUs of 140.4 GiB and 560 GiB of host memory per node" in text

@@ -41,7 +41,10 @@ def cmd_cells(args) -> int:
         study = config.study(name)
         for cell in study.cells:
             r = cell.resources()
-            rows.append((name, cell.cell_id, cell_status(Path(args.root) / cell.target, cell.params_hash),
+            status = cell_status(Path(args.root) / cell.target, cell.params_hash)
+            if status == "missing" and not cell.measured:
+                status = "planned"  # outside the study's `measure` selection: the table runs none
+            rows.append((name, cell.cell_id, status,
                          str(r["gpu"]), str(r["nodes"]), cell.target))
     header = ("study", "cell", "status", "gpus", "nodes", "target")
     if args.tsv:

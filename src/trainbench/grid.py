@@ -13,7 +13,7 @@ import hashlib
 import itertools
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trainbench import strategies
@@ -52,6 +52,7 @@ class Cell:
     id_keys: tuple[str, ...] = ()
     execution: dict[str, Any] = field(default_factory=dict)
     unsupported: str | None = None
+    measured: bool = True  # False: a planned cell (see Study.planned), in the table without a run
 
     @property
     def canonical(self) -> str:
@@ -110,6 +111,7 @@ class Study:
     id_keys: list[str]
     report: list[str] = field(default_factory=lambda: list(REPORT_COLUMNS_DEFAULT))
     search: dict[str, Any] = field(default_factory=dict)  # the max-batch search's settings
+    plan_for: dict[str, Any] | None = None  # the hardware planned cells are judged against
 
     def cell(self, cell_id: str) -> Cell:
         for c in self.cells:
@@ -120,7 +122,14 @@ class Study:
 
     @property
     def targets(self) -> list[str]:
-        return [c.target for c in self.cells]
+        """What the study's table and plots read: the measured cells' results."""
+        return [c.target for c in self.cells if c.measured]
+
+    @property
+    def planned(self) -> list[Cell]:
+        """Cells outside the study's `measure` selection: planned by the memory model, not run for
+        the table (asking for one's target still runs it)."""
+        return [c for c in self.cells if not c.measured]
 
 
 def make_cell_id(params: dict[str, Any], keys) -> str:
@@ -173,6 +182,11 @@ def check_cell(p: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
 
 def _matches(params: dict[str, Any], pattern: dict[str, Any]) -> bool:
     return all(params.get(k) == v for k, v in pattern.items())
+
+
+def _selects(params: dict[str, Any], selector: dict[str, Any]) -> bool:
+    """A `measure` pattern: a list value matches any of its items."""
+    return all(params.get(k) in (v if isinstance(v, list) else [v]) for k, v in selector.items())
 
 
 def _execution(study_spec: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
@@ -256,10 +270,20 @@ def expand_study(name: str, spec: dict[str, Any]) -> Study:
     if problems:
         raise ConfigError(problems)
 
+    measure = spec.get("measure")
+    if measure:
+        selectors = measure["cells"]
+        for i, selector in enumerate(selectors):
+            if not any(_selects(c.params, selector) for c in cells):
+                problems.append(f"studies.{name}.measure.cells[{i}]: {selector!r} matches no cell")
+        if problems:
+            raise ConfigError(problems)
+        cells = [replace(c, measured=any(_selects(c.params, s) for s in selectors)) for c in cells]
     id_keys = sort_keys({k for c in cells for k in c.id_keys})
     search = {"max_micro_batch": 256, "steps": None, "gpu_mem_gib": None, **(spec.get("search") or {})}
     return Study(name, spec.get("description", ""), cells, id_keys,
-                 list(spec.get("report") or REPORT_COLUMNS_DEFAULT), search)
+                 list(spec.get("report") or REPORT_COLUMNS_DEFAULT), search,
+                 (measure or {}).get("plan_for"))
 
 
 def probe_cell(study: Study, cell: Cell, micro_batch: int) -> Cell:

@@ -70,6 +70,8 @@ HOST_FRAMEWORK_EXTRA_MIB = {  # (device type) -> framework -> MiB; DeepSpeed's i
     "cuda": {"torch": 0.0, "deepspeed": 0.0, "lightning": 900.0, "hf_trainer": 900.0},
 }
 DEEPSPEED_IMPORT_MIB = 75.0
+# Frameworks whose FSDP is FSDP1 and accumulates gradients under no_sync (accelerate, Lightning).
+FSDP1_NO_SYNC_FRAMEWORKS = ("hf_trainer", "lightning")
 
 # NVML totals of common GPUs (MiB), for describing hardware by name on the command line.
 GPU_MEMORY_MIB = {"h100": 81559.0, "h200": 143771.0, "a100-80g": 81920.0, "a100-40g": 40960.0,
@@ -160,6 +162,16 @@ def model_states(params: dict[str, Any], spec: ModelSpec) -> tuple[dict[str, flo
         states = {"weights": 4 * psi / n, "gradients": 4 * psi / n, "optimizer": 8 * psi / n}
         (host if offload_param else device).update(states)
         device["buffers"] = in_flight
+        if params["grad_accum"] > 1 and params["framework"] in FSDP1_NO_SYNC_FRAMEWORKS:
+            # Accumulating under FSDP1's no_sync keeps every unit's unsharded gradient, in the
+            # compute dtype, until the synchronising micro batch: compute x psi on every rank,
+            # whatever N. The sharded fp32 gradients appear only after that peak, from reduce-scatter,
+            # while the blocks of the unsharded ones stay reserved by the allocator. Measured on
+            # llama-7b (H200, 2 and 4 GPUs): peak allocated 12 psi/N + 2 psi + activations, and
+            # 2 psi + activations with offload, the reservation 4 psi/N above that.
+            device.pop("gradients", None)
+            device["unsharded_gradients"] = compute * psi
+            device["allocator_gradient_shards"] = 4 * psi / n
     else:
         weight = 2 if mixed else 4
         master = 4  # the optimizer's fp32 copy (a separate partition even in fp32 for stages 1-3)
@@ -261,11 +273,19 @@ def predict(params: dict[str, Any], hardware: Hardware | None = None) -> Predict
             + (DEEPSPEED_IMPORT_MIB if kind == "zero" else 0.0))
     parts = {k: v / MIB for k, v in on_device.items()}
     parts["activations"] = acts / MIB
-    allocated = sum(parts.values())
+    allocated = sum(v for k, v in parts.items() if not k.startswith("allocator_"))
     if params["device"] == "cuda":
         parts["allocator_slack"] = allocated * (ALLOCATOR_SLACK - 1)
         parts["cuda_context"] = CUDA_CONTEXT_MIB + (NCCL_MIB if params["gpus"] > 1 else 0)
         gpu = sum(parts.values())
+        if params["tp"] > 1 and params["framework"] == "deepspeed":
+            # AutoTP splits a model built whole: each GPU first holds every fp32 weight (measured:
+            # bert-180b-l4 at tp 4 peaks at its 29 GiB of fp32 weights, whatever ZeRO does after)
+            whole = 4 * spec.param_count(params["head"], params["num_classes"]) / MIB
+            if whole * ALLOCATOR_SLACK + parts["cuda_context"] > gpu:
+                parts = {"whole_model_before_autotp": whole, "allocator_slack": whole * (ALLOCATOR_SLACK - 1),
+                         "cuda_context": parts["cuda_context"]}
+                gpu = sum(parts.values())
         host = ranks_per_node * (base + sum(on_host.values()) / MIB)
     else:  # CPU ranks: everything a "GPU" would hold is in each rank's process
         gpu = None
@@ -281,6 +301,15 @@ def predict(params: dict[str, Any], hardware: Hardware | None = None) -> Predict
         prediction.fits = not problems
         prediction.why_not = ("predicted " + " and ".join(problems)) if problems else None
     return prediction
+
+
+def hardware_of_run(doc: dict[str, Any]) -> Hardware | None:
+    """The machine a cell ran on, as far as its metrics.json says (older runs did not record the host)."""
+    totals = (doc.get("metrics") or {}).get("gpu_mem_total_mib")
+    host = (doc.get("provenance") or {}).get("host_mem_total_mib") or float("inf")
+    if not totals and host == float("inf"):
+        return None
+    return Hardware(min(totals) if totals else None, host, len(totals or []))
 
 
 def hardware_from_args(gpu: str | None, gpu_mem_gib: float | None, host_mem_gib: float,

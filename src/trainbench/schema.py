@@ -43,6 +43,16 @@ def _param_lists() -> dict[str, Any]:
     return {"type": "object", "additionalProperties": False, "properties": props}
 
 
+def _param_selector() -> dict[str, Any]:
+    """A cell pattern whose values may be lists (any of them matches)."""
+    props = {}
+    for p in PARAMS:
+        item = {k: v for k, v in p.json_schema().items() if k not in ("description", "default")}
+        props[p.name] = {"anyOf": [item, {"type": "array", "minItems": 1, "items": item}], "default": None,
+                         "description": f"The {p.name} of measured cells: a value, or a list of values."}
+    return {"type": "object", "additionalProperties": False, "properties": props}
+
+
 def build_schema() -> dict[str, Any]:
     param_object = _param_object()
     execution = {"type": "object", "additionalProperties": False, "properties": EXECUTION}
@@ -97,6 +107,31 @@ def build_schema() -> dict[str, Any]:
                                     "description": "Memory per GPU the memory model seeds and bounds the "
                                                    "search with; null: no GPU bound (CPU cells use this "
                                                    "host's memory)."},
+                },
+            },
+            "measure": {
+                "type": "object", "additionalProperties": False, "required": ["cells"], "default": None,
+                "description": "Which cells are measured; the others are planned: their table rows give the "
+                               "memory model's verdict for `plan_for` and no run. Absent: every cell is measured.",
+                "properties": {
+                    "cells": {"type": "array", "minItems": 1, "items": _param_selector(), "default": [],
+                              "description": "Patterns: a cell is measured when it matches every key of one "
+                                             "(a list matches any of its values)."},
+                    "plan_for": {
+                        "type": "object", "additionalProperties": False,
+                        "required": ["gpu_mem_gib", "gpus_per_node", "host_mem_gib"], "default": None,
+                        "description": "The hardware planned cells are judged against.",
+                        "properties": {
+                            "gpu_mem_gib": {"type": "number", "exclusiveMinimum": 0, "default": None,
+                                            "description": "Memory of one GPU, GiB."},
+                            "gpus_per_node": {"type": "integer", "minimum": 1, "default": None,
+                                              "description": "GPUs per node."},
+                            "host_mem_gib": {"type": "number", "exclusiveMinimum": 0, "default": None,
+                                             "description": "Host memory per node, GiB."},
+                            "name": {"type": "string", "default": "",
+                                     "description": "What the hardware is, for the table."},
+                        },
+                    },
                 },
             },
             "report": {"type": "array", "items": {"type": "string"}, "default": REPORT_COLUMNS_DEFAULT,

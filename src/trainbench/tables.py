@@ -81,17 +81,44 @@ def _params_rank0(doc: Doc):
 
 
 def prediction(doc: Doc) -> dict:
-    """The memory model's prediction the run recorded; for cells run before there was one (and
-    unsupported cells), the current model's prediction from the cell's parameters."""
-    stored = doc.get("predicted") or {}
-    if stored.get("host_mem_mib") is not None:
-        return stored
-    from trainbench.memory_model import predict
+    """The memory model's prediction for the cell on the machine it ran on: the current model's, so
+    tables follow improvements to it (the prediction the run was launched with stays in its
+    metrics.json). A planned row carries its own."""
+    if doc["status"] == "planned":
+        return doc.get("predicted") or {}
+    from trainbench.memory_model import hardware_of_run, predict
 
     try:
-        return predict(doc["params"]).as_dict()
+        return predict(doc["params"], hardware_of_run(doc)).as_dict()
     except (KeyError, ValueError):  # a cell of a model or strategy the model does not know
         return {}
+
+
+def planned_document(study: str, cell_id: str, params: dict[str, Any], plan_for: dict[str, Any] | None,
+                     unsupported: str | None = None) -> Doc:
+    """A table row for a cell outside the study's `measure` selection: no run, the memory model's
+    verdict for the study's planning hardware (or the stack's refusal, which needs no run)."""
+    from trainbench.memory_model import Hardware, predict
+
+    doc: Doc = {"study": study, "cell_id": cell_id, "params": params, "metrics": {}, "provenance": {}}
+    if unsupported:
+        return {**doc, "status": "unsupported", "reason": unsupported, "predicted": {}}
+    hardware = None
+    if plan_for:
+        hardware = Hardware(plan_for["gpu_mem_gib"] * 1024, plan_for["host_mem_gib"] * 1024,
+                            plan_for["gpus_per_node"], plan_for.get("name", ""))
+    try:
+        predicted = predict(params, hardware).as_dict()
+    except (KeyError, ValueError):  # a model or strategy the memory model does not know
+        predicted = {}
+    if predicted.get("fits") is None:
+        reason = "not measured"
+    elif predicted["fits"]:
+        reason = "predicted to fit"
+    else:
+        reason = "predicted not to fit: " + " and ".join(
+            part for part, word in (("GPU", "per GPU"), ("host", "host memory")) if word in predicted["why_not"])
+    return {**doc, "status": "planned", "reason": reason, "predicted": predicted}
 
 
 def _predicted_gib(doc: Doc):
@@ -216,7 +243,7 @@ def _hardware_summary(docs: list[Doc]) -> str:
     machines = Counter()
     for doc in docs:
         prov = doc.get("provenance") or {}
-        if doc["status"] in ("unsupported", "infeasible"):
+        if doc["status"] in ("unsupported", "infeasible", "planned"):
             continue
         gpu = prov.get("gpu_name")
         where = f"{prov.get('gpu_count')} x {gpu}" if gpu else f"CPU ({prov.get('cpu_count')} cores)"
@@ -224,10 +251,23 @@ def _hardware_summary(docs: list[Doc]) -> str:
     return "; ".join(f"{m} ({n} cells)" for m, n in machines.items()) or "none ran"
 
 
-def study_markdown(study: str, description: str, docs: list[Doc], *, id_keys: list[str], report: list[str]) -> str:
+def _planning_note(docs: list[Doc], plan_for: dict[str, Any] | None) -> list[str]:
+    if not any(d["status"] == "planned" for d in docs):
+        return []
+    where = "no hardware (give measure.plan_for)"
+    if plan_for:
+        where = (f"{plan_for.get('name') or 'the planning hardware'}: {plan_for['gpus_per_node']} GPUs of "
+                 f"{plan_for['gpu_mem_gib']:g} GiB and {plan_for['host_mem_gib']:g} GiB of host memory per node")
+    return [f"Planned cells are outside the study's `measure` selection: not run; their predicted memory "
+            f"and verdict are the memory model's for {where}.", ""]
+
+
+def study_markdown(study: str, description: str, docs: list[Doc], *, id_keys: list[str], report: list[str],
+                   plan_for: dict[str, Any] | None = None) -> str:
     report = with_predictions(report, docs)
     statuses = Counter(d["status"] for d in docs)
-    commits = sorted({(d.get("provenance") or {}).get("git_commit") or "unknown" for d in docs})
+    commits = sorted({(d.get("provenance") or {}).get("git_commit") or "unknown" for d in docs
+                      if d["status"] != "planned"})
     parts = [
         f"# {study}",
         "",
@@ -240,6 +280,7 @@ def study_markdown(study: str, description: str, docs: list[Doc], *, id_keys: li
         f"Code: {', '.join(commits)}. Generated {dt.date.today().isoformat()} by `snakemake "
         f"results/tables/{study}.md` from results/runs/{study}/*/metrics.json.",
         "",
+        *_planning_note(docs, plan_for),
         "Columns: " + "; ".join(f"{COLUMNS[c].header}: {COLUMNS[c].description}" for c in report) + ".",
         "",
     ]
@@ -275,7 +316,18 @@ def write_csv(docs: list[Doc], path: Path) -> None:
             writer.writerow({k: row.get(k, "") for k in first + rest})
 
 
+def with_planned(docs: list[Doc], layout: dict[str, Any], study: str) -> list[Doc]:
+    """The measured cells' documents and the planned cells' rows, in the grid's order."""
+    by_id = {d["cell_id"]: d for d in docs}
+    for cell in layout.get("planned") or []:
+        by_id[cell["cell_id"]] = planned_document(study, cell["cell_id"], cell["params"], layout.get("plan_for"),
+                                                  cell.get("unsupported"))
+    order = layout.get("order") or list(by_id)
+    return [by_id[i] for i in order if i in by_id]
+
+
 def write_tables(docs: list[Doc], *, study: str, description: str, id_keys: list[str], report: list[str],
-                 csv_path: Path, md_path: Path) -> None:
+                 csv_path: Path, md_path: Path, plan_for: dict[str, Any] | None = None) -> None:
     write_csv(docs, Path(csv_path))
-    Path(md_path).write_text(study_markdown(study, description, docs, id_keys=id_keys, report=report))
+    Path(md_path).write_text(study_markdown(study, description, docs, id_keys=id_keys, report=report,
+                                            plan_for=plan_for))

@@ -128,8 +128,12 @@ def get_study_grid(wildcards):
 
 
 def get_study_layout(wildcards):
+    """What the table and plots need besides the results: the columns, and the planned cells (rows
+    without a run, see Study.planned) in the grid's order."""
     study = get_study(wildcards)
-    return {"description": study.description, "id_keys": study.id_keys, "report": study.report}
+    planned = [{"cell_id": c.cell_id, "params": c.params, "unsupported": c.unsupported} for c in study.planned]
+    return {"description": study.description, "id_keys": study.id_keys, "report": study.report,
+            "plan_for": study.plan_for, "planned": planned, "order": [c.cell_id for c in study.cells]}
 
 
 def get_final_output():

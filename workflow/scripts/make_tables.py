@@ -3,11 +3,13 @@
 import sys
 
 from trainbench.results import read_cells
-from trainbench.tables import write_tables
+from trainbench.tables import with_planned, write_tables
 
 with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
     sys.stderr = log
     layout = snakemake.params.layout  # noqa: F821
-    write_tables(read_cells(snakemake.input.metrics), study=snakemake.wildcards.study,  # noqa: F821
-                 description=layout["description"], id_keys=layout["id_keys"], report=layout["report"],
-                 csv_path=snakemake.output.csv, md_path=snakemake.output.md)  # noqa: F821
+    study = snakemake.wildcards.study  # noqa: F821
+    docs = with_planned(read_cells(snakemake.input.metrics), layout, study)  # noqa: F821
+    write_tables(docs, study=study, description=layout["description"], id_keys=layout["id_keys"],
+                 report=layout["report"], csv_path=snakemake.output.csv, md_path=snakemake.output.md,  # noqa: F821
+                 plan_for=layout["plan_for"])
