@@ -1,9 +1,12 @@
-"""The offline wheelhouse: built where an index is reachable, installed where none is."""
+"""Tools around the pipeline: the offline wheelhouse (built where an index is reachable, installed
+where none is), and the lists of cells run on the GPU hosts with the results they published."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+
+import pytest
 
 from conftest import REPO
 
@@ -23,3 +26,28 @@ def test_a_wheelhouse_installs_without_an_index_including_source_only_packages(t
                     str(house), "-r", str(requirements)], check=True, timeout=300,
                    env={"PATH": "/usr/bin:/bin", "PIP_CONFIG_FILE": "/dev/null"})
     subprocess.run([str(venv / "bin/python"), "-c", "import connection_pool, hjson"], check=True)
+
+
+def test_gpu_run_lists_name_cells_of_the_config():
+    from trainbench.config import load_config
+
+    config = load_config(REPO / "config.yaml")
+    targets = {c.target for s in config.studies.values() for c in s.cells}
+    lists = sorted((REPO / "tools/gpu-runs").glob("*.txt"))
+    assert lists
+    for path in lists:
+        named = [line.split("#")[0].strip() for line in path.read_text().splitlines()]
+        unknown = [t for t in named if t and t not in targets]
+        assert not unknown, f"{path.name} names no cell of config.yaml: {unknown[:2]}"
+
+
+@pytest.mark.parametrize("study", ["gpt2_zero", "lightning", "llama", "megatron", "zero3_pipeline"])
+def test_published_studies_have_a_current_result_for_every_measured_cell(study):
+    """A fresh clone's `snakemake results/tables/<study>.md` runs nothing on a machine without GPUs."""
+    from trainbench.config import load_config
+    from trainbench.freshness import recorded_hash
+
+    cells = [c for c in load_config(REPO / "config.yaml").study(study).cells if c.measured]
+    missing = [c.cell_id for c in cells if not (REPO / c.target).exists()]
+    stale = [c.cell_id for c in cells if (REPO / c.target).exists() and recorded_hash(c, REPO) != c.params_hash]
+    assert not missing and not stale, (missing[:3], stale[:3])
