@@ -153,7 +153,8 @@ def test_an_unsupported_cell_is_recorded_without_launching(tmp_path):
 
 
 @pytest.mark.parametrize("params, message", [
-    ({"framework": "deepspeed", "strategy": "zero1", "pp": 2, "gpus": 2}, "pipeline parallelism has no runner"),
+    ({"framework": "deepspeed", "strategy": "zero1", "pp": 2, "tp": 2, "gpus": 4},
+     "pipeline and tensor parallelism together have no runner"),
     ({"framework": "lightning", "strategy": "ddp", "gpus": 2}, "lightning cannot build model family 'gpt'"),
     ({"strategy": "single", "device": "cuda"}, "needs 1 GPUs; this machine has 0"),
 ])

@@ -12,6 +12,7 @@ rule study_table:
         "results/logs/tables/{study}.log",
     params:
         layout=get_study_layout,
+        planning=get_study_planning,
     localrule: True
     conda:
         "../../envs/analysis.yaml"

@@ -128,12 +128,17 @@ def get_study_grid(wildcards):
 
 
 def get_study_layout(wildcards):
-    """What the table and plots need besides the results: the columns, and the planned cells (rows
-    without a run, see Study.planned) in the grid's order."""
     study = get_study(wildcards)
-    planned = [{"cell_id": c.cell_id, "params": c.params, "unsupported": c.unsupported} for c in study.planned]
-    return {"description": study.description, "id_keys": study.id_keys, "report": study.report,
-            "plan_for": study.plan_for, "planned": planned, "order": [c.cell_id for c in study.cells]}
+    return {"description": study.description, "id_keys": study.id_keys, "report": study.report}
+
+
+def get_study_planning(wildcards):
+    """The table's planned rows (cells without a run, see Study.planned) and the hardware they are
+    judged against, sorted by cell id: reordering config.yaml changes neither, so reruns nothing."""
+    study = get_study(wildcards)
+    planned = sorted(({"cell_id": c.cell_id, "params": c.params, "unsupported": c.unsupported}
+                      for c in study.planned), key=lambda c: c["cell_id"])
+    return {"plan_for": study.plan_for, "planned": planned}
 
 
 def get_final_output():
