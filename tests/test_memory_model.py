@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from trainbench.grid import resolve
-from trainbench.memory_model import MIB, Hardware, activations, model_states, predict
+from trainbench.memory_model import Hardware, activations, model_states, predict
 from trainbench.models import get_model
 
 GIB = 2**30
@@ -132,15 +132,18 @@ def test_prediction_adds_up_and_judges_the_hardware():
     big = predict(p, Hardware(143771, 2048 * 1024, 8))
     assert big.fits is True and big.why_not is None
     small = predict(p, Hardware(40960, 2048 * 1024, 8))
-    assert small.fits is False and "per GPU > 40.0 GiB" in small.why_not
+    assert small.fits is False and "per GPU > 40.0 GiB" in small.why_not and small.short_of == ["GPU memory"]
+    # a node with fewer GPUs than the cell has ranks per node cannot hold it, whatever the memory
+    one = predict(p, Hardware(143771, 2048 * 1024, 1))
+    assert one.fits is False and one.short_of == ["GPUs"] and one.why_not == "needs 2 GPUs per node > 1"
     # more micro batch, more memory; checkpointing, less
     assert predict({**p, "micro_batch": 4}).gpu_mem_mib > free.gpu_mem_mib
     assert predict({**p, "activation_checkpointing": True}).gpu_mem_mib < free.gpu_mem_mib
     # offload trades GPU memory for host memory
     offloaded = predict({**p, "offload_param": True})
     assert offloaded.gpu_mem_mib < free.gpu_mem_mib / 2 and offloaded.host_mem_mib > 100 * 1024
-    assert predict({**p, "offload_param": True}, Hardware(143771, 64 * 1024, 8)).why_not.endswith(
-        "GiB host memory per node > 64.0 GiB")
+    short = predict({**p, "offload_param": True}, Hardware(143771, 64 * 1024, 8))
+    assert short.why_not.endswith("GiB host memory per node > 64.0 GiB") and short.short_of == ["host memory"]
 
 
 def test_the_predict_command_prints_one_row_per_cell(repo):

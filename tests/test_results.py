@@ -69,25 +69,32 @@ def test_reading_cells_refuses_a_malformed_file(tmp_path):
 
 
 def test_planned_rows_give_the_memory_models_verdict_in_grid_order():
-    from trainbench.grid import resolve
+    from trainbench.config import load_config
     from trainbench.tables import study_markdown, with_planned
 
-    plan_for = {"name": "8 x H200", "gpu_mem_gib": 140.4, "gpus_per_node": 8, "host_mem_gib": 560}
-    small = resolve({"framework": "hf_trainer", "strategy": "fsdp", "model": "llama-7b", "gpus": 8,
-                     "micro_batch": 1, "activation_checkpointing": True, "grad_accum": 8})
-    big = {**small, "model": "llama-65b", "activation_checkpointing": False, "micro_batch": 32}
-    measured = {"study": "s", "cell_id": "b", "params": small, "status": "ok", "reason": None,
-                "metrics": {}, "provenance": {}}
-    layout = {"plan_for": plan_for, "order": ["a", "b", "c", "d"],
-              "planned": [{"cell_id": "a", "params": small}, {"cell_id": "c", "params": big},
-                          {"cell_id": "d", "params": small, "unsupported": "the stack refuses"}]}
-    docs = with_planned([measured], layout, "s")
-    assert [d["cell_id"] for d in docs] == ["a", "b", "c", "d"]
-    assert docs[0]["status"] == "planned" and docs[0]["reason"] == "predicted to fit"
-    assert docs[2]["reason"] == "predicted not to fit: GPU"
+    plan_for = {"name": "4 x H200", "gpu_mem_gib": 140.4, "gpus_per_node": 4, "host_mem_gib": 560}
+    study = load_config({"studies": {"s": {
+        "description": "d",
+        "settings": {"framework": "hf_trainer", "strategy": "fsdp", "micro_batch": 1, "grad_accum": 8,
+                     "activation_checkpointing": True},
+        "axes": {"model": ["llama-7b", "llama-65b"], "gpus": [4, 8]},
+        "include": [{"model": "llama-7b", "gpus": 2, "device": "cpu"}],  # FSDP on CPU: unsupported
+        "measure": {"cells": [{"model": "llama-7b", "gpus": 4}], "plan_for": plan_for}}}}).study("s")
+    measured = study.cell("model~llama-7b__gpus~4")
+    doc = {"study": "s", "cell_id": measured.cell_id, "params": measured.params, "status": "ok", "reason": None,
+           "metrics": {}, "provenance": {}}
+    docs = with_planned([doc], study)
+    assert [d["cell_id"] for d in docs] == [c.cell_id for c in study.cells]
+    verdicts = {d["cell_id"]: (d["status"], d["reason"]) for d in docs}
+    assert verdicts == {
+        "model~llama-7b__gpus~4": ("ok", None),
+        "model~llama-7b__gpus~8": ("planned", "predicted not to fit: GPUs"),  # 8 ranks on a 4-GPU node
+        "model~llama-65b__gpus~4": ("planned", "predicted not to fit: GPU memory"),
+        "model~llama-65b__gpus~8": ("planned", "predicted not to fit: GPUs, GPU memory"),
+        "model~llama-7b__device~cpu__gpus~2": ("unsupported", study.cell("model~llama-7b__device~cpu__gpus~2").unsupported),
+    }
     assert docs[2]["predicted"]["gpu_mem_mib"] > 140.4 * 1024
-    assert (docs[3]["status"], docs[3]["reason"]) == ("unsupported", "the stack refuses")
-    text = study_markdown("s", "d", docs, id_keys=["model"], report=["gpu_mem_gib"], plan_for=plan_for)
-    assert "4 cells: 1 ok, 2 planned, 1 unsupported." in text
-    assert "| llama-65b | planned: predicted not to fit: GPU |" in text
-    assert "for 8 x H200: 8 GPUs of 140.4 GiB and 560 GiB of host memory per node" in text
+    text = study_markdown("s", "d", docs, id_keys=["model", "gpus"], report=["gpu_mem_gib"], plan_for=plan_for)
+    assert "5 cells: 1 ok, 3 planned, 1 unsupported." in text
+    assert "| llama-65b | 4 | planned: predicted not to fit: GPU memory |" in text
+    assert "for 4 x H200: 4 GPUs of 140.4 GiB and 560 GiB of host memory per node" in text

@@ -69,7 +69,8 @@ def hardware_here(devices: list[str] | None, device_type: str) -> memory_model.H
     if "gpu" in limits and device_type == "cuda":
         gpu_mib = min(gpu_mib, limits["gpu"]) if gpu_mib else limits["gpu"]
     host_mib = min(host_mib, limits.get("host", host_mib))
-    return memory_model.Hardware(gpu_mib, host_mib, len(devices or []), name)
+    gpus = len(devices if devices is not None else machine_devices()) if device_type == "cuda" else 0
+    return memory_model.Hardware(gpu_mib, host_mib, gpus, name)
 
 
 def stop_time_s(runtime_min: float) -> float:

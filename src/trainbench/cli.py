@@ -94,17 +94,12 @@ def cmd_predict(args) -> int:
     for name in args.studies or list(config.studies):
         for cell in config.study(name).cells:
             p = cell.params
-            if p["gpus_per_node"] > hardware.gpus_per_node and p["device"] == "cuda":
-                fits, why = False, f"{p['gpus_per_node']} GPUs per node > {hardware.gpus_per_node}"
-                prediction = predict(p)
-            else:
-                prediction = predict(p, hardware)
-                fits, why = prediction.fits, prediction.why_not
+            prediction = predict(p, hardware)
             gpu = prediction.gpu_mem_mib
             writer.writerow([name, cell.cell_id, p["model"], p["strategy"], p["gpus"], p["nodes"], p["micro_batch"],
                              p["activation_checkpointing"], p["offload_optimizer"], p["offload_param"],
                              "" if gpu is None else f"{gpu / 1024:.1f}", f"{prediction.host_mem_mib / 1024:.1f}",
-                             fits, why or ""])
+                             prediction.fits, prediction.why_not or ""])
     return 0
 
 

@@ -59,6 +59,31 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy, computed in fp32."""
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+
+
+def pool(x: torch.Tensor, causal: bool) -> torch.Tensor:
+    """The position a classifier reads: causal models see the whole sequence at its last token;
+    bidirectional ones pool the first."""
+    return x[:, -1] if causal else x[:, 0]
+
+
+@torch.no_grad()
+def init_gpt_module(module: nn.Module, name: str, n_layer: int, generator: torch.Generator | None) -> None:
+    """GPT-2 initialisation of one module: normal(0.02) weights, residual projections scaled by
+    1/sqrt(2 x layers), zero biases, LayerNorm at identity."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        std = 0.02 / math.sqrt(2 * n_layer) if name.endswith(".proj") else 0.02
+        nn.init.normal_(module.weight, mean=0.0, std=std, generator=generator)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
 class GPT(nn.Module):
     def __init__(self, spec: ModelSpec, head: str = "lm", num_classes: int = 2,
                  activation_checkpointing: bool = False):
@@ -90,15 +115,7 @@ class GPT(nn.Module):
         generator = None
         if type(weight) is nn.Parameter or type(weight) is torch.Tensor:
             generator = torch.Generator(device=weight.device).manual_seed(seed * 1_000_003 + index)
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            # residual projections are scaled by 1/sqrt(2 x layers)
-            std = 0.02 / math.sqrt(2 * self.spec.n_layer) if name.endswith(".proj") else 0.02
-            nn.init.normal_(weight, mean=0.0, std=std, generator=generator)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(weight)
-            nn.init.zeros_(module.bias)
+        init_gpt_module(module, name, self.spec.n_layer, generator)
 
     def init_weights(self, seed: int) -> None:
         for index, name, module in self.init_targets():
@@ -116,10 +133,7 @@ class GPT(nn.Module):
                 x = block(x)
         x = self.ln_f(x)
         if self.classifier is not None:
-            # Causal models see the whole sequence at its last token; bidirectional ones pool the first.
-            pooled = x[:, -1] if self.spec.causal else x[:, 0]
-            return F.cross_entropy(self.classifier(pooled).float(), targets)
-        logits = F.linear(x, self.wte.weight)
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+            return F.cross_entropy(self.classifier(pool(x, self.spec.causal)).float(), targets)
+        return lm_loss(F.linear(x, self.wte.weight), targets)
 
 

@@ -98,10 +98,12 @@ class Prediction:
     fits: bool | None  # None when no hardware was given
     why_not: str | None = None
     parts_mib: dict[str, float] = field(default_factory=dict)  # the GPU figure (or a CPU rank's), by part
+    short_of: list[str] = field(default_factory=list)  # what the hardware lacks: "GPUs", "GPU memory", "host memory"
 
     def as_dict(self) -> dict[str, Any]:
         return {"gpu_mem_mib": _r(self.gpu_mem_mib), "host_mem_mib": _r(self.host_mem_mib), "fits": self.fits,
-                "why_not": self.why_not, "parts_mib": {k: _r(v) for k, v in self.parts_mib.items()}}
+                "why_not": self.why_not, "short_of": self.short_of,
+                "parts_mib": {k: _r(v) for k, v in self.parts_mib.items()}}
 
 
 def _r(value):
@@ -293,13 +295,17 @@ def predict(params: dict[str, Any], hardware: Hardware | None = None) -> Predict
         host = ranks_per_node * (allocated + base + sum(on_host.values()) / MIB)
     prediction = Prediction(gpu, host, None, None, parts)
     if hardware is not None:
-        problems = []
+        problems = {}
+        if gpu is not None and ranks_per_node > hardware.gpus_per_node:
+            problems["GPUs"] = f"needs {ranks_per_node} GPUs per node > {hardware.gpus_per_node}"
         if gpu is not None and hardware.gpu_mem_mib is not None and gpu > hardware.gpu_mem_mib:
-            problems.append(f"{gpu / 1024:.1f} GiB per GPU > {hardware.gpu_mem_mib / 1024:.1f} GiB")
+            problems["GPU memory"] = f"predicted {gpu / 1024:.1f} GiB per GPU > {hardware.gpu_mem_mib / 1024:.1f} GiB"
         if host > hardware.host_mem_mib:
-            problems.append(f"{host / 1024:.1f} GiB host memory per node > {hardware.host_mem_mib / 1024:.1f} GiB")
+            problems["host memory"] = (f"predicted {host / 1024:.1f} GiB host memory per node > "
+                                       f"{hardware.host_mem_mib / 1024:.1f} GiB")
         prediction.fits = not problems
-        prediction.why_not = ("predicted " + " and ".join(problems)) if problems else None
+        prediction.short_of = list(problems)
+        prediction.why_not = " and ".join(problems.values()) or None
     return prediction
 
 

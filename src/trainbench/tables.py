@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from trainbench.grid import Cell, Study
+
 Doc = dict[str, Any]
 
 
@@ -94,30 +96,29 @@ def prediction(doc: Doc) -> dict:
         return {}
 
 
-def planned_document(study: str, cell_id: str, params: dict[str, Any], plan_for: dict[str, Any] | None,
-                     unsupported: str | None = None) -> Doc:
+def planned_document(cell: Cell, plan_for: dict[str, Any] | None) -> Doc:
     """A table row for a cell outside the study's `measure` selection: no run, the memory model's
     verdict for the study's planning hardware (or the stack's refusal, which needs no run)."""
-    from trainbench.memory_model import Hardware, predict
+    from trainbench.memory_model import hardware_from_args, predict
 
-    doc: Doc = {"study": study, "cell_id": cell_id, "params": params, "metrics": {}, "provenance": {}}
-    if unsupported:
-        return {**doc, "status": "unsupported", "reason": unsupported, "predicted": {}}
+    doc: Doc = {"study": cell.study, "cell_id": cell.cell_id, "params": cell.params, "metrics": {},
+                "provenance": {}}
+    if cell.unsupported:
+        return {**doc, "status": "unsupported", "reason": cell.unsupported, "predicted": {}}
     hardware = None
     if plan_for:
-        hardware = Hardware(plan_for["gpu_mem_gib"] * 1024, plan_for["host_mem_gib"] * 1024,
-                            plan_for["gpus_per_node"], plan_for.get("name", ""))
+        hardware = hardware_from_args(plan_for.get("name"), plan_for["gpu_mem_gib"], plan_for["host_mem_gib"],
+                                      plan_for["gpus_per_node"])
     try:
-        predicted = predict(params, hardware).as_dict()
+        predicted = predict(cell.params, hardware).as_dict()
     except (KeyError, ValueError):  # a model or strategy the memory model does not know
         predicted = {}
     if predicted.get("fits") is None:
         reason = "not measured"
     elif predicted["fits"]:
         reason = "predicted to fit"
-    else:
-        reason = "predicted not to fit: " + " and ".join(
-            part for part, word in (("GPU", "per GPU"), ("host", "host memory")) if word in predicted["why_not"])
+    else:  # the numbers are in the predicted columns; the row says what runs short
+        reason = "predicted not to fit: " + ", ".join(predicted["short_of"])
     return {**doc, "status": "planned", "reason": reason, "predicted": predicted}
 
 
@@ -316,14 +317,11 @@ def write_csv(docs: list[Doc], path: Path) -> None:
             writer.writerow({k: row.get(k, "") for k in first + rest})
 
 
-def with_planned(docs: list[Doc], layout: dict[str, Any], study: str) -> list[Doc]:
+def with_planned(docs: list[Doc], study: Study) -> list[Doc]:
     """The measured cells' documents and the planned cells' rows, in the grid's order."""
     by_id = {d["cell_id"]: d for d in docs}
-    for cell in layout.get("planned") or []:
-        by_id[cell["cell_id"]] = planned_document(study, cell["cell_id"], cell["params"], layout.get("plan_for"),
-                                                  cell.get("unsupported"))
-    order = layout.get("order") or list(by_id)
-    return [by_id[i] for i in order if i in by_id]
+    by_id.update({c.cell_id: planned_document(c, study.plan_for) for c in study.planned})
+    return [by_id[c.cell_id] for c in study.cells if c.cell_id in by_id]
 
 
 def write_tables(docs: list[Doc], *, study: str, description: str, id_keys: list[str], report: list[str],

@@ -133,12 +133,10 @@ def get_study_layout(wildcards):
 
 
 def get_study_planning(wildcards):
-    """The table's planned rows (cells without a run, see Study.planned) and the hardware they are
-    judged against, sorted by cell id: reordering config.yaml changes neither, so reruns nothing."""
+    """What the table's planned rows depend on (see Study.planned), as a rerun trigger: their cells'
+    parameter hashes, sorted, and the planning hardware. Reordering config.yaml changes neither."""
     study = get_study(wildcards)
-    planned = sorted(({"cell_id": c.cell_id, "params": c.params, "unsupported": c.unsupported}
-                      for c in study.planned), key=lambda c: c["cell_id"])
-    return {"plan_for": study.plan_for, "planned": planned}
+    return {"plan_for": study.plan_for, "planned": sorted(f"{c.cell_id}={c.params_hash}" for c in study.planned)}
 
 
 def get_final_output():

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import math
 import zlib
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainbench.gpt import GPT, Block
+from trainbench.gpt import GPT, Block, init_gpt_module, lm_loss, pool
 from trainbench.models import ModelSpec
 from trainbench.runners import RunContext
 
@@ -104,15 +103,11 @@ class ClassifierHead(nn.Module):
         self.classifier = nn.Linear(spec.d_model, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(x[:, -1] if self.causal else x[:, 0])
+        return self.classifier(pool(x, self.causal))
 
 
 def _lm_head(embedding: nn.Embedding, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, embedding.weight)
-
-
-def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
 
 
 def pipeline_module(spec: ModelSpec, params: dict[str, Any]):
@@ -127,31 +122,23 @@ def pipeline_module(spec: ModelSpec, params: dict[str, Any]):
         layers.append(LayerSpec(ClassifierHead, spec, params["num_classes"]))
     else:  # GPT-2 ties the LM head to the token embedding: DeepSpeed keeps the copies in sync
         layers.append(TiedLayerSpec("embedding", nn.Embedding, spec.vocab_size, spec.d_model, forward_fn=_lm_head))
-    return PipelineModule(layers=layers, loss_fn=_loss, num_stages=params["pp"],
+    # a classifier's loss is the same cross-entropy over its (batch, classes) logits
+    return PipelineModule(layers=layers, loss_fn=lm_loss, num_stages=params["pp"],
                           partition_method="type:Block",
                           activation_checkpoint_interval=1 if params["activation_checkpointing"] else 0,
                           # blocks only, as GPT.forward does: the embedding's input (token ids) needs no grad
                           checkpointable_layers=["Block"])
 
 
-@torch.no_grad()
 def init_pipeline_weights(module: nn.Module, spec: ModelSpec, seed: int) -> None:
-    """GPT-2 initialisation (as GPT.init_module) of the layers this stage holds. Each module draws
-    from a generator seeded by its name, which starts with the layer's global index (or the tied
-    key), so a layer gets the same weights whichever stage holds it, and tied copies start equal."""
+    """GPT-2 initialisation of the layers this stage holds. Each module draws from a generator
+    seeded by its name, which starts with the layer's global index (or the tied key), so a layer
+    gets the same weights whichever stage holds it, and tied copies start equal."""
     for name, sub in module.named_modules():
-        if not isinstance(sub, (nn.Linear, nn.Embedding, nn.LayerNorm)):
-            continue
-        generator = torch.Generator(device=sub.weight.device).manual_seed(
-            seed * 1_000_003 + zlib.crc32(name.encode()))
-        if isinstance(sub, nn.LayerNorm):
-            nn.init.ones_(sub.weight)
-            nn.init.zeros_(sub.bias)
-            continue
-        std = 0.02 / math.sqrt(2 * spec.n_layer) if name.endswith(".proj") else 0.02
-        nn.init.normal_(sub.weight, mean=0.0, std=std, generator=generator)
-        if isinstance(sub, nn.Linear) and sub.bias is not None:
-            nn.init.zeros_(sub.bias)
+        if isinstance(sub, (nn.Linear, nn.Embedding, nn.LayerNorm)):
+            generator = torch.Generator(device=sub.weight.device).manual_seed(
+                seed * 1_000_003 + zlib.crc32(name.encode()))
+            init_gpt_module(sub, name, spec.n_layer, generator)
 
 
 class DeepSpeedRunner:
