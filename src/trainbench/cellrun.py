@@ -60,16 +60,16 @@ def memory_limits_override() -> dict[str, float]:
 
 def hardware_here(devices: list[str] | None, device_type: str) -> memory_model.Hardware:
     """The memory a cell gets on this node: its GPUs' (NVML) and this host's, less any override."""
-    gpu_mib, name = None, "CPU"
+    gpu_mib, name, gpus = None, "CPU", 0
     if device_type == "cuda":
-        facts = provenance.gpu_facts(devices if devices is not None else machine_devices())
-        gpu_mib, name = facts["gpu_memory_mib"], facts["gpu_name"] or "GPU"
+        devices = devices if devices is not None else machine_devices()  # a SLURM node: all it gave
+        facts = provenance.gpu_facts(devices)
+        gpu_mib, name, gpus = facts["gpu_memory_mib"], facts["gpu_name"] or "GPU", len(devices)
     host_mib = psutil.virtual_memory().total / memory_model.MIB
     limits = memory_limits_override()
     if "gpu" in limits and device_type == "cuda":
         gpu_mib = min(gpu_mib, limits["gpu"]) if gpu_mib else limits["gpu"]
     host_mib = min(host_mib, limits.get("host", host_mib))
-    gpus = len(devices if devices is not None else machine_devices()) if device_type == "cuda" else 0
     return memory_model.Hardware(gpu_mib, host_mib, gpus, name)
 
 
