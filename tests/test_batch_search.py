@@ -25,6 +25,22 @@ def test_the_search_finds_the_boundary_in_logarithmic_probes(start, boundary):
     assert len(probes) <= 2 * math.log2(upper) + 2
 
 
+@pytest.mark.parametrize("tolerance", [0.1, 0.25])
+@pytest.mark.parametrize("boundary", [3, 13, 29, 47, 100])
+def test_a_tolerance_brackets_the_boundary_with_fewer_probes(tolerance, boundary):
+    def outcomes(probes):
+        return {b: ("ok" if b <= boundary else "oom") for b in probes}
+
+    exact = walk(lambda batch: outcomes([batch])[batch], 16, 256)
+    probes = walk(lambda batch: outcomes([batch])[batch], 16, 256, tolerance)
+    found = largest_fitting(outcomes(probes))
+    smallest_failed = min(b for b in probes if b > boundary)
+    # the answer trained, the batch above it is known to fail, and the gap is within the tolerance
+    assert found <= boundary < smallest_failed
+    assert smallest_failed - found <= max(1, int(tolerance * found))
+    assert len(probes) <= len(exact)
+
+
 def test_a_failure_of_any_kind_ends_the_doubling():
     assert next_probe({1: "ok", 2: "ok", 4: "timeout"}, 1, 64) == 3
     assert next_probe({1: "ok", 2: "ok", 3: "ok", 4: "infeasible"}, 1, 64) is None
@@ -60,7 +76,22 @@ def test_snakemake_runs_the_search_probe_by_probe_and_resumes(workflow):
     # this host's memory lets the model seed at the bound (16): then bisect down to 5
     assert sorted(tried) == [4, 5, 6, 8, 16]
     assert result["metrics_at_max"]["steps_timed"] == 2
+    # the memory model's own answer on this host is recorded next to the measured one
+    assert result["predicted_max_micro_batch"] == 16 == result["bound"]
     # an interrupted search resumes: with the result gone, no probe runs again
     workflow.path(target).unlink()
     planned = workflow.planned(target)
     assert set(planned) == {"search_result"}
+    # the study table reports the search next to the cell's own run: the largest batch, the smallest
+    # that failed and how, every probe, and the run at the largest batch
+    workflow.snakemake("results/tables/s.md", env=env)
+    table = workflow.path("results/tables/s.md").read_text()
+    section = table.split("## Largest micro batch (search)")[1]
+    row = next(line for line in section.splitlines() if line.startswith("| single"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:7] == ["single", "1", "5", "5", "6: OOM at step 2", "≥ 16",
+                         "4 ok, 5 ok, 6 OOM at step 2, 8 OOM at step 2, 16 OOM at step 2"]
+    step_ms = float(cells[7].replace(",", ""))
+    assert step_ms == pytest.approx(result["metrics_at_max"]["step_time_s"] * 1e3, abs=0.1)
+    csv_header = workflow.path("results/tables/s.csv").read_text().splitlines()[0]
+    assert "search.max_micro_batch" in csv_header

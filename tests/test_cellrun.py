@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -31,9 +30,9 @@ def make_cell(**params) -> Cell:
     return Cell("t", "c", p, execution={"cpus_per_rank": 1}, unsupported=unsupported)
 
 
-def run(cell: Cell, tmp_path: Path, *, retries: int = 0, runtime_min: float = 5) -> dict:
+def run(cell: Cell, tmp_path: Path, *, retries: int = 0, runtime_min: float = 5, search_probe: bool = False) -> dict:
     output = tmp_path / "results/runs/t/c/metrics.json"
-    assert run_cell(cell, output, runtime_min=runtime_min, retries=retries) == 0
+    assert run_cell(cell, output, runtime_min=runtime_min, retries=retries, search_probe=search_probe) == 0
     doc = read_json(output)
     assert schema_problems(doc) == []
     assert not (output.parent / ".work").exists()
@@ -87,10 +86,13 @@ def test_a_cell_predicted_not_to_fit_is_recorded_infeasible_without_running(tmp_
     assert doc["metrics"]["step_time_s"] is None
 
 
-def test_a_forced_infeasible_cell_runs_and_says_it_was_forced(tmp_path, monkeypatch):
+@pytest.mark.parametrize("how", ["environment", "search probe"])
+def test_a_forced_infeasible_cell_runs_and_says_it_was_forced(tmp_path, monkeypatch, how):
+    # A max-batch probe always runs: the search measures the boundary the model only predicts.
     monkeypatch.setenv("TRAINBENCH_MEMORY_LIMITS", "host=0.2")
-    monkeypatch.setenv("TRAINBENCH_FORCE_INFEASIBLE", "1")
-    doc = run(make_cell(strategy="single"), tmp_path)
+    if how == "environment":
+        monkeypatch.setenv("TRAINBENCH_FORCE_INFEASIBLE", "1")
+    doc = run(make_cell(strategy="single"), tmp_path, search_probe=how == "search probe")
     assert doc["status"] == "ok"
     assert doc["predicted"]["fits"] is False and doc["predicted"]["forced"] is True
 

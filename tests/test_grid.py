@@ -233,3 +233,26 @@ def test_a_measure_pattern_that_selects_nothing_is_an_error():
     s = study(axes={"micro_batch": [1, 2]}, measure={"cells": [{"micro_batch": 1}], "plan_for": {"gpus_per_node": 8}})
     s["settings"]["strategy"] = "ddp"
     assert any("plan_for" in p and "gpu_mem_gib" in p for p in problems(config_with(s)))
+
+
+# --- search: which measured cells' max-batch search the table reports ------------------------------
+
+def test_a_study_with_a_search_reports_it_for_the_measured_cells_it_names():
+    axes = {"micro_batch": [1, 2], "strategy": ["ddp", "fsdp"]}
+    measure = {"cells": [{"micro_batch": 1}]}
+    every = load_config(config_with(study(axes=axes, measure=measure, search={"steps": 2}))).study("s")
+    assert every.search_targets == [f"results/search/s/{c.cell_id}/max_batch.json" for c in every.cells
+                                    if c.measured]
+    named = load_config(config_with(study(axes=axes, measure=measure,
+                                          search={"cells": [{"strategy": "fsdp"}]}))).study("s")
+    assert [named.cell(i).params["strategy"] for i in named.searched] == ["fsdp"]
+    assert named.cell(named.searched[0]).measured
+    # no search declared: no search in the table
+    assert load_config(config_with(study(axes=axes))).study("s").searched == ()
+
+
+def test_a_search_pattern_that_names_no_measured_cell_is_an_error():
+    s = study(axes={"micro_batch": [1, 2]}, measure={"cells": [{"micro_batch": 1}]},
+              search={"cells": [{"micro_batch": 2}]})
+    s["settings"]["strategy"] = "ddp"
+    assert problems(config_with(s)) == ["studies.s.search.cells[0]: {'micro_batch': 2} matches no measured cell"]

@@ -30,9 +30,11 @@ def test_a_wheelhouse_installs_without_an_index_including_source_only_packages(t
 
 def test_gpu_run_lists_name_cells_of_the_config():
     from trainbench.config import load_config
+    from trainbench.grid import search_target
 
     config = load_config(REPO / "config.yaml")
     targets = {c.target for s in config.studies.values() for c in s.cells}
+    targets |= {search_target(s.name, c.cell_id) for s in config.studies.values() for c in s.cells}
     lists = sorted((REPO / "tools/gpu-runs").glob("*.txt"))
     assert lists
     for path in lists:
@@ -51,3 +53,27 @@ def test_published_studies_have_a_current_result_for_every_measured_cell(study):
     missing = [c.cell_id for c in cells if not (REPO / c.target).exists()]
     stale = [c.cell_id for c in cells if (REPO / c.target).exists() and recorded_hash(c, REPO) != c.params_hash]
     assert not missing and not stale, (missing[:3], stale[:3])
+
+
+@pytest.mark.parametrize("study", ["megatron"])
+def test_published_searches_are_complete_and_current(study):
+    """Every search a study's table reports is on disk with the probes its config asks for, each run
+    with the parameters the config gives it now: a fresh clone's table runs no probe."""
+    from trainbench.batch_search import bounds_for, walk
+    from trainbench.config import load_config
+    from trainbench.grid import probe_cell
+    from trainbench.results import read_json
+
+    config = load_config(REPO / "config.yaml").study(study)
+    assert config.searched
+    for cell_id in config.searched:
+        cell, directory = config.cell(cell_id), REPO / "results/search" / study / cell_id
+
+        def status_of(batch):
+            doc = read_json(directory / f"mb~{batch}/metrics.json")
+            assert doc["params_hash"] == probe_cell(config, cell, batch).params_hash, (cell_id, batch)
+            return doc["status"]
+
+        probes = walk(status_of, *bounds_for(config.search, cell.params), config.search["tolerance"])
+        found = read_json(directory / "max_batch.json")
+        assert sorted(p["micro_batch"] for p in found["probes"]) == sorted(probes)

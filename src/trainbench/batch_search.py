@@ -4,11 +4,18 @@ Each probe is the cell with another micro batch, trained for a fixed number of s
 OOMs that come late), and is a cached result of its own (results/search/<study>/<cell>/mb~<k>/), so an
 interrupted search resumes where it stopped. The memory model seeds the first probe (the largest
 power of two it predicts to fit) and bounds the search (never more than twice its largest fitting
-batch, nor the study's `max_micro_batch`).
+batch, nor the study's `max_micro_batch`). The model only chooses where to look: a probe runs even
+where the model predicts it will not fit, so the answer is measured, never the model's.
 
-A probe fits when it ran its steps (status ok); OOM, a predicted-infeasible batch, a timeout or a
-failure all end the doubling, and the search bisects below the smallest such batch. Which one it was
-("cannot even initialize", "OOM at step k of n") stays in the probe's metrics.json and the summary.
+A probe fits when it ran its steps (status ok); OOM, a timeout or a failure all end the doubling, and
+the search bisects below the smallest such batch, until the gap between the largest batch that trained
+and the smallest that did not is 1, or within the study's `tolerance` (a fraction of the former: each
+probe near the boundary is a full run, so a coarser answer costs fewer GPU minutes). Which failure it
+was ("cannot even initialize", "OOM at step k of n") stays in the probe's metrics.json and the summary.
+
+The probe at the largest batch is a complete run of the cell at that batch (the cell's warm-up and
+the search's timed steps), so its metrics are the cell's throughput at its largest batch: the study
+table reports them next to the fixed-batch run, and nothing runs twice.
 """
 
 from __future__ import annotations
@@ -20,8 +27,9 @@ import psutil
 from trainbench.memory_model import MIB, Hardware, predict
 
 
-def next_probe(outcomes: dict[int, str], start: int, upper: int) -> int | None:
-    """The next micro batch to try given the statuses so far, or None when the answer is known."""
+def next_probe(outcomes: dict[int, str], start: int, upper: int, tolerance: float = 0.0) -> int | None:
+    """The next micro batch to try given the statuses so far, or None when the answer is known: the
+    boundary is bracketed to within max(1, tolerance x the largest batch that trained)."""
     if not outcomes:
         return min(start, upper)
     fitted = [b for b, status in outcomes.items() if status == "ok"]
@@ -30,7 +38,7 @@ def next_probe(outcomes: dict[int, str], start: int, upper: int) -> int | None:
     high = min((b for b in failed if b > low), default=None)
     if high is None:  # nothing too big yet: keep doubling up to the bound
         return None if low >= upper else min(2 * low, upper)
-    return None if high - low <= 1 else (low + high) // 2
+    return None if high - low <= max(1, int(tolerance * low)) else (low + high) // 2
 
 
 def largest_fitting(outcomes: dict[int, str]) -> int | None:
@@ -41,26 +49,32 @@ def largest_fitting(outcomes: dict[int, str]) -> int | None:
     return max(fitted, default=None)
 
 
+def largest_predicted(params: dict[str, Any], hardware: Hardware, limit: int = 1 << 16) -> int:
+    """The largest micro batch (at most `limit`) the memory model predicts to fit; 0 if not even one."""
+    def fits(batch: int) -> bool:
+        return predict({**params, "micro_batch": batch}, hardware).fits
+
+    low, batch = 0, 1
+    while batch <= limit and fits(batch):
+        low, batch = batch, batch * 2
+    if low == 0:
+        return 0
+    high = min(2 * low, limit + 1)  # the model's memory grows with the batch: bisect between the two
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
 def model_bounds(params: dict[str, Any], hardware: Hardware | None, max_micro_batch: int) -> tuple[int, int]:
     """(first probe, upper bound) from the memory model: the largest power of two predicted to fit,
     and at most twice the largest batch predicted to fit."""
     if hardware is None:
         return 1, max_micro_batch
-    largest = 0
-    batch = 1
-    while batch <= max_micro_batch and predict({**params, "micro_batch": batch}, hardware).fits:
-        largest, batch = batch, batch * 2
+    largest = largest_predicted(params, hardware, max_micro_batch)
     if largest == 0:
         return 1, min(max_micro_batch, 2)  # even one sample is predicted not to fit: check 1 (and 2)
-    # refine the upper bound between the last fitting power of two and the next
-    low, high = largest, min(2 * largest, max_micro_batch + 1)
-    while high - low > 1:
-        middle = (low + high) // 2
-        if predict({**params, "micro_batch": middle}, hardware).fits:
-            low = middle
-        else:
-            high = middle
-    return largest, min(max_micro_batch, 2 * low)
+    return 1 << (largest.bit_length() - 1), min(max_micro_batch, 2 * largest)
 
 
 def bounds_for(search: dict[str, Any], params: dict[str, Any]) -> tuple[int, int]:
@@ -75,24 +89,40 @@ def bounds_for(search: dict[str, Any], params: dict[str, Any]) -> tuple[int, int
     return model_bounds(params, hardware, search["max_micro_batch"])
 
 
-def walk(status_of: Callable[[int], str], start: int, upper: int) -> list[int]:
+def walk(status_of: Callable[[int], str], start: int, upper: int, tolerance: float = 0.0) -> list[int]:
     """The probes of a search, in order; `status_of(batch)` runs (or reads) one probe."""
     outcomes: dict[int, str] = {}
-    while (batch := next_probe(outcomes, start, upper)) is not None:
+    while (batch := next_probe(outcomes, start, upper, tolerance)) is not None:
         outcomes[batch] = status_of(batch)
     return list(outcomes)
 
 
-def summary(outcomes: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def summary(outcomes: dict[int, dict[str, Any]], tolerance: float = 0.0,
+            max_micro_batch: int = 256) -> dict[str, Any]:
     """The search's result from its probes' metrics.json documents (by micro batch)."""
+    from trainbench.memory_model import hardware_of_run
+
     statuses = {batch: doc["status"] for batch, doc in outcomes.items()}
     best = largest_fitting(statuses)
     failures = sorted((b, doc) for b, doc in outcomes.items() if doc["status"] != "ok")
     first = failures[0] if failures else None
     best_doc = outcomes.get(best) if best is not None else None
+    any_doc = next(iter(outcomes.values()))
+    # What the memory model says of the same cell on the machine the probes ran on: how far off its
+    # seed was. Unknown for a model or strategy it does not cover.
+    hardware = hardware_of_run(best_doc or any_doc)
+    try:
+        predicted = largest_predicted(any_doc["params"], hardware, max_micro_batch) if hardware else None
+    except (KeyError, ValueError):
+        predicted = None
     return {
+        "study": any_doc["study"],
+        "cell_id": any_doc["cell_id"].rsplit("/mb~", 1)[0],
         "max_micro_batch": best,
         "max_global_batch": best_doc["params"]["global_batch"] if best_doc else None,
+        "tolerance": tolerance,
+        "bound": max_micro_batch,  # the study's max_micro_batch: no probe went above it
+        "predicted_max_micro_batch": predicted,
         "first_failure": {"micro_batch": first[0], "status": first[1]["status"], "reason": first[1]["reason"]}
         if first else None,
         "probes": [{"micro_batch": b, "status": doc["status"], "reason": doc["reason"],
@@ -100,6 +130,6 @@ def summary(outcomes: dict[int, dict[str, Any]]) -> dict[str, Any]:
                     "samples_per_s": doc["metrics"].get("samples_per_s"),
                     "gpu_mem_used_mib": doc["metrics"].get("gpu_mem_used_mib")}
                    for b, doc in sorted(outcomes.items())],
-        # the largest batch's own run: the throughput at the maximum batch
+        # the largest batch's own run: the cell's throughput at its largest batch
         "metrics_at_max": best_doc["metrics"] if best_doc else None,
     }

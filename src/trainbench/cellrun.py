@@ -225,8 +225,10 @@ def partial_metrics(outcome: Outcome, params: dict[str, Any], wall_time_s: float
 
 class CellRun:
     def __init__(self, cell: Cell, output: Path, *, runtime_min: float, retries: int,
-                 python: str = sys.executable):
+                 python: str = sys.executable, search_probe: bool = False):
         self.cell = cell
+        # A max-batch probe runs whatever the memory model predicts: the search measures the boundary.
+        self.search_probe = search_probe
         self.params = cell.params
         self.output = output
         self.work_dir = output.parent / ".work"
@@ -282,10 +284,11 @@ class CellRun:
         prediction = memory_model.predict(self.params, hardware)
         self.predicted = {**prediction.as_dict(), "hardware": hardware.describe()}
         if not prediction.fits:
-            if os.environ.get(FORCE_ENV) != "1":
+            if os.environ.get(FORCE_ENV) != "1" and not self.search_probe:
                 return self._write_infeasible(prediction, devices, started, asked)
             self.predicted["forced"] = True
-            self._say(f"{prediction.why_not} ({hardware.describe()}); running anyway ({FORCE_ENV}=1)")
+            why = "a max-batch probe" if self.search_probe else f"{FORCE_ENV}=1"
+            self._say(f"{prediction.why_not} ({hardware.describe()}); running anyway ({why})")
         total_steps = self.params["warmup_steps"] + self.params["timed_steps"]
         attempts = self.retries + 1
         # One deadline for all attempts: the job's time limit (SLURM's) covers them all.
@@ -396,9 +399,9 @@ class CellRun:
                     continue
 
 
-def run_cell(cell: Cell, output: Path, *, runtime_min: float, retries: int) -> int:
+def run_cell(cell: Cell, output: Path, *, runtime_min: float, retries: int, search_probe: bool = False) -> int:
     """CLI entry: 0 when a result was written; 2 when the cell cannot run here (message on stderr)."""
-    run = CellRun(cell, output, runtime_min=runtime_min, retries=retries)
+    run = CellRun(cell, output, runtime_min=runtime_min, retries=retries, search_probe=search_probe)
 
     def stop(signum, _frame):
         # Snakemake or SLURM is stopping us: stop the ranks and leave no metrics.json behind.

@@ -71,7 +71,8 @@ def cmd_run_cell(args) -> int:
     ranks_per_node = params.get("gpus_per_node") or 1
     cell = Cell(args.study, args.cell, params, execution={"cpus_per_rank": max(1, args.cpus_per_task // ranks_per_node)},
                 unsupported=unsupported)
-    return run_cell(cell, Path(args.output), runtime_min=args.runtime_min, retries=args.retries)
+    return run_cell(cell, Path(args.output), runtime_min=args.runtime_min, retries=args.retries,
+                    search_probe=args.search_probe)
 
 
 PREDICT_COLUMNS = ("study", "cell", "model", "strategy", "gpus", "nodes", "micro_batch", "activation_checkpointing",
@@ -109,7 +110,8 @@ def cmd_search_summary(args) -> int:
     from trainbench.results import read_cells, write_json_atomic
 
     docs = read_cells(args.probes)
-    write_json_atomic(args.output, summary({doc["params"]["micro_batch"]: doc for doc in docs}))
+    write_json_atomic(args.output, summary({doc["params"]["micro_batch"]: doc for doc in docs}, args.tolerance,
+                                           args.max_micro_batch))
     return 0
 
 
@@ -172,6 +174,8 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--runtime-min", type=float, default=30)
     run.add_argument("--retries", type=int, default=1)
     run.add_argument("--cpus-per-task", type=int, default=4, help="CPU cores of the job on each node")
+    run.add_argument("--search-probe", action="store_true",
+                     help="a max-batch probe: run even where the memory model predicts no fit (the search measures it)")
     run.set_defaults(func=cmd_run_cell)
 
     predict = sub.add_parser("predict", help="predict every cell's memory on given hardware (CSV)",
@@ -187,6 +191,8 @@ def parser() -> argparse.ArgumentParser:
 
     search = sub.add_parser("search-summary", help="write a max-batch search's result from its probes")
     search.add_argument("--output", required=True)
+    search.add_argument("--tolerance", type=float, default=0.0, help="the study's search tolerance (recorded)")
+    search.add_argument("--max-micro-batch", type=int, default=256, help="the study's bound on the micro batch")
     search.add_argument("probes", nargs="+", help="the probes' metrics.json files")
     search.set_defaults(func=cmd_search_summary)
 

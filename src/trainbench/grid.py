@@ -112,6 +112,7 @@ class Study:
     report: list[str] = field(default_factory=lambda: list(REPORT_COLUMNS_DEFAULT))
     search: dict[str, Any] = field(default_factory=dict)  # the max-batch search's settings
     plan_for: dict[str, Any] | None = None  # the hardware planned cells are judged against
+    searched: tuple[str, ...] = ()  # ids of the cells whose max-batch search the table reports
 
     def cell(self, cell_id: str) -> Cell:
         for c in self.cells:
@@ -126,10 +127,19 @@ class Study:
         return [c.target for c in self.cells if c.measured]
 
     @property
+    def search_targets(self) -> list[str]:
+        """The max-batch searches the study's table reports."""
+        return [search_target(self.name, cell_id) for cell_id in self.searched]
+
+    @property
     def planned(self) -> list[Cell]:
         """Cells outside the study's `measure` selection: planned by the memory model, not run for
         the table (asking for one's target still runs it)."""
         return [c for c in self.cells if not c.measured]
+
+
+def search_target(study: str, cell_id: str) -> str:
+    return f"results/search/{study}/{cell_id}/max_batch.json"
 
 
 def make_cell_id(params: dict[str, Any], keys) -> str:
@@ -280,10 +290,21 @@ def expand_study(name: str, spec: dict[str, Any]) -> Study:
             raise ConfigError(problems)
         cells = [replace(c, measured=any(_selects(c.params, s) for s in selectors)) for c in cells]
     id_keys = sort_keys({k for c in cells for k in c.id_keys})
-    search = {"max_micro_batch": 256, "steps": None, "gpu_mem_gib": None, **(spec.get("search") or {})}
+    search = {"max_micro_batch": 256, "steps": None, "gpu_mem_gib": None, "tolerance": 0, "cells": None,
+              **(spec.get("search") or {})}
+    searched: list[str] = []
+    if spec.get("search"):  # a study that declares a search reports it for the cells it names
+        selectors = search["cells"] or [{}]
+        measured = [c for c in cells if c.measured]
+        for i, selector in enumerate(search["cells"] or []):
+            if not any(_selects(c.params, selector) for c in measured):
+                problems.append(f"studies.{name}.search.cells[{i}]: {selector!r} matches no measured cell")
+        if problems:
+            raise ConfigError(problems)
+        searched = [c.cell_id for c in measured if not c.unsupported and any(_selects(c.params, s) for s in selectors)]
     return Study(name, spec.get("description", ""), cells, id_keys,
                  list(spec.get("report") or REPORT_COLUMNS_DEFAULT), search,
-                 (measure or {}).get("plan_for"))
+                 (measure or {}).get("plan_for"), tuple(searched))
 
 
 def probe_cell(study: Study, cell: Cell, micro_batch: int) -> Cell:

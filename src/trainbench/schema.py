@@ -107,6 +107,13 @@ def build_schema() -> dict[str, Any]:
                                     "description": "Memory per GPU the memory model seeds and bounds the "
                                                    "search with; null: no GPU bound (CPU cells use this "
                                                    "host's memory)."},
+                    "tolerance": {"type": "number", "minimum": 0, "maximum": 1, "default": 0,
+                                  "description": "Stop bisecting once the smallest failing micro batch is within "
+                                                 "this fraction of the largest that trained (0: exact)."},
+                    "cells": {"type": ["array", "null"], "minItems": 1, "items": _param_selector(),
+                              "default": None,
+                              "description": "The measured cells whose search the study table reports (patterns "
+                                             "as in measure.cells); null: every measured cell."},
                 },
             },
             "measure": {

@@ -240,6 +240,61 @@ def markdown_table(docs: list[Doc], *, id_keys: list[str], report: list[str]) ->
     return "\n".join(lines)
 
 
+def _probe_outcome(status: str, reason: str | None) -> str:
+    """A probe in a few characters: "ok", "OOM at step 3", "OOM at init", "timeout"."""
+    if status == "oom" and reason:
+        text = reason.split(" on rank")[0].replace("OOM at init (cannot even initialize the model)", "OOM at init")
+        return text.split(" of ")[0]
+    return status
+
+
+def _model_max(found: Doc) -> str:
+    predicted, bound = found.get("predicted_max_micro_batch"), found.get("bound")
+    if predicted is None:
+        return "—"
+    return f"≥ {bound}" if bound and predicted >= bound else str(predicted)
+
+
+SEARCH_METRICS = ["step_time_ms", "samples_per_s", "tflops_per_gpu", "mfu", "gpu_mem_each"]
+
+
+def search_markdown(docs: list[Doc], *, id_keys: list[str]) -> list[str]:
+    """The largest micro batch of every searched cell, and the cell's run at that batch."""
+    searched = [d for d in docs if d.get("search")]
+    if not searched:
+        return []
+    headers = [*id_keys, "max micro batch", "max global batch", "smallest that failed", "model's max",
+               "probes", *(f"{COLUMNS[c].header} at max" for c in SEARCH_METRICS)]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
+    for doc in searched:
+        found = doc["search"]
+        failure = found["first_failure"]
+        at_max = {"status": "ok", "params": doc["params"], "metrics": found["metrics_at_max"] or {}}
+        row = [_cell_value(doc["params"].get(k)) for k in id_keys]
+        row += [_cell_value(found["max_micro_batch"]) or "none", _cell_value(found["max_global_batch"]) or "—",
+                f"{failure['micro_batch']}: {_probe_outcome(failure['status'], failure['reason'])}" if failure
+                else "none up to the bound",
+                _model_max(found),
+                ", ".join(f"{p['micro_batch']} {_probe_outcome(p['status'], p['reason'])}" for p in found["probes"])]
+        for name in SEARCH_METRICS:
+            value = COLUMNS[name].value(at_max) if found["metrics_at_max"] else None
+            row.append("—" if value is None else COLUMNS[name].text(value))
+        lines.append("| " + " | ".join(_escape(v) for v in row) + " |")
+    tolerance = {d["search"].get("tolerance") or 0 for d in searched}
+    within = "exact" if tolerance == {0} else f"bisection stops within {max(tolerance):.0%} of the largest that trained"
+    return [
+        "## Largest micro batch (search)",
+        "",
+        "\n".join(lines),
+        "",
+        f"Each probe trains the cell at one micro batch for the search's steps; probes double, then bisect "
+        f"({within}), seeded and bounded by the memory model (its own largest fitting micro batch on this "
+        f"hardware: \"model's max\"). The columns \"at max\" are the probe at the largest batch: the cell's "
+        f"run at that batch. Probes: results/search/<study>/<cell>/mb~<k>/metrics.json.",
+        "",
+    ]
+
+
 def _hardware_summary(docs: list[Doc]) -> str:
     machines = Counter()
     for doc in docs:
@@ -284,6 +339,7 @@ def study_markdown(study: str, description: str, docs: list[Doc], *, id_keys: li
         *_planning_note(docs, plan_for),
         "Columns: " + "; ".join(f"{COLUMNS[c].header}: {COLUMNS[c].description}" for c in report) + ".",
         "",
+        *search_markdown(docs, id_keys=id_keys),
     ]
     return "\n".join(parts)
 
@@ -315,6 +371,12 @@ def write_csv(docs: list[Doc], path: Path) -> None:
         writer.writeheader()
         for row in rows:
             writer.writerow({k: row.get(k, "") for k in first + rest})
+
+
+def with_searches(docs: list[Doc], searches: list[Doc]) -> list[Doc]:
+    """The cells' documents, each searched one carrying its max-batch search's result under "search"."""
+    by_cell = {s["cell_id"]: s for s in searches}
+    return [{**d, "search": by_cell[d["cell_id"]]} if d["cell_id"] in by_cell else d for d in docs]
 
 
 def with_planned(docs: list[Doc], study: Study) -> list[Doc]:

@@ -115,12 +115,16 @@ def get_search_probes(wildcards):
                                                     micro_batch=batch).output.metrics
         return read_json(paths[batch])["status"]
 
-    walk(status_of, *bounds_for(study.search, cell.params))
+    walk(status_of, *bounds_for(study.search, cell.params), study.search["tolerance"])
     return list(paths.values())
 
 
 def get_study_metrics(wildcards):
     return get_study(wildcards).targets
+
+
+def get_study_searches(wildcards):
+    return get_study(wildcards).search_targets
 
 
 def get_study_grid(wildcards):

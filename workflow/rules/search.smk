@@ -20,7 +20,7 @@ checkpoint search_probe:
     shell:
         "trainbench run-cell --study {wildcards.study} --cell {params.probe_id:q} --params {params.cell:q}"
         " --retries {resources.cell_retries} --cpus-per-task {resources.cpus_per_task}"
-        " --runtime-min {resources.runtime} --output {output.metrics:q} > {log:q} 2>&1"
+        " --runtime-min {resources.runtime} --search-probe --output {output.metrics:q} > {log:q} 2>&1"
 
 
 rule search_result:
@@ -30,8 +30,11 @@ rule search_result:
         "results/search/{study}/{cell}/max_batch.json",
     log:
         "results/search/{study}/{cell}/max_batch.log",
+    params:
+        tolerance=lambda wildcards: get_study(wildcards).search["tolerance"],
+        bound=lambda wildcards: get_study(wildcards).search["max_micro_batch"],
     localrule: True
     conda:
         "../../envs/analysis.yaml"
     shell:
-        "trainbench search-summary --output {output:q} {input.probes:q} > {log:q} 2>&1"
+        "trainbench search-summary --tolerance {params.tolerance} --max-micro-batch {params.bound} --output {output:q} {input.probes:q} > {log:q} 2>&1"
