@@ -1,8 +1,9 @@
 """How good is the memory model? Predicted versus measured peak memory over every measured cell.
 
-    python bench/memory_model.py [results/runs] [--csv FILE]
+    python bench/memory_model.py [FOLDER ...] [--csv FILE]
 
-For every metrics.json under the results folder: cells that ran (ok) compare the predicted per-GPU
+For every metrics.json under the folders (default: results/runs, and results/search, whose max-batch
+probes straddle each cell's OOM boundary): cells that ran (ok) compare the predicted per-GPU
 memory with the peak NVML 'used' of the busiest GPU, and the predicted host memory with the busiest
 node's ranks' peak resident memory; cells that ran out of memory check the verdict. Prints one line
 per cell and the error distribution: median and worst absolute error in percent, and how many
@@ -21,17 +22,22 @@ from trainbench.memory_model import hardware_of_run, predict
 from trainbench.results import read_json
 
 
+def short(text: str, width: int = 62) -> str:
+    """A cell id within the column, keeping its end (a probe's /mb~<k>)."""
+    return text if len(text) <= width else text[:width - 12] + "…" + text[-11:]
+
+
 def error_pct(predicted, measured):
     return 100.0 * (predicted - measured) / measured
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="?", default="results/runs", type=Path)
+    parser.add_argument("folders", nargs="*", type=Path, default=[Path("results/runs"), Path("results/search")])
     parser.add_argument("--csv", type=Path, help="also write the per-cell comparison here")
     args = parser.parse_args(argv)
     rows = []
-    for path in sorted(args.runs.glob("*/*/metrics.json")):
+    for path in sorted(p for folder in args.folders for p in folder.glob("**/metrics.json")):
         doc = read_json(path)
         if doc["status"] not in ("ok", "oom"):
             continue
@@ -45,14 +51,14 @@ def main(argv=None) -> int:
             row[f"{kind}_err_pct"] = error_pct(p, x) if p and x and doc["status"] == "ok" else None
         rows.append(row)
     if not rows:
-        print(f"no measured cells under {args.runs}", file=sys.stderr)
+        print(f"no measured cells under {', '.join(map(str, args.folders))}", file=sys.stderr)
         return 1
     print(f"{'study':<15} {'cell':<62} {'status':<6} {'GPU pred':>9} {'meas':>9} {'err%':>6} "
           f"{'host pred':>10} {'meas':>9} {'err%':>6}")
     for r in rows:
         def f(v, fmt):
             return format(v, fmt) if v is not None else "-"
-        print(f"{r['study']:<15} {r['cell'][:62]:<62} {r['status']:<6} {f(r['gpu_pred_mib'], '9.0f')} "
+        print(f"{r['study']:<15} {short(r['cell']):<62} {r['status']:<6} {f(r['gpu_pred_mib'], '9.0f')} "
               f"{f(r['gpu_meas_mib'], '9.0f')} {f(r['gpu_err_pct'], '+6.1f')} {f(r['host_pred_mib'], '10.0f')} "
               f"{f(r['host_meas_mib'], '9.0f')} {f(r['host_err_pct'], '+6.1f')}")
     print()

@@ -214,7 +214,9 @@ def _block_tensors(spec: ModelSpec) -> list[tuple[float, str]]:
     """What one block saves for backward, per token: (width in elements, which dtype class).
 
     'res' tensors are in the residual-stream dtype (fp32 under autocast), 'c' in the compute dtype,
-    'mask' are dropout masks (one byte per element).
+    'rep' too but whole on every tensor-parallel rank (a norm's output: the input of a column-parallel
+    linear layer, which each rank multiplies by its slice), 'mask' are dropout masks (one byte per
+    element).
     """
     h, f = spec.d_model, spec.ffn
     if spec.family == "llama":
@@ -222,15 +224,18 @@ def _block_tensors(spec: ModelSpec) -> list[tuple[float, str]]:
         # RMSNorm (computed in fp32) input and normalised input, its output (q/k/v input); q and k
         # after RoPE, v; the attention output and its reshaped copy (o_proj input); the same RMSNorm
         # tensors before the MLP; gate, up, SiLU(gate) and their product (down_proj input)
-        return [(2 * h, "res"), (h, "c"), (3 * h, "c"), (2 * h, "c"), (2 * h, "res"), (h, "c"), (4 * f, "c")]
+        return [(2 * h, "res"), (h, "rep"), (3 * h, "c"), (2 * h, "c"), (2 * h, "res"), (h, "rep"), (4 * f, "c")]
     if spec.family == "distilbert":
         # post-LN: block input (q/k/v input), q, k, v, context (out_lin input), LayerNorm input,
         # FFN input, lin1 output, GELU output (lin2 input); two dropout masks (1 byte each)
         return [(h, "c"), (3 * h, "c"), (h, "c"), (h, "res"), (h, "c"), (2 * f, "c"), (h, "res"),
                 (2 * h, "mask")]
     # trainbench's GPT-2: LayerNorm input and output (qkv input), q, k, v, attention output
-    # (proj input); LayerNorm input and output (fc input), fc output (GELU input), GELU output
-    return [(h, "res"), (h, "c"), (3 * h, "c"), (h, "c"), (h, "res"), (h, "c"), (2 * f, "c")]
+    # (proj input); LayerNorm input and output (fc input), fc output (GELU input), GELU output.
+    # In fp16 under tensor parallelism t that is 8 + 24/t bytes per token and hidden unit: Megatron's
+    # 10 + 24/t less its two dropout masks (no dropout here) and the attention scores (fused attention
+    # keeps none)
+    return [(h, "res"), (h, "rep"), (3 * h, "c"), (h, "c"), (h, "res"), (h, "rep"), (2 * f, "c")]
 
 
 def activations(params: dict[str, Any], spec: ModelSpec) -> float:
@@ -240,10 +245,11 @@ def activations(params: dict[str, Any], spec: ModelSpec) -> float:
     half_engine = mixed and kind == "zero"  # DeepSpeed runs the model itself in half precision
     compute = 2 if mixed else 4
     residual = 2 if half_engine else 4
-    sizes = {"c": compute, "res": residual, "mask": 1}
+    sizes = {"c": compute, "rep": compute, "res": residual, "mask": 1}
     seq, batch, tp = params["seq_len"] or spec.max_seq, params["micro_batch"], params["tp"]
     tokens = seq * batch
-    # tensor parallelism splits what is inside attention and the MLP, not the residual stream
+    # tensor parallelism splits what is inside attention and the MLP, not the residual stream nor
+    # the norms' outputs that enter them (measured: 2.5B's largest micro batch at tp 2 and 4)
     per_token = sum(width * sizes[dtype] / (tp if dtype == "c" else 1) for width, dtype in _block_tensors(spec))
     block = tokens * per_token
     eager = spec.family == "distilbert" and params["deterministic"]
@@ -311,8 +317,12 @@ def predict(params: dict[str, Any], hardware: Hardware | None = None) -> Predict
 
 def hardware_of_run(doc: dict[str, Any]) -> Hardware | None:
     """The machine a cell ran on, as far as its metrics.json says (older runs did not record the host)."""
+    provenance = doc.get("provenance") or {}
     totals = (doc.get("metrics") or {}).get("gpu_mem_total_mib")
-    host = (doc.get("provenance") or {}).get("host_mem_total_mib") or float("inf")
+    if not totals and provenance.get("gpu_memory_mib") and provenance.get("gpu_count"):
+        # a run that died before NVML sampled (an OOM in the first step): the GPUs it was given
+        totals = [provenance["gpu_memory_mib"]] * provenance["gpu_count"]
+    host = provenance.get("host_mem_total_mib") or float("inf")
     if not totals and host == float("inf"):
         return None
     return Hardware(min(totals) if totals else None, host, len(totals or []))

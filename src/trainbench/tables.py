@@ -248,11 +248,24 @@ def _probe_outcome(status: str, reason: str | None) -> str:
     return status
 
 
-def _model_max(found: Doc) -> str:
-    predicted, bound = found.get("predicted_max_micro_batch"), found.get("bound")
+def _model_max(doc: Doc) -> str:
+    """The memory model's largest micro batch for the cell on the GPUs its search ran on: the current
+    model's, like the predicted columns (the one the search was run with stays in max_batch.json)."""
+    from trainbench.batch_search import largest_predicted
+    from trainbench.memory_model import hardware_of_run
+
+    found = doc["search"]
+    bound = found.get("bound") or 256
+    predicted = found.get("predicted_max_micro_batch")
+    hardware = hardware_of_run({"metrics": found["metrics_at_max"]}) if found["metrics_at_max"] else None
+    if hardware is not None:
+        try:
+            predicted = largest_predicted(doc["params"], hardware, bound)
+        except (KeyError, ValueError):  # a model or strategy the memory model does not know
+            predicted = None
     if predicted is None:
         return "—"
-    return f"≥ {bound}" if bound and predicted >= bound else str(predicted)
+    return f"≥ {bound}" if predicted >= bound else str(predicted)
 
 
 SEARCH_METRICS = ["step_time_ms", "samples_per_s", "tflops_per_gpu", "mfu", "gpu_mem_each"]
@@ -274,7 +287,7 @@ def search_markdown(docs: list[Doc], *, id_keys: list[str]) -> list[str]:
         row += [_cell_value(found["max_micro_batch"]) or "none", _cell_value(found["max_global_batch"]) or "—",
                 f"{failure['micro_batch']}: {_probe_outcome(failure['status'], failure['reason'])}" if failure
                 else "none up to the bound",
-                _model_max(found),
+                _model_max(doc),
                 ", ".join(f"{p['micro_batch']} {_probe_outcome(p['status'], p['reason'])}" for p in found["probes"])]
         for name in SEARCH_METRICS:
             value = COLUMNS[name].value(at_max) if found["metrics_at_max"] else None
