@@ -105,19 +105,37 @@ def memory_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path) -> 
 
 
 def throughput_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(docs) + 2), 5))
+    """Samples/s of every cell at its configured batch; next to it, for a cell whose largest batch was
+    searched, the run at that batch (labelled with the global batch)."""
+    searched = any(d.get("search") for d in docs)
+    width = 0.4 if searched else 0.8
+    fig, ax = plt.subplots(figsize=(max(6, (1.2 if searched else 0.9) * len(docs) + 2), 5))
+    labels = {"configured": "at the study's batch", "largest": "at the largest batch that trains"}
     for x, doc in enumerate(docs):
-        value = (doc.get("metrics") or {}).get("samples_per_s") if doc["status"] == "ok" else None
-        if value is None:
+        bars = []
+        if doc["status"] == "ok" and (doc.get("metrics") or {}).get("samples_per_s") is not None:
+            bars.append(("configured", doc["metrics"], doc["params"].get("global_batch")))
+        found = doc.get("search") or {}
+        if found.get("metrics_at_max"):
+            bars.append(("largest", found["metrics_at_max"], found["max_global_batch"]))
+        if not bars:
             _status_mark(ax, x, doc)
             continue
-        ax.bar(x, value, color="C0")
-        mfu = doc["metrics"].get("mfu")
-        note = f"{value:,.1f}" + (f"\n{mfu:.0%} MFU" if mfu is not None else "")
-        ax.text(x, value, note, ha="center", va="bottom", fontsize=7)
+        for which, metrics, batch in bars:
+            offset = 0 if not searched else (-width / 2 if which == "configured" else width / 2)
+            value, mfu = metrics["samples_per_s"], metrics.get("mfu")
+            ax.bar(x + offset, value, width=width, color="C0" if which == "configured" else "C1",
+                   label=labels.pop(which, None) if searched else None)
+            note = f"{value:,.1f}" + (f"\n{mfu:.0%} MFU" if mfu is not None else "")
+            if searched and batch is not None:
+                note += f"\nbatch {batch}"
+            ax.text(x + offset, value, note, ha="center", va="bottom", fontsize=6 if searched else 7)
     _cell_ticks(ax, docs, id_keys)
     ax.set_ylabel("samples / s (all ranks)")
     ax.set_title(f"{title}: training throughput (median step)")
+    if searched:
+        ax.set_ylim(top=ax.get_ylim()[1] * 1.15)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

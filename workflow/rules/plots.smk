@@ -4,6 +4,7 @@
 rule study_plots:
     input:
         metrics=get_study_metrics,
+        searches=get_study_searches,
         grid=get_study_grid,
     output:
         memory="results/plots/{study}_memory.png",
