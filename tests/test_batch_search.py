@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -68,7 +70,15 @@ def test_snakemake_runs_the_search_probe_by_probe_and_resumes(workflow):
     workflow.write_config({"studies": {"s": study}})
     target = "results/search/s/strategy~single__gpus~1/max_batch.json"
     env = {"TRAINBENCH_OOM_ABOVE_MICRO_BATCH": "5:2"}  # micro batches above 5 run out of memory at step 2
+
+    def search_column():
+        out = subprocess.run([sys.executable, "-m", "trainbench", "cells", "s", "--tsv"], cwd=workflow.root,
+                             capture_output=True, text=True, check=True).stdout
+        return out.splitlines()[1].split("\t")[6]
+
+    assert search_column() == "not started"
     workflow.snakemake(target, env=env)
+    assert search_column() == "mb 5 (6: oom)"
     result = json.loads(workflow.path(target).read_text())
     assert result["max_micro_batch"] == 5 and result["max_global_batch"] == 5
     assert result["first_failure"]["micro_batch"] == 6

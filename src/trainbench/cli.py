@@ -33,6 +33,21 @@ def cell_status(target: Path, params_hash: str) -> str:
     return status if doc.get("params_hash") == params_hash else f"{status} (stale: parameters changed)"
 
 
+def search_status(root: Path, study: str, cell_id: str) -> str:
+    """Where a cell's max-batch search stands: its answer, or how many probes have run."""
+    from trainbench.grid import search_target
+    from trainbench.results import read_json
+
+    result = root / search_target(study, cell_id)
+    if result.exists():
+        found = read_json(result)
+        failure = found["first_failure"]
+        limit = f" ({failure['micro_batch']}: {failure['status']})" if failure else ""
+        return f"mb {found['max_micro_batch']}{limit}"
+    probes = list(result.parent.glob("mb~*/metrics.json"))
+    return f"{len(probes)} probes, not finished" if probes else "not started"
+
+
 def cmd_cells(args) -> int:
     config = _config(args.config)
     names = args.studies or list(config.studies)
@@ -44,9 +59,10 @@ def cmd_cells(args) -> int:
             status = cell_status(Path(args.root) / cell.target, cell.params_hash)
             if status == "missing" and not cell.measured:
                 status = "planned"  # outside the study's `measure` selection: the table runs none
+            search = search_status(Path(args.root), study.name, cell.cell_id) if cell.cell_id in study.searched else "-"
             rows.append((name, cell.cell_id, status,
-                         str(r["gpu"]), str(r["nodes"]), cell.target))
-    header = ("study", "cell", "status", "gpus", "nodes", "target")
+                         str(r["gpu"]), str(r["nodes"]), cell.target, search))
+    header = ("study", "cell", "status", "gpus", "nodes", "target", "search")
     if args.tsv:
         print("\t".join(header))
         for row in rows:
