@@ -65,7 +65,7 @@ def parse_dry_run(text: str) -> dict[str, set[str]]:
     jobs: dict[str, set[str]] = {}
     rule = None
     for line in text.splitlines():
-        match = re.match(r"^(?:local)?rule (\w+):$", line.strip())
+        match = re.match(r"^(?:local)?(?:rule|checkpoint) (\w+):$", line.strip())
         if match:
             rule = match.group(1)
             jobs.setdefault(rule, set())

@@ -11,6 +11,7 @@ import sys
 import pytest
 import yaml
 
+from trainbench.batch_search import bounds_for
 from trainbench.config import load_config
 
 from conftest import REPO, parse_dry_run, tiny_study
@@ -33,6 +34,11 @@ def test_each_study_dry_runs_listing_its_cells_and_resources(workflow, study):
     # the table runs the measured cells; the planned ones run when named (here: all of them)
     table = parse_dry_run(workflow.snakemake("-n", f"results/tables/{study}.md").stdout)
     assert table["train_cell"] == set(expected.targets)
+    # and the searches it reports, each from its first probe (the memory model's seed)
+    first_probes = {f"results/search/{study}/{cell_id}/mb~{bounds_for(expected.search, expected.cell(cell_id).params)[0]}"
+                    "/metrics.json" for cell_id in expected.searched}
+    assert table.get("search_probe", set()) == first_probes
+    assert bool(first_probes) == (study == "megatron")
     result = workflow.snakemake("-n", f"results/tables/{study}.md", *(c.target for c in expected.planned))
     jobs = parse_dry_run(result.stdout)
     assert len(jobs["train_cell"]) == len(expected.cells)
