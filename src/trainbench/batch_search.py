@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import psutil
 
-from trainbench.memory_model import MIB, Hardware, predict
+from trainbench.memory_model import MIB, Hardware, hardware_of_run, predict
 
 
 def next_probe(outcomes: dict[int, str], start: int, upper: int, tolerance: float = 0.0) -> int | None:
@@ -100,21 +100,14 @@ def walk(status_of: Callable[[int], str], start: int, upper: int, tolerance: flo
 def summary(outcomes: dict[int, dict[str, Any]], tolerance: float = 0.0,
             max_micro_batch: int = 256) -> dict[str, Any]:
     """The search's result from its probes' metrics.json documents (by micro batch)."""
-    from trainbench.memory_model import hardware_of_run
-
     statuses = {batch: doc["status"] for batch, doc in outcomes.items()}
     best = largest_fitting(statuses)
     failures = sorted((b, doc) for b, doc in outcomes.items() if doc["status"] != "ok")
     first = failures[0] if failures else None
     best_doc = outcomes.get(best) if best is not None else None
     any_doc = next(iter(outcomes.values()))
-    # What the memory model says of the same cell on the machine the probes ran on: how far off its
-    # seed was. Unknown for a model or strategy it does not cover.
+    # the machine the probes ran on, so the memory model's answer for it can be set beside the search's
     hardware = hardware_of_run(best_doc or any_doc)
-    try:
-        predicted = largest_predicted(any_doc["params"], hardware, max_micro_batch) if hardware else None
-    except (KeyError, ValueError):
-        predicted = None
     return {
         "study": any_doc["study"],
         "cell_id": any_doc["cell_id"].rsplit("/mb~", 1)[0],
@@ -122,7 +115,9 @@ def summary(outcomes: dict[int, dict[str, Any]], tolerance: float = 0.0,
         "max_global_batch": best_doc["params"]["global_batch"] if best_doc else None,
         "tolerance": tolerance,
         "bound": max_micro_batch,  # the study's max_micro_batch: no probe went above it
-        "predicted_max_micro_batch": predicted,
+        "hardware": {"gpu_mem_mib": hardware.gpu_mem_mib, "gpus_per_node": hardware.gpus_per_node,
+                     "host_mem_mib": hardware.host_mem_mib if hardware.host_mem_mib != float("inf") else None}
+        if hardware else None,
         "first_failure": {"micro_batch": first[0], "status": first[1]["status"], "reason": first[1]["reason"]}
         if first else None,
         "probes": [{"micro_batch": b, "status": doc["status"], "reason": doc["reason"],
@@ -133,3 +128,16 @@ def summary(outcomes: dict[int, dict[str, Any]], tolerance: float = 0.0,
         # the largest batch's own run: the cell's throughput at its largest batch
         "metrics_at_max": best_doc["metrics"] if best_doc else None,
     }
+
+
+def model_largest(params: dict[str, Any], found: dict[str, Any]) -> int | None:
+    """The memory model's largest micro batch (up to the search's bound) for a cell on the machine its
+    search ran on; None where that machine or the model's knowledge of the cell is missing."""
+    machine = found.get("hardware")
+    if not machine:
+        return None
+    hardware = Hardware(machine["gpu_mem_mib"], machine["host_mem_mib"] or float("inf"), machine["gpus_per_node"])
+    try:
+        return largest_predicted(params, hardware, found["bound"])
+    except (KeyError, ValueError):  # a model or strategy the memory model does not know
+        return None

@@ -199,6 +199,15 @@ def _selects(params: dict[str, Any], selector: dict[str, Any]) -> bool:
     return all(params.get(k) in (v if isinstance(v, list) else [v]) for k, v in selector.items())
 
 
+def _selected(cells: list[Cell], selectors: list[dict[str, Any]], key: str, what: str) -> list[Cell]:
+    """The cells any selector matches, in grid order; a selector matching none is a config error."""
+    idle = [f"{key}[{i}]: {selector!r} matches no {what}" for i, selector in enumerate(selectors)
+            if not any(_selects(c.params, selector) for c in cells)]
+    if idle:
+        raise ConfigError(idle)
+    return [c for c in cells if any(_selects(c.params, s) for s in selectors)]
+
+
 def _execution(study_spec: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     settings = {k: v["default"] for k, v in EXECUTION.items()}
     settings.update(study_spec.get("execution") or {})
@@ -282,26 +291,16 @@ def expand_study(name: str, spec: dict[str, Any]) -> Study:
 
     measure = spec.get("measure")
     if measure:
-        selectors = measure["cells"]
-        for i, selector in enumerate(selectors):
-            if not any(_selects(c.params, selector) for c in cells):
-                problems.append(f"studies.{name}.measure.cells[{i}]: {selector!r} matches no cell")
-        if problems:
-            raise ConfigError(problems)
-        cells = [replace(c, measured=any(_selects(c.params, s) for s in selectors)) for c in cells]
+        chosen = {c.cell_id for c in _selected(cells, measure["cells"], f"studies.{name}.measure.cells", "cell")}
+        cells = [replace(c, measured=c.cell_id in chosen) for c in cells]
     id_keys = sort_keys({k for c in cells for k in c.id_keys})
     search = {"max_micro_batch": 256, "steps": None, "gpu_mem_gib": None, "tolerance": 0, "cells": None,
               **(spec.get("search") or {})}
     searched: list[str] = []
     if spec.get("search"):  # a study that declares a search reports it for the cells it names
-        selectors = search["cells"] or [{}]
         measured = [c for c in cells if c.measured]
-        for i, selector in enumerate(search["cells"] or []):
-            if not any(_selects(c.params, selector) for c in measured):
-                problems.append(f"studies.{name}.search.cells[{i}]: {selector!r} matches no measured cell")
-        if problems:
-            raise ConfigError(problems)
-        searched = [c.cell_id for c in measured if not c.unsupported and any(_selects(c.params, s) for s in selectors)]
+        chosen = _selected(measured, search["cells"] or [{}], f"studies.{name}.search.cells", "measured cell")
+        searched = [c.cell_id for c in chosen if not c.unsupported]
     return Study(name, spec.get("description", ""), cells, id_keys,
                  list(spec.get("report") or REPORT_COLUMNS_DEFAULT), search,
                  (measure or {}).get("plan_for"), tuple(searched))

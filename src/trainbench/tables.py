@@ -242,30 +242,21 @@ def markdown_table(docs: list[Doc], *, id_keys: list[str], report: list[str]) ->
 
 def _probe_outcome(status: str, reason: str | None) -> str:
     """A probe in a few characters: "ok", "OOM at step 3", "OOM at init", "timeout"."""
-    if status == "oom" and reason:
-        text = reason.split(" on rank")[0].replace("OOM at init (cannot even initialize the model)", "OOM at init")
-        return text.split(" of ")[0]
-    return status
+    if status != "oom":
+        return status
+    return result_text({"status": status, "reason": reason}).split(" of ")[0].split(" (")[0]
 
 
 def _model_max(doc: Doc) -> str:
-    """The memory model's largest micro batch for the cell on the GPUs its search ran on: the current
-    model's, like the predicted columns (the one the search was run with stays in max_batch.json)."""
-    from trainbench.batch_search import largest_predicted
-    from trainbench.memory_model import hardware_of_run
+    """The current memory model's largest micro batch for the cell on the GPUs its search ran on (like
+    the predicted columns, it follows improvements to the model)."""
+    from trainbench.batch_search import model_largest
 
     found = doc["search"]
-    bound = found.get("bound") or 256
-    predicted = found.get("predicted_max_micro_batch")
-    hardware = hardware_of_run({"metrics": found["metrics_at_max"]}) if found["metrics_at_max"] else None
-    if hardware is not None:
-        try:
-            predicted = largest_predicted(doc["params"], hardware, bound)
-        except (KeyError, ValueError):  # a model or strategy the memory model does not know
-            predicted = None
+    predicted = model_largest(doc["params"], found)
     if predicted is None:
         return "—"
-    return f"≥ {bound}" if predicted >= bound else str(predicted)
+    return f"≥ {found['bound']}" if predicted >= found["bound"] else str(predicted)
 
 
 SEARCH_METRICS = ["step_time_ms", "samples_per_s", "tflops_per_gpu", "mfu", "gpu_mem_each"]
@@ -301,7 +292,7 @@ def search_markdown(docs: list[Doc], *, id_keys: list[str]) -> list[str]:
         "\n".join(lines),
         "",
         f"Each probe trains the cell at one micro batch for the search's steps; probes double, then bisect "
-        f"({within}), seeded and bounded by the memory model (its own largest fitting micro batch on this "
+        f"({within}), seeded and bounded by the memory model (its largest fitting micro batch on that "
         f"hardware: \"model's max\"). The columns \"at max\" are the probe at the largest batch: the cell's "
         f"run at that batch. Probes: results/search/<study>/<cell>/mb~<k>/metrics.json.",
         "",
