@@ -256,3 +256,11 @@ def test_a_search_pattern_that_names_no_measured_cell_is_an_error():
               search={"cells": [{"micro_batch": 2}]})
     s["settings"]["strategy"] = "ddp"
     assert problems(config_with(s)) == ["studies.s.search.cells[0]: {'micro_batch': 2} matches no measured cell"]
+
+
+def test_plot_panels_must_be_keys_that_tell_cells_apart():
+    axes = {"micro_batch": [1, 2], "strategy": ["ddp", "fsdp"]}
+    assert load_config(config_with(study(axes=axes, plot_panels=["strategy"]))).study("s").plot_panels == ("strategy",)
+    # lr is a parameter, but every cell has the same: a panel per value would be one panel
+    assert problems(config_with(study(axes=axes, plot_panels=["lr"]))) == [
+        "studies.s.plot_panels: 'lr' is not a key that tells the study's cells apart (those are: strategy, micro_batch)"]

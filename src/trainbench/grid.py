@@ -113,6 +113,7 @@ class Study:
     search: dict[str, Any] = field(default_factory=dict)  # the max-batch search's settings
     plan_for: dict[str, Any] | None = None  # the hardware planned cells are judged against
     searched: tuple[str, ...] = ()  # ids of the cells whose max-batch search the table reports
+    plot_panels: tuple[str, ...] = ()  # keys whose values split the plots into panels
 
     def cell(self, cell_id: str) -> Cell:
         for c in self.cells:
@@ -301,9 +302,14 @@ def expand_study(name: str, spec: dict[str, Any]) -> Study:
         measured = [c for c in cells if c.measured]
         chosen = _selected(measured, search["cells"] or [{}], f"studies.{name}.search.cells", "measured cell")
         searched = [c.cell_id for c in chosen if not c.unsupported]
+    plot_panels = tuple(spec.get("plot_panels") or ())
+    unknown = [key for key in plot_panels if key not in id_keys]
+    if unknown:
+        raise ConfigError(f"studies.{name}.plot_panels: {unknown[0]!r} is not a key that tells the study's "
+                          f"cells apart (those are: {', '.join(id_keys)})")
     return Study(name, spec.get("description", ""), cells, id_keys,
                  list(spec.get("report") or REPORT_COLUMNS_DEFAULT), search,
-                 (measure or {}).get("plan_for"), tuple(searched))
+                 (measure or {}).get("plan_for"), tuple(searched), plot_panels)
 
 
 def probe_cell(study: Study, cell: Cell, micro_batch: int) -> Cell:

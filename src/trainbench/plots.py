@@ -67,12 +67,33 @@ def _predicted_per_device(doc: Doc, kind: str) -> float | None:
     return host / doc["params"]["gpus_per_node"] if host is not None else None
 
 
-def memory_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path) -> None:
-    series = [_memory_series(d) for d in docs]
-    kind = next((k for _, k in series if k), "GPU" if any(d["params"].get("device") == "cuda" for d in docs)
+def panels(docs: list[Doc], keys: list[str]) -> list[tuple[str, list[Doc]]]:
+    """The cells split by their values of `keys`, in the order the cells come: (title, cells) each."""
+    groups: dict[tuple, list[Doc]] = {}
+    for doc in docs:
+        groups.setdefault(tuple(doc["params"].get(k) for k in keys), []).append(doc)
+    return [(", ".join(f"{k}={v}" if not isinstance(v, str) else v for k, v in zip(keys, values)), members)
+            for values, members in groups.items()]
+
+
+def _panel_figure(groups: list[tuple[str, list[Doc]]], inches_per_cell: float):
+    """One row per panel, as wide as the panel with the most cells."""
+    most = max(len(members) for _, members in groups)
+    fig, axes = plt.subplots(len(groups), 1, squeeze=False, layout="constrained",
+                             figsize=(max(6, inches_per_cell * most + 2), 5 if len(groups) == 1 else 4.2 * len(groups)))
+    for ax in axes[:, 0]:
+        ax.set_xlim(-0.6, most - 0.4)  # equal bar widths in every panel
+    return fig, list(axes[:, 0])
+
+
+def _memory_kind(docs: list[Doc], series: list[tuple[list[float], str]]) -> str:
+    return next((k for _, k in series if k), "GPU" if any(d["params"].get("device") == "cuda" for d in docs)
                 else "CPU rank")
+
+
+def _draw_memory(ax, docs: list[Doc], label_keys: list[str], kind: str) -> None:
+    series = [_memory_series(d) for d in docs]
     width_per_cell = max(len(v) for v, _ in series) if any(v for v, _ in series) else 1
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(docs) + 2), 5))
     bar = 0.8 / width_per_cell
     labelled: set[int] = set()
     for x, (doc, (values, _)) in enumerate(zip(docs, series)):
@@ -92,24 +113,30 @@ def memory_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path) -> 
             ax.hlines(predicted, x - 0.45, x + 0.45, colors="black", linewidths=2, label=predicted_label)
             predicted_label = None
             labelled.add(-1)
-    _cell_ticks(ax, docs, id_keys)
+    _cell_ticks(ax, docs, label_keys)
     ax.set_ylim(top=ax.get_ylim()[1] * 1.12)  # room for the legend above the tallest bar
-    what = "peak NVML 'used' memory per GPU" if kind == "GPU" else "peak resident memory per CPU rank"
     ax.set_ylabel("MiB")
-    ax.set_title(f"{title}: {what} (bars) and predicted (black)")
     if labelled:
         ax.legend(fontsize=7, ncols=min(8, width_per_cell + 1))
-    fig.tight_layout()
+
+
+def memory_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path, panel_keys: list[str] = ()) -> None:
+    kind = _memory_kind(docs, [_memory_series(d) for d in docs])
+    groups = panels(docs, list(panel_keys))
+    fig, axes = _panel_figure(groups, 0.9)
+    label_keys = [k for k in id_keys if k not in panel_keys]
+    for ax, (name, members) in zip(axes, groups):
+        _draw_memory(ax, members, label_keys, kind)
+        if name:
+            ax.set_title(name, fontsize=9)
+    what = "peak NVML 'used' memory per GPU" if kind == "GPU" else "peak resident memory per CPU rank"
+    fig.suptitle(f"{title}: {what} (bars) and predicted (black)")
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def throughput_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path) -> None:
-    """Samples/s of every cell at its configured batch; next to it, for a cell whose largest batch was
-    searched, the run at that batch (labelled with the global batch)."""
-    searched = any(d.get("search") for d in docs)
+def _draw_throughput(ax, docs: list[Doc], label_keys: list[str], searched: bool) -> None:
     width = 0.4 if searched else 0.8
-    fig, ax = plt.subplots(figsize=(max(6, (1.2 if searched else 0.9) * len(docs) + 2), 5))
     labels = {"configured": "at the study's batch", "largest": "at the largest batch that trains"}
     for x, doc in enumerate(docs):
         bars = []
@@ -130,19 +157,31 @@ def throughput_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path)
             if searched and batch is not None:
                 note += f"\nbatch {batch}"
             ax.text(x + offset, value, note, ha="center", va="bottom", fontsize=6 if searched else 7)
-    _cell_ticks(ax, docs, id_keys)
+    _cell_ticks(ax, docs, label_keys)
     ax.set_ylabel("samples / s (all ranks)")
-    ax.set_title(f"{title}: training throughput (median step)")
-    if searched:
-        ax.set_ylim(top=ax.get_ylim()[1] * 1.15)
+    ax.set_ylim(top=ax.get_ylim()[1] * (1.25 if searched else 1.1))  # room for the notes above the bars
+    if searched and len(labels) < 2:
         ax.legend(fontsize=7)
-    fig.tight_layout()
+
+
+def throughput_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path, panel_keys: list[str] = ()) -> None:
+    """Samples/s of every cell at its configured batch; next to it, for a cell whose largest batch was
+    searched, the run at that batch (labelled with the global batch)."""
+    searched = any(d.get("search") for d in docs)
+    groups = panels(docs, list(panel_keys))
+    fig, axes = _panel_figure(groups, 1.2 if searched else 0.9)
+    label_keys = [k for k in id_keys if k not in panel_keys]
+    for ax, (name, members) in zip(axes, groups):
+        _draw_throughput(ax, members, label_keys, searched)
+        if name:
+            ax.set_title(name, fontsize=9)
+    fig.suptitle(f"{title}: training throughput (median step)")
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 def write_plots(docs: list[Doc], *, study: str, id_keys: list[str], memory_path: Path,
-                throughput_path: Path) -> None:
+                throughput_path: Path, panel_keys: list[str] = ()) -> None:
     Path(memory_path).parent.mkdir(parents=True, exist_ok=True)
-    memory_plot(docs, id_keys, study, Path(memory_path))
-    throughput_plot(docs, id_keys, study, Path(throughput_path))
+    memory_plot(docs, id_keys, study, Path(memory_path), panel_keys)
+    throughput_plot(docs, id_keys, study, Path(throughput_path), panel_keys)

@@ -141,6 +141,10 @@ def build_schema() -> dict[str, Any]:
                     },
                 },
             },
+            "plot_panels": {"type": "array", "items": {"type": "string"}, "default": [],
+                            "description": "Cell keys that split the study's plots into panels, one per "
+                                           "combination of their values with its own y axis (the other keys "
+                                           "label the bars); empty: one panel."},
             "report": {"type": "array", "items": {"type": "string"}, "default": REPORT_COLUMNS_DEFAULT,
                        "description": "Metric columns of the study's markdown table, in order "
                                       "(`trainbench columns` lists them)."},

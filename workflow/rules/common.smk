@@ -133,7 +133,8 @@ def get_study_grid(wildcards):
 
 def get_study_layout(wildcards):
     study = get_study(wildcards)
-    return {"description": study.description, "id_keys": study.id_keys, "report": study.report}
+    return {"description": study.description, "id_keys": study.id_keys, "report": study.report,
+            "plot_panels": list(study.plot_panels)}
 
 
 def get_study_planning(wildcards):

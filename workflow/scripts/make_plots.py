@@ -12,4 +12,5 @@ with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
                          [read_json(path) for path in snakemake.input.searches])  # noqa: F821
     write_plots(docs, study=snakemake.wildcards.study,  # noqa: F821
                 id_keys=snakemake.params.layout["id_keys"],  # noqa: F821
+                panel_keys=snakemake.params.layout["plot_panels"],  # noqa: F821
                 memory_path=snakemake.output.memory, throughput_path=snakemake.output.throughput)  # noqa: F821

@@ -1,0 +1,39 @@
+"""Plots split into panels by the study's plot_panels keys."""
+
+from __future__ import annotations
+
+import matplotlib.image
+
+from trainbench.plots import panels, write_plots
+
+
+def doc(precision: str, strategy: str, gpus: int, used_mib: float) -> dict:
+    return {"cell_id": f"{precision}-{strategy}-{gpus}", "status": "ok",
+            "params": {"precision": precision, "strategy": strategy, "gpus": gpus, "gpus_per_node": gpus,
+                       "device": "cuda"},
+            "metrics": {"gpu_mem_used_mib": [used_mib] * gpus, "samples_per_s": used_mib / 100, "mfu": 0.1}}
+
+
+DOCS = [doc("fp32", "zero1", 2, 900), doc("bf16", "zero1", 2, 500), doc("fp32", "zero2", 4, 800),
+        doc("bf16", "zero2", 4, 400)]
+
+
+def test_panels_group_cells_by_their_values_in_the_order_cells_come():
+    by_precision = panels(DOCS, ["precision"])
+    assert [title for title, _ in by_precision] == ["fp32", "bf16"]
+    assert [[d["params"]["strategy"] for d in members] for _, members in by_precision] == [["zero1", "zero2"]] * 2
+    # numbers keep their key; several keys make one panel per combination
+    assert [title for title, _ in panels(DOCS, ["gpus", "precision"])] == [
+        "gpus=2, fp32", "gpus=2, bf16", "gpus=4, fp32", "gpus=4, bf16"]
+    assert panels(DOCS, []) == [("", DOCS)]
+
+
+def test_each_panel_is_a_row_of_the_figure(tmp_path):
+    def heights(panel_keys):
+        memory, throughput = tmp_path / "m.png", tmp_path / "t.png"
+        write_plots(DOCS, study="s", id_keys=["precision", "strategy", "gpus"], memory_path=memory,
+                    throughput_path=throughput, panel_keys=panel_keys)
+        return [matplotlib.image.imread(path).shape[0] for path in (memory, throughput)]
+
+    one, two = heights([]), heights(["precision"])
+    assert all(h2 > 1.5 * h1 for h1, h2 in zip(one, two))
