@@ -52,6 +52,9 @@ def test_zero_stages_hold_the_model_states_of_the_zero_paper():
     device, host = states(strategy="zero3", offload_optimizer=True, offload_param=True)
     assert "optimizer" not in device and "weights" not in device
     assert host["optimizer"] == pytest.approx(12 * psi / n) and host["weights"] == pytest.approx(2 * psi / n)
+    # with the staging copies of the CPU step beside them, partitioned like the rest (peak RSS of the
+    # offload cells on H200, GPT-345M to Llama-7B: 22-25 bytes per parameter of a rank's partition)
+    assert sum(host.values()) - host["weights"] == pytest.approx(22 * psi / n)
     # plain data parallel with autocast: fp32 weights, gradients and moments, and DDP's bucket copy
     device, _ = model_states(cell(model="llama-7b", strategy="ddp", gpus=2, precision="bf16"), spec)
     assert device["weights"] + device["gradients"] + device["optimizer"] == pytest.approx(16 * psi)

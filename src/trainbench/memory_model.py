@@ -23,7 +23,8 @@ data-parallel size, Psi = parameters of the rank's model-parallel shard):
   (the current block and the prefetched one) in the compute dtype. With offload, the shards live on
   the host and only the units in flight are on the GPU.
 - Offload (ZeRO-Offload/Infinity): the fp32 master copy, moments and fp32 gradient partition go to
-  host memory (16 bytes per parameter of the partition); offloaded parameters add their half copy.
+  host memory (16 bytes per parameter of the partition, and 6 more for the staging copies of the
+  CPU step, measured); offloaded parameters add their half copy.
 
 Activations follow Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
 Models" (2022), counted tensor by tensor for each block layout (trainbench's GPT-2, Hugging Face's
@@ -70,6 +71,11 @@ HOST_FRAMEWORK_EXTRA_MIB = {  # (device type) -> framework -> MiB; DeepSpeed's i
     "cuda": {"torch": 0.0, "deepspeed": 0.0, "lightning": 900.0, "hf_trainer": 900.0},
 }
 DEEPSPEED_IMPORT_MIB = 75.0
+# Host bytes per offloaded parameter of a rank's partition beyond the 16 the CPU optimizer keeps
+# (fp32 weights, gradients, Adam's two moments): DeepSpeed's pinned half-precision gradient
+# partition and the transient fp32 copies of the step. Measured: peak RSS of the ZeRO-1/2/3
+# offload cells of GPT-345M, GPT-2.5B and Llama-7B on H200 (6-9 bytes; 6 for ZeRO-3).
+OFFLOAD_STAGING_BYTES = 6.0
 # Frameworks whose FSDP is FSDP1 and accumulates gradients under no_sync (accelerate, Lightning).
 FSDP1_NO_SYNC_FRAMEWORKS = ("hf_trainer", "lightning")
 
@@ -198,6 +204,7 @@ def model_states(params: dict[str, Any], spec: ModelSpec) -> tuple[dict[str, flo
             if offload_optimizer:
                 host["optimizer"] = optimizer
                 host["gradients"] = 4 * psi / n  # the fp32 gradient partition the CPU optimizer steps on
+                host["offload_staging"] = OFFLOAD_STAGING_BYTES * psi / n
                 if stage < 3:
                     device["gradients"] = gradients
             else:
