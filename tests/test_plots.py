@@ -26,6 +26,7 @@ def test_panels_group_cells_by_their_values_in_the_order_cells_come():
     assert [title for title, _ in panels(DOCS, ["gpus", "precision"])] == [
         "gpus=2, fp32", "gpus=2, bf16", "gpus=4, fp32", "gpus=4, bf16"]
     assert panels(DOCS, []) == [("", DOCS)]
+    assert panels([], ["precision"]) == [("", [])]  # a study with no measured cell still gets its (empty) plots
 
 
 def test_each_panel_is_a_row_of_the_figure(tmp_path):
@@ -37,3 +38,9 @@ def test_each_panel_is_a_row_of_the_figure(tmp_path):
 
     one, two = heights([]), heights(["precision"])
     assert all(h2 > 1.5 * h1 for h1, h2 in zip(one, two))
+
+
+def test_a_study_with_no_measured_cell_gets_empty_plots(tmp_path):
+    write_plots([], study="s", id_keys=["strategy"], memory_path=tmp_path / "m.png",
+                throughput_path=tmp_path / "t.png", panel_keys=["strategy"])
+    assert (tmp_path / "m.png").stat().st_size > 0 and (tmp_path / "t.png").stat().st_size > 0

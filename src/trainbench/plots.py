@@ -73,7 +73,7 @@ def panels(docs: list[Doc], keys: list[str]) -> list[tuple[str, list[Doc]]]:
     for doc in docs:
         groups.setdefault(tuple(doc["params"].get(k) for k in keys), []).append(doc)
     return [(", ".join(f"{k}={v}" if not isinstance(v, str) else v for k, v in zip(keys, values)), members)
-            for values, members in groups.items()]
+            for values, members in groups.items()] or [("", [])]  # no cells yet: one empty panel
 
 
 def _panel_figure(groups: list[tuple[str, list[Doc]]], inches_per_cell: float):
