@@ -1,7 +1,9 @@
 """Per-study plots: peak memory of every GPU (or CPU rank) by cell, and throughput by cell.
 
 Cells that did not run to the end keep their place on the x axis with their status written in, so
-a plot shows the same cells as the table.
+a plot shows the same cells as the table. A study's `plot_panels` keys split a plot into rows, one
+per combination of their values, each with its own y axis: a grid's cells differ in throughput and
+memory by orders of magnitude across models, and one row of them all is too wide to read.
 """
 
 from __future__ import annotations
