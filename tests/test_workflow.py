@@ -124,6 +124,16 @@ def test_only_missing_or_changed_cells_rerun(workflow):
     workflow.write_config(changed)
     jobs = workflow.planned()
     assert "train_cell" not in jobs and jobs["study_table"] == {"results/tables/t.md", "results/tables/t.csv"}
+    assert "study_plots" not in jobs
+    # and what the plots show, the plots alone
+    changed["studies"]["t"]["plot_panels"] = ["micro_batch"]
+    workflow.write_config(changed)
+    jobs = workflow.planned()
+    assert set(jobs) - {"all"} == {"study_plots", "study_table"}  # the table for the report change above
+    workflow.snakemake()
+    changed["studies"]["t"]["plot_panels"] = []
+    workflow.write_config(changed)
+    assert set(workflow.planned()) - {"all"} == {"study_plots"}
 
     # a reviewer re-runs one cell (README): only that cell; or that cell and the table it feeds
     workflow.snakemake("results/tables/t.md")

@@ -132,9 +132,15 @@ def get_study_grid(wildcards):
 
 
 def get_study_layout(wildcards):
+    """What the table shows (a params change reruns the table alone)."""
     study = get_study(wildcards)
-    return {"description": study.description, "id_keys": study.id_keys, "report": study.report,
-            "plot_panels": list(study.plot_panels)}
+    return {"description": study.description, "id_keys": study.id_keys, "report": study.report}
+
+
+def get_plot_layout(wildcards):
+    """What the plots show (a params change reruns the plots alone)."""
+    study = get_study(wildcards)
+    return {"id_keys": study.id_keys, "plot_panels": list(study.plot_panels)}
 
 
 def get_study_planning(wildcards):

@@ -12,7 +12,7 @@ rule study_plots:
     log:
         "results/logs/plots/{study}.log",
     params:
-        layout=get_study_layout,
+        layout=get_plot_layout,
     localrule: True
     conda:
         "../../envs/analysis.yaml"
