@@ -8,6 +8,10 @@ memory with the peak NVML 'used' of the busiest GPU, and the predicted host memo
 node's ranks' peak resident memory; cells that ran out of memory check the verdict. Prints one line
 per cell and the error distribution: median and worst absolute error in percent, and how many
 fit/OOM verdicts were right (a cell that ran fits; a cell that hit OOM does not).
+
+Where the GPU figure is wrong, the last lines say which half is: the tensors (the predicted
+allocation against torch's peak allocated) or the caching allocator's reserve over them (torch's
+peak reserved over its peak allocated, against the ALLOCATOR_SLACK the model assumes), by engine.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from trainbench.memory_model import hardware_of_run, predict
+from trainbench.memory_model import ALLOCATOR_SLACK, engine, hardware_of_run, predict
 from trainbench.results import read_json
 
 
@@ -29,6 +33,34 @@ def short(text: str, width: int = 62) -> str:
 
 def error_pct(predicted, measured):
     return 100.0 * (predicted - measured) / measured
+
+
+def predicted_tensors_mib(parts: dict[str, float]) -> float:
+    """What the model says torch allocates at the peak: its parts less the allocator's and the context."""
+    return sum(v for k, v in parts.items() if not k.startswith("allocator_") and k != "cuda_context")
+
+
+def engine_label(params: dict) -> str:
+    kind, stage = engine(params)
+    offload = "+offload" if params.get("offload_optimizer") or params.get("offload_param") else ""
+    return f"{kind}{'' if stage is None else f' {stage}'}{offload}"
+
+
+def print_gpu_split(rows: list[dict]) -> None:
+    """Tensor error and allocator reserve, by engine, for the cells whose torch peaks were recorded."""
+    split = [r for r in rows if r["gpu_err_pct"] is not None and r["torch_alloc_mib"]]
+    if not split:
+        return
+    errors = [abs(error_pct(r["tensors_pred_mib"], r["torch_alloc_mib"])) for r in split]
+    print(f"tensors (predicted allocation vs torch's peak allocated): {len(split)} cells, median |error| "
+          f"{statistics.median(errors):.1f}%, worst {max(errors):.1f}%")
+    print(f"allocator reserve (torch's peak reserved / peak allocated; the model assumes {ALLOCATOR_SLACK:.2f}):")
+    for label in sorted({r["engine"] for r in split}):
+        group = [r for r in split if r["engine"] == label]
+        ratios = [r["torch_reserved_mib"] / r["torch_alloc_mib"] for r in group]
+        tensor_err = [error_pct(r["tensors_pred_mib"], r["torch_alloc_mib"]) for r in group]
+        print(f"  {label:<22} {len(group):>3} cells: reserve median {statistics.median(ratios):.2f} "
+              f"({min(ratios):.2f}-{max(ratios):.2f}), tensors median error {statistics.median(tensor_err):+.1f}%")
 
 
 def main(argv=None) -> int:
@@ -45,7 +77,10 @@ def main(argv=None) -> int:
         pred = predict(doc["params"], hardware_of_run(doc))
         row = {"study": doc["study"], "cell": doc["cell_id"], "status": doc["status"],
                "gpu_pred_mib": pred.gpu_mem_mib, "gpu_meas_mib": max(m["gpu_mem_used_mib"] or [0]) or None,
-               "host_pred_mib": pred.host_mem_mib, "host_meas_mib": m["host_mem_peak_mib"], "fits": pred.fits}
+               "host_pred_mib": pred.host_mem_mib, "host_meas_mib": m["host_mem_peak_mib"], "fits": pred.fits,
+               "engine": engine_label(doc["params"]), "tensors_pred_mib": predicted_tensors_mib(pred.parts_mib),
+               "torch_alloc_mib": max(m.get("torch_peak_allocated_mib") or [0]) or None,
+               "torch_reserved_mib": max(m.get("torch_peak_reserved_mib") or [0]) or None}
         for kind in ("gpu", "host"):
             p, x = row[f"{kind}_pred_mib"], row[f"{kind}_meas_mib"]
             row[f"{kind}_err_pct"] = error_pct(p, x) if p and x and doc["status"] == "ok" else None
@@ -68,6 +103,7 @@ def main(argv=None) -> int:
             print(f"{label}: {len(errors)} cells, median |error| {statistics.median(errors):.1f}%, "
                   f"worst {max(errors):.1f}%, within 10%: {sum(e <= 10 for e in errors)}, "
                   f"within 25%: {sum(e <= 25 for e in errors)}")
+    print_gpu_split(rows)
     judged = [r for r in rows if r["fits"] is not None]
     right = sum((r["fits"] and r["status"] == "ok") or (not r["fits"] and r["status"] == "oom") for r in judged)
     print(f"fit/OOM verdicts: {right} of {len(judged)} right (cells with a known machine: "
