@@ -1,4 +1,5 @@
-"""`trainbench`: list cells and their status, run one cell, predict memory, print the vocabulary, write the schema."""
+"""`trainbench`: list cells and their status, run one cell, predict memory, compare two result trees, print the
+vocabulary, write the schema."""
 
 from __future__ import annotations
 
@@ -131,6 +132,18 @@ def cmd_search_summary(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    """Two result trees cell by cell (a rerun against what was published)."""
+    from trainbench.compare import compare, report
+
+    for root in (args.first, args.second):
+        if not root.is_dir():
+            raise ConfigError(f"{root}: no such directory (give two results/runs folders)")
+    result = compare(args.first, args.second)
+    print(report(result, args.first, args.second))
+    return 0 if result.cells else 1
+
+
 def cmd_schema(args) -> int:
     from trainbench.schema import build_schema
 
@@ -211,6 +224,14 @@ def parser() -> argparse.ArgumentParser:
     search.add_argument("--max-micro-batch", type=int, default=256, help="the study's bound on the micro batch")
     search.add_argument("probes", nargs="+", help="the probes' metrics.json files")
     search.set_defaults(func=cmd_search_summary)
+
+    compare = sub.add_parser("compare", help="compare two result trees cell by cell (did a rerun reproduce?)",
+                             description="Match the metrics.json files of two results/runs folders by study and "
+                                         "cell, and print the relative change of step time, samples/s and peak "
+                                         "memory for every cell that ran in both with the same parameters.")
+    compare.add_argument("first", type=Path, help="a results/runs folder (the published one)")
+    compare.add_argument("second", type=Path, help="another (the rerun)")
+    compare.set_defaults(func=cmd_compare)
 
     schema = sub.add_parser("schema", help="print, write or check workflow/schemas/config.schema.yaml")
     group = schema.add_mutually_exclusive_group()
