@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import matplotlib.image
 
-from trainbench.plots import panels, write_plots
+from trainbench.plots import cell_label, label_keys, memory_plot, panels, write_plots
 
 
 def doc(precision: str, strategy: str, gpus: int, used_mib: float) -> dict:
@@ -44,3 +44,23 @@ def test_a_study_with_no_measured_cell_gets_empty_plots(tmp_path):
     write_plots([], study="s", id_keys=["strategy"], memory_path=tmp_path / "m.png",
                 throughput_path=tmp_path / "t.png", panel_keys=["strategy"])
     assert (tmp_path / "m.png").stat().st_size > 0 and (tmp_path / "t.png").stat().st_size > 0
+
+
+def test_keys_all_cells_share_leave_the_bar_labels_for_the_title(tmp_path):
+    cells = [doc("fp16", "zero1", 4, 900), doc("fp16", "zero3", 4, 500)]
+    # strategy tells the cells apart; precision and gpus are the same under every bar
+    assert label_keys(cells, ["strategy", "precision", "gpus"], []) == (["strategy"], "fp16, gpus=4")
+    assert label_keys(cells, ["strategy", "precision", "gpus"], ["precision"]) == (["strategy"], "gpus=4")
+    # one cell: nothing varies, every key labels its bar
+    assert label_keys(cells[:1], ["strategy", "gpus"], []) == (["strategy", "gpus"], "")
+    # an unset flag shared by all says nothing: not in the title either
+    flagged = [dict(c, params=dict(c["params"], offload=False)) for c in cells]
+    assert label_keys(flagged, ["strategy", "offload"], []) == (["strategy"], "")
+    assert cell_label(flagged[0], ["strategy", "offload", "gpus"]) == "zero1\ngpus=4"
+
+
+def test_a_long_title_widens_the_figure(tmp_path):
+    short, long = tmp_path / "short.png", tmp_path / "long.png"
+    memory_plot(DOCS[:2], ["strategy", "precision"], "s", short)
+    memory_plot(DOCS[:2], ["strategy", "precision"], "a_study_with_a_long_name_" * 4, long)
+    assert matplotlib.image.imread(long).shape[1] > 1.5 * matplotlib.image.imread(short).shape[1]

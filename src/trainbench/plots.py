@@ -21,20 +21,18 @@ from trainbench.tables import prediction  # noqa: E402
 Doc = dict[str, Any]
 
 
+def value_label(key: str, value: Any) -> str:
+    """Names alone say what they are (zero2), numbers keep their key (gpus=2), flags appear by name
+    when set and not at all when not."""
+    if isinstance(value, bool):
+        return key if value else ""
+    return value if isinstance(value, str) else f"{key}={value}"
+
+
 def cell_label(doc: Doc, id_keys: list[str]) -> str:
-    """Short x-axis label: names alone say what they are (zero2), numbers keep their key (gpus=2),
-    flags appear by name when set."""
-    parts = []
-    for key in id_keys:
-        value = doc["params"].get(key)
-        if isinstance(value, bool):
-            if value:
-                parts.append(key)
-        elif isinstance(value, str):
-            parts.append(value)
-        else:
-            parts.append(f"{key}={value}")
-    return "\n".join(parts) or doc["cell_id"]
+    """Short x-axis label, one line per key."""
+    parts = [value_label(key, doc["params"].get(key)) for key in id_keys]
+    return "\n".join(p for p in parts if p) or doc["cell_id"]
 
 
 def _cell_ticks(ax, docs: list[Doc], id_keys: list[str]) -> None:
@@ -78,13 +76,27 @@ def panels(docs: list[Doc], keys: list[str]) -> list[tuple[str, list[Doc]]]:
             for values, members in groups.items()] or [("", [])]  # no cells yet: one empty panel
 
 
-def _panel_figure(groups: list[tuple[str, list[Doc]]], inches_per_cell: float):
-    """One row per panel, as wide as the panel with the most cells."""
+def label_keys(docs: list[Doc], id_keys: list[str], panel_keys: list[str]) -> tuple[list[str], str]:
+    """The keys that tell the plotted cells apart (for the x-axis labels), and the others' common
+    values (for the title): a key all plotted cells share says nothing under every bar. Panel keys
+    are in each panel's title. Where no key varies (one cell), every key labels the bar."""
+    keys = [k for k in id_keys if k not in panel_keys]
+    varying = [k for k in keys if len({repr(d["params"].get(k)) for d in docs}) > 1]
+    if not varying:
+        return keys, ""
+    shared = [value_label(k, docs[0]["params"].get(k)) for k in keys if k not in varying]
+    return varying, ", ".join(label for label in shared if label)
+
+
+def _panel_figure(groups: list[tuple[str, list[Doc]]], inches_per_cell: float, title: str):
+    """One row per panel, as wide as the panel with the most cells and the title."""
     most = max(len(members) for _, members in groups)
+    width = max(6, inches_per_cell * most + 2, 0.1 * len(title))  # about 0.1 inch per character at 12 pt
     fig, axes = plt.subplots(len(groups), 1, squeeze=False, layout="constrained",
-                             figsize=(max(6, inches_per_cell * most + 2), 5 if len(groups) == 1 else 4.2 * len(groups)))
+                             figsize=(width, 5 if len(groups) == 1 else 4.2 * len(groups)))
     for ax in axes[:, 0]:
         ax.set_xlim(-0.6, most - 0.4)  # equal bar widths in every panel
+    fig.suptitle(title)
     return fig, list(axes[:, 0])
 
 
@@ -93,7 +105,7 @@ def _memory_kind(docs: list[Doc], series: list[tuple[list[float], str]]) -> str:
                 else "CPU rank")
 
 
-def _draw_memory(ax, docs: list[Doc], label_keys: list[str], kind: str) -> None:
+def _draw_memory(ax, docs: list[Doc], keys: list[str], kind: str) -> None:
     series = [_memory_series(d) for d in docs]
     width_per_cell = max(len(v) for v, _ in series) if any(v for v, _ in series) else 1
     bar = 0.8 / width_per_cell
@@ -115,29 +127,32 @@ def _draw_memory(ax, docs: list[Doc], label_keys: list[str], kind: str) -> None:
             ax.hlines(predicted, x - 0.45, x + 0.45, colors="black", linewidths=2, label=predicted_label)
             predicted_label = None
             labelled.add(-1)
-    _cell_ticks(ax, docs, label_keys)
+    _cell_ticks(ax, docs, keys)
     ax.set_ylim(top=ax.get_ylim()[1] * 1.12)  # room for the legend above the tallest bar
     ax.set_ylabel("MiB")
     if labelled:
         ax.legend(fontsize=7, ncols=min(8, width_per_cell + 1))
 
 
+def _titled(study: str, shared: str) -> str:
+    return f"{study} ({shared})" if shared else study
+
+
 def memory_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path, panel_keys: list[str] = ()) -> None:
     kind = _memory_kind(docs, [_memory_series(d) for d in docs])
     groups = panels(docs, list(panel_keys))
-    fig, axes = _panel_figure(groups, 0.9)
-    label_keys = [k for k in id_keys if k not in panel_keys]
+    keys, shared = label_keys(docs, id_keys, list(panel_keys))
+    what = "peak NVML 'used' memory per GPU" if kind == "GPU" else "peak resident memory per CPU rank"
+    fig, axes = _panel_figure(groups, 0.9, f"{_titled(title, shared)}: {what} (bars) and predicted (black)")
     for ax, (name, members) in zip(axes, groups):
-        _draw_memory(ax, members, label_keys, kind)
+        _draw_memory(ax, members, keys, kind)
         if name:
             ax.set_title(name, fontsize=9)
-    what = "peak NVML 'used' memory per GPU" if kind == "GPU" else "peak resident memory per CPU rank"
-    fig.suptitle(f"{title}: {what} (bars) and predicted (black)")
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def _draw_throughput(ax, docs: list[Doc], label_keys: list[str], searched: bool) -> None:
+def _draw_throughput(ax, docs: list[Doc], keys: list[str], searched: bool) -> None:
     width = 0.4 if searched else 0.8
     labels = {"configured": "at the study's batch", "largest": "at the largest batch that trains"}
     for x, doc in enumerate(docs):
@@ -159,7 +174,7 @@ def _draw_throughput(ax, docs: list[Doc], label_keys: list[str], searched: bool)
             if searched and batch is not None:
                 note += f"\nbatch {batch}"
             ax.text(x + offset, value, note, ha="center", va="bottom", fontsize=6 if searched else 7)
-    _cell_ticks(ax, docs, label_keys)
+    _cell_ticks(ax, docs, keys)
     ax.set_ylabel("samples / s (all ranks)")
     ax.set_ylim(top=ax.get_ylim()[1] * (1.25 if searched else 1.1))  # room for the notes above the bars
     if searched and len(labels) < 2:
@@ -171,13 +186,13 @@ def throughput_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path,
     searched, the run at that batch (labelled with the global batch)."""
     searched = any(d.get("search") for d in docs)
     groups = panels(docs, list(panel_keys))
-    fig, axes = _panel_figure(groups, 1.2 if searched else 0.9)
-    label_keys = [k for k in id_keys if k not in panel_keys]
+    keys, shared = label_keys(docs, id_keys, list(panel_keys))
+    fig, axes = _panel_figure(groups, 1.2 if searched else 0.9,
+                              f"{_titled(title, shared)}: training throughput (median step)")
     for ax, (name, members) in zip(axes, groups):
-        _draw_throughput(ax, members, label_keys, searched)
+        _draw_throughput(ax, members, keys, searched)
         if name:
             ax.set_title(name, fontsize=9)
-    fig.suptitle(f"{title}: training throughput (median step)")
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
