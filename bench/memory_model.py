@@ -22,22 +22,13 @@ import statistics
 import sys
 from pathlib import Path
 
-from trainbench.memory_model import ALLOCATOR_SLACK, engine, hardware_of_run, predict
+from trainbench.compare import shorten
+from trainbench.memory_model import ALLOCATOR_SLACK, allocated_mib, engine, hardware_of_run, predict
 from trainbench.results import read_json
-
-
-def short(text: str, width: int = 62) -> str:
-    """A cell id within the column, keeping its end (a probe's /mb~<k>)."""
-    return text if len(text) <= width else text[:width - 12] + "…" + text[-11:]
 
 
 def error_pct(predicted, measured):
     return 100.0 * (predicted - measured) / measured
-
-
-def predicted_tensors_mib(parts: dict[str, float]) -> float:
-    """What the model says torch allocates at the peak: its parts less the allocator's and the context."""
-    return sum(v for k, v in parts.items() if not k.startswith("allocator_") and k != "cuda_context")
 
 
 def engine_label(params: dict) -> str:
@@ -78,7 +69,7 @@ def main(argv=None) -> int:
         row = {"study": doc["study"], "cell": doc["cell_id"], "status": doc["status"],
                "gpu_pred_mib": pred.gpu_mem_mib, "gpu_meas_mib": max(m["gpu_mem_used_mib"] or [0]) or None,
                "host_pred_mib": pred.host_mem_mib, "host_meas_mib": m["host_mem_peak_mib"], "fits": pred.fits,
-               "engine": engine_label(doc["params"]), "tensors_pred_mib": predicted_tensors_mib(pred.parts_mib),
+               "engine": engine_label(doc["params"]), "tensors_pred_mib": allocated_mib(pred.parts_mib),
                "torch_alloc_mib": max(m.get("torch_peak_allocated_mib") or [0]) or None,
                "torch_reserved_mib": max(m.get("torch_peak_reserved_mib") or [0]) or None}
         for kind in ("gpu", "host"):
@@ -93,7 +84,7 @@ def main(argv=None) -> int:
     for r in rows:
         def f(v, fmt):
             return format(v, fmt) if v is not None else "-"
-        print(f"{r['study']:<15} {short(r['cell']):<62} {r['status']:<6} {f(r['gpu_pred_mib'], '9.0f')} "
+        print(f"{r['study']:<15} {shorten(r['cell'], 62):<62} {r['status']:<6} {f(r['gpu_pred_mib'], '9.0f')} "
               f"{f(r['gpu_meas_mib'], '9.0f')} {f(r['gpu_err_pct'], '+6.1f')} {f(r['host_pred_mib'], '10.0f')} "
               f"{f(r['host_meas_mib'], '9.0f')} {f(r['host_err_pct'], '+6.1f')}")
     print()

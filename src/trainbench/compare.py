@@ -46,6 +46,11 @@ class Comparison:
                 if c.same_params and c.change_pct.get(figure) is not None]
 
 
+def shorten(text: str, width: int) -> str:
+    """A cell id within a column, keeping its end (where a probe's /mb~<k> is)."""
+    return text if len(text) <= width else text[:width - 12] + "…" + text[-11:]
+
+
 def _metrics_docs(root: Path) -> dict[str, dict]:
     return {f"{p.parent.parent.name}/{p.parent.name}": read_json(p) for p in sorted(root.glob("*/*/metrics.json"))}
 
@@ -71,8 +76,7 @@ def report(comparison: Comparison, first: Path, second: Path) -> str:
     names = list(FIGURES)
     lines.append(f"{'cell':<70} " + " ".join(f"{n[:16]:>16}" for n in names))
     for c in comparison.cells:
-        label = f"{c.study}/{c.cell_id}"
-        label = label if len(label) <= 70 else label[:58] + "…" + label[-11:]
+        label = shorten(f"{c.study}/{c.cell_id}", 70)
         if not c.same_params:
             lines.append(f"{label:<70} parameters differ: not a repeat")
         elif c.status[0] != c.status[1] or c.status[0] != "ok":

@@ -277,6 +277,12 @@ def activations(params: dict[str, Any], spec: ModelSpec) -> float:
     return total
 
 
+def allocated_mib(parts_mib: dict[str, float]) -> float:
+    """What torch allocates at the peak (its max_memory_allocated): every part of a prediction but
+    the caching allocator's reserve and the CUDA context."""
+    return sum(v for k, v in parts_mib.items() if not k.startswith("allocator_") and k != "cuda_context")
+
+
 def predict(params: dict[str, Any], hardware: Hardware | None = None) -> Prediction:
     """Peak memory of one rank's GPU, the busiest node's host memory, and whether both fit."""
     spec = get_model(params["model"])
@@ -288,7 +294,7 @@ def predict(params: dict[str, Any], hardware: Hardware | None = None) -> Predict
             + (DEEPSPEED_IMPORT_MIB if kind == "zero" else 0.0))
     parts = {k: v / MIB for k, v in on_device.items()}
     parts["activations"] = acts / MIB
-    allocated = sum(v for k, v in parts.items() if not k.startswith("allocator_"))
+    allocated = allocated_mib(parts)
     if params["device"] == "cuda":
         parts["allocator_slack"] = allocated * (ALLOCATOR_SLACK - 1)
         parts["cuda_context"] = CUDA_CONTEXT_MIB + (NCCL_MIB if params["gpus"] > 1 else 0)
