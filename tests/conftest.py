@@ -20,23 +20,53 @@ REPO = Path(__file__).resolve().parents[1]
 WORKFLOW_FILES = ("Snakefile", "workflow", "profiles", "envs")
 
 
+# Tests time the fewest windows there can be: six of the fewest steps, whatever their interval.
+FAST_TIMING = {"target_ci": 1.0, "min_window_s": 0}
+
+
 def tiny_study(**settings) -> dict:
     """A study of CPU cells small enough to run in seconds."""
     base = {"model": "gpt2-tiny", "device": "cpu", "seq_len": 16, "warmup_steps": 1, "timed_steps": 2}
     base.update(settings)
-    return {"description": "test study", "settings": base,
+    return {"description": "test study", "settings": base, "timing": dict(FAST_TIMING),
             "execution": {"runtime_min": 5, "cpus_per_rank": 1, "mem_mb_per_rank": 1000, "retries": 0}}
 
 
+def tracked_files(repo: Path = REPO) -> list[str]:
+    """The repository's files as a clone of it has them: git's tracked files (results included)."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=repo, capture_output=True, text=True, check=True)
+    return [name for name in listed.stdout.split("\0") if name and (repo / name).exists()]
+
+
+def shell_environment() -> dict[str, str]:
+    """The environment of a user who activated the project's venv (its bin first on PATH)."""
+    venv_bin = str(Path(sys.executable).parent)
+    return {**os.environ, "PATH": os.pathsep.join([venv_bin, os.environ.get("PATH", "")])}
+
+
 class Workflow:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, *, clone: bool = False):
+        """A copy of the workflow files in `root`; with clone=True every tracked file, as a fresh
+        `git clone` has them (results and all), with no .snakemake metadata."""
         self.root = root
+        if clone:
+            for name in tracked_files():
+                (root / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(REPO / name, root / name)
+            return
         for name in WORKFLOW_FILES:
             source = REPO / name
             if source.is_dir():
                 shutil.copytree(source, root / name, ignore=shutil.ignore_patterns("__pycache__"))
             else:
                 shutil.copy(source, root / name)
+
+    @classmethod
+    def at(cls, root: Path) -> "Workflow":
+        """A workflow directory that exists already (a copy of another test's)."""
+        flow = cls.__new__(cls)
+        flow.root = root
+        return flow
 
     def write_config(self, config: dict | str) -> None:
         text = config if isinstance(config, str) else yaml.safe_dump(config, sort_keys=False)
@@ -49,6 +79,16 @@ class Workflow:
                                 env={**os.environ, **(env or {})})
         if check and result.returncode != 0:
             raise AssertionError(f"snakemake {' '.join(args)} failed ({result.returncode}):\n"
+                                 f"{result.stdout[-4000:]}\n{result.stderr[-6000:]}")
+        return result
+
+    def shell(self, command: str, *, check: bool = True, timeout: float = 900,
+              env: dict | None = None) -> subprocess.CompletedProcess:
+        """A command line as a user types it (venv activated), in the workflow's directory."""
+        result = subprocess.run(command, shell=True, cwd=self.root, capture_output=True, text=True,
+                                timeout=timeout, env={**shell_environment(), **(env or {})})
+        if check and result.returncode != 0:
+            raise AssertionError(f"`{command}` failed ({result.returncode}):\n"
                                  f"{result.stdout[-4000:]}\n{result.stderr[-6000:]}")
         return result
 
@@ -77,6 +117,10 @@ def parse_dry_run(text: str) -> dict[str, set[str]]:
     return jobs
 
 
+# what a machine without GPUs looks like to the pipeline, whatever this one has
+CPU_MACHINE = {"TRAINBENCH_FAKE_GPUS": "0", "CUDA_VISIBLE_DEVICES": ""}
+
+
 @pytest.fixture
 def workflow(tmp_path) -> Workflow:
     return Workflow(tmp_path)
@@ -84,14 +128,14 @@ def workflow(tmp_path) -> Workflow:
 
 @pytest.fixture(scope="session")
 def smoke_run_locally(tmp_path_factory) -> tuple[Workflow, float]:
-    """The repository's config run as the README's quick start does on a CPU machine (once per
-    session: the local and the SLURM tests compare against it). Returns the workflow and its time."""
+    """A fresh clone where the README's quick start ran on a CPU machine, `snakemake -c all` as
+    written (once per session: the local, SLURM and README tests build on it). Returns the clone and
+    the run's time."""
     import time
 
-    flow = Workflow(tmp_path_factory.mktemp("smoke-local"))
-    flow.write_config((REPO / "config.yaml").read_text())
+    flow = Workflow(tmp_path_factory.mktemp("smoke-local"), clone=True)
     started = time.monotonic()
-    flow.snakemake("--cores", "all", env={"TRAINBENCH_FAKE_GPUS": "0", "CUDA_VISIBLE_DEVICES": ""})
+    flow.shell("snakemake -c all", env=CPU_MACHINE)
     return flow, time.monotonic() - started
 
 

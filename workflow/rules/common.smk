@@ -12,6 +12,7 @@ try:
     from trainbench.gpus import local_gpu_count
     from trainbench.grid import probe_cell
     from trainbench.results import read_json
+    from trainbench.slurm import StatusCommandError, ensure_status_command
 except ImportError as error:
     sys.exit(f"error: cannot import trainbench ({error}); set up the environment first: make setup")
 
@@ -25,6 +26,15 @@ except ConfigError as error:
 # Grid stamps let reruns follow config.yaml even without .snakemake metadata (a fresh clone):
 # see src/trainbench/freshness.py. Rewritten only when a study's cells or their parameters change.
 STALE_CELLS = {name: prepare(study) for name, study in CONFIG.studies.items()}
+
+
+onstart:
+    # Under the SLURM executor: a status command that cannot see jobs finish makes Snakemake wait
+    # forever without a word (sacct on a cluster without accounting); check it before submitting.
+    try:
+        ensure_status_command(workflow)
+    except StatusCommandError as error:
+        sys.exit(f"error: {error}")
 
 
 # Jobs call `trainbench` from the environment running Snakemake (a venv need not be activated);
@@ -79,7 +89,8 @@ CELL_RESOURCES = {
     resource: cell_resource(name)
     for resource, name in (("gpu", "gpu"), ("gres", "gres"), ("nodes", "nodes"), ("tasks", "tasks"),
                            ("tasks_per_gpu", "tasks_per_gpu"), ("mpi", "mpi"), ("cpus_per_task", "cpus_per_task"),
-                           ("mem_mb", "mem_mb"), ("runtime", "runtime"), ("cell_retries", "retries"))
+                           ("mem_mb", "mem_mb"), ("runtime", "runtime"), ("cell_retries", "retries"),
+                           ("timing", "timing"))
 }
 
 

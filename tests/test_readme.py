@@ -1,0 +1,138 @@
+"""Every command the README shows works as written, in a fresh clone on a CPU machine.
+
+The commands are read from the README itself (fenced bash blocks, and inline code that starts with
+a command), so a new command cannot go untested: each must be listed in HOW below, which says how
+this test runs it. Commands that train on GPUs are dry-run (`-n`); the few that need a GPU host,
+root or a package index are run by CI or other tests, named in the entry.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+
+from conftest import CPU_MACHINE, REPO, Workflow
+
+README = REPO / "README.md"
+COMMAND_START = re.compile(r"^(?:[A-Z_]+=\S+ )*(?:sudo )?(snakemake|trainbench|python3?|make|bash|tools/)\b")
+
+
+def readme_commands(text: str) -> list[str]:
+    """Commands in README order: lines of ```bash blocks (comments dropped) and inline code spans
+    that start with a command."""
+    commands: list[str] = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            if line and not line.startswith("#"):
+                commands.append(line)
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    for span in re.findall(r"`([^`\n]+)`", prose):
+        if COMMAND_START.match(span) and " " in span:
+            commands.append(span.strip())
+    return list(dict.fromkeys(commands))
+
+
+@dataclass(frozen=True)
+class How:
+    mode: str  # "run": verbatim; "dry-run": verbatim plus -n; "elsewhere" or "name" (not a command line): see `why`
+    why: str = ""
+    line: str | None = None  # the command with its placeholders (<study>) filled in
+    before: Callable[[Workflow], None] | None = None  # what the command expects to exist
+    trains: bool = False  # a run that trains a cell (on CPU) is expected
+
+
+def _a_rerun_tree(flow: Workflow) -> None:
+    """`rerun/results/runs`: another clone's results, here the smoke study run again."""
+    shutil.copytree(flow.path("results/runs/smoke"), flow.path("rerun/results/runs/smoke"), dirs_exist_ok=True)
+
+
+GPU_HOST = "needs a GPU host (nvidia-smi and the cells' GPUs); its target lists are dry-run by tests/test_tools.py"
+HOW: dict[str, How] = {
+    "make setup": How("elsewhere", "CI's `make test` runs it"),
+    "snakemake <target> --forcerun": How("name", "the README's example of what forces nothing"),
+    "trainbench cells": How("run"),
+    "trainbench schema --write workflow/schemas/config.schema.yaml": How("run"),
+    "trainbench cells <study>": How("run", line="trainbench cells smoke"),
+    "trainbench predict": How("name", "the command's name; its full forms are run"),
+    "snakemake -n results/tables/<study>.md": How("run", line="snakemake -n results/tables/llama.md"),
+    "trainbench compare results/runs <rerun>/results/runs": How(
+        "run", line="trainbench compare results/runs rerun/results/runs", before=_a_rerun_tree),
+    "snakemake results/search/<study>/<cell>/max_batch.json": How(
+        "dry-run", "searches probe on GPUs",
+        line="snakemake results/search/megatron/strategy~zero1__model~gpt-2.5b__gpus~2__tp~1__offload_optimizer~false/max_batch.json"),
+    "snakemake results/tables/<study>.md": How("run", line="snakemake results/tables/megatron.md"),
+    "snakemake -n": How("run"),
+    "make run": How("elsewhere", "= `make setup` (which CI's `make test` runs) + `snakemake -c all` (run below)"),
+    "make test": How("elsewhere", "CI's own command (.ci/run)"),
+    "snakemake -c all": How("run", "the quick start; the session's smoke fixture ran it first in a fresh clone"),
+    "snakemake -c all results/tables/gpt2_zero.md": How("run"),
+    "snakemake -n results/tables/llama.md": How("run"),
+    "trainbench cells smoke": How("run"),
+    "snakemake -c all --force results/runs/smoke/strategy~ddp/metrics.json": How("run", trains=True),
+    "snakemake -c all results/tables/smoke.md --forcerun results/runs/smoke/strategy~ddp/metrics.json":
+        How("run", trains=True),
+    "trainbench predict llama --gpu h200 --gpus-per-node 8 --host-mem-gib 2048": How("run"),
+    "python bench/memory_model.py": How("run"),
+    "trainbench compare results/runs rerun/results/runs": How("run", before=_a_rerun_tree),
+    "trainbench strategies": How("run"),
+    "trainbench models": How("run"),
+    "trainbench columns": How("run"),
+    "snakemake results/tables/llama.md": How("run"),
+    "TRAINBENCH_GIT_COMMIT=$(git rev-parse HEAD) bash tools/gpu-host-run.sh .whl 545 out.tgz "
+    "tools/gpu-runs/llama-1.txt tools/gpu-runs/llama-2.txt": How("elsewhere", GPU_HOST),
+    "python3 -m snakemake results/tables/gpt2_zero.md results/plots/gpt2_zero_memory.png -c all --resources gpu=4":
+        How("run"),
+    "python3 -m snakemake results/tables/lightning.md results/plots/lightning_memory.png -c all --resources gpu=4":
+        How("run"),
+    "python3 -m snakemake -c all --force "
+    "'results/runs/gpt2_zero/strategy~zero3__precision~bf16__offload_optimizer~true__ort~false/metrics.json'":
+        How("dry-run", "retrains a GPU cell"),
+    "python3 -m snakemake -c all results/tables/gpt2_zero.md": How("run"),
+    "python3 -m snakemake results/tables/llama.md -c all --resources gpu=4": How("run"),
+    "trainbench predict llama --gpu h200 --gpus-per-node 4 --host-mem-gib 503": How("run"),
+    "python3 tools/build_wheelhouse.py .whl --python 3.12 --skip envs/gpu-host-image.txt":
+        How("elsewhere", "downloads 28 MiB; tests/test_tools.py builds a wheelhouse and installs from it offline"),
+    "bash tools/install_offline.sh .whl": How("elsewhere", "tests/test_tools.py installs a wheelhouse offline"),
+    "snakemake --profile profiles/slurm -j 64 --default-resources slurm_partition=gpu slurm_account=myproject":
+        How("dry-run", "submits to a cluster's 'gpu' partition; tests/test_slurm.py runs the profile for real"),
+    "snakemake results/tables/gpt2_zero.md --profile profiles/slurm --default-resources slurm_partition=gpu":
+        How("dry-run", "as above"),
+    "python3 tools/build_wheelhouse.py wheels --python 3.12": How("elsewhere", "as the .whl wheelhouse above"),
+    "python -m pip install --no-index --find-links wheels -r envs/requirements.txt":
+        How("elsewhere", "tests/test_tools.py installs a wheelhouse without an index"),
+    "python -m pip install --no-index --no-deps -e .": How("elsewhere", "as above"),
+    "sudo tools/local-slurm-cluster.sh install && sudo tools/local-slurm-cluster.sh start":
+        How("elsewhere", "root; CI's .ci/run starts the cluster this way (as root, without sudo)"),
+}
+
+
+def test_every_readme_command_is_known_to_this_test():
+    commands = readme_commands(README.read_text())
+    unknown = [c for c in commands if c not in HOW]
+    assert not unknown, f"README commands this test does not know how to run (add them to HOW): {unknown}"
+    gone = [c for c in HOW if c not in commands]
+    assert not gone, f"commands in HOW that the README no longer shows: {gone}"
+
+
+@pytest.mark.slow
+def test_every_readme_command_works_as_written_in_a_fresh_clone(smoke_run_locally, tmp_path):
+    # a copy of the fresh clone where the quick start already ran
+    clone = Workflow.at(shutil.copytree(smoke_run_locally[0].root, tmp_path / "clone", symlinks=True))
+    for command in readme_commands(README.read_text()):
+        how = HOW[command]
+        if how.mode in ("elsewhere", "name"):
+            continue
+        if how.before:
+            how.before(clone)
+        line = how.line or command
+        line = f"{line} -n" if how.mode == "dry-run" else line
+        result = clone.shell(line, env=CPU_MACHINE, timeout=600)
+        said = result.stdout + result.stderr
+        if line.split()[0] in ("snakemake", "python3") and "snakemake" in line and how.mode == "run":
+            # published GPU results build their tables here; nothing may retrain on a CPU machine
+            assert how.trains or "rule train_cell:" not in said, f"`{command}` retrained a cell:\n{said[-3000:]}"
