@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -17,7 +18,10 @@ from trainbench.cellrun import CellRun, classify, run_cell
 from trainbench.grid import Cell, check_cell, resolve
 from trainbench.models import get_model
 from trainbench.results import read_json, schema_problems
+from trainbench.timing import TimingSettings
 from trainbench.worker import FAIL_AT_STEP_ENV
+
+from conftest import FAST_TIMING
 
 TINY = {"model": "gpt2-tiny", "device": "cpu", "seq_len": 16, "micro_batch": 2, "warmup_steps": 1,
         "timed_steps": 2}
@@ -27,7 +31,8 @@ def make_cell(**params) -> Cell:
     p = resolve({**TINY, **params})
     errors, unsupported = check_cell(p)
     assert not errors, errors
-    return Cell("t", "c", p, execution={"cpus_per_rank": 1}, unsupported=unsupported)
+    return Cell("t", "c", p, execution={"cpus_per_rank": 1}, timing=TimingSettings(**FAST_TIMING),
+                unsupported=unsupported)
 
 
 def run(cell: Cell, tmp_path: Path, *, retries: int = 0, runtime_min: float = 5, search_probe: bool = False) -> dict:
@@ -50,10 +55,16 @@ def test_single_rank_cell_measures_and_records_everything(tmp_path):
     m = doc["metrics"]
     assert doc["status"] == "ok" and doc["reason"] is None
     assert doc["params"] == cell.params and doc["params_hash"] == cell.params_hash
-    assert m["steps_timed"] == 4 and len(m["step_times_s"]) == 4
-    assert m["step_time_s"] == pytest.approx(sorted(m["step_times_s"])[1:3][0] / 2 + sorted(m["step_times_s"])[2] / 2,
-                                             rel=1e-3)
+    # six timed windows (the fewest that give a 95% interval of the median), their mean step times kept
+    assert m["windows"] == len(m["step_times_s"]) == 6
+    assert m["steps_timed"] == 6 * m["steps_per_window"] >= 4
+    assert m["step_time_s"] == pytest.approx(statistics.median(m["step_times_s"]), rel=1e-3)
+    assert m["step_time_s_ci"] == pytest.approx([min(m["step_times_s"]), max(m["step_times_s"])], rel=1e-3)
     assert m["samples_per_s"] == pytest.approx(2 / m["step_time_s"], rel=1e-3)
+    assert m["samples_per_s_ci"] == pytest.approx([2 / max(m["step_times_s"]), 2 / min(m["step_times_s"])], rel=1e-3)
+    assert m["ci_half_width"] == pytest.approx((max(m["step_times_s"]) - min(m["step_times_s"])) / 2
+                                               / m["step_time_s"], rel=1e-2)
+    assert m["noisy"] is False and "6 windows" in m["timing"]["stopped"]  # FAST_TIMING asks for ±100%
     assert m["tokens_per_s"] == pytest.approx(m["samples_per_s"] * 16, rel=1e-3)
     assert m["params_total"] == get_model("gpt2-tiny").param_count()
     assert sum(m["params_per_module_rank0"].values()) == m["params_total"]

@@ -44,14 +44,20 @@ def test_classifier_head_flops_leave_out_the_unused_lm_head():
     assert spec.train_flops_per_token(512, "classifier", 5) < spec.train_flops_per_token(512, "lm") - 6 * 38e6
 
 
-def test_throughput_tflops_and_mfu_from_median_step():
-    rate = throughput([1.0, 0.5, 0.5, 9.0], global_batch=64, seq_len=1024, flops_per_token=1e9, gpus=2,
-                      peak=989e12)
-    assert rate.step_time_s == 0.75  # median, robust to one stray step
-    assert rate.samples_per_s == pytest.approx(64 / 0.75)
-    assert rate.tokens_per_s == pytest.approx(64 * 1024 / 0.75)
-    assert rate.tflops_per_gpu == pytest.approx(64 * 1024 / 0.75 * 1e9 / 2 / 1e12)
-    assert rate.mfu == pytest.approx(rate.tflops_per_gpu * 1e12 / 989e12)
+def test_throughput_tflops_and_mfu_from_median_window_with_intervals():
+    windows = [1.0, 0.5, 0.5, 9.0, 0.6, 0.7]  # six windows' mean step times
+    rate = throughput(windows, global_batch=64, seq_len=1024, flops_per_token=1e9, gpus=2, peak=989e12)
+    assert rate.step_time_s.value == pytest.approx(0.65)  # median, robust to one stray window
+    assert (rate.step_time_s.low, rate.step_time_s.high) == (0.5, 9.0)  # six values: min and max
+    assert rate.samples_per_s.value == pytest.approx(64 / 0.65)
+    assert (rate.samples_per_s.low, rate.samples_per_s.high) == pytest.approx((64 / 9.0, 64 / 0.5))
+    assert rate.tokens_per_s.value == pytest.approx(64 * 1024 / 0.65)
+    assert rate.tflops_per_gpu.value == pytest.approx(64 * 1024 / 0.65 * 1e9 / 2 / 1e12)
+    assert rate.mfu.value == pytest.approx(rate.tflops_per_gpu.value * 1e12 / 989e12)
+    assert rate.mfu.high == pytest.approx(rate.tflops_per_gpu.high * 1e12 / 989e12)
+    assert rate.half_width == pytest.approx((9.0 - 0.5) / 2 / 0.65)
+    assert throughput(windows[:5], global_batch=64, seq_len=1024, flops_per_token=1e9, gpus=2,
+                      peak=None).step_time_s.low is None  # five windows give no 95% interval; no MFU on CPUs
 
 
 def test_peak_flops_by_gpu_and_precision():

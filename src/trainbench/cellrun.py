@@ -29,9 +29,9 @@ from trainbench.grid import Cell, params_hash
 from trainbench.gpus import NotEnoughGpus, devices_for_cell, machine_devices, under_slurm
 from trainbench.launch import (Rendezvous, free_port, launch_environment, multinode_command, node_command,
                               srun_command, worker_args)
-from trainbench.metrics import peak_flops, throughput
-from trainbench.models import get_model
+from trainbench.metrics import timed_metrics
 from trainbench.results import SCHEMA_VERSION, empty_metrics, empty_predicted, write_json_atomic
+from trainbench.timing import TimingSettings
 
 TERMINATE_GRACE_S = 15
 PEER_EXIT_GRACE_S = 30  # after one node's launcher fails, how long the others get to notice
@@ -152,34 +152,27 @@ def _round(value, digits=3):
     return None if value is None else round(value, digits)
 
 
-def summarize(params: dict[str, Any], result: dict[str, Any], wall_time_s: float) -> dict[str, Any]:
+def summarize(params: dict[str, Any], result: dict[str, Any], wall_time_s: float,
+              timing: TimingSettings) -> dict[str, Any]:
     """The metrics of a successful run, from rank 0's result.json."""
-    spec = get_model(params["model"])
     ranks = result["ranks"]
     memory = _node_memory([r["node_memory"] for r in ranks])
     gpu_name = memory["names"][0] if memory["names"] else None
-    flops_per_token = spec.train_flops_per_token(params["seq_len"], params["head"], params["num_classes"])
-    rate = throughput(result["step_times_s"], global_batch=params["global_batch"], seq_len=params["seq_len"],
-                      flops_per_token=flops_per_token, gpus=params["gpus"],
-                      peak=peak_flops(gpu_name, params["precision"], params["tf32"]))
+    timed = timed_metrics(params, result["step_times_s"], steps_per_window=result["steps_per_window"],
+                          gpu_name=gpu_name, target_ci=timing.target_ci)
     projected = None
     if params["dataset_size"] and params["epochs"]:
         # Steady state only: optimizer steps of the whole run times the median step (no start-up,
         # evaluation or checkpoint time).
         steps = math.ceil(params["dataset_size"] / params["global_batch"]) * params["epochs"]
-        projected = steps * rate.step_time_s
+        projected = steps * timed["step_time_s"]
     rss_by_host: dict[str, float] = {}
     for r in ranks:
         rss_by_host[r["host"]] = rss_by_host.get(r["host"], 0.0) + r["host_rss_peak_mib"]
     metrics = empty_metrics()
     metrics.update(
         warmup_steps=params["warmup_steps"],
-        steps_timed=len(result["step_times_s"]),
-        step_time_s=_round(rate.step_time_s, 6),
-        samples_per_s=_round(rate.samples_per_s),
-        tokens_per_s=_round(rate.tokens_per_s, 1),
-        tflops_per_gpu=_round(rate.tflops_per_gpu, 4),
-        mfu=_round(rate.mfu, 4),
+        **timed,
         wall_time_s=_round(wall_time_s, 2),
         projected_run_s=_round(projected, 1),
         gpu_mem_used_mib=[_round(v, 1) for v in memory["used"]] or None,
@@ -198,7 +191,8 @@ def summarize(params: dict[str, Any], result: dict[str, Any], wall_time_s: float
     )
     metrics.update(
         step_times_s=[_round(t, 6) for t in result["step_times_s"]],
-        flops_per_token=flops_per_token,
+        warmup_step_times_s=[_round(t, 6) for t in result["warmup_step_times_s"]],
+        timing={"method": "windows", "stopped": result["timing_stopped"], **timing.as_dict()},
         host_rss_peak_mib_per_rank=[_round(r["host_rss_peak_mib"], 1) for r in ranks],
         host_mem_used_peak_mib=_round(max(memory["host_used"]), 1) if memory["host_used"] else None,
         host_mem_percent_peak=_round(max(memory["host_percent"]), 1) if memory["host_percent"] else None,
@@ -306,7 +300,7 @@ class CellRun:
                 break
         doc = self._base_document(outcome.status, outcome.reason)
         if outcome.status == "ok":
-            doc["metrics"] = summarize(self.params, outcome.result, wall_time_s)
+            doc["metrics"] = summarize(self.params, outcome.result, wall_time_s, self.cell.timing)
             if "deepspeed_config" in outcome.result:
                 write_json_atomic(self.output.parent / "deepspeed_config.json", outcome.result["deepspeed_config"])
         else:
@@ -340,7 +334,7 @@ class CellRun:
         self.work_dir.mkdir(parents=True)
         cell_file = self.work_dir / "cell.json"
         cell_file.write_text(json.dumps({"study": self.cell.study, "cell_id": self.cell.cell_id,
-                                         "params": self.params}, indent=2))
+                                         "params": self.params, "timing": self.cell.timing.as_dict()}, indent=2))
         p = self.params
         if p["nodes"] == 1:
             return [node_command(p, cell_file, self.work_dir, python=self.python, devices_given=devices is not None)]

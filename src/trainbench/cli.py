@@ -79,6 +79,7 @@ def cmd_cells(args) -> int:
 def cmd_run_cell(args) -> int:
     from trainbench.cellrun import run_cell
     from trainbench.grid import Cell, check_cell
+    from trainbench.timing import TimingSettings
 
     params = json.loads(args.params)
     errors, unsupported = check_cell(params)
@@ -86,8 +87,12 @@ def cmd_run_cell(args) -> int:
         raise ConfigError([f"study {args.study!r}, cell {args.cell!r}: {key}: {message}" for key, message in errors])
     # The job's cores are shared by the node's ranks (OMP threads per rank).
     ranks_per_node = params.get("gpus_per_node") or 1
+    try:
+        timing = TimingSettings.from_argument(args.timing)
+    except ValueError as error:
+        raise ConfigError(f"--timing {args.timing!r}: {error}") from None
     cell = Cell(args.study, args.cell, params, execution={"cpus_per_rank": max(1, args.cpus_per_task // ranks_per_node)},
-                unsupported=unsupported)
+                timing=timing, unsupported=unsupported)
     return run_cell(cell, Path(args.output), runtime_min=args.runtime_min, retries=args.retries,
                     search_probe=args.search_probe)
 
@@ -203,6 +208,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--runtime-min", type=float, default=30)
     run.add_argument("--retries", type=int, default=1)
     run.add_argument("--cpus-per-task", type=int, default=4, help="CPU cores of the job on each node")
+    run.add_argument("--timing", default="", help="the study's timing settings: min_windows=6,target_ci=0.02,...")
     run.add_argument("--search-probe", action="store_true",
                      help="a max-batch probe: run even where the memory model predicts no fit (the search measures it)")
     run.set_defaults(func=cmd_run_cell)

@@ -21,6 +21,7 @@ from trainbench.errors import ConfigError
 from trainbench.models import MODELS
 from trainbench.params import PARAMS_BY_NAME, defaults, sort_keys
 from trainbench.schema import EXECUTION, REPORT_COLUMNS_DEFAULT
+from trainbench.timing import TimingSettings
 
 ID_VALUE = re.compile(r"^[A-Za-z0-9._+-]+$")
 ID_SEPARATOR = "__"
@@ -51,6 +52,7 @@ class Cell:
     params: dict[str, Any]
     id_keys: tuple[str, ...] = ()
     execution: dict[str, Any] = field(default_factory=dict)
+    timing: TimingSettings = TimingSettings()
     unsupported: str | None = None
     measured: bool = True  # False: a planned cell (see Study.planned), in the table without a run
 
@@ -82,7 +84,8 @@ class Cell:
         p, ex = self.params, self.execution
         if self.unsupported is not None:  # recorded without launching anything
             return {"gpu": 0, "gres": None, "nodes": 1, "tasks": None, "tasks_per_gpu": None, "mpi": None,
-                    "cpus_per_task": 1, "mem_mb": 1000, "runtime": 5, "threads": 1, "retries": 0}
+                    "cpus_per_task": 1, "mem_mb": 1000, "runtime": 5, "threads": 1, "retries": 0,
+                    "timing": self.timing.as_argument()}
         ranks_per_node = p["gpus_per_node"]
         cpus = ex["cpus_per_rank"] * ranks_per_node
         cuda = p["device"] == "cuda"
@@ -100,6 +103,8 @@ class Cell:
             # cores Snakemake books on one machine: CPU ranks need their cores; GPU ranks one each
             "threads": cpus if not cuda else ranks_per_node,
             "retries": ex["retries"],
+            # how long the cell times its steps: a setting of the run, not a parameter (no rerun)
+            "timing": self.timing.as_argument(),
         }
 
 
@@ -264,6 +269,7 @@ def expand_study(name: str, spec: dict[str, Any]) -> Study:
     if not entries and not problems:
         problems.append(f"studies.{name}: no cells; give it axes, variants or include entries")
 
+    timing = TimingSettings(**(spec.get("timing") or {}))
     cells: list[Cell] = []
     seen_ids: dict[str, int] = {}
     grouped: dict[tuple[str, str], list[str]] = {}
@@ -282,7 +288,8 @@ def expand_study(name: str, spec: dict[str, Any]) -> Study:
         errors, unsupported = check_cell(params)
         for key, message in errors:
             grouped.setdefault((key, message), []).append(cell_id)
-        cells.append(Cell(name, cell_id, params, tuple(sort_keys(id_keys)), _execution(spec, params), unsupported))
+        cells.append(Cell(name, cell_id, params, tuple(sort_keys(id_keys)), _execution(spec, params), timing,
+                          unsupported))
 
     for (key, message), ids in grouped.items():
         shown = ", ".join(repr(i) for i in ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
@@ -318,5 +325,5 @@ def probe_cell(study: Study, cell: Cell, micro_batch: int) -> Cell:
     if study.search.get("steps"):
         changes["timed_steps"] = study.search["steps"]
     params = resolve({**cell.params, **changes})  # derived values (global batch) follow
-    return Cell(study.name, f"{cell.cell_id}/mb~{micro_batch}", params, cell.id_keys, cell.execution,
+    return Cell(study.name, f"{cell.cell_id}/mb~{micro_batch}", params, cell.id_keys, cell.execution, cell.timing,
                 cell.unsupported)

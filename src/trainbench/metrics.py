@@ -1,4 +1,4 @@
-"""Measurement: throughput, TFLOPS and MFU from step times, and a sampler of device and host memory.
+"""Measurement: throughput, TFLOPS and MFU from step times, with their intervals.
 
 MFU = achieved model FLOPs / peak FLOPs of the GPU at the training precision, where model FLOPs per
 token are `ModelSpec.train_flops_per_token` (6N + 12 L H Q T, PaLM appendix B). Peaks are the dense
@@ -7,14 +7,11 @@ token are `ModelSpec.train_flops_per_token` (6N + 12 L H Q T, PaLM appendix B). 
 
 from __future__ import annotations
 
-import os
 import resource
-import statistics
-import threading
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import psutil
+from trainbench.models import get_model
+from trainbench.timing import TimingSettings, summarize_windows
 
 MIB = 1024 * 1024
 
@@ -47,23 +44,40 @@ def peak_flops(gpu_name: str | None, precision: str, tf32: bool) -> float | None
     return None
 
 
-@dataclass
+@dataclass(frozen=True)
+class Figure:
+    """A measured figure: the median over timed windows and its 95% interval (None: too few windows)."""
+
+    value: float
+    low: float | None
+    high: float | None
+
+    def interval(self, digits: int) -> list[float] | None:
+        return None if self.low is None else [round(self.low, digits), round(self.high, digits)]
+
+
+@dataclass(frozen=True)
 class Throughput:
-    step_time_s: float
-    samples_per_s: float
-    tokens_per_s: float
-    tflops_per_gpu: float
-    mfu: float | None
+    step_time_s: Figure
+    samples_per_s: Figure
+    tokens_per_s: Figure
+    tflops_per_gpu: Figure
+    mfu: Figure | None
+    half_width: float | None  # of the step time's interval, relative to its median
+    windows: int
 
 
 def throughput(step_times_s: list[float], *, global_batch: int, seq_len: int, flops_per_token: float,
                gpus: int, peak: float | None) -> Throughput:
-    """Throughput from the median optimizer-step time (robust to a stray slow step)."""
-    step = statistics.median(step_times_s)
-    samples = global_batch / step
-    tokens = samples * seq_len
-    flops_per_gpu = tokens * flops_per_token / gpus
-    return Throughput(step, samples, tokens, flops_per_gpu / 1e12, flops_per_gpu / peak if peak else None)
+    """Throughput from the windows' mean step times: medians and 95% intervals (see timing.py)."""
+    summary = summarize_windows(step_times_s)
+    samples = Figure(*summary.rate(global_batch))
+    flops_per_gpu = global_batch * seq_len * flops_per_token / gpus
+    tflops = Figure(*summary.rate(flops_per_gpu / 1e12))
+    mfu = Figure(*summary.rate(flops_per_gpu / peak)) if peak else None
+    return Throughput(Figure(summary.median_s, summary.low_s, summary.high_s), samples,
+                      Figure(*summary.rate(global_batch * seq_len)), tflops, mfu, summary.half_width,
+                      summary.windows)
 
 
 def process_peak_rss_mib() -> float:
@@ -71,106 +85,24 @@ def process_peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def visible_nvml_indices() -> list[int | str]:
-    """NVML handles' keys for CUDA_VISIBLE_DEVICES: indices, or UUIDs as given.
-
-    The launcher sets CUDA_DEVICE_ORDER=PCI_BUS_ID, so CUDA's numbering is NVML's (and nvidia-smi's).
-    """
-    value = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if value is None:
-        return []  # callers treat "unset" as all devices
-    items = [v.strip() for v in value.split(",") if v.strip()]
-    return [int(v) if v.isdigit() else v for v in items]
-
-
-@dataclass
-class MemorySample:
-    gpu_used_mib: list[float] = field(default_factory=list)
-    gpu_total_mib: list[float] = field(default_factory=list)
-    gpu_names: list[str] = field(default_factory=list)
-    host_used_mib: float = 0.0
-    host_percent: float = 0.0
-
-
-class MemorySampler:
-    """Background thread keeping the peak NVML 'used' memory of every visible GPU and of the host.
-
-    NVML's 'used' is what nvidia-smi shows: every process's allocations plus CUDA contexts, which is
-    more than torch's allocator reports. One sampler per node covers all of that node's GPUs.
-    """
-
-    def __init__(self, interval_s: float = 0.05, use_gpus: bool = True):
-        self.interval_s = interval_s
-        self.peak = MemorySample()
-        self._handles = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="memory-sampler", daemon=True)
-        self._nvml = None
-        if use_gpus:
-            self._open_nvml()
-
-    def _open_nvml(self) -> None:
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-        except Exception:  # no driver: a CPU machine
-            return
-        self._nvml = pynvml
-        wanted = visible_nvml_indices()
-        if not wanted and os.environ.get("CUDA_VISIBLE_DEVICES") is None:
-            wanted = list(range(pynvml.nvmlDeviceGetCount()))
-        for key in wanted:
-            if isinstance(key, int):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(key)
-            else:
-                handle = pynvml.nvmlDeviceGetHandleByUUID(key)
-            self._handles.append(handle)
-            info = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            name = pynvml.nvmlDeviceGetName(handle)
-            self.peak.gpu_names.append(name.decode() if isinstance(name, bytes) else name)
-            self.peak.gpu_total_mib.append(info.total / MIB)
-            self.peak.gpu_used_mib.append(info.used / MIB)
-
-    def sample(self) -> None:
-        for i, handle in enumerate(self._handles):
-            used = self._nvml.nvmlDeviceGetMemoryInfo(handle).used / MIB
-            self.peak.gpu_used_mib[i] = max(self.peak.gpu_used_mib[i], used)
-        vm = psutil.virtual_memory()
-        self.peak.host_used_mib = max(self.peak.host_used_mib, (vm.total - vm.available) / MIB)
-        self.peak.host_percent = max(self.peak.host_percent, vm.percent)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.sample()
-            self._stop.wait(self.interval_s)
-
-    def start(self) -> "MemorySampler":
-        self.sample()
-        self._thread.start()
-        return self
-
-    def stop(self) -> MemorySample:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        self.sample()
-        return self.peak
-
-
-class StepClock:
-    """Wall time of one step with the device synchronised at both ends, so queued GPU work is counted."""
-
-    def __init__(self, synchronize):
-        self._synchronize = synchronize
-        self._start = 0.0
-        self.elapsed_s = 0.0
-
-    def start(self) -> None:
-        self._synchronize()
-        self._start = time.perf_counter()
-
-    def stop(self) -> float:
-        self._synchronize()
-        self.elapsed_s = time.perf_counter() - self._start
-        return self.elapsed_s
+def timed_metrics(params: dict, step_times_s: list[float], *, steps_per_window: int, gpu_name: str | None,
+                  target_ci: float = TimingSettings().target_ci) -> dict:
+    """The metrics.json figures that come from the timed windows: step time and every rate derived
+    from it, each a median with its 95% interval (null where too few windows give none), and whether
+    the cell ended `noisy` (its interval wider than the target)."""
+    spec = get_model(params["model"])
+    flops_per_token = spec.train_flops_per_token(params["seq_len"], params["head"], params["num_classes"])
+    rate = throughput(step_times_s, global_batch=params["global_batch"], seq_len=params["seq_len"],
+                      flops_per_token=flops_per_token, gpus=params["gpus"],
+                      peak=peak_flops(gpu_name, params["precision"], params["tf32"]))
+    figures = {"step_time_s": (rate.step_time_s, 6), "samples_per_s": (rate.samples_per_s, 3),
+               "tokens_per_s": (rate.tokens_per_s, 1), "tflops_per_gpu": (rate.tflops_per_gpu, 4),
+               "mfu": (rate.mfu, 4)}
+    out: dict = {"steps_timed": len(step_times_s) * steps_per_window, "steps_per_window": steps_per_window,
+                 "windows": len(step_times_s), "flops_per_token": flops_per_token}
+    for key, (figure, digits) in figures.items():
+        out[key] = None if figure is None else round(figure.value, digits)
+        out[f"{key}_ci"] = None if figure is None else figure.interval(digits)
+    out["ci_half_width"] = None if rate.half_width is None else round(rate.half_width, 5)
+    out["noisy"] = rate.half_width is None or rate.half_width > target_ci
+    return out

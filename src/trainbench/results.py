@@ -16,8 +16,13 @@ from typing import Any
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "oom", "unsupported", "infeasible", "failed", "timeout")
 
+# each timed figure's 95% interval [low, high], how tight the step time's is, and how it was timed
+# (timing.py); results from before timing windows get them from their per-step times (`current`)
+INTERVAL_KEYS = ("step_time_s_ci", "samples_per_s_ci", "tokens_per_s_ci", "tflops_per_gpu_ci", "mfu_ci",
+                 "ci_half_width", "noisy", "steps_per_window", "windows")
 METRIC_KEYS = (
     "warmup_steps", "steps_timed", "step_time_s", "samples_per_s", "tokens_per_s", "tflops_per_gpu", "mfu",
+    *INTERVAL_KEYS,
     "wall_time_s", "projected_run_s", "gpu_mem_used_mib", "gpu_mem_total_mib", "torch_peak_allocated_mib",
     "torch_peak_reserved_mib", "host_mem_peak_mib", "loss_first", "loss_last", "test_accuracy",
     "params_total", "params_per_module_rank0",
@@ -80,13 +85,41 @@ def read_json(path: str | Path) -> Any:
         return json.load(f)
 
 
+# How results from before timing windows were timed: every step synchronised and timed alone.
+PER_STEP_METHOD = "synchronised steps (each step timed alone, before timing windows)"
+
+
+def with_intervals(params: dict[str, Any], metrics: dict[str, Any] | None, gpu_name: str | None) -> dict[str, Any]:
+    """Metrics in the current shape. Results written before timing windows existed kept one time per
+    step: windows of one step, which give their intervals by the same computation."""
+    metrics = dict(metrics or {})
+    if "step_time_s_ci" in metrics:
+        return metrics
+    if metrics.get("step_times_s") and params.get("model"):
+        from trainbench.metrics import timed_metrics
+
+        figures = timed_metrics(params, metrics["step_times_s"], steps_per_window=1, gpu_name=gpu_name)
+        return {**metrics, **figures, "timing": {"method": PER_STEP_METHOD}}
+    return {**{key: None for key in INTERVAL_KEYS}, **metrics}
+
+
+def current(doc: dict[str, Any]) -> dict[str, Any]:
+    """A metrics.json document in the current shape (see with_intervals)."""
+    if not isinstance(doc.get("metrics"), dict) or not isinstance(doc.get("params"), dict):
+        return doc  # not a result: schema_problems says why
+    gpu_name = (doc.get("provenance") or {}).get("gpu_name")
+    return {**doc, "metrics": with_intervals(doc["params"], doc["metrics"], gpu_name)}
+
+
+def read_result(path: str | Path) -> dict[str, Any]:
+    """One metrics.json, checked against the schema and in the current shape."""
+    doc = current(read_json(path))
+    problems = schema_problems(doc)
+    if problems:
+        raise ValueError(f"{path}: not a metrics.json of schema {SCHEMA_VERSION}: {'; '.join(problems)}")
+    return doc
+
+
 def read_cells(paths) -> list[dict[str, Any]]:
     """metrics.json documents in the order given; a missing or malformed file is an error, not a gap."""
-    docs = []
-    for path in paths:
-        doc = read_json(path)
-        problems = schema_problems(doc)
-        if problems:
-            raise ValueError(f"{path}: not a metrics.json of schema {SCHEMA_VERSION}: {'; '.join(problems)}")
-        docs.append(doc)
-    return docs
+    return [read_result(path) for path in paths]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainbench.params import PARAMS
+from trainbench.timing import TimingSettings
 
 # How a cell is run, as opposed to what it measures: changing these reruns nothing.
 EXECUTION: dict[str, dict[str, Any]] = {
@@ -83,6 +84,10 @@ def build_schema() -> dict[str, Any]:
             "execution": {**execution, "default": {},
                           "description": "How the study's cells are run (resources, limits, retries); "
                                          "changing these reruns nothing."},
+            "timing": {**TimingSettings.json_schema(), "default": {},
+                       "description": "How long the study's cells time their steps: windows, the interval "
+                                      "to reach, a cap (src/trainbench/timing.py); changing these reruns "
+                                      "nothing."},
             "execution_overrides": {
                 "type": "array", "default": [],
                 "description": "Per-cell execution settings: `set` applies to the cells matching `when`.",

@@ -22,9 +22,11 @@ import torch
 import torch.distributed as dist
 
 from trainbench.launch import free_port
-from trainbench.metrics import MIB, MemorySampler, StepClock, process_peak_rss_mib
+from trainbench.memory_sampler import MemorySampler
+from trainbench.metrics import MIB, process_peak_rss_mib
 from trainbench.results import write_json_atomic
 from trainbench.runners import RunContext, make_runner, params_per_module
+from trainbench.timing import TimingSettings, fixed_step_count, steps_per_window, summarize_windows
 
 # Test hook: TRAINBENCH_FAIL_AT_STEP=k makes every rank raise an ordinary error at step k (0 = init),
 # to exercise the failure path (retries, 'failed' with the error) with the real launchers.
@@ -56,6 +58,7 @@ class Worker:
     def __init__(self, cell: dict, work_dir: Path):
         _single_process_environment()
         self.params = cell["params"]
+        self.timing = TimingSettings(**cell.get("timing", {}))
         self.label = f"{cell['study']}/{cell['cell_id']}"
         self.work_dir = work_dir
         self.rank = int(os.environ["RANK"])
@@ -95,7 +98,8 @@ class Worker:
         dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
         if self.local_rank == 0:  # one sampler per node sees all of the node's GPUs
             self.sampler = MemorySampler(use_gpus=device.type == "cuda").start()
-        context = RunContext(self.params, self.rank, self.world_size, self.local_rank, device, self.work_dir)
+        context = RunContext(self.params, self.rank, self.world_size, self.local_rank, device, self.work_dir,
+                             self.timing)
 
         self._say(f"building {self.params['model']} with {self.params['framework']} {self.params['strategy']} "
                   f"on {self.world_size} rank(s) ({device.type})")
@@ -104,15 +108,16 @@ class Worker:
         runner.setup()
 
         self.phase = "step"
-        steps = StepRecorder(self, context.synchronize, device)
-        if hasattr(runner, "train"):  # a framework that owns its loop calls the recorder around steps
+        owns_loop = hasattr(runner, "train")  # a framework that owns its loop calls the recorder around steps
+        steps = StepRecorder(self, context.synchronize, device, adaptive=not owns_loop)
+        if owns_loop:
             runner.train(steps)
         else:
-            for _ in range(steps.total):
+            while not steps.done:
                 steps.begin()
-                steps.end(runner.train_step().item())
+                steps.end(runner.train_step())
         extra = runner.evaluate() if hasattr(runner, "evaluate") else {}
-        self._finish(runner, device, steps.losses, steps.step_times, extra)
+        self._finish(runner, device, steps, extra)
 
     def _rank_figures(self, device: torch.device) -> dict:
         figures = {"rank": self.rank, "local_rank": self.local_rank, "host": socket.gethostname(),
@@ -125,14 +130,16 @@ class Worker:
             figures["node_memory"] = vars(self.sampler.stop())
         return figures
 
-    def _finish(self, runner, device, losses, step_times, extra: dict) -> None:
+    def _finish(self, runner, device, steps: StepRecorder, extra: dict) -> None:
         figures = self._rank_figures(device)
         per_module = params_per_module(runner)
         gathered: list = [None] * self.world_size
         dist.all_gather_object(gathered, figures)
         if self.rank == 0:
             result = {
-                "losses": losses, "step_times_s": step_times, "ranks": gathered,
+                "losses": steps.losses, "step_times_s": steps.window_step_times, "ranks": gathered,
+                "steps_per_window": steps.steps_per_window, "warmup_step_times_s": steps.warmup_times,
+                "timing_stopped": steps.stopped,
                 "params_total": runner.params_total(), "params_per_module_rank0": per_module,
                 "torch_version": torch.__version__, "torch_cuda": torch.version.cuda, **extra,
             }
@@ -156,36 +163,123 @@ class Worker:
 
 
 class StepRecorder:
-    """Times optimizer steps (device synchronised at both ends), records losses, reports progress,
-    and injects test faults at the step they name. Used by the worker's own loop and, from a
-    callback, by frameworks that run their own loop (Lightning)."""
+    """Runs the cell's steps through warm-up and timed windows, keeps the losses, reports progress,
+    and injects test faults at the step they name (timing.py says how and why). Used by the
+    worker's own loop and, from a callback, by frameworks that run their own loop (Lightning, the
+    Hugging Face Trainer).
 
-    def __init__(self, worker: Worker, synchronize, device: torch.device):
+    Warm-up steps are synchronised one by one (untimed; the last ones size the windows). A timed
+    window synchronises the device at its two ends only, and its losses stay on the device until
+    its end. Where the worker owns the loop, windows continue until the step time's interval is
+    tight or the time cap is reached (rank 0 decides, every rank follows); a framework that owns
+    its loop must be told its step count up front, so it runs `min_windows` windows.
+    """
+
+    def __init__(self, worker: Worker, synchronize, device: torch.device, *, adaptive: bool):
         self.worker, self.device = worker, device
+        self.settings = worker.timing
+        self.adaptive = adaptive
         self.warmup = worker.params["warmup_steps"]
-        self.total = self.warmup + worker.params["timed_steps"]
+        self.timed_steps = worker.params["timed_steps"]
+        self.steps_per_window = steps_per_window(self.timed_steps, self.settings.min_windows, None,
+                                                 self.settings.min_window_s)
         self.losses: list[float] = []
-        self.step_times: list[float] = []
-        self._clock = StepClock(synchronize)
-        self._report_every = max(1, self.total // 20)
+        self.warmup_times: list[float] = []
+        self.window_step_times: list[float] = []  # each window's mean step time
+        self.stopped = ""
+        self.done = False
+        self._synchronize = synchronize
+        self._pending: list = []  # this window's losses, still on the device
+        self._started = 0.0
+        self._timed_s = 0.0
         self._last_report = time.monotonic()
+
+    @property
+    def total(self) -> int:
+        """The step count of a loop that must know it up front (Lightning, the Trainer)."""
+        return fixed_step_count(self.warmup, self.timed_steps, self.settings)
+
+    def _in_warmup(self) -> bool:
+        return self.worker.step <= self.warmup
+
+    def _timed_index(self) -> int:
+        return self.worker.step - self.warmup  # 1 for the first timed step
 
     def begin(self) -> None:
         self.worker.step += 1
         self.worker._inject_faults(self.device)
-        self._clock.start()
+        if self._in_warmup() or (self._timed_index() - 1) % self.steps_per_window == 0:
+            self._synchronize()
+            self._started = time.perf_counter()
 
-    def end(self, loss: float) -> None:
-        elapsed = self._clock.stop()
-        step = self.worker.step
-        self.losses.append(loss)
-        if step > self.warmup:
-            self.step_times.append(elapsed)
-        # about 20 progress lines a run, and one at least every 30 s of a long one
-        if step % self._report_every == 0 or step in (1, self.total) or time.monotonic() - self._last_report > 30:
+    def end(self, loss) -> None:
+        """`loss`: the step's mean loss, a tensor on the device (read at the window's end) or a float."""
+        self._pending.append(loss)
+        if self._in_warmup():
+            self._synchronize()
+            self.warmup_times.append(time.perf_counter() - self._started)
+            self._read_losses()
+            if self.worker.step == self.warmup and self.adaptive:
+                self.steps_per_window = self._agree(steps_per_window(
+                    self.timed_steps, self.settings.min_windows, self.warmup_times[-1], self.settings.min_window_s))
+            self._report(f"step {self.worker.step}/{self.warmup} (warm-up) loss {self.losses[-1]:.4f} "
+                         f"time {self.warmup_times[-1] * 1e3:.1f} ms", force=self.worker.step == self.warmup)
+            return
+        if self._timed_index() % self.steps_per_window:
+            return  # inside a window: nothing touches the device
+        self._synchronize()
+        elapsed = time.perf_counter() - self._started
+        self.window_step_times.append(elapsed / self.steps_per_window)
+        self._timed_s += elapsed
+        self._read_losses()
+        self.done = self._decide()
+        windows = len(self.window_step_times)
+        self._report(f"window {windows} ({self.steps_per_window} steps): {self.window_step_times[-1] * 1e3:.2f} ms/step, "
+                     f"loss {self.losses[-1]:.4f}" + (f"; done: {self.stopped}" if self.done else ""),
+                     force=self.done or windows <= self.settings.min_windows)
+
+    def _read_losses(self) -> None:
+        values = [v for v in self._pending]
+        tensors = [v.detach().float().reshape(()) for v in values if isinstance(v, torch.Tensor)]
+        read = iter(torch.stack(tensors).tolist()) if tensors else iter(())
+        self.losses += [next(read) if isinstance(v, torch.Tensor) else float(v) for v in values]
+        self._pending = []
+
+    def _decide(self) -> bool:
+        """Whether timing is done; rank 0's answer, which every rank follows."""
+        windows = len(self.window_step_times)
+        if windows < self.settings.min_windows:
+            return False
+        summary = summarize_windows(self.window_step_times)
+        if not self.adaptive:
+            stop, why = True, f"{windows} windows (the framework's loop has a fixed length)"
+        elif summary.tight(self.settings.target_ci):
+            stop, why = True, f"interval within ±{summary.half_width:.2%} after {windows} windows"
+        elif self._timed_s >= self.settings.max_timed_s:
+            stop, why = True, f"time cap of {self.settings.max_timed_s:g} s reached after {windows} windows"
+        else:
+            stop, why = False, ""
+        if self.adaptive:
+            stop = bool(self._agree(int(stop)))
+            why = why or "rank 0's interval"
+        if stop:
+            self.stopped = why
+        return stop
+
+    def _agree(self, value: int) -> int:
+        """Rank 0's value on every rank: window sizes and stopping must match, or a collective of one
+        rank would wait for one the others never start. (Outside the timed windows.)"""
+        if self.worker.world_size == 1:
+            return value
+        box = torch.tensor([value], device=self.device if self.device.type == "cuda" else "cpu")
+        dist.broadcast(box, src=0)
+        return int(box.item())
+
+    def _report(self, text: str, force: bool = False) -> None:
+        # every window while there are few; then one line at least every 30 s
+        if force or time.monotonic() - self._last_report > 30:
             self._last_report = time.monotonic()
-            kind = "warm-up" if step <= self.warmup else "timed"
-            self.worker._say(f"step {step}/{self.total} ({kind}) loss {loss:.4f} time {elapsed * 1e3:.1f} ms")
+            self.worker._say(text)
 
 
 def main(argv: list[str] | None = None) -> int:

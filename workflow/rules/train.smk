@@ -21,4 +21,4 @@ rule train_cell:
     shell:
         "trainbench run-cell --study {wildcards.study} --cell {wildcards.cell} --params {params.cell:q}"
         " --retries {resources.cell_retries} --cpus-per-task {resources.cpus_per_task}"
-        " --runtime-min {resources.runtime} --output {output.metrics} > {log} 2>&1"
+        " --runtime-min {resources.runtime} --timing {resources.timing} --output {output.metrics} > {log} 2>&1"

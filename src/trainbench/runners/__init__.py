@@ -19,6 +19,7 @@ import torch
 
 from trainbench.data import SyntheticBatches
 from trainbench.models import ModelSpec, get_model
+from trainbench.timing import TimingSettings, fixed_step_count
 
 
 @dataclass
@@ -29,6 +30,12 @@ class RunContext:
     local_rank: int
     device: torch.device
     work_dir: Path = Path(".")  # the attempt's scratch directory (checkpoints, logs)
+    timing: TimingSettings = TimingSettings()
+
+    @property
+    def fixed_steps(self) -> int:
+        """All steps of a run whose framework owns the loop (see StepRecorder)."""
+        return fixed_step_count(self.params["warmup_steps"], self.params["timed_steps"], self.timing)
 
     @property
     def spec(self) -> ModelSpec:

@@ -162,7 +162,7 @@ class HfTrainerRunner:
 
         p, spec = self.p, self.ctx.spec
         self.deepspeed_config = deepspeed_config(p, self.ctx.device.type) if p["strategy"] == "zero3" else None
-        self.max_steps = p["warmup_steps"] + p["timed_steps"]
+        self.max_steps = self.ctx.fixed_steps
         if self.deepspeed_config is not None:
             import deepspeed
 
@@ -211,7 +211,7 @@ class HfTrainerRunner:
 
             def on_step_end(self, args, state, control, **kwargs):
                 losses = runner._micro_losses
-                recorder.end(torch.stack(losses).sum().item() if losses else float("nan"))
+                recorder.end(torch.stack(losses).sum() if losses else float("nan"))
 
         self._micro_losses: list[torch.Tensor] = []
         return MeasuredTrainer(model=self.hf_model, args=self.args, train_dataset=self.dataset,

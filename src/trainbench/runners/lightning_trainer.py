@@ -87,7 +87,7 @@ def _step_callback(recorder, accumulation: int):
 
         def __init__(self):
             self.batches = 0
-            self.loss_sum = 0.0
+            self.loss_sum = None  # on the device: read by the recorder at the end of its window
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             if self.batches % accumulation == 0:
@@ -95,10 +95,11 @@ def _step_callback(recorder, accumulation: int):
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             self.batches += 1
-            self.loss_sum += outputs["loss"].item()
+            loss = outputs["loss"].detach()
+            self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
             if self.batches % accumulation == 0:
                 recorder.end(self.loss_sum / accumulation)
-                self.loss_sum = 0.0
+                self.loss_sum = None
 
     return StepTiming()
 
@@ -110,9 +111,8 @@ class LightningRunner:
 
     def setup(self) -> None:
         p = self.p
-        total_steps = p["warmup_steps"] + p["timed_steps"]
         # exactly the samples the measured steps consume, spread over the ranks by Lightning's sampler
-        n_train = total_steps * p["global_batch"]
+        n_train = self.ctx.fixed_steps * p["global_batch"]
         n_test = IMDB_TEST_SAMPLES if p["dataset_path"] else TEST_SAMPLES
         self.train_split, self.test_split = sentiment.load(p, self.ctx.spec, n_train, n_test)
         model = build_classifier(self.ctx.spec, p["num_classes"], p["pretrained_path"], p["deterministic"])
