@@ -120,7 +120,7 @@ def test_an_oom_at_a_step_is_a_result_with_its_step(tmp_path):
     # DDP run, at step 2: the same handler a GPU's OutOfMemoryError goes through.
     doc = run(make_cell(strategy="ddp", gpus=2, inject_oom_at_step=2), tmp_path, retries=2)
     assert doc["status"] == "oom"
-    assert doc["reason"].startswith("OOM at step 2 of 3 on rank")
+    assert doc["reason"].startswith("OOM at step 2 (timed) on rank")
     assert "can't allocate memory" in doc["reason"]
     assert doc["attempts"] == 1  # an OOM is deterministic: never retried
     assert doc["metrics"]["step_time_s"] is None and doc["metrics"]["wall_time_s"] > 0
@@ -225,18 +225,18 @@ def _rank(work, rank, **record):
 def test_classify_takes_the_earliest_oom_step_over_ranks(tmp_path):
     _rank(tmp_path, 1, event="oom", phase="step", step=7, message="CUDA out of memory")
     _rank(tmp_path, 0, event="oom", phase="step", step=5, message="CUDA out of memory")
-    outcome = classify(tmp_path, 1, False, 100, total_steps=25)
-    assert outcome.status == "oom" and outcome.reason.startswith("OOM at step 5 of 25 on rank 0, 1: CUDA out of memory")
+    outcome = classify(tmp_path, 1, False, 100, warmup_steps=3)
+    assert outcome.status == "oom" and outcome.reason.startswith("OOM at step 5 (timed) on rank 0, 1: CUDA out of memory")
 
 
 def test_classify_prefers_an_oom_over_a_peer_killed_by_the_launcher(tmp_path):
     _rank(tmp_path, 0, event="error", phase="step", step=3, message="RuntimeError: NCCL communicator aborted")
     _rank(tmp_path, 1, event="oom", phase="step", step=3, message="CUDA out of memory")
-    assert classify(tmp_path, 1, False, 100, total_steps=5).status == "oom"
+    assert classify(tmp_path, 1, False, 100, warmup_steps=1).status == "oom"
 
 
 def test_classify_reports_a_signal_when_no_rank_said_anything(tmp_path):
-    outcome = classify(tmp_path, -9, False, 100, total_steps=5)
+    outcome = classify(tmp_path, -9, False, 100, warmup_steps=1)
     assert outcome.status == "failed" and "signal 9 (SIGKILL)" in outcome.reason
 
 

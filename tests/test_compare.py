@@ -1,4 +1,5 @@
-"""`trainbench compare`: two result trees matched cell by cell, on published metrics.json files."""
+"""`trainbench compare`: two result trees matched cell by cell, with significance and a gate, on
+published metrics.json files."""
 
 from __future__ import annotations
 
@@ -11,70 +12,108 @@ import pytest
 from trainbench.cli import main
 from trainbench.compare import compare
 
-PUBLISHED = Path(__file__).resolve().parent.parent / "results" / "runs" / "megatron"
-CELLS = ["strategy~zero1__model~gpt-345m__gpus~4__tp~1__offload_optimizer~false",
-         "strategy~zero1__model~gpt-2.5b__gpus~4__tp~1__offload_optimizer~false",
-         "strategy~zero3__model~gpt-2.5b__gpus~4__tp~1__offload_optimizer~false"]
+RUNS = Path(__file__).resolve().parent.parent / "results" / "runs"
+CELLS = ["megatron/strategy~zero1__model~gpt-345m__gpus~4__tp~1__offload_optimizer~false",
+         "megatron/strategy~zero1__model~gpt-2.5b__gpus~4__tp~1__offload_optimizer~false",
+         "megatron/strategy~zero3__model~gpt-2.5b__gpus~4__tp~1__offload_optimizer~false",
+         "gpt2_zero/strategy~zero2__precision~fp16__offload_optimizer~false__ort~false"]
 
 
 def _tree(root: Path, cells: list[str]) -> Path:
     for cell in cells:
-        (root / "megatron" / cell).mkdir(parents=True)
-        shutil.copy(PUBLISHED / cell / "metrics.json", root / "megatron" / cell / "metrics.json")
+        (root / cell).mkdir(parents=True)
+        shutil.copy(RUNS / cell / "metrics.json", root / cell / "metrics.json")
     return root
 
 
 def _edit(root: Path, cell: str, change) -> None:
-    path = root / "megatron" / cell / "metrics.json"
+    path = root / cell / "metrics.json"
     doc = json.loads(path.read_text())
     change(doc)
     path.write_text(json.dumps(doc))
 
 
+def _steps_times(factor: float):
+    def scale(doc):  # a run whose every timed step took `factor` times as long
+        doc["metrics"]["step_times_s"] = [t * factor for t in doc["metrics"]["step_times_s"]]
+    return scale
+
+
 @pytest.fixture
 def trees(tmp_path):
     first = _tree(tmp_path / "a", CELLS)
-    second = _tree(tmp_path / "b", CELLS[:2])
+    second = _tree(tmp_path / "b", [CELLS[0], CELLS[1], CELLS[3]])
 
-    def slower(doc):
-        doc["metrics"]["step_time_s"] *= 1.25
+    def slower_and_heavier(doc):
+        _steps_times(1.25)(doc)
         doc["metrics"]["gpu_mem_used_mib"] = [x + 1024 for x in doc["metrics"]["gpu_mem_used_mib"]]
 
     def other_params(doc):
         doc["params_hash"] = "0" * len(doc["params_hash"])
 
-    _edit(second, CELLS[0], slower)
+    _edit(second, CELLS[0], slower_and_heavier)
     _edit(second, CELLS[1], other_params)
+    _edit(second, CELLS[3], _steps_times(1.25))
     return first, second
 
 
 def test_changes_are_relative_to_the_first_tree_and_only_repeats_count(trees):
     first, second = trees
     result = compare(first, second)
-    by_cell = {c.cell_id: c for c in result.cells}
-    assert set(by_cell) == set(CELLS[:2])
+    by_cell = {f"{c.study}/{c.cell_id}": c for c in result.cells}
+    assert set(by_cell) == {CELLS[0], CELLS[1], CELLS[3]}
     slower = by_cell[CELLS[0]]
-    assert slower.same_params
-    assert slower.change_pct["step_time_s"] == pytest.approx(25.0)
-    busiest = max(json.loads((first / "megatron" / CELLS[0] / "metrics.json").read_text())["metrics"]["gpu_mem_used_mib"])
+    assert slower.repeated
+    assert slower.change_pct["step_time_s"] == pytest.approx(25.0, abs=0.01)
+    busiest = max(json.loads((first / CELLS[0] / "metrics.json").read_text())["metrics"]["gpu_mem_used_mib"])
     assert slower.change_pct["gpu_mem_used_mib"] == pytest.approx(100 * 1024 / busiest)
-    assert slower.change_pct["host_mem_peak_mib"] == 0
+    assert slower.changes["host_mem_peak_mib"].pct == 0 and not slower.changes["host_mem_peak_mib"].significant
     # a cell rerun with other parameters is not a repeat: it does not enter the spread
-    assert not by_cell[CELLS[1]].same_params
-    assert result.spread("step_time_s") == [pytest.approx(25.0)]
-    assert result.only_in_first == [f"megatron/{CELLS[2]}"] and result.only_in_second == []
+    assert not by_cell[CELLS[1]].same_params and not by_cell[CELLS[1]].changes
+    assert sorted(result.spread("step_time_s")) == [pytest.approx(25.0, abs=0.01)] * 2
+    assert result.only_in_first == [CELLS[2]] and result.only_in_second == []
 
 
-def test_cli_prints_each_cell_and_the_spread_and_fails_with_nothing_in_common(trees, tmp_path, capsys):
+def test_a_change_is_significant_only_beyond_the_noise_and_the_smallest_change(trees, tmp_path):
+    first, second = trees
+    significant = {(f"{c.study}/{c.cell_id}", ch.figure) for c, ch in compare(first, second).significant()}
+    # 25 steps: intervals apart; the memory of the busiest GPU too
+    assert {(CELLS[0], "step_time_s"), (CELLS[0], "samples_per_s"), (CELLS[0], "gpu_mem_used_mib")} <= significant
+    # gpt2_zero timed 3 steps: no interval, so its 25% cannot be judged either way
+    judged = {c.cell_id: c for c in compare(first, second).cells}
+    assert judged[CELLS[3].split("/")[1]].changes["step_time_s"].significant is None
+    # 1% slower: within the noise of a per-step timed cell and under the smallest change
+    nearly = _tree(tmp_path / "c", [CELLS[0]])
+    _edit(nearly, CELLS[0], _steps_times(1.01))
+    assert not compare(first, nearly).significant()
+
+
+def test_cli_gates_on_significant_changes_for_the_worse_and_filters_cells(trees, capsys):
     first, second = trees
     assert main(["compare", str(first), str(second)]) == 0
     out = capsys.readouterr().out
-    assert "+25.0%" in out and "parameters differ: not a repeat" in out
-    assert "step_time_s: 1 cells, median |change| 25.0%" in out
-    assert "only in" in out
+    assert out.index("significant change(s):") < out.index("+25.0%*")  # the short list comes first
+    assert "parameters differ: not a repeat" in out and "only in" in out
+    assert main(["compare", str(first), str(second), "--fail-on", "slower:5%"]) == 1
+    assert "gate failed: 1 cell(s)" in capsys.readouterr().out
+    assert main(["compare", str(first), str(second), "--fail-on", "slower:30%,memory:50%"]) == 0
+    assert "gate: passed" in capsys.readouterr().out
+    assert main(["compare", str(first), str(second), "--fail-on", "memory:1%", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert [f["figure"] for f in report["gate_failures"]] == ["gpu_mem_used_mib"]
+    assert main(["compare", str(first), str(second), "--study", "gpt2_zero", "--json"]) == 0
+    assert [c["study"] for c in json.loads(capsys.readouterr().out)["cells"]] == ["gpt2_zero"]
 
+
+def test_cli_refuses_bad_input_by_name(trees, tmp_path, capsys):
+    first, second = trees
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert main(["compare", str(first), str(empty)]) == 1
+    assert main(["compare", str(first), str(empty)]) == 2
+    assert "no cell is in both" in capsys.readouterr().err
     assert main(["compare", str(first), str(tmp_path / "missing")]) == 2
     assert "no such directory" in capsys.readouterr().err
+    assert main(["compare", str(first), str(second), "--fail-on", "faster:5%"]) == 2
+    assert "--fail-on 'faster:5%'" in capsys.readouterr().err
+    assert main(["compare", str(first), str(second), "--cells", "llama/*"]) == 2
+    assert "no cell matching llama/*" in capsys.readouterr().err

@@ -59,6 +59,8 @@ HOW: dict[str, How] = {
     "trainbench schema --write workflow/schemas/config.schema.yaml": How("run"),
     "trainbench cells <study>": How("run", line="trainbench cells smoke"),
     "trainbench predict": How("name", "the command's name; its full forms are run"),
+    "trainbench compare": How("name", "the command's name; its full forms are run"),
+    "trainbench run-cell": How("name", "what the train_cell rule runs"),
     "snakemake -n results/tables/<study>.md": How("run", line="snakemake -n results/tables/llama.md"),
     "trainbench compare results/runs <rerun>/results/runs": How(
         "run", line="trainbench compare results/runs rerun/results/runs", before=_a_rerun_tree),
@@ -106,6 +108,14 @@ HOW: dict[str, How] = {
     "python -m pip install --no-index --find-links wheels -r envs/requirements.txt":
         How("elsewhere", "tests/test_tools.py installs a wheelhouse without an index"),
     "python -m pip install --no-index --no-deps -e .": How("elsewhere", "as above"),
+    "trainbench compare results/runs rerun/results/runs --fail-on slower:5%,memory:5%": How("run", before=_a_rerun_tree),
+    "python3 bench/overhead.py --ablation": How("elsewhere", "times GPU cells; tests/test_bench.py runs it on a CPU stand-in"),
+    "python3 bench/overhead.py --ablation --out results/bench/overhead/gpt2-124m --cells "
+    "'strategy~single__model~gpt2-124m__gpus~1__micro_batch~32'": How("elsewhere", "as above"),
+    "python3 -m snakemake 'results/runs/baseline/strategy~single__model~gpt2-124m__gpus~1__micro_batch~32/metrics.json' "
+    "'results/runs/baseline/strategy~single__model~gpt2-350m__gpus~1__micro_batch~16/metrics.json' -c all "
+    "--resources gpu=1": How("dry-run", "trains on a GPU"),
+    "bash bench/rerun_compare.sh": How("run"),
     "sudo tools/local-slurm-cluster.sh install && sudo tools/local-slurm-cluster.sh start":
         How("elsewhere", "root; CI's .ci/run starts the cluster this way (as root, without sudo)"),
 }

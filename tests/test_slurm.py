@@ -92,8 +92,8 @@ def test_the_smoke_study_through_slurm_is_one_job_per_cell_and_the_local_table_s
 
     def shape(table: str):
         rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ")]
-        width = len(smoke.id_keys) + 1  # the cell's keys and its result
-        return len(rows[0]), rows[0], [row[:width] for row in rows[1:]]
+        width = len(smoke.id_keys)  # the cell's keys, then its status (how noisy its timing was may differ)
+        return len(rows[0]), rows[0], [row[:width] + [row[width].split(",")[0]] for row in rows[1:]]
 
     local = smoke_run_locally[0].path("results/tables/smoke.md").read_text()
     assert shape(workflow.path("results/tables/smoke.md").read_text()) == shape(local)
@@ -175,6 +175,6 @@ def test_the_srun_fan_out_starts_a_node_that_joins_its_rendezvous(tmp_path):
     env = launch_environment(params, cpus_per_rank=1, devices=None)
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    outcome = classify(work, result.returncode, False, 300, total_steps=3)
+    outcome = classify(work, result.returncode, False, 300, warmup_steps=1)
     assert outcome.status == "ok"
     assert len(outcome.result["ranks"]) == 2

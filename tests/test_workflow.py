@@ -180,11 +180,11 @@ def test_an_oom_cell_is_a_row_of_the_table(workflow):
     workflow.write_config({"default_studies": {"without_gpus": ["t"], "with_gpus": ["t"]}, "studies": {"t": t}})
     workflow.snakemake()
     table = workflow.path("results/tables/t.md").read_text()
-    assert "| ddp | 2 | 2 | OOM at step 2 of 3 |" in table
+    assert "| ddp | 2 | 2 | OOM at step 2 (timed) |" in table
     assert "| single | 1 |  | ok |" in table
     csv_text = workflow.path("results/tables/t.csv").read_text().replace('"', "")
     # whichever rank failed first is named; the launcher may stop the other before its own OOM
-    assert re.search(r"inject_oom_at_step~2,oom,OOM at step 2 of 3 on rank [01]", csv_text)
+    assert re.search(r"inject_oom_at_step~2,oom,OOM at step 2 \(timed\) on rank [01]", csv_text)
     assert workflow.path("results/plots/t_memory.png").stat().st_size > 10_000
 
 
@@ -273,7 +273,7 @@ def test_the_default_study_runs_on_a_cpu_machine_and_a_second_run_does_nothing(s
     for name in ("tables/smoke.md", "tables/smoke.csv", "plots/smoke_memory.png", "plots/smoke_throughput.png"):
         assert workflow.path(f"results/{name}").stat().st_size > 0
     table = workflow.path("results/tables/smoke.md").read_text()
-    assert table.count("| ok |") == len(smoke.cells)
+    assert len(re.findall(r"\| ok(, noisy \([^)]*\))? \|", table)) == len(smoke.cells)  # CPU timing may be noisy
     result = workflow.snakemake("-n", env={"TRAINBENCH_FAKE_GPUS": "0"})
     assert "Nothing to be done" in result.stdout + result.stderr
 

@@ -11,7 +11,7 @@ A probe fits when it ran its steps (status ok); OOM, a timeout or a failure all 
 the search bisects below the smallest such batch, until the gap between the largest batch that trained
 and the smallest that did not is 1, or within the study's `tolerance` (a fraction of the former: each
 probe near the boundary is a full run, so a coarser answer costs fewer GPU minutes). Which failure it
-was ("cannot even initialize", "OOM at step k of n") stays in the probe's metrics.json and the summary.
+was ("cannot even initialize", "OOM at step k (timed)") stays in the probe's metrics.json and the summary.
 
 The probe at the largest batch is a complete run of the cell at that batch (the cell's warm-up and
 the search's timed steps), so its metrics are the cell's throughput at its largest batch: the study

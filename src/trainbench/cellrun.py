@@ -102,7 +102,7 @@ def _read_rank_records(work_dir: Path) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: r.get("rank", 0))
 
 
-def classify(work_dir: Path, returncode: int | None, timed_out: bool, timeout_s: float, total_steps: int) -> Outcome:
+def classify(work_dir: Path, returncode: int | None, timed_out: bool, timeout_s: float, warmup_steps: int) -> Outcome:
     """What happened to one attempt, from the files the ranks left and the launcher's exit status."""
     records = _read_rank_records(work_dir)
     result_file = work_dir / "result.json"
@@ -115,7 +115,8 @@ def classify(work_dir: Path, returncode: int | None, timed_out: bool, timeout_s:
             reason = "OOM at init (cannot even initialize the model)"
         else:
             step = min(r["step"] for r in ooms)
-            reason = f"OOM at step {step} of {total_steps}"
+            # how many steps a cell times is decided as it runs (timing windows): say which phase
+            reason = f"OOM at step {step} ({'warm-up' if step <= warmup_steps else 'timed'})"
         ranks = ", ".join(str(r["rank"]) for r in ooms)
         return Outcome("oom", f"{reason} on rank {ranks}: {ooms[0]['message'][:300]}", None, records)
     if timed_out:
@@ -283,7 +284,6 @@ class CellRun:
             self.predicted["forced"] = True
             why = "a max-batch probe" if self.search_probe else f"{FORCE_ENV}=1"
             self._say(f"{prediction.why_not} ({hardware.describe()}); running anyway ({why})")
-        total_steps = self.params["warmup_steps"] + self.params["timed_steps"]
         attempts = self.retries + 1
         # One deadline for all attempts: the job's time limit (SLURM's) covers them all.
         deadline = time.monotonic() + self.timeout_s
@@ -294,7 +294,7 @@ class CellRun:
             attempt_start = time.monotonic()
             returncode, timed_out = self._launch(commands, devices, deadline)
             wall_time_s = time.monotonic() - attempt_start
-            outcome = classify(self.work_dir, returncode, timed_out, self.timeout_s, total_steps)
+            outcome = classify(self.work_dir, returncode, timed_out, self.timeout_s, self.params["warmup_steps"])
             self._say(f"attempt {attempt}: {outcome.status}" + (f" ({outcome.reason})" if outcome.reason else ""))
             if outcome.status != "failed":
                 break

@@ -138,15 +138,24 @@ def cmd_search_summary(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    """Two result trees cell by cell (a rerun against what was published)."""
-    from trainbench.compare import compare, report
+    """Two result trees cell by cell (a rerun against what was published); with --fail-on, a gate."""
+    from trainbench.compare import as_json, compare, gate_failures, parse_gate, report
 
     for root in (args.first, args.second):
         if not root.is_dir():
             raise ConfigError(f"{root}: no such directory (give two results/runs folders)")
-    result = compare(args.first, args.second)
-    print(report(result, args.first, args.second))
-    return 0 if result.cells else 1
+    gate = parse_gate(args.fail_on) if args.fail_on else None
+    patterns = [*args.study, *args.cells]
+    result = compare(args.first, args.second, min_change=args.min_change, patterns=patterns)
+    if not result.cells:
+        raise ConfigError(f"no cell{' matching ' + ', '.join(patterns) if patterns else ''} is in both "
+                          f"{args.first} and {args.second}")
+    failures = gate_failures(result, gate) if gate is not None else None
+    if args.json:
+        print(json.dumps(as_json(result, failures), indent=1))
+    else:
+        print(report(result, args.first, args.second, failures))
+    return 1 if failures else 0
 
 
 def cmd_schema(args) -> int:
@@ -234,9 +243,20 @@ def parser() -> argparse.ArgumentParser:
     compare = sub.add_parser("compare", help="compare two result trees cell by cell (did a rerun reproduce?)",
                              description="Match the metrics.json files of two results/runs folders by study and "
                                          "cell, and print the relative change of step time, samples/s and peak "
-                                         "memory for every cell that ran in both with the same parameters.")
+                                         "memory for every cell that ran in both with the same parameters, and "
+                                         "which changes are significant (intervals apart and at least "
+                                         "--min-change). Exit status: 0, or 1 when --fail-on's gate fails, "
+                                         "2 for bad input or no cell in common.")
     compare.add_argument("first", type=Path, help="a results/runs folder (the published one)")
     compare.add_argument("second", type=Path, help="another (the rerun)")
+    compare.add_argument("--study", action="append", default=[], help="only this study (repeatable)")
+    compare.add_argument("--cells", action="append", default=[], metavar="PATTERN",
+                         help="only cells matching this shell pattern of study/cell (repeatable)")
+    compare.add_argument("--min-change", type=float, default=0.02,
+                         help="the smallest change called significant, as a fraction (default 0.02)")
+    compare.add_argument("--fail-on", metavar="GATE",
+                         help="exit 1 if a cell got significantly worse beyond a tolerance: 'slower:5%%,memory:5%%'")
+    compare.add_argument("--json", action="store_true", help="machine-readable output")
     compare.set_defaults(func=cmd_compare)
 
     schema = sub.add_parser("schema", help="print, write or check workflow/schemas/config.schema.yaml")

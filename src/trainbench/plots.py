@@ -16,7 +16,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from trainbench.tables import prediction  # noqa: E402
+from trainbench.results import with_intervals  # noqa: E402
+from trainbench.tables import prediction, with_current_predictions  # noqa: E402
 
 Doc = dict[str, Any]
 
@@ -161,14 +162,18 @@ def _draw_throughput(ax, docs: list[Doc], keys: list[str], searched: bool) -> No
             bars.append(("configured", doc["metrics"], doc["params"].get("global_batch")))
         found = doc.get("search") or {}
         if found.get("metrics_at_max"):
-            bars.append(("largest", found["metrics_at_max"], found["max_global_batch"]))
+            at_max = with_intervals(doc["params"], found["metrics_at_max"], (doc.get("provenance") or {}).get("gpu_name"))
+            bars.append(("largest", at_max, found["max_global_batch"]))
         if not bars:
             _status_mark(ax, x, doc)
             continue
         for which, metrics, batch in bars:
             offset = 0 if not searched else (-width / 2 if which == "configured" else width / 2)
             value, mfu = metrics["samples_per_s"], metrics.get("mfu")
+            interval = metrics.get("samples_per_s_ci")  # the 95% interval, as the table's ±
+            error = [[value - interval[0]], [interval[1] - value]] if interval else None
             ax.bar(x + offset, value, width=width, color="C0" if which == "configured" else "C1",
+                   yerr=error, capsize=3, ecolor="black",
                    label=labels.pop(which, None) if searched else None)
             note = f"{value:,.1f}" + (f"\n{mfu:.0%} MFU" if mfu is not None else "")
             if searched and batch is not None:
@@ -188,7 +193,7 @@ def throughput_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path,
     groups = panels(docs, list(panel_keys))
     keys, shared = label_keys(docs, id_keys, list(panel_keys))
     fig, axes = _panel_figure(groups, 1.2 if searched else 0.9,
-                              f"{_titled(title, shared)}: training throughput (median step)")
+                              f"{_titled(title, shared)}: training throughput (median step, 95% interval)")
     for ax, (name, members) in zip(axes, groups):
         _draw_throughput(ax, members, keys, searched)
         if name:
@@ -200,5 +205,6 @@ def throughput_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path,
 def write_plots(docs: list[Doc], *, study: str, id_keys: list[str], memory_path: Path,
                 throughput_path: Path, panel_keys: list[str] = ()) -> None:
     Path(memory_path).parent.mkdir(parents=True, exist_ok=True)
+    docs = with_current_predictions(docs)
     memory_plot(docs, id_keys, study, Path(memory_path), panel_keys)
     throughput_plot(docs, id_keys, study, Path(throughput_path), panel_keys)

@@ -1,20 +1,22 @@
 """Aggregate a study's metrics.json files into a CSV (everything, flattened) and a markdown table.
 
 The markdown table has one row per cell, whatever its status: the cell's varying parameters, its
-result ("ok", "OOM at step 23 of 25", "unsupported: why"), then the study's report columns in the
+result ("ok", "OOM at step 23 (timed)", "unsupported: why"), then the study's report columns in the
 units its origin used. Every number comes from a metrics.json; nothing here invents one.
 """
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import pandas
+
 from trainbench.grid import Cell, Study
+from trainbench.results import PER_STEP_METHOD, with_intervals
 
 Doc = dict[str, Any]
 
@@ -51,6 +53,28 @@ class Column:
     text: Callable[[Any], str]
     description: str
     needs_ok: bool = True  # only meaningful for a run that finished
+    # a timed figure's 95% interval (low, high) in the column's unit, None where the run has none
+    interval: Callable[[Doc], tuple[float, float] | None] | None = None
+
+
+def _ci(key: str, scale: float = 1.0) -> Callable[[Doc], tuple[float, float] | None]:
+    """A metrics key's interval, in the column's unit."""
+
+    def interval(doc: Doc):
+        bounds = _metric(doc, f"{key}_ci")
+        return None if not bounds else (bounds[0] * scale, bounds[1] * scale)
+
+    return interval
+
+
+def _per_step(scale: Callable[[Doc], float | None]) -> Callable[[Doc], tuple[float, float] | None]:
+    """A column proportional to the step time: its interval is the step time's, scaled."""
+
+    def interval(doc: Doc):
+        bounds, factor = _metric(doc, "step_time_s_ci"), scale(doc)
+        return None if not bounds or not factor else (bounds[0] * factor, bounds[1] * factor)
+
+    return interval
 
 
 def _per_gpu(doc: Doc) -> str | None:
@@ -60,14 +84,29 @@ def _per_gpu(doc: Doc) -> str | None:
     return ", ".join(f"{u:,.0f} / {t:,.0f}" for u, t in zip(used, total or [None] * len(used)))
 
 
+def _ms_per_sample(doc: Doc):
+    batch = doc["params"].get("global_batch")
+    return 1e3 / batch if batch else None
+
+
 def _time_per_sample_ms(doc: Doc):
-    step, batch = _metric(doc, "step_time_s"), doc["params"].get("global_batch")
-    return step / batch * 1e3 if step and batch else None
+    step, factor = _metric(doc, "step_time_s"), _ms_per_sample(doc)
+    return step * factor if step and factor else None
+
+
+def _timed_steps(doc: Doc):
+    return doc["params"].get("timed_steps")
 
 
 def _timed_total_s(doc: Doc):
-    times = _metric(doc, "step_times_s")
-    return sum(times) if times else None
+    """The study's timed steps at the median step (gpt2_zero: 3 steps, its origin's 48 samples)."""
+    step, steps = _metric(doc, "step_time_s"), _timed_steps(doc)
+    return step * steps if step and steps else None
+
+
+def _steps_of_run(doc: Doc):
+    step, projected = _metric(doc, "step_time_s"), _metric(doc, "projected_run_s")
+    return projected / step if step and projected else None
 
 
 def _loss(doc: Doc):
@@ -85,7 +124,10 @@ def _params_rank0(doc: Doc):
 def prediction(doc: Doc) -> dict:
     """The memory model's prediction for the cell on the machine it ran on: the current model's, so
     tables follow improvements to it (the prediction the run was launched with stays in its
-    metrics.json). A planned row carries its own."""
+    metrics.json, and in the CSV as predicted_at_run). A planned row carries its own. Computed once
+    per document (with_current_predictions) and read by every column and plot that shows it."""
+    if "predicted_now" in doc:
+        return doc["predicted_now"]
     if doc["status"] == "planned":
         return doc.get("predicted") or {}
     from trainbench.memory_model import hardware_of_run, predict
@@ -94,6 +136,11 @@ def prediction(doc: Doc) -> dict:
         return predict(doc["params"], hardware_of_run(doc)).as_dict()
     except (KeyError, ValueError):  # a cell of a model or strategy the model does not know
         return {}
+
+
+def with_current_predictions(docs: list[Doc]) -> list[Doc]:
+    """Each document with the current memory model's prediction under "predicted_now"."""
+    return [{**doc, "predicted_now": prediction(doc)} for doc in docs]
 
 
 def planned_document(cell: Cell, plan_for: dict[str, Any] | None) -> Doc:
@@ -137,15 +184,20 @@ COLUMNS: dict[str, Column] = {
     "global_batch": Column("global batch", lambda d: d["params"].get("global_batch"), str,
                            "micro batch x accumulation x data-parallel size", needs_ok=False),
     "step_time_ms": Column("step (ms)", lambda d: _metric(d, "step_time_s") and _metric(d, "step_time_s") * 1e3,
-                           _fmt(1), "median optimizer-step time"),
-    "time_per_sample_ms": Column("ms/sample", _time_per_sample_ms, _fmt(2), "median step time / global batch"),
-    "timed_total_s": Column("timed (s)", _timed_total_s, _fmt(2), "total time of the timed steps"),
-    "samples_per_s": Column("samples/s", lambda d: _metric(d, "samples_per_s"), _fmt(1), "samples per second"),
-    "tokens_per_s": Column("tokens/s", lambda d: _metric(d, "tokens_per_s"), _fmt(0), "tokens per second"),
+                           _fmt(1), "median optimizer-step time", interval=_ci("step_time_s", 1e3)),
+    "time_per_sample_ms": Column("ms/sample", _time_per_sample_ms, _fmt(2), "median step time / global batch",
+                                 interval=_per_step(_ms_per_sample)),
+    "timed_total_s": Column("timed (s)", _timed_total_s, _fmt(2),
+                            "the study's timed steps (timed_steps x global batch samples) at the median step",
+                            interval=_per_step(_timed_steps)),
+    "samples_per_s": Column("samples/s", lambda d: _metric(d, "samples_per_s"), _fmt(1), "samples per second",
+                            interval=_ci("samples_per_s")),
+    "tokens_per_s": Column("tokens/s", lambda d: _metric(d, "tokens_per_s"), _fmt(0), "tokens per second",
+                           interval=_ci("tokens_per_s")),
     "tflops_per_gpu": Column("TFLOPS/GPU", lambda d: _metric(d, "tflops_per_gpu"), _fmt(2),
-                             "model TFLOP/s per GPU (6N + 12LHQT per token)"),
+                             "model TFLOP/s per GPU (6N + 12LHQT per token)", interval=_ci("tflops_per_gpu")),
     "mfu": Column("MFU", lambda d: _metric(d, "mfu"), lambda v: f"{v:.1%}",
-                  "model FLOPs utilisation against the GPU's dense peak"),
+                  "model FLOPs utilisation against the GPU's dense peak", interval=_ci("mfu")),
     "gpu_mem_mib": Column("GPU mem (MiB)", lambda d: _max(_metric(d, "gpu_mem_used_mib")), _fmt(0),
                           "peak NVML 'used' memory of the busiest GPU (as nvidia-smi shows it)", needs_ok=False),
     "gpu_mem_gib": Column("GPU mem (GiB)", lambda d: _max(_metric(d, "gpu_mem_used_mib")) and
@@ -162,10 +214,12 @@ COLUMNS: dict[str, Column] = {
     "wall_min": Column("wall (min)", lambda d: _metric(d, "wall_time_s") and _metric(d, "wall_time_s") / 60,
                        _fmt(2), "wall time of the measured run, start-up included"),
     "projected_hms": Column("whole run (h:mm:ss)", lambda d: _metric(d, "projected_run_s"), hms,
-                            "projected steady-state time of the run the study describes"),
+                            "projected steady-state time of the run the study describes",
+                            interval=_per_step(_steps_of_run)),
     "projected_min": Column("whole run (min)", lambda d: _metric(d, "projected_run_s") and
                             _metric(d, "projected_run_s") / 60, _fmt(1),
-                            "projected steady-state time of the run the study describes"),
+                            "projected steady-state time of the run the study describes",
+                            interval=_per_step(lambda d: _steps_of_run(d) and _steps_of_run(d) / 60)),
     "test_accuracy": Column("test acc.", lambda d: _metric(d, "test_accuracy"), lambda v: f"{v:.1%}",
                             "accuracy on held-out data"),
     "loss": Column("loss first → last", _loss, str, "training loss at the first and last step"),
@@ -192,14 +246,22 @@ def with_predictions(report: list[str], docs: list[Doc]) -> list[str]:
 FOOTNOTE_AFTER = 60  # reasons longer than this go under the table, once each
 
 
+def noisy_text(doc: Doc) -> str:
+    """Why a finished cell's timing is not as tight as its study asked."""
+    half = _metric(doc, "ci_half_width")
+    if half is None:
+        return f"noisy ({_metric(doc, 'windows')} windows: no interval)"
+    return f"noisy (±{half:.1%})"
+
+
 def result_text(doc: Doc, notes: list[str] | None = None) -> str:
-    """A cell's outcome for the table: "ok", "OOM at step 23 of 25", "unsupported: why". With a notes
+    """A cell's outcome for the table: "ok", "OOM at step 23 (timed)", "unsupported: why". With a notes
     list, a long reason becomes a numbered footnote there (shared by every cell that gives it)."""
     status, reason = doc["status"], doc.get("reason")
     if status == "ok":
-        return "ok"
+        return f"ok, {noisy_text(doc)}" if _metric(doc, "noisy") else "ok"
     if status == "oom":
-        # "OOM at step 23 of 25 on rank 0, 1: <allocator message>" -> the part before the ranks
+        # "OOM at step 23 (timed) on rank 0, 1: <allocator message>" -> the part before the ranks
         return reason.split(" on rank")[0] if reason else "OOM"
     if not reason:
         return status
@@ -220,20 +282,53 @@ def _escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def markdown_table(docs: list[Doc], *, id_keys: list[str], report: list[str]) -> str:
+def column_values(doc: Doc, name: str) -> tuple[Any, tuple[float, float] | None]:
+    """One table cell's value and its interval: what the markdown shows and the CSV keeps."""
+    column = COLUMNS[name]
+    if column.needs_ok and doc["status"] != "ok":
+        return None, None
+    value = column.value(doc)
+    return value, (column.interval(doc) if column.interval and value is not None else None)
+
+
+def table_rows(docs: list[Doc], *, id_keys: list[str], report: list[str]) -> list[dict[str, Any]]:
+    """Every table column of every cell, computed once: the markdown renders these rows and the CSV
+    stores them (table.<column>, and table.<column>_low / _high for an interval)."""
     unknown = [c for c in report if c not in COLUMNS]
     if unknown:
         raise ValueError(f"unknown report column(s) {unknown}; known: {', '.join(COLUMNS)}")
+    rows = []
+    for doc in docs:
+        row: dict[str, Any] = {key: doc["params"].get(key) for key in id_keys}
+        for name in report:
+            value, interval = column_values(doc, name)
+            row[name] = value
+            if COLUMNS[name].interval is not None:
+                row[f"{name}_low"], row[f"{name}_high"] = interval or (None, None)
+        rows.append(row)
+    return rows
+
+
+def cell_text(row: dict[str, Any], name: str) -> str:
+    """A table cell as the markdown shows it: the value, and ± half its interval's width."""
+    column, value = COLUMNS[name], row[name]
+    if value is None:
+        return "—"
+    text = column.text(value)
+    if row.get(f"{name}_low") is not None:
+        text += f" ± {column.text((row[f'{name}_high'] - row[f'{name}_low']) / 2)}"
+    return text
+
+
+def markdown_table(docs: list[Doc], *, id_keys: list[str], report: list[str]) -> str:
+    rows = table_rows(docs, id_keys=id_keys, report=report)
     headers = [*id_keys, "result", *(COLUMNS[c].header for c in report)]
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
     notes: list[str] = []
-    for doc in docs:
-        row = [_cell_value(doc["params"].get(k)) for k in id_keys] + [result_text(doc, notes)]
-        for name in report:
-            column = COLUMNS[name]
-            value = None if column.needs_ok and doc["status"] != "ok" else column.value(doc)
-            row.append("—" if value is None else column.text(value))
-        lines.append("| " + " | ".join(_escape(v) for v in row) + " |")
+    for doc, row in zip(docs, rows):
+        cells = [_cell_value(row[k]) for k in id_keys] + [result_text(doc, notes)]
+        cells += [cell_text(row, name) for name in report]
+        lines.append("| " + " | ".join(_escape(v) for v in cells) + " |")
     if notes:
         lines.append("")
         lines += [f"[{i}] {_escape(note)}" + ("  " if i < len(notes) else "") for i, note in enumerate(notes, 1)]
@@ -273,16 +368,16 @@ def search_markdown(docs: list[Doc], *, id_keys: list[str]) -> list[str]:
     for doc in searched:
         found = doc["search"]
         failure = found["first_failure"]
-        at_max = {"status": "ok", "params": doc["params"], "metrics": found["metrics_at_max"] or {}}
+        at_max = {"status": "ok", "params": doc["params"], "metrics": with_intervals(
+            doc["params"], found["metrics_at_max"] or {}, (doc.get("provenance") or {}).get("gpu_name"))}
         row = [_cell_value(doc["params"].get(k)) for k in id_keys]
         row += [_cell_value(found["max_micro_batch"]) or "none", _cell_value(found["max_global_batch"]) or "—",
                 f"{failure['micro_batch']}: {_probe_outcome(failure['status'], failure['reason'])}" if failure
                 else "none up to the bound",
                 _model_max(doc),
                 ", ".join(f"{p['micro_batch']} {_probe_outcome(p['status'], p['reason'])}" for p in found["probes"])]
-        for name in SEARCH_METRICS:
-            value = COLUMNS[name].value(at_max) if found["metrics_at_max"] else None
-            row.append("—" if value is None else COLUMNS[name].text(value))
+        values = table_rows([at_max], id_keys=[], report=SEARCH_METRICS)[0] if found["metrics_at_max"] else None
+        row += [cell_text(values, name) if values else "—" for name in SEARCH_METRICS]
         lines.append("| " + " | ".join(_escape(v) for v in row) + " |")
     tolerance = {d["search"].get("tolerance") or 0 for d in searched}
     within = "exact" if tolerance == {0} else f"bisection stops within {max(tolerance):.0%} of the largest that trained"
@@ -322,9 +417,25 @@ def _planning_note(docs: list[Doc], plan_for: dict[str, Any] | None) -> list[str
             f"and verdict are the memory model's for {where}.", ""]
 
 
+def _timing_note(docs: list[Doc]) -> list[str]:
+    ran = [d for d in docs if d["status"] == "ok"]
+    if not ran:
+        return []
+    per_step = sum(1 for d in ran if (_metric(d, "timing") or {}).get("method") == PER_STEP_METHOD)
+    noisy = sum(1 for d in ran if _metric(d, "noisy"))
+    text = ("Timed figures are medians over timed windows ± half their 95% interval (README, \"How a cell is "
+            "measured\"); a cell whose interval stayed wider than its study's target is marked noisy"
+            f" ({noisy} of {len(ran)} here).")
+    if per_step:
+        text += (f" {per_step} of them ran before timing windows: each of their steps was synchronised and "
+                 f"timed alone, and their intervals come from those step times.")
+    return [text, ""]
+
+
 def study_markdown(study: str, description: str, docs: list[Doc], *, id_keys: list[str], report: list[str],
                    plan_for: dict[str, Any] | None = None) -> str:
     report = with_predictions(report, docs)
+    docs = with_current_predictions(docs)
     statuses = Counter(d["status"] for d in docs)
     commits = sorted({(d.get("provenance") or {}).get("git_commit") or "unknown" for d in docs
                       if d["status"] != "planned"})
@@ -341,6 +452,7 @@ def study_markdown(study: str, description: str, docs: list[Doc], *, id_keys: li
         f"results/tables/{study}.md` from results/runs/{study}/*/metrics.json.",
         "",
         *_planning_note(docs, plan_for),
+        *_timing_note(docs),
         "Columns: " + "; ".join(f"{COLUMNS[c].header}: {COLUMNS[c].description}" for c in report) + ".",
         "",
         *search_markdown(docs, id_keys=id_keys),
@@ -365,16 +477,30 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: value}
 
 
-def write_csv(docs: list[Doc], path: Path) -> None:
-    rows = [flatten({k: v for k, v in doc.items()}) for doc in docs]
-    first = ["study", "cell_id", "status", "reason", "params_hash"]
-    rest = sorted({k for row in rows for k in row} - set(first))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=first + rest)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: row.get(k, "") for k in first + rest})
+CSV_FIRST = ["study", "cell_id", "status", "reason", "params_hash"]
+
+
+def csv_rows(docs: list[Doc], *, id_keys: list[str], report: list[str]) -> list[dict[str, Any]]:
+    """One flat row per cell: everything in its metrics.json (the prediction it was launched with as
+    predicted_at_run.*, the current model's as predicted_now.*), and the markdown table's columns as
+    table.<column> from the same computation (table_rows)."""
+    docs = with_current_predictions(docs)
+    rows = []
+    for doc, table in zip(docs, table_rows(docs, id_keys=id_keys, report=report)):
+        document = {k: v for k, v in doc.items() if k not in ("predicted", "predicted_now")}
+        document["predicted_at_run"] = doc.get("predicted") if doc["status"] != "planned" else {}
+        document["predicted_now"] = doc["predicted_now"]
+        row = flatten(document)
+        row.update({f"table.{name}": value for name, value in table.items() if name not in id_keys})
+        rows.append(row)
+    return rows
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    table = [k for k in dict.fromkeys(k for row in rows for k in row) if k.startswith("table.")]
+    rest = sorted({k for row in rows for k in row} - set(CSV_FIRST) - set(table))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    pandas.DataFrame(rows, columns=CSV_FIRST + table + rest).to_csv(path, index=False)
 
 
 def with_searches(docs: list[Doc], searches: list[Doc]) -> list[Doc]:
@@ -392,6 +518,6 @@ def with_planned(docs: list[Doc], study: Study) -> list[Doc]:
 
 def write_tables(docs: list[Doc], *, study: str, description: str, id_keys: list[str], report: list[str],
                  csv_path: Path, md_path: Path, plan_for: dict[str, Any] | None = None) -> None:
-    write_csv(docs, Path(csv_path))
+    write_csv(csv_rows(docs, id_keys=id_keys, report=with_predictions(report, docs)), Path(csv_path))
     Path(md_path).write_text(study_markdown(study, description, docs, id_keys=id_keys, report=report,
                                             plan_for=plan_for))

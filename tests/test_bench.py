@@ -1,0 +1,39 @@
+"""The benchmarks in bench/ run end to end on CPU stand-ins (their figures come from GPU hosts)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import yaml
+
+from conftest import FAST_TIMING, REPO
+
+
+def test_the_overhead_benchmark_holds_the_pipelines_cell_against_a_bare_loop(tmp_path):
+    # a baseline study of one tiny CPU cell: the benchmark's code paths, not its figures
+    config = {"studies": {"baseline": {
+        "description": "CPU stand-in", "timing": FAST_TIMING,
+        "settings": {"model": "gpt2-tiny", "device": "cpu", "seq_len": 32, "micro_batch": 2, "grad_accum": 2,
+                     "warmup_steps": 2, "timed_steps": 6},
+        "include": [{"strategy": "single", "gpus": 1}]}}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "bench/overhead.py", "--config", str(tmp_path / "config.yaml"),
+                           "--rounds", "2", "--ablation", "--ablation-rounds", "2", "--ablation-steps", "2",
+                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((out / "overhead.json").read_text())
+    [cell] = report["cells"]
+    assert [r["order"] for r in cell["rounds"]] == [["bare", "cell"], ["cell", "bare"]]  # drift cancels
+    for r in cell["rounds"]:
+        assert r["ratio"] == r["cell"]["tokens_per_s_per_gpu"] / r["bare"]["tokens_per_s_per_gpu"]
+        assert r["bare"]["steps"] == 6 and r["cell"]["windows"] == 6
+    assert cell["ratio_half_width"] is not None
+    assert set(report["ablation"]["strategy~single__gpus~1"]) == {
+        "bare", "sync and read the loss every step", "sampler thread (50 ms)", "sampler process (50 ms)"}
+    summary = (out / "overhead.txt").read_text()
+    assert "cell/bare" in summary and "strategy~single__gpus~1" in summary and "command:" in summary
+    # each round's cell is a metrics.json that `trainbench compare` reads as a rerun of the others
+    assert (out / "round-2" / "runs" / "baseline" / "strategy~single__gpus~1" / "metrics.json").exists()

@@ -1,0 +1,66 @@
+"""Published tables: every column comes from one computation, so each study's CSV and markdown agree."""
+
+from __future__ import annotations
+
+import math
+
+import pandas
+import pytest
+
+from trainbench.config import load_config
+from trainbench.tables import COLUMNS, cell_text
+
+from conftest import REPO
+
+CONFIG = load_config(REPO / "config.yaml")
+PUBLISHED = [name for name in CONFIG.studies if (REPO / "results" / "tables" / f"{name}.md").exists()]
+
+
+def markdown_rows(text: str) -> list[list[str]]:
+    """The first table of a study's markdown: its header and rows, cell by cell."""
+    lines = text.split("\n\n")
+    table = next(block for block in lines if block.startswith("| "))
+    return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in table.splitlines()
+            if not line.startswith("|---") and not line.startswith("| ---")]
+
+
+@pytest.mark.parametrize("study", PUBLISHED)
+def test_each_published_tables_csv_and_markdown_agree_column_by_column(study):
+    md = markdown_rows((REPO / "results" / "tables" / f"{study}.md").read_text())
+    csv = pandas.read_csv(REPO / "results" / "tables" / f"{study}.csv")
+    spec = CONFIG.study(study)
+    header, rows = md[0], md[1:]
+    assert len(rows) == len(csv), "the markdown and the CSV hold different cells"
+    report = [name for name in COLUMNS if COLUMNS[name].header in header]
+    assert set(report) >= set(spec.report)
+    checked = 0
+    for i, row in enumerate(rows):
+        values = {}
+        for name in report:
+            for key in (name, f"{name}_low", f"{name}_high"):
+                column = f"table.{key}"
+                if column in csv:
+                    value = csv[column][i]
+                    values[key] = None if isinstance(value, float) and math.isnan(value) else value
+        for name in report:
+            assert row[header.index(COLUMNS[name].header)] == cell_text(values, name), (study, i, name)
+            checked += 1
+    assert checked >= len(rows)
+
+
+def test_tables_show_intervals_and_say_which_cells_are_noisy():
+    baseline = (REPO / "results" / "tables" / "baseline.md").read_text()
+    assert " ± " in baseline and "medians over timed windows ± half their 95% interval" in baseline
+    gpt2 = (REPO / "results" / "tables" / "gpt2_zero.md").read_text()
+    assert "ok, noisy (3 windows: no interval)" in gpt2  # three timed steps give no 95% interval
+    megatron = (REPO / "results" / "tables" / "megatron.md").read_text()
+    assert "ok, noisy (±" in megatron and "ran before timing windows" in megatron
+
+
+def test_run_time_and_current_predictions_are_named_apart_in_the_csv():
+    csv = pandas.read_csv(REPO / "results" / "tables" / "llama.csv")
+    assert "predicted_at_run.gpu_mem_mib" in csv and "predicted_now.gpu_mem_mib" in csv
+    assert "table.predicted_gpu_mem_gib" in csv
+    measured = csv[csv.status == "ok"]
+    assert (measured["table.predicted_gpu_mem_gib"] * 1024).round(0).tolist() == \
+        measured["predicted_now.gpu_mem_mib"].round(0).tolist()
