@@ -221,6 +221,19 @@ def test_bad_config_stops_before_any_job_with_one_clear_message(workflow, case):
     assert sorted(p.name for p in workflow.path("results").rglob("*") if p.is_file()) == ["metrics.json"]
 
 
+@pytest.mark.parametrize("config, message", [
+    ({"studies": [{"t": 1}]}, "studies: must be a mapping (key: value, ...), not a list"),
+    ({"studies": {"t": {**tiny_study(strategy="single"), "include": [{}], "report": ["step_time_ms", "speed"]}}},
+     "studies.t.report: unknown column 'speed'"),
+])
+def test_mistakes_found_before_any_job_even_a_dry_run(workflow, config, message):
+    workflow.write_config(config)
+    result = workflow.snakemake("-n", check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and message in output, output
+    assert "Traceback" not in output and "File \"" not in output
+
+
 @pytest.mark.parametrize("target, message", [
     ("results/tables/nope.md", "unknown study 'nope'; studies in config.yaml: t"),
     ("results/runs/t/micro_batch~9/metrics.json", "study 't' has no cell 'micro_batch~9'"),
@@ -254,6 +267,26 @@ def test_cells_lists_targets_and_current_status(workflow):
     t["settings"]["lr"] = 5e-4
     workflow.write_config({"studies": {"t": t}})
     assert listing()["micro_batch~1"][2] == "ok (stale: parameters changed)"
+
+
+@pytest.mark.parametrize("garbage", [{"status": "ok"}, "not json", {"schema": 1}])
+def test_a_result_that_is_not_one_is_listed_unreadable_rerun_and_never_reaches_a_table(workflow, garbage):
+    t = tiny_study(strategy="single")
+    t["axes"] = {"micro_batch": [1, 2]}
+    workflow.write_config({"studies": {"t": t}})
+    workflow.snakemake("results/tables/t.md")
+    target = workflow.path("results/runs/t/micro_batch~1/metrics.json")
+    target.write_text(garbage if isinstance(garbage, str) else json.dumps(garbage))
+    out = subprocess.run([sys.executable, "-m", "trainbench", "cells", "t", "--tsv"], cwd=workflow.root,
+                         capture_output=True, text=True, check=True).stdout
+    status = next(row.split("\t")[2] for row in out.splitlines() if row.split("\t")[1] == "micro_batch~1")
+    assert status.startswith("unreadable (")
+    dry = workflow.snakemake("-n", "results/tables/t.md")
+    assert cells_planned(parse_dry_run(dry.stdout)) == {"micro_batch~1"}
+    assert "is not a valid result" in dry.stderr and target.with_name("metrics.json.invalid").exists()
+    workflow.snakemake("results/tables/t.md")
+    assert json.loads(target.read_text())["status"] == "ok"  # ran again, and the table was made from it
+    assert "| 1 | ok" in workflow.path("results/tables/t.md").read_text()
 
 
 def test_lint_reports_nothing(workflow):

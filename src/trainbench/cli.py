@@ -10,38 +10,43 @@ from pathlib import Path
 
 import yaml
 
-from trainbench.errors import ConfigError
+from trainbench.errors import ConfigError, UsageError
 
 
 def _config(path: str):
     from trainbench.config import load_config
 
     if not Path(path).exists():
-        raise ConfigError(f"{path}: no such file (run from the repository root, or pass --config)")
+        raise UsageError(f"{path}: no such file (run from the repository root, or pass --config)")
     return load_config(path)
 
 
 def cell_status(target: Path, params_hash: str) -> str:
-    """A cell's state on disk: missing, or the status in its metrics.json (marked stale if the
-    cell's parameters changed since it ran, which is when Snakemake reruns it)."""
+    """A cell's state on disk: missing, unreadable (with why: the workflow runs it again), or the
+    status in its metrics.json (marked stale if the cell's parameters changed since it ran, which is
+    when Snakemake reruns it)."""
+    from trainbench.results import read_json, result_problem
+
     if not target.exists():
         return "missing"
-    try:
-        doc = json.loads(target.read_text())
-    except (OSError, json.JSONDecodeError):
-        return "unreadable"
-    status = doc.get("status", "?")
-    return status if doc.get("params_hash") == params_hash else f"{status} (stale: parameters changed)"
+    problem = result_problem(target)
+    if problem:
+        return f"unreadable ({problem[:120]})"
+    doc = read_json(target)
+    return doc["status"] if doc["params_hash"] == params_hash else f"{doc['status']} (stale: parameters changed)"
 
 
 def search_status(root: Path, study: str, cell_id: str) -> str:
     """Where a cell's max-batch search stands: its answer, or how many probes have run."""
     from trainbench.grid import search_target
-    from trainbench.results import read_json
+    from trainbench.results import InvalidResult, read_search
 
     result = root / search_target(study, cell_id)
     if result.exists():
-        found = read_json(result)
+        try:
+            found = read_search(result)
+        except InvalidResult as error:
+            return f"unreadable ({str(error).split(': ', 1)[1][:80]})"
         failure = found["first_failure"]
         limit = f" ({failure['micro_batch']}: {failure['status']})" if failure else ""
         return f"mb {found['max_micro_batch']}{limit}"
@@ -79,18 +84,25 @@ def cmd_cells(args) -> int:
 def cmd_run_cell(args) -> int:
     from trainbench.cellrun import run_cell
     from trainbench.grid import Cell, check_cell
+    from trainbench.params import PARAMS_BY_NAME
     from trainbench.timing import TimingSettings
 
-    params = json.loads(args.params)
+    try:
+        params = json.loads(args.params)
+    except json.JSONDecodeError as error:
+        raise UsageError(f"--params is not the cell's JSON ({error})") from None
+    try:
+        timing = TimingSettings.from_argument(args.timing)
+    except ValueError as error:
+        raise UsageError(f"--timing {args.timing!r}: {error}") from None
+    lacking = [key for key in (*PARAMS_BY_NAME, "dp", "gpus_per_node", "global_batch") if key not in params]
+    if lacking:
+        raise UsageError(f"--params lacks {lacking[0]!r}: give every parameter of the cell, as the workflow does")
     errors, unsupported = check_cell(params)
     if errors:
         raise ConfigError([f"study {args.study!r}, cell {args.cell!r}: {key}: {message}" for key, message in errors])
     # The job's cores are shared by the node's ranks (OMP threads per rank).
     ranks_per_node = params.get("gpus_per_node") or 1
-    try:
-        timing = TimingSettings.from_argument(args.timing)
-    except ValueError as error:
-        raise ConfigError(f"--timing {args.timing!r}: {error}") from None
     cell = Cell(args.study, args.cell, params, execution={"cpus_per_rank": max(1, args.cpus_per_task // ranks_per_node)},
                 timing=timing, unsupported=unsupported)
     return run_cell(cell, Path(args.output), runtime_min=args.runtime_min, retries=args.retries,
@@ -110,12 +122,14 @@ def cmd_predict(args) -> int:
     try:
         hardware = hardware_from_args(args.gpu, args.gpu_mem_gib, args.host_mem_gib, args.gpus_per_node)
     except ValueError as error:
-        raise ConfigError(str(error)) from None
+        raise UsageError(str(error)) from None
     config = _config(args.config)
+    studies = [config.study(name) for name in args.studies or list(config.studies)]  # unknown ones: an error
     writer = csv.writer(sys.stdout, lineterminator="\n")
     writer.writerow(PREDICT_COLUMNS)
-    for name in args.studies or list(config.studies):
-        for cell in config.study(name).cells:
+    for study in studies:
+        name = study.name
+        for cell in study.cells:
             p = cell.params
             prediction = predict(p, hardware)
             gpu = prediction.gpu_mem_mib
@@ -143,12 +157,12 @@ def cmd_compare(args) -> int:
 
     for root in (args.first, args.second):
         if not root.is_dir():
-            raise ConfigError(f"{root}: no such directory (give two results/runs folders)")
+            raise UsageError(f"{root}: no such directory (give two results/runs folders)")
     gate = parse_gate(args.fail_on) if args.fail_on else None
     patterns = [*args.study, *args.cells]
     result = compare(args.first, args.second, min_change=args.min_change, patterns=patterns)
     if not result.cells:
-        raise ConfigError(f"no cell{' matching ' + ', '.join(patterns) if patterns else ''} is in both "
+        raise UsageError(f"no cell{' matching ' + ', '.join(patterns) if patterns else ''} is in both "
                           f"{args.first} and {args.second}")
     failures = gate_failures(result, gate) if gate is not None else None
     if args.json:
@@ -198,6 +212,19 @@ def cmd_vocabulary(args) -> int:
     return 0
 
 
+def positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text} is not above 0")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trainbench", description="Benchmark distributed training set-ups.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -228,9 +255,9 @@ def parser() -> argparse.ArgumentParser:
     predict.add_argument("studies", nargs="*")
     predict.add_argument("--config", default="config.yaml")
     predict.add_argument("--gpu", help="GPU model: h100, h200, a100-80g, a100-40g, v100-32g, v100-16g")
-    predict.add_argument("--gpu-mem-gib", type=float, help="memory per GPU in GiB (instead of --gpu)")
-    predict.add_argument("--gpus-per-node", type=int, default=8)
-    predict.add_argument("--host-mem-gib", type=float, required=True, help="host memory per node in GiB")
+    predict.add_argument("--gpu-mem-gib", type=positive(float), help="memory per GPU in GiB (instead of --gpu)")
+    predict.add_argument("--gpus-per-node", type=positive(int), default=8)
+    predict.add_argument("--host-mem-gib", type=positive(float), required=True, help="host memory per node in GiB")
     predict.set_defaults(func=cmd_predict)
 
     search = sub.add_parser("search-summary", help="write a max-batch search's result from its probes")

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from trainbench.errors import ConfigError
-from trainbench.results import read_result
+from trainbench.errors import UsageError
+from trainbench.results import InvalidResult, read_result
 
 
 def _busiest(values) -> float | None:
@@ -112,8 +112,8 @@ def _metrics_docs(root: Path, patterns: list[str]) -> dict[str, dict]:
                                for p in patterns):
             try:
                 docs[key] = read_result(path)
-            except (OSError, ValueError) as error:
-                raise ConfigError(f"{path}: {error}") from None
+            except InvalidResult as error:
+                raise UsageError(str(error)) from None
     return docs
 
 
@@ -159,11 +159,11 @@ def parse_gate(text: str) -> dict[str, float]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, _, value = part.partition(":")
         if name not in kinds or not value:
-            raise ConfigError(f"--fail-on {text!r}: expected e.g. 'slower:5%,memory:5%' (names: slower, memory)")
+            raise UsageError(f"--fail-on {text!r}: expected e.g. 'slower:5%,memory:5%' (names: slower, memory)")
         try:
             gate[kinds[name]] = float(value.rstrip("%")) / (100 if value.endswith("%") else 1)
         except ValueError:
-            raise ConfigError(f"--fail-on {text!r}: {value!r} is not a number or a percentage") from None
+            raise UsageError(f"--fail-on {text!r}: {value!r} is not a number or a percentage") from None
     return gate
 
 

@@ -57,12 +57,18 @@ def _describe(error: jsonschema.ValidationError) -> str:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             parts.append(f"{where}: unknown key {key!r}{hint}; allowed: {', '.join(allowed)}")
         return "\n".join(parts)
+    if error.validator == "type" and error.validator_value == "object":
+        return f"{where}: must be a mapping (key: value, ...), not a {_yaml_kind(error.instance)}: {error.instance!r}"[:300]
     key = next((p for p in reversed(list(error.absolute_path)) if isinstance(p, str)), None)
     param = PARAMS_BY_NAME.get(key) if key else None
     allowed = f"; {key} must be {param.allowed()}" if param else ""
     if error.validator == "enum":
         return f"{where}: {error.instance!r} is not allowed{allowed or '; allowed: ' + repr(error.validator_value)}"
     return f"{where}: {error.message}{allowed}"
+
+
+def _yaml_kind(value: Any) -> str:
+    return {list: "list", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(value), "value")
 
 
 def _coerce_numbers(node: Any) -> Any:
@@ -86,7 +92,8 @@ def _coerce_numbers(node: Any) -> Any:
             else:
                 mapping[key] = fix(key, value)
 
-    for study in (node.get("studies") or {}).values() if isinstance(node, dict) else ():
+    studies = node.get("studies") if isinstance(node, dict) else None
+    for study in studies.values() if isinstance(studies, dict) else ():
         if not isinstance(study, dict):
             continue
         fix_mapping(study.get("settings"))
@@ -108,7 +115,7 @@ def validate_structure(raw: dict[str, Any]) -> dict[str, Any]:
     validator = jsonschema.Draft202012Validator(build_schema())
     errors = sorted(validator.iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path])
     problems = [_describe(e) for e in errors]
-    for name in data.get("studies", {}):
+    for name in data.get("studies", {}) if isinstance(data.get("studies"), dict) else ():
         if not STUDY_NAME.match(str(name)):
             problems.append(f"studies.{name}: study names use letters, digits, '_' and '-' only")
     if problems:
@@ -118,9 +125,24 @@ def validate_structure(raw: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def _unknown_report_columns(studies: dict[str, Any]) -> list[str]:
+    """Report columns a table would not know, found before any job runs (not when the table is made)."""
+    from trainbench.tables import COLUMNS
+
+    problems = []
+    for name, spec in studies.items():
+        for column in spec.get("report") or []:
+            if column not in COLUMNS:
+                close = difflib.get_close_matches(column, list(COLUMNS), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                problems.append(f"studies.{name}.report: unknown column {column!r}{hint}; `trainbench columns` "
+                                f"lists them")
+    return problems
+
+
 def load_config(source: dict[str, Any] | str | Path) -> Config:
     """Validate a config (a mapping, or a YAML file's path) and expand all its studies."""
-    if not isinstance(source, dict):
+    if isinstance(source, (str, Path)):
         with open(source) as f:
             source = yaml.safe_load(f) or {}
     data = validate_structure(source)
@@ -131,6 +153,7 @@ def load_config(source: dict[str, Any] | str | Path) -> Config:
             studies[name] = expand_study(name, spec)
         except ConfigError as e:
             problems.extend(e.problems)
+    problems += _unknown_report_columns(data["studies"])
     for machine, names in data["default_studies"].items():
         for name in names:
             if name not in data["studies"]:

@@ -12,3 +12,11 @@ class ConfigError(Exception):
         more = len(self.problems) - len(shown)
         text = "\n".join(f"  - {p}" for p in shown) + (f"\n  ... and {more} more" if more > 0 else "")
         super().__init__(f"invalid configuration:\n{text}")
+
+
+class UsageError(ConfigError):
+    """A command given something that does not exist or cannot be used (a file, a folder, a GPU type)."""
+
+    def __init__(self, problem: str):
+        super().__init__(problem)
+        Exception.__init__(self, problem)

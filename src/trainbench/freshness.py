@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 from trainbench.grid import Cell, Study
-from trainbench.results import write_json_atomic
+from trainbench.results import result_problem, write_json_atomic
 
 STAMP_DIR = "results/.grid"
 
@@ -56,13 +57,14 @@ def recorded_hash(cell: Cell, root: Path | str = ".") -> str | None:
 
 
 def prepare(study: Study, root: Path | str = ".") -> set[str]:
-    """Refresh the study's stamp; return the ids of its stale cells, after making sure the stamp is
-    newer than each of their results."""
+    """Refresh the study's stamp, set invalid results aside (they run again); return the ids of its
+    stale cells, after making sure the stamp is newer than each of their results."""
     stamp = refresh_stamp(study, root)
+    set_aside = [cell for cell in study.cells if set_aside_invalid(Path(root) / cell.target)]
     stale = {cell.cell_id for cell in study.cells if is_stale(cell, root)}
     newest = max((os.stat(Path(root) / study.cell(i).target).st_mtime for i in stale), default=None)
-    if newest is not None and stamp.stat().st_mtime <= newest:
-        os.utime(stamp)
+    if set_aside or (newest is not None and stamp.stat().st_mtime <= newest):
+        os.utime(stamp)  # without Snakemake's metadata, a newer stamp is what reruns the table
     return stale
 
 
@@ -71,3 +73,20 @@ def is_stale(cell: Cell, root: Path | str = ".") -> bool:
     if not (Path(root) / cell.target).exists():
         return False
     return recorded_hash(cell, root) != cell.params_hash
+
+
+def _to_stderr(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+def set_aside_invalid(path: Path | str, say=_to_stderr) -> bool:
+    """A result file that is not a valid result (truncated, edited, of another shape) is moved aside
+    to <name>.invalid, with a word: the job that makes it then runs again (Snakemake sees it missing),
+    and what was there is kept for a look. True if it was moved."""
+    path = Path(path)
+    problem = result_problem(path) if path.exists() else None
+    if problem:
+        aside = path.with_name(path.name + ".invalid")
+        os.replace(path, aside)
+        say(f"trainbench: {path} is not a valid result ({problem}); moved to {aside.name}, it will be made again")
+    return bool(problem)

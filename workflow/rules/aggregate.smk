@@ -12,6 +12,7 @@ rule study_table:
     log:
         "results/logs/tables/{study}.log",
     params:
+        missing=get_missing_cells,
         layout=get_study_layout,
         planning=get_study_planning,
     localrule: True

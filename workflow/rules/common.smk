@@ -8,7 +8,7 @@ try:
     from trainbench.batch_search import bounds_for, walk
     from trainbench.config import load_config
     from trainbench.errors import ConfigError
-    from trainbench.freshness import prepare, stamp_path
+    from trainbench.freshness import prepare, set_aside_invalid, stamp_path
     from trainbench.gpus import local_gpu_count
     from trainbench.grid import probe_cell
     from trainbench.results import read_json
@@ -122,8 +122,10 @@ def get_search_probes(wildcards):
     paths = {}
 
     def status_of(batch):
-        paths[batch] = checkpoints.search_probe.get(study=study.name, cell=cell.cell_id,
-                                                    micro_batch=batch).output.metrics
+        probe = dict(study=study.name, cell=cell.cell_id, micro_batch=batch)
+        paths[batch] = checkpoints.search_probe.get(**probe).output.metrics
+        if set_aside_invalid(paths[batch]):
+            checkpoints.search_probe.get(**probe)  # now missing: Snakemake runs the probe again
         return read_json(paths[batch])["status"]
 
     walk(status_of, *bounds_for(study.search, cell.params), study.search["tolerance"])
@@ -135,7 +137,11 @@ def get_study_metrics(wildcards):
 
 
 def get_study_searches(wildcards):
-    return get_study(wildcards).search_targets
+    targets = get_study(wildcards).search_targets
+    for path in targets:
+        # a search summary that is not one is made again from its probes
+        set_aside_invalid(path)
+    return targets
 
 
 def get_study_grid(wildcards):
@@ -152,6 +158,13 @@ def get_plot_layout(wildcards):
     """What the plots show (a params change reruns the plots alone)."""
     study = get_study(wildcards)
     return {"id_keys": study.id_keys, "plot_panels": list(study.plot_panels)}
+
+
+def get_missing_cells(wildcards):
+    """The study's measured cells without a result, as a rerun trigger of its table and plots.
+    Snakemake regenerates no missing input of a job it finds up to date (as for deleted intermediate
+    files); a result deleted, or set aside as invalid, must still run again and reach the table."""
+    return sorted(c.cell_id for c in get_study(wildcards).cells if c.measured and not os.path.exists(c.target))
 
 
 def get_study_planning(wildcards):

@@ -12,6 +12,7 @@ rule study_plots:
     log:
         "results/logs/plots/{study}.log",
     params:
+        missing=get_missing_cells,
         layout=get_plot_layout,
     localrule: True
     conda:

@@ -3,7 +3,7 @@
 import sys
 
 from trainbench.config import load_config
-from trainbench.results import read_cells, read_json
+from trainbench.results import read_cells, read_search
 from trainbench.tables import with_planned, with_searches, write_tables
 
 with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
@@ -12,7 +12,7 @@ with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
     # the study as the workflow expanded it: its planned cells and the grid's row order
     study = load_config(snakemake.config).study(snakemake.wildcards.study)  # noqa: F821
     docs = with_planned(read_cells(snakemake.input.metrics), study)  # noqa: F821
-    docs = with_searches(docs, [read_json(path) for path in snakemake.input.searches])  # noqa: F821
+    docs = with_searches(docs, [read_search(path) for path in snakemake.input.searches])  # noqa: F821
     write_tables(docs, study=study.name, description=layout["description"], id_keys=layout["id_keys"],
                  report=layout["report"], csv_path=snakemake.output.csv, md_path=snakemake.output.md,  # noqa: F821
                  plan_for=study.plan_for)

@@ -1,0 +1,192 @@
+"""Every config mistake is refused before any job, naming the key (and the cell where it is a cell's
+mistake), with no traceback: a table of kinds of bad config and the words each message must hold.
+Each case edits a valid config of one small study; load_config must raise ConfigError saying so.
+(tests/test_workflow.py checks that Snakemake shows these messages and starts no job.)"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import pytest
+
+from trainbench.config import load_config
+from trainbench.errors import ConfigError
+
+from conftest import tiny_study
+
+
+def base() -> dict[str, Any]:
+    study = tiny_study(strategy="single")
+    study["axes"] = {"micro_batch": [1, 2]}
+    return {"default_studies": {"without_gpus": ["t"], "with_gpus": ["t"]}, "studies": {"t": study}}
+
+
+def study(**changes) -> Callable[[dict], Any]:
+    def edit(config):
+        config["studies"]["t"].update(changes)
+    return edit
+
+
+def settings(**changes) -> Callable[[dict], Any]:
+    def edit(config):
+        config["studies"]["t"]["settings"].update(changes)
+    return edit
+
+
+def top(**changes) -> Callable[[dict], Any]:
+    def edit(config):
+        config.update(changes)
+    return edit
+
+
+def replace(new) -> Callable[[dict], Any]:
+    def edit(config):
+        config.clear()
+        config["__replace__"] = new
+    return edit
+
+
+CASES: dict[str, tuple[Callable[[dict], Any], str]] = {
+    # the file's shape
+    "not a mapping": (replace(["a", "b"]), "config.yaml must be a mapping with a 'studies' key"),
+    "studies as a list": (top(studies=[{"t": 1}]), "studies: must be a mapping (key: value, ...), not a list"),
+    "no studies": (lambda c: c.pop("studies"), "'studies' is a required property"),
+    "unknown top-level key": (top(studys={}), "unknown key 'studys' (did you mean 'studies'?)"),
+    "bad study name": (lambda c: c["studies"].update({"my study": c["studies"]["t"]}),
+                       "studies.my study: study names use letters, digits, '_' and '-' only"),
+    "study not a mapping": (lambda c: c["studies"].update({"t": 5}), "studies.t: must be a mapping (key: value, ...), not a number: 5"),
+    "study without description": (lambda c: c["studies"]["t"].pop("description"),
+                                  "studies.t: 'description' is a required property"),
+    "unknown study key": (study(axis={"seed": [1]}), "unknown key 'axis' (did you mean 'axes'?)"),
+    "default study unknown": (top(default_studies={"without_gpus": ["nope"], "with_gpus": []}),
+                              "default_studies.without_gpus: unknown study 'nope'"),
+    "default studies not a list": (top(default_studies={"without_gpus": "t", "with_gpus": []}),
+                                   "default_studies.without_gpus: 't' is not of type 'array'"),
+    "default studies unknown machine": (top(default_studies={"with_gpu": ["t"]}),
+                                        "unknown key 'with_gpu' (did you mean 'with_gpus'?)"),
+    # parameters: names, types, values
+    "unknown setting": (settings(micro_bach=4), "unknown key 'micro_bach' (did you mean 'micro_batch'?)"),
+    "setting of the wrong type": (settings(warmup_steps="four"), "warmup_steps must be an integer >= 0"),
+    "below the minimum": (settings(timed_steps=0), "timed_steps must be an integer >= 1"),
+    "a value not allowed": (settings(precision="fp8"), "'fp8' is not allowed; precision must be one of"),
+    "unknown framework": (settings(framework="jax"), "'jax' is not allowed; framework must be one of"),
+    "unknown head": (settings(head="regression"), "head must be one of 'lm', 'classifier'"),
+    "a flag given a string": (settings(compile="yes"), "compile must be true or false"),
+    "a derived value set": (settings(global_batch=8), "unknown key 'global_batch'"),
+    "unknown strategy": (settings(strategy="zero2"), "strategy: 'zero2' is not a torch strategy"),
+    "unknown model": (settings(model="gpt-9"), "model: unknown model 'gpt-9'"),
+    "sequence beyond the context": (settings(seq_len=4096), "seq_len: 4096 exceeds gpt2-tiny's context of 128 tokens"),
+    "gpus not a multiple of nodes": (settings(strategy="ddp", gpus=3, nodes=2), "gpus: gpus=3 is not a multiple of nodes=2"),
+    "gpus not divisible by tp": (settings(framework="deepspeed", strategy="zero1", gpus=2, tp=4),
+                                 "gpus: gpus=2 is not divisible by tp x pp = 4 x 1"),
+    "offload that means nothing": (settings(strategy="ddp", gpus=2, offload_optimizer=True),
+                                   "offload_optimizer: means nothing for torch strategy 'ddp'"),
+    "single on two ranks": (settings(gpus=2), "gpus: strategy 'single' runs one rank"),
+    "tensor parallel without a runner": (settings(strategy="ddp", gpus=2, tp=2), "tp"),
+    "python launcher across nodes": (settings(strategy="ddp", gpus=2, nodes=2, launcher="python"),
+                                     "launcher: 'python' cannot span nodes"),
+    "an injected OOM never reached": (settings(inject_oom_at_step=99), "inject_oom_at_step: step 99 is never reached"),
+    "a run of no epochs": (settings(dataset_size=100), "dataset_size and epochs describe the whole run together"),
+    # axes, variants, include, exclude
+    "axis not a list": (study(axes={"micro_batch": 4}), "studies.t.axes.micro_batch: 4 is not of type 'array'"),
+    "empty axis": (study(axes={"micro_batch": []}), "studies.t.axes.micro_batch: [] should be non-empty"),
+    "axis value of the wrong type": (study(axes={"micro_batch": [1, "two"]}),
+                                     "studies.t.axes.micro_batch[1]: 'two' is not of type 'integer'"),
+    "repeated axis value": (study(axes={"micro_batch": [1, 1]}), "studies.t.axes.micro_batch: repeated value"),
+    "a key both setting and axis": (study(axes={"micro_batch": [1, 2], "seed": [0, 1]}, settings={
+        **tiny_study(strategy="single")["settings"], "seed": 3}), "'seed' is both a setting and an axis"),
+    "variant key also an axis": (study(variants={"size": [{"micro_batch": 4}]}),
+                                 "studies.t.variants.size: 'micro_batch' is also set in axes"),
+    "variant not a list of mappings": (study(variants={"size": [4]}), "studies.t.variants.size[0]: must be a mapping (key: value, ...), not a number: 4"),
+    "exclude matching nothing": (study(exclude=[{"micro_batch": 3}]), "studies.t.exclude[0]: {'micro_batch': 3} matches no cell"),
+    "exclude without axes": (lambda c: c["studies"]["t"].update(axes={}, include=[{}], exclude=[{"seed": 0}]),
+                             "studies.t.exclude: there are no axes to exclude combinations from"),
+    "include with an unknown key": (study(include=[{"micro_batches": 3}]), "unknown key 'micro_batches'"),
+    "include repeating a cell": (study(include=[{"micro_batch": 1}, {"micro_batch": 1}]), "make the same cell"),
+    "no cells": (study(axes={}), "studies.t: no cells; give it axes, variants or include entries"),
+    "a value that cannot name a cell": (study(axes={"dataset_path": ["a/b", "c"]}),
+                                        "value 'a/b' of dataset_path cannot name a cell"),
+    # execution and timing
+    "unknown execution key": (study(execution={"runtime": 5}), "unknown key 'runtime' (did you mean 'runtime_min'?)"),
+    "execution below its minimum": (study(execution={"runtime_min": 0}), "studies.t.execution.runtime_min: 0 is less than the minimum of 1"),
+    "override without set": (study(execution_overrides=[{"when": {"micro_batch": 1}}]), "'set' is a required property"),
+    "timing target of zero": (study(timing={"target_ci": 0}), "studies.t.timing.target_ci: 0 is less than or equal to the minimum of 0"),
+    "too few windows for an interval": (study(timing={"min_windows": 3}), "studies.t.timing.min_windows: 3 is less than the minimum of 6"),
+    "unknown timing key": (study(timing={"windows": 8}), "unknown key 'windows'"),
+    # what the tables and plots show
+    "unknown report column": (study(report=["speed"]), "studies.t.report: unknown column 'speed'"),
+    "report not a list": (study(report="mfu"), "studies.t.report: 'mfu' is not of type 'array'"),
+    "plot panel key that names no cell": (study(plot_panels=["seed"]), "studies.t.plot_panels: 'seed' is not a key"),
+    # measured and planned cells, searches
+    "measure pattern selecting nothing": (study(measure={"cells": [{"micro_batch": 7}]}),
+                                          "studies.t.measure.cells[0]: {'micro_batch': 7} matches no cell"),
+    "measure without cells": (study(measure={"plan_for": None}), "'cells' is a required property"),
+    "plan_for without its memory": (study(measure={"cells": [{}], "plan_for": {"gpus_per_node": 8, "host_mem_gib": 1}}),
+                                    "'gpu_mem_gib' is a required property"),
+    "search tolerance above one": (study(search={"tolerance": 2}), "studies.t.search.tolerance: 2 is greater than the maximum of 1"),
+    "search naming no measured cell": (study(search={"cells": [{"micro_batch": 9}]}),
+                                       "studies.t.search.cells[0]: {'micro_batch': 9} matches no measured cell"),
+}
+
+
+def test_the_table_holds_at_least_forty_kinds_of_mistake():
+    assert len(CASES) >= 40
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_bad_config_is_refused_naming_what_is_wrong(case):
+    edit, words = CASES[case]
+    config = copy.deepcopy(base())
+    load_config(copy.deepcopy(config))  # the base is valid
+    edit(config)
+    if "__replace__" in config:
+        config = config["__replace__"]
+    with pytest.raises(ConfigError) as raised:
+        load_config(config)
+    assert words in str(raised.value), str(raised.value)
+
+
+def _invalid_tree(tmp_path):
+    cell = tmp_path / "runs" / "t" / "c"
+    cell.mkdir(parents=True, exist_ok=True)
+    (cell / "metrics.json").write_text('{"status": "ok"}')
+    return str(tmp_path / "runs")
+
+
+CLI_CASES = {
+    "unknown study": (["cells", "nope"], "unknown study 'nope'; studies in config.yaml: t"),
+    "missing config": (["cells", "--config", "/no/such.yaml"], "/no/such.yaml: no such file"),
+    "predict an unknown study": (["predict", "nope", "--host-mem-gib", "1"], "unknown study 'nope'"),
+    "unknown GPU": (["predict", "--gpu", "z100", "--host-mem-gib", "1"], "unknown GPU 'z100'; known: h100, h200"),
+    "negative memory": (["predict", "--host-mem-gib", "-5"], "--host-mem-gib: -5 is not above 0"),
+    "compare a missing folder": (["compare", "/no/a", "/no/b"], "/no/a: no such directory"),
+    "compare a result that is not one": (["compare", "{invalid}", "{invalid}"], "not a metrics.json of schema 1"),
+    "a gate of unknown words": (["compare", "{invalid}", "{invalid}", "--fail-on", "faster:5%"], "--fail-on 'faster:5%'"),
+    "run-cell given no JSON": (["run-cell", "--study", "t", "--cell", "c", "--params", "{", "--output", "m.json"],
+                               "--params is not the cell's JSON"),
+    "unknown timing setting": (["run-cell", "--study", "t", "--cell", "c", "--params", "{}", "--output", "m.json",
+                                "--timing", "windows=3"], "unknown timing setting 'windows'"),
+    "run-cell given params of no cell": (["run-cell", "--study", "t", "--cell", "c", "--params", '{"seed": 1}',
+                                          "--output", "m.json"], "--params lacks 'framework'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLI_CASES))
+def test_the_cli_refuses_what_does_not_exist_by_name(case, tmp_path, monkeypatch, capsys):
+    import yaml
+
+    from trainbench.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(base()))
+    argv, words = CLI_CASES[case]
+    argv = [a.replace("{invalid}", _invalid_tree(tmp_path)) if "{invalid}" in a else a for a in argv]
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse's own refusals
+        code = exit_.code
+    captured = capsys.readouterr()
+    assert code == 2
+    assert words in captured.err and "Traceback" not in captured.err
+    assert captured.out == ""  # nothing half-done on stdout
