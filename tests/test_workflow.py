@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import subprocess
 import sys
@@ -31,15 +32,16 @@ def cells_planned(jobs) -> set[str]:
 def test_each_study_dry_runs_listing_its_cells_and_resources(workflow, study):
     workflow.write_config((REPO / "config.yaml").read_text())
     expected = load_config(REPO / "config.yaml").study(study)
+    eight = {"TRAINBENCH_FAKE_GPUS": "8"}  # as on a host of 8 GPUs, where every one-node cell can run
     # the table runs the measured cells; the planned ones run when named (here: all of them)
-    table = parse_dry_run(workflow.snakemake("-n", f"results/tables/{study}.md").stdout)
+    table = parse_dry_run(workflow.snakemake("-n", f"results/tables/{study}.md", env=eight).stdout)
     assert table["train_cell"] == set(expected.targets)
     # and the searches it reports, each from its first probe (the memory model's seed)
     first_probes = {f"results/search/{study}/{cell_id}/mb~{bounds_for(expected.search, expected.cell(cell_id).params)[0]}"
                     "/metrics.json" for cell_id in expected.searched}
     assert table.get("search_probe", set()) == first_probes
     assert bool(first_probes) == (study == "megatron")
-    result = workflow.snakemake("-n", f"results/tables/{study}.md", *(c.target for c in expected.planned))
+    result = workflow.snakemake("-n", f"results/tables/{study}.md", *(c.target for c in expected.planned), env=eight)
     jobs = parse_dry_run(result.stdout)
     assert len(jobs["train_cell"]) == len(expected.cells)
     assert jobs["study_table"] == {f"results/tables/{study}.md", f"results/tables/{study}.csv"}
@@ -246,6 +248,28 @@ def test_a_target_naming_nothing_known_is_refused(workflow, target, message):
     assert result.returncode != 0
     assert message in result.stdout + result.stderr
     assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_a_local_run_names_cells_that_need_more_gpus_than_the_machine_has_and_runs_the_rest(workflow):
+    t = tiny_study(strategy="ddp", device="cuda")
+    t["axes"] = {"gpus": [1, 2, 4]}
+    t["exclude"] = [{"gpus": 1}]
+    t["include"] = [{"strategy": "single", "gpus": 1}]
+    workflow.write_config({"studies": {"t": t}})
+    one_gpu = {"TRAINBENCH_FAKE_GPUS": "1"}
+    result = workflow.snakemake("-n", "results/tables/t.md", env=one_gpu)
+    assert cells_planned(parse_dry_run(result.stdout)) == {"strategy~single__gpus~1"}
+    assert ("t: 2 cell(s) need more GPUs than this machine has (1) and will not run here: "
+            "gpus~2, gpus~4") in result.stderr
+    out = subprocess.run([sys.executable, "-m", "trainbench", "cells", "t", "--tsv"], cwd=workflow.root,
+                         capture_output=True, text=True, check=True, env={**os.environ, **one_gpu}).stdout
+    status = {row.split("\t")[1]: row.split("\t")[2] for row in out.splitlines()[1:]}
+    assert status["gpus~4"] == "missing: needs 4 GPUs (this machine has 1)"
+    assert status["strategy~single__gpus~1"] == "missing"
+    # through a cluster executor every cell is submitted, whatever this machine has
+    jobs = parse_dry_run(workflow.snakemake("-n", "--profile", "profiles/slurm", "results/tables/t.md",
+                                            env=one_gpu).stdout)
+    assert cells_planned(jobs) == {"strategy~single__gpus~1", "gpus~2", "gpus~4"}
 
 
 # --- listing cells for reviewers -----------------------------------------------------------------

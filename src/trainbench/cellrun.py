@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ import psutil
 from trainbench import memory_model, provenance, strategies
 from trainbench.grid import Cell, params_hash
 from trainbench.gpus import NotEnoughGpus, devices_for_cell, machine_devices, under_slurm
+from trainbench.lifetime import driver_pid, runner_environment, when_gone
 from trainbench.launch import (Rendezvous, free_port, launch_environment, multinode_command, node_command,
                               srun_command, worker_args)
 from trainbench.metrics import timed_metrics
@@ -231,6 +233,7 @@ class CellRun:
         self.retries = retries
         self.python = python
         self._children: list[subprocess.Popen] = []
+        self.finishing = threading.RLock()  # held while a result is written: a stop waits for it
         self.predicted = {**empty_predicted(), **memory_model.predict(self.params).as_dict()}
 
     def _say(self, text: str) -> None:
@@ -314,8 +317,9 @@ class CellRun:
                                                run_gpus=_node_memory([r.get("node_memory") for r in
                                                                       _rank_entries(outcome)]))
         doc["provenance"]["asked"] = asked
-        write_json_atomic(self.output, doc)
-        shutil.rmtree(self.work_dir, ignore_errors=True)
+        with self.finishing:
+            write_json_atomic(self.output, doc)
+            shutil.rmtree(self.work_dir, ignore_errors=True)
         return doc
 
     def _write_infeasible(self, prediction, devices, started: str, asked: str) -> dict[str, Any]:
@@ -355,6 +359,7 @@ class CellRun:
                 deadline: float) -> tuple[int | None, bool]:
         """Start the commands, wait for all; stop them all at the deadline or soon after one fails."""
         env = launch_environment(self.params, cpus_per_rank=self.cell.execution["cpus_per_rank"], devices=devices)
+        env.update(runner_environment())  # every rank on this host stops if this runner is gone
         # Each in a session of its own, so a launcher's whole tree can be stopped together.
         self._children = [subprocess.Popen(c, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
                           for c in commands]
@@ -397,15 +402,19 @@ def run_cell(cell: Cell, output: Path, *, runtime_min: float, retries: int, sear
     """CLI entry: 0 when a result was written; 2 when the cell cannot run here (message on stderr)."""
     run = CellRun(cell, output, runtime_min=runtime_min, retries=retries, search_probe=search_probe)
 
-    def stop(signum, _frame):
-        # Snakemake or SLURM is stopping us: stop the ranks and leave no metrics.json behind.
-        run._say(f"received {signal.Signals(signum).name}; stopping the run, writing no result")
-        run.stop_children()
-        shutil.rmtree(run.work_dir, ignore_errors=True)
-        os._exit(128 + signum)
+    def stop(why: str, code: int) -> None:
+        # Snakemake or SLURM is stopping us, or is gone: stop the ranks and leave no metrics.json behind
+        # (a result being written when this comes is finished first: it is complete, so it stands).
+        with run.finishing:
+            run._say(f"{why}; stopping the run, writing no result")
+            run.stop_children()
+            shutil.rmtree(run.work_dir, ignore_errors=True)
+            os._exit(code)
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, lambda signum, _: stop(f"received {signal.Signals(signum).name}", 128 + signum))
+    signal.signal(signal.SIGINT, lambda signum, _: stop(f"received {signal.Signals(signum).name}", 128 + signum))
+    driver = driver_pid()
+    when_gone(driver, lambda: stop(f"the process that started this cell (pid {driver}) is gone", 1), "driver-watch")
     try:
         doc = run.run()
     except CellCannotRun as error:

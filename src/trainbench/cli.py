@@ -55,7 +55,10 @@ def search_status(root: Path, study: str, cell_id: str) -> str:
 
 
 def cmd_cells(args) -> int:
+    from trainbench.gpus import local_gpu_count, short_of_gpus
+
     config = _config(args.config)
+    gpus_here = local_gpu_count()
     names = args.studies or list(config.studies)
     rows = []
     for name in names:
@@ -65,10 +68,12 @@ def cmd_cells(args) -> int:
             status = cell_status(Path(args.root) / cell.target, cell.params_hash)
             if status == "missing" and not cell.measured:
                 status = "planned"  # outside the study's `measure` selection: the table runs none
+            elif status == "missing" and not cell.unsupported and (short := short_of_gpus(cell.params, gpus_here)):
+                status = f"missing: {short} (this machine has {gpus_here})"
             search = search_status(Path(args.root), study.name, cell.cell_id) if cell.cell_id in study.searched else "-"
             rows.append((name, cell.cell_id, status,
                          str(r["gpu"]), str(r["nodes"]), cell.target, search))
-    header = ("study", "cell", "status", "gpus", "nodes", "target", "search")
+    header = ("study", "cell", "status", "gpus", "nodes", "target", "search")  # gpus: the GPUs a cell asks for
     if args.tsv:
         print("\t".join(header))
         for row in rows:

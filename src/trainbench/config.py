@@ -29,6 +29,7 @@ STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 class Config:
     studies: dict[str, Study]
     default_studies: dict[str, list[str]] = field(default_factory=dict)
+    placement: str = "local"  # where cells run: this machine, or a cluster executor
 
     def study(self, name: str) -> Study:
         if name not in self.studies:
@@ -161,4 +162,4 @@ def load_config(source: dict[str, Any] | str | Path) -> Config:
                                 f"studies: {', '.join(data['studies'])}")
     if problems:
         raise ConfigError(problems)
-    return Config(studies=studies, default_studies=data["default_studies"])
+    return Config(studies=studies, default_studies=data["default_studies"], placement=data.get("placement", "local"))

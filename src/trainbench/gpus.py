@@ -120,3 +120,16 @@ def devices_for_cell(count: int, on_wait=None):
         return
     with SlotPool(machine_devices()).lease(count, on_wait=on_wait) as devices:
         yield devices
+
+
+def short_of_gpus(params: dict, gpus_here: int) -> str | None:
+    """Why a cell cannot run on this machine for want of GPUs (None if it can): a local run names
+    such cells when it plans, rather than fail them one job at a time (SLURM places them instead)."""
+    if params["device"] != "cuda":
+        return None
+    if params["nodes"] > 1:
+        return f"needs {params['nodes']} nodes"
+    need = params["gpus_per_node"]
+    if need > gpus_here:
+        return f"needs {need} GPU{'s' if need > 1 else ''}"
+    return None

@@ -177,5 +177,9 @@ def build_schema() -> dict[str, Any]:
             },
             "studies": {"type": "object", "additionalProperties": study, "default": {},
                         "description": "Study name (letters, digits, '_' and '-') to its grid."},
+            "placement": {"enum": ["local", "cluster"], "default": "local",
+                          "description": "Where cells run: on this machine (cells needing more GPUs than it has "
+                                         "are shown as such in the tables, not run), or through a cluster "
+                                         "executor (profiles/slurm sets this; every cell is submitted)."},
         },
     }

@@ -128,7 +128,7 @@ def prediction(doc: Doc) -> dict:
     per document (with_current_predictions) and read by every column and plot that shows it."""
     if "predicted_now" in doc:
         return doc["predicted_now"]
-    if doc["status"] == "planned":
+    if doc["status"] in ("planned", "not run"):
         return doc.get("predicted") or {}
     from trainbench.memory_model import hardware_of_run, predict
 
@@ -398,7 +398,7 @@ def _hardware_summary(docs: list[Doc]) -> str:
     machines = Counter()
     for doc in docs:
         prov = doc.get("provenance") or {}
-        if doc["status"] in ("unsupported", "infeasible", "planned"):
+        if doc["status"] in ("unsupported", "infeasible", "planned", "not run"):
             continue
         gpu = prov.get("gpu_name")
         where = f"{prov.get('gpu_count')} x {gpu}" if gpu else f"CPU ({prov.get('cpu_count')} cores)"
@@ -407,14 +407,21 @@ def _hardware_summary(docs: list[Doc]) -> str:
 
 
 def _planning_note(docs: list[Doc], plan_for: dict[str, Any] | None) -> list[str]:
-    if not any(d["status"] == "planned" for d in docs):
+    if not any(d["status"] in ("planned", "not run") for d in docs):
         return []
     where = "no hardware (give measure.plan_for)"
     if plan_for:
         where = (f"{plan_for.get('name') or 'the planning hardware'}: {plan_for['gpus_per_node']} GPUs of "
                  f"{plan_for['gpu_mem_gib']:g} GiB and {plan_for['host_mem_gib']:g} GiB of host memory per node")
-    return [f"Planned cells are outside the study's `measure` selection: not run; their predicted memory "
-            f"and verdict are the memory model's for {where}.", ""]
+    notes = []
+    if any(d["status"] == "planned" for d in docs):
+        notes.append(f"Planned cells are outside the study's `measure` selection: not run; their predicted memory "
+                     f"and verdict are the memory model's for {where}.")
+    if any(d["status"] == "not run" for d in docs):
+        notes.append("Cells marked 'not run' need more GPUs than the machine that made this table has; they run "
+                     "on a machine with enough, or through SLURM (`--profile profiles/slurm`). Their predicted "
+                     "memory is the memory model's" + (f" for {where}." if plan_for else "."))
+    return [" ".join(notes), ""]
 
 
 def _timing_note(docs: list[Doc]) -> list[str]:
@@ -438,7 +445,7 @@ def study_markdown(study: str, description: str, docs: list[Doc], *, id_keys: li
     docs = with_current_predictions(docs)
     statuses = Counter(d["status"] for d in docs)
     commits = sorted({(d.get("provenance") or {}).get("git_commit") or "unknown" for d in docs
-                      if d["status"] != "planned"})
+                      if d["status"] not in ("planned", "not run")})
     parts = [
         f"# {study}",
         "",
@@ -488,7 +495,7 @@ def csv_rows(docs: list[Doc], *, id_keys: list[str], report: list[str]) -> list[
     rows = []
     for doc, table in zip(docs, table_rows(docs, id_keys=id_keys, report=report)):
         document = {k: v for k, v in doc.items() if k not in ("predicted", "predicted_now")}
-        document["predicted_at_run"] = doc.get("predicted") if doc["status"] != "planned" else {}
+        document["predicted_at_run"] = doc.get("predicted") if doc["status"] not in ("planned", "not run") else {}
         document["predicted_now"] = doc["predicted_now"]
         row = flatten(document)
         row.update({f"table.{name}": value for name, value in table.items() if name not in id_keys})
@@ -509,10 +516,14 @@ def with_searches(docs: list[Doc], searches: list[Doc]) -> list[Doc]:
     return [{**d, "search": by_cell[d["cell_id"]]} if d["cell_id"] in by_cell else d for d in docs]
 
 
-def with_planned(docs: list[Doc], study: Study) -> list[Doc]:
-    """The measured cells' documents and the planned cells' rows, in the grid's order."""
+def with_planned(docs: list[Doc], study: Study, short_of_gpus: dict[str, str] | None = None) -> list[Doc]:
+    """The measured cells' documents and the planned cells' rows, in the grid's order; a measured cell
+    the machine that made the table could not run (`short_of_gpus`: id to why) has a row saying so."""
     by_id = {d["cell_id"]: d for d in docs}
     by_id.update({c.cell_id: planned_document(c, study.plan_for) for c in study.planned})
+    for cell_id, why in (short_of_gpus or {}).items():
+        row = planned_document(study.cell(cell_id), study.plan_for)
+        by_id[cell_id] = {**row, "status": "not run", "reason": why}
     return [by_id[c.cell_id] for c in study.cells if c.cell_id in by_id]
 
 

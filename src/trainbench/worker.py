@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from trainbench.launch import free_port
+from trainbench.lifetime import runner_to_watch, when_gone
 from trainbench.memory_sampler import MemorySampler
 from trainbench.metrics import MIB, process_peak_rss_mib
 from trainbench.results import write_json_atomic
@@ -287,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cell", required=True, type=Path, help="the cell's JSON (study, cell_id, params)")
     parser.add_argument("--work-dir", required=True, type=Path)
     args, _ = parser.parse_known_args(argv)  # the DeepSpeed launcher adds --local_rank; LOCAL_RANK has it
+    runner = runner_to_watch()
+    if runner is not None:  # the cell runner gone (even by SIGKILL): this rank has no one to report to
+        when_gone(runner, lambda: (print(f"rank {os.environ.get('RANK', 0)}: the cell runner (pid {runner}) is gone; "
+                                         f"stopping", file=sys.stderr, flush=True), os._exit(1)), "runner-watch")
     with open(args.cell) as f:
         cell = json.load(f)
     worker = Worker(cell, args.work_dir)

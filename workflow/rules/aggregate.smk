@@ -13,6 +13,7 @@ rule study_table:
         "results/logs/tables/{study}.log",
     params:
         missing=get_missing_cells,
+        short_of_gpus=get_cells_short_of_gpus,
         layout=get_study_layout,
         planning=get_study_planning,
     localrule: True

@@ -9,13 +9,19 @@ try:
     from trainbench.config import load_config
     from trainbench.errors import ConfigError
     from trainbench.freshness import prepare, set_aside_invalid, stamp_path
-    from trainbench.gpus import local_gpu_count
+    from trainbench.gpus import local_gpu_count, short_of_gpus
     from trainbench.grid import probe_cell
+    from trainbench.lifetime import stale_lock_hint, stop_cells_on_sigterm
     from trainbench.results import read_json
     from trainbench.slurm import StatusCommandError, ensure_status_command
 except ImportError as error:
     sys.exit(f"error: cannot import trainbench ({error}); set up the environment first: make setup")
 
+
+# A run killed by a signal it cannot catch leaves its lock: say how to go on, before Snakemake's own
+# "cannot be locked" (not while unlocking, nor while another run here holds the lock).
+if "--unlock" not in sys.argv and (hint := stale_lock_hint()):
+    print(f"trainbench: {hint}", file=sys.stderr)
 
 try:
     # Schema validation (workflow/schemas/config.schema.yaml) plus the semantic checks of every cell.
@@ -29,6 +35,8 @@ STALE_CELLS = {name: prepare(study) for name, study in CONFIG.studies.items()}
 
 
 onstart:
+    # SIGTERM to Snakemake stops the running cells too, instead of waiting for them (lifetime.py)
+    stop_cells_on_sigterm()
     # Under the SLURM executor: a status command that cannot see jobs finish makes Snakemake wait
     # forever without a word (sacct on a cluster without accounting); check it before submitting.
     try:
@@ -132,8 +140,41 @@ def get_search_probes(wildcards):
     return list(paths.values())
 
 
+def cells_run_here():
+    """Whether cells run on this machine: not through a cluster executor, whose profile also says so
+    for its dry runs (config placement: cluster)."""
+    plugin = workflow.executor_plugin
+    return CONFIG.placement == "local" and (plugin is None or plugin.common_settings.local_exec)
+
+
+SAID_SHORT = set()
+
+
+def get_cells_short_of_gpus(wildcards):
+    """The study's measured cells that must run (no current result) but cannot on this machine, and
+    why ("needs 4 GPUs"): left out of its table's inputs, shown as rows that say so, and named once
+    when the workflow plans. Empty under a cluster executor."""
+    study = get_study(wildcards)
+    if not cells_run_here():
+        return {}
+    here = local_gpu_count()
+    short = {}
+    for cell in study.cells:
+        why = short_of_gpus(cell.params, here) if cell.measured and not cell.unsupported else None
+        if why and (not os.path.exists(cell.target) or cell.cell_id in STALE_CELLS[study.name]):
+            short[cell.cell_id] = f"{why}; the machine that made this table has {here}"
+    if short and study.name not in SAID_SHORT:
+        SAID_SHORT.add(study.name)
+        print(f"trainbench: {study.name}: {len(short)} cell(s) need more GPUs than this machine has ({here}) and "
+              f"will not run here: {', '.join(sorted(short)[:4])}{' ...' if len(short) > 4 else ''}. Their rows in "
+              f"results/tables/{study.name}.md say so; run them on a bigger machine, or with --profile profiles/slurm.",
+              file=sys.stderr)
+    return short
+
+
 def get_study_metrics(wildcards):
-    return get_study(wildcards).targets
+    short = get_cells_short_of_gpus(wildcards)
+    return [cell.target for cell in get_study(wildcards).cells if cell.measured and cell.cell_id not in short]
 
 
 def get_study_searches(wildcards):

@@ -11,7 +11,8 @@ with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
     layout = snakemake.params.layout  # noqa: F821
     # the study as the workflow expanded it: its planned cells and the grid's row order
     study = load_config(snakemake.config).study(snakemake.wildcards.study)  # noqa: F821
-    docs = with_planned(read_cells(snakemake.input.metrics), study)  # noqa: F821
+    docs = with_planned(read_cells(snakemake.input.metrics), study,  # noqa: F821
+                        short_of_gpus=snakemake.params.short_of_gpus)  # noqa: F821
     docs = with_searches(docs, [read_search(path) for path in snakemake.input.searches])  # noqa: F821
     write_tables(docs, study=study.name, description=layout["description"], id_keys=layout["id_keys"],
                  report=layout["report"], csv_path=snakemake.output.csv, md_path=snakemake.output.md,  # noqa: F821

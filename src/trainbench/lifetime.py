@@ -1,0 +1,131 @@
+"""A cell never outlives what started it.
+
+The cell runner starts its launchers in sessions of their own (so a launcher's whole tree can be
+stopped together), which also means nothing reaps them when the Snakemake process above dies by a
+signal it cannot catch. So each level watches the one above it through the kernel:
+
+- the cell runner watches its driver, the nearest Snakemake process above it (or, run by hand, its
+  parent): when the driver exits, the runner stops its launchers' process groups and exits, writing
+  no result, so the cell runs again next time;
+- every rank watches the cell runner (its pid and host reach the ranks in the environment): when the
+  runner is gone, even by SIGKILL, the rank exits, and its launcher with it;
+- a node's memory sampler stops when its rank's end of the pipe closes (memory_sampler.py).
+
+Watching is a pidfd (Linux 5.3+): a thread blocks in select() until the kernel reports the exit,
+with no polling; where pidfds are missing it checks once a second.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import psutil
+
+CELL_PID_ENV = "TRAINBENCH_CELL_PID"
+CELL_HOST_ENV = "TRAINBENCH_CELL_HOST"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        process = psutil.Process(pid)
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def when_gone(pid: int, then: Callable[[], None], name: str = "watch") -> threading.Thread:
+    """Call `then` (from a daemon thread) once process `pid` has exited."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+
+    def wait() -> None:
+        if fd is not None:
+            select.select([fd], [], [])
+            os.close(fd)
+        else:
+            while _alive(pid):
+                time.sleep(1)
+        then()
+
+    if fd is None and not _alive(pid):
+        then()
+    thread = threading.Thread(target=wait, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def driver_pid() -> int:
+    """The process whose end must end this cell: the nearest ancestor running Snakemake (past the job's
+    shell), or this process's parent when nothing above is Snakemake (a cell run by hand)."""
+    process = psutil.Process()
+    for ancestor in process.parents()[:6]:
+        try:
+            if "snakemake" in " ".join(ancestor.cmdline()):
+                return ancestor.pid
+        except (psutil.AccessDenied, psutil.NoSuchProcess):
+            continue
+    return os.getppid()
+
+
+def runner_environment() -> dict[str, str]:
+    """What a cell runner tells its ranks so that they can watch it."""
+    return {CELL_PID_ENV: str(os.getpid()), CELL_HOST_ENV: socket.gethostname()}
+
+
+def runner_to_watch() -> int | None:
+    """A rank's cell runner, if it runs on this host (ranks on other nodes are SLURM's to stop)."""
+    pid = os.environ.get(CELL_PID_ENV)
+    if not pid or os.environ.get(CELL_HOST_ENV) != socket.gethostname():
+        return None
+    return int(pid)
+
+
+def stale_lock_hint(directory: str = ".") -> str | None:
+    """What to tell a user whose last Snakemake run here was killed: its lock stays in .snakemake/locks,
+    and Snakemake would only say that the directory cannot be locked. None while a Snakemake process
+    still runs in this directory (then the lock is live) or when there is no lock."""
+    locks = os.path.join(directory, ".snakemake", "locks")
+    if not os.path.isdir(locks) or not os.listdir(locks):
+        return None
+    here, me = os.path.realpath(directory), os.getpid()
+    for process in psutil.process_iter(["pid", "cmdline", "cwd"]):
+        try:
+            if (process.info["pid"] != me and "snakemake" in " ".join(process.info["cmdline"] or [])
+                    and process.info["cwd"] and os.path.realpath(process.info["cwd"]) == here):
+                return None
+        except (psutil.AccessDenied, psutil.NoSuchProcess, TypeError):
+            continue
+    return ("a Snakemake run in this folder was stopped without cleaning up: its lock is still in .snakemake/locks "
+            "and no Snakemake runs here now. Nothing is lost: finished cells kept their results, and a cell that "
+            "was running left none, so it runs again. Go on with `snakemake --unlock`, then your command again.")
+
+
+def stop_cells_on_sigterm() -> None:
+    """Make SIGTERM to Snakemake stop its running cells too (call from the workflow's onstart).
+
+    Snakemake's own SIGTERM is graceful: it starts no new job and waits for the running ones. A cell can
+    run for an hour, and whoever sends SIGTERM (a shutdown, a batch system, `kill`) kills for good after
+    a grace period. So the cells stop at once, writing no result (they run again next time), and
+    Snakemake then stops as it does."""
+    import signal
+
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum, frame) -> None:
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if "trainbench run-cell" in " ".join(child.cmdline()):
+                    child.terminate()  # the cell runner stops its ranks and exits (cellrun.run_cell)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        if callable(previous):
+            previous(signum, frame)
+
+    signal.signal(signal.SIGTERM, handler)
