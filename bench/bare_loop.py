@@ -29,9 +29,10 @@ from trainbench.models import get_model
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def build_step(params: dict):
+def build_step(params: dict, spec=None):
     """The cell's model, data and optimizer on this rank's GPU; returns one optimizer step (which
-    returns its last micro batch's loss, a tensor left on the device)."""
+    returns its last micro batch's loss, a tensor left on the device). `spec`: another shape of the
+    model than the cell's (bench/mfu.py tries some)."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ.get("LOCAL_RANK", 0))
     cuda = params["device"] == "cuda"  # CPU cells: the benchmark's own tests
@@ -41,7 +42,7 @@ def build_step(params: dict):
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     torch.manual_seed(params["seed"])
-    spec = get_model(params["model"])
+    spec = spec or get_model(params["model"])
     with device:
         model = GPT(spec, head=params["head"], num_classes=params["num_classes"])
     model.init_weights(params["seed"])
