@@ -162,7 +162,7 @@ def get_cells_short_of_gpus(wildcards):
     for cell in study.cells:
         why = short_of_gpus(cell.params, here) if cell.measured and not cell.unsupported else None
         if why and (not os.path.exists(cell.target) or cell.cell_id in STALE_CELLS[study.name]):
-            short[cell.cell_id] = f"{why}; the machine that made this table has {here}"
+            short[cell.cell_id] = f"{why}, more than the machine that made this table has"
     if short and study.name not in SAID_SHORT:
         SAID_SHORT.add(study.name)
         print(f"trainbench: {study.name}: {len(short)} cell(s) need more GPUs than this machine has ({here}) and "
