@@ -110,6 +110,7 @@ HOW: dict[str, How] = {
         How("elsewhere", "tests/test_tools.py installs a wheelhouse without an index"),
     "python -m pip install --no-index --no-deps -e .": How("elsewhere", "as above"),
     "trainbench compare results/runs rerun/results/runs --fail-on slower:5%,memory:5%": How("run", before=_a_rerun_tree),
+    "python3 bench/mfu.py": How("elsewhere", "times GPU training; its output: results/bench/mfu"),
     "python3 bench/overhead.py --ablation": How("elsewhere", "times GPU cells; tests/test_bench.py runs it on a CPU stand-in"),
     "python3 bench/overhead.py --ablation --out results/bench/overhead/gpt2-124m --cells "
     "'strategy~single__model~gpt2-124m__gpus~1__micro_batch~32'": How("elsewhere", "as above"),

@@ -8,6 +8,8 @@ import os
 import pytest
 
 from trainbench import results
+from trainbench.grid import params_hash, resolve
+from trainbench.metrics import timed_metrics
 from trainbench.results import read_cells, schema_problems, write_json_atomic
 
 
@@ -41,9 +43,12 @@ def test_a_write_that_dies_before_the_first_file_leaves_nothing(tmp_path):
 
 
 def _document(**overrides):
-    doc = {"schema": 1, "study": "s", "cell_id": "c", "params": {}, "params_hash": "h", "status": "ok",
-           "reason": None, "metrics": results.empty_metrics(), "predicted": results.empty_predicted(),
+    params = resolve({"model": "gpt2-tiny", "device": "cpu"})
+    doc = {"schema": 1, "study": "s", "cell_id": "c", "params": params, "params_hash": params_hash(params),
+           "status": "ok", "reason": None, "metrics": results.empty_metrics(), "predicted": results.empty_predicted(),
            "provenance": {k: None for k in results.PROVENANCE_KEYS}}
+    doc["metrics"].update(timed_metrics(params, [0.1] * 6, steps_per_window=1, gpu_name=None),
+                          step_times_s=[0.1] * 6)
     doc["provenance"]["versions"] = {k: None for k in results.VERSION_KEYS}
     doc.update(overrides)
     return doc
@@ -57,6 +62,16 @@ def test_schema_problems_find_missing_keys_and_bad_statuses():
     doc = _document()
     del doc["metrics"]["mfu"]
     assert schema_problems(doc) == ["missing key metrics.mfu"]
+    # the JSON schema: types, and a finished run's timed windows
+    assert schema_problems(_document(params_hash="h")) == ["params_hash: 'h' does not match '^[0-9a-f]{12}$'"]
+    doc = _document()
+    doc["metrics"]["step_time_s_ci"] = [0.1]
+    assert schema_problems(doc) == ["metrics.step_time_s_ci: [0.1] is too short"]
+    doc = _document()
+    del doc["metrics"]["step_times_s"]
+    assert schema_problems(doc) == ["metrics: 'step_times_s' is a required property"]
+    assert schema_problems(_document(status="oom", reason="OOM at init", metrics=results.empty_metrics())) == []
+    assert schema_problems(["not", "a", "result"]) == ["a list, not a JSON object"]
 
 
 def test_reading_cells_refuses_a_malformed_file(tmp_path):

@@ -95,6 +95,10 @@ def launch_environment(params: dict[str, Any], *, cpus_per_rank: int, devices: l
                        base: Mapping[str, str] = os.environ) -> dict[str, str]:
     env = dict(base)
     env.update(FIXED_ENVIRONMENT)
+    # The ranks use the tools of the environment they run in (ninja for DeepSpeed's op builds, its
+    # console scripts) whatever PATH the caller had: a build made with another ninja is rebuilt.
+    bin_dir = os.path.dirname(sys.executable)
+    env["PATH"] = os.pathsep.join([bin_dir, *(p for p in env.get("PATH", "").split(os.pathsep) if p and p != bin_dir)])
     env.setdefault("OMP_NUM_THREADS", str(cpus_per_rank))
     if params["device"] == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU cell must not touch (or be measured on) a GPU
