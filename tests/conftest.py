@@ -19,6 +19,10 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW_FILES = ("Snakefile", "workflow", "profiles", "envs")
 
+# Everything the tests start (and DeepSpeed's op builds in this process) uses the environment's own
+# tools, as for a user who activated it: a machine's other ninja would rebuild DeepSpeed's CPU ops.
+os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+
 
 # Tests time the fewest windows there can be: six of the fewest steps, whatever their interval.
 FAST_TIMING = {"target_ci": 1.0, "min_window_s": 0}

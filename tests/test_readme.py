@@ -114,9 +114,6 @@ HOW: dict[str, How] = {
     "python3 bench/overhead.py --ablation": How("elsewhere", "times GPU cells; tests/test_bench.py runs it on a CPU stand-in"),
     "python3 bench/overhead.py --ablation --out results/bench/overhead/gpt2-124m --cells "
     "'strategy~single__model~gpt2-124m__gpus~1__micro_batch~32'": How("elsewhere", "as above"),
-    "python3 -m snakemake 'results/runs/baseline/strategy~single__model~gpt2-124m__gpus~1__micro_batch~32/metrics.json' "
-    "'results/runs/baseline/strategy~single__model~gpt2-350m__gpus~1__micro_batch~16/metrics.json' -c all "
-    "--resources gpu=1": How("dry-run", "trains on a GPU"),
     "bash bench/rerun_compare.sh": How("run"),
     "sudo tools/local-slurm-cluster.sh install && sudo tools/local-slurm-cluster.sh start":
         How("elsewhere", "root; CI's .ci/run starts the cluster this way (as root, without sudo)"),
