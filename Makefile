@@ -20,6 +20,7 @@ run: setup
 test: setup-test
 	$(PYTHON) -m pytest
 
-lint: setup
+lint: setup-test
+	$(VENV)/bin/ruff check src tests bench tools
 	$(VENV)/bin/snakemake --lint
 	$(PYTHON) -m trainbench schema --check workflow/schemas/config.schema.yaml

@@ -51,8 +51,9 @@ def build_step(params: dict, spec=None):
         wrapped = torch.compile(wrapped)
     optimizer = torch.optim.AdamW(model.parameters(), lr=params["lr"], weight_decay=params["weight_decay"],
                                   fused=cuda or None)
-    data = SyntheticBatches(vocab_size=spec.vocab_size, seq_len=params["seq_len"], micro_batch=params["micro_batch"],
-                            head=params["head"], num_classes=params["num_classes"], seed=params["seed"], rank=rank,
+    data = SyntheticBatches(vocab_size=spec.vocab_size, seq_len=params["seq_len"],
+                            micro_batch=params["micro_batch"], head=params["head"],
+                            num_classes=params["num_classes"], seed=params["seed"], rank=rank,
                             device=device)
     accumulation = params["grad_accum"]
     dtype = DTYPES.get(params["precision"])
@@ -90,12 +91,13 @@ def train(params: dict, steps: int, warmup: int) -> dict:
     tokens = steps * params["micro_batch"] * params["grad_accum"] * params["seq_len"] * world
     if dist.is_initialized():
         dist.destroy_process_group()
-    return {"steps": steps, "seconds": elapsed, "step_time_s": elapsed / steps, "tokens_per_s": tokens / elapsed,
-            "gpus": world, "rank": int(os.environ.get("RANK", 0))}
+    return {"steps": steps, "seconds": elapsed, "step_time_s": elapsed / steps,
+            "tokens_per_s": tokens / elapsed, "gpus": world, "rank": int(os.environ.get("RANK", 0))}
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--params", required=True, help="the cell's parameters (its canonical JSON)")
     parser.add_argument("--steps", type=int, required=True, help="timed optimizer steps")
     parser.add_argument("--out", required=True)

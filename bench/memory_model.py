@@ -45,18 +45,21 @@ def print_gpu_split(rows: list[dict]) -> None:
     errors = [abs(error_pct(r["tensors_pred_mib"], r["torch_alloc_mib"])) for r in split]
     print(f"tensors (predicted allocation vs torch's peak allocated): {len(split)} cells, median |error| "
           f"{statistics.median(errors):.1f}%, worst {max(errors):.1f}%")
-    print(f"allocator reserve (torch's peak reserved / peak allocated; the model assumes {ALLOCATOR_SLACK:.2f}):")
+    print(f"allocator reserve (torch's peak reserved / peak allocated; the model assumes "
+          f"{ALLOCATOR_SLACK:.2f}):")
     for label in sorted({r["engine"] for r in split}):
         group = [r for r in split if r["engine"] == label]
         ratios = [r["torch_reserved_mib"] / r["torch_alloc_mib"] for r in group]
         tensor_err = [error_pct(r["tensors_pred_mib"], r["torch_alloc_mib"]) for r in group]
         print(f"  {label:<22} {len(group):>3} cells: reserve median {statistics.median(ratios):.2f} "
-              f"({min(ratios):.2f}-{max(ratios):.2f}), tensors median error {statistics.median(tensor_err):+.1f}%")
+              f"({min(ratios):.2f}-{max(ratios):.2f}), tensors median error "
+              f"{statistics.median(tensor_err):+.1f}%")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folders", nargs="*", type=Path, default=[Path("results/runs"), Path("results/search")])
+    parser.add_argument("folders", nargs="*", type=Path,
+                        default=[Path("results/runs"), Path("results/search")])
     parser.add_argument("--csv", type=Path, help="also write the per-cell comparison here")
     args = parser.parse_args(argv)
     rows = []
@@ -84,11 +87,13 @@ def main(argv=None) -> int:
     for r in rows:
         def f(v, fmt):
             return format(v, fmt) if v is not None else "-"
-        print(f"{r['study']:<15} {shorten(r['cell'], 62):<62} {r['status']:<6} {f(r['gpu_pred_mib'], '9.0f')} "
-              f"{f(r['gpu_meas_mib'], '9.0f')} {f(r['gpu_err_pct'], '+6.1f')} {f(r['host_pred_mib'], '10.0f')} "
+        print(f"{r['study']:<15} {shorten(r['cell'], 62):<62} {r['status']:<6} "
+              f"{f(r['gpu_pred_mib'], '9.0f')} {f(r['gpu_meas_mib'], '9.0f')} {f(r['gpu_err_pct'], '+6.1f')} "
+              f"{f(r['host_pred_mib'], '10.0f')} "
               f"{f(r['host_meas_mib'], '9.0f')} {f(r['host_err_pct'], '+6.1f')}")
     print()
-    for kind, label in (("gpu", "GPU memory per GPU (NVML used)"), ("host", "host memory per node (ranks' RSS)")):
+    for kind, label in (("gpu", "GPU memory per GPU (NVML used)"),
+                        ("host", "host memory per node (ranks' RSS)")):
         errors = [abs(r[f"{kind}_err_pct"]) for r in rows if r[f"{kind}_err_pct"] is not None]
         if errors:
             print(f"{label}: {len(errors)} cells, median |error| {statistics.median(errors):.1f}%, "
@@ -96,9 +101,11 @@ def main(argv=None) -> int:
                   f"within 25%: {sum(e <= 25 for e in errors)}")
     print_gpu_split(rows)
     judged = [r for r in rows if r["fits"] is not None]
-    right = sum((r["fits"] and r["status"] == "ok") or (not r["fits"] and r["status"] == "oom") for r in judged)
+    right = sum((r["fits"] and r["status"] == "ok") or (not r["fits"] and r["status"] == "oom")
+                for r in judged)
     print(f"fit/OOM verdicts: {right} of {len(judged)} right (cells with a known machine: "
-          f"{sum(r['status'] == 'ok' for r in judged)} ran, {sum(r['status'] == 'oom' for r in judged)} hit OOM)")
+          f"{sum(r['status'] == 'ok' for r in judged)} ran, "
+          f"{sum(r['status'] == 'oom' for r in judged)} hit OOM)")
     if args.csv:
         with args.csv.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))

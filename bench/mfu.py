@@ -57,21 +57,26 @@ def measure(params: dict, vocab: int | None, steps: int) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", type=Path, default=REPO / "results" / "bench" / "mfu")
     args = parser.parse_args()
     study = load_config(REPO / "config.yaml").study("baseline")
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    print(f"bench/mfu.py on {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {args.steps} timed steps each")
+    print(f"bench/mfu.py on {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
+          f"{args.steps} timed steps each")
     for cell_id, changes, vocab in VARIANTS:
         params = {**study.cell(cell_id).params, **changes}
-        row = {"model": params["model"], "micro_batch": params["micro_batch"], "grad_accum": params["grad_accum"],
+        row = {"model": params["model"], "micro_batch": params["micro_batch"],
+               "grad_accum": params["grad_accum"],
                "vocab": vocab or get_model(params["model"]).vocab_size, **measure(params, vocab, args.steps)}
         rows.append(row)
-        print(f"{row['model']:<10} micro batch {row['micro_batch']:>3} x {row['grad_accum']}  vocab {row['vocab']:>6}  "
-              f"{row['step_time_s'] * 1e3:7.1f} ms  {row['tokens_per_s']:>9,.0f} tokens/s  {row['tflops']:6.1f} TFLOPS  "
+        print(f"{row['model']:<10} micro batch {row['micro_batch']:>3} x {row['grad_accum']}  "
+              f"vocab {row['vocab']:>6}  "
+              f"{row['step_time_s'] * 1e3:7.1f} ms  {row['tokens_per_s']:>9,.0f} tokens/s  "
+              f"{row['tflops']:6.1f} TFLOPS  "
               f"MFU {row['mfu']:.1%}", flush=True)
         (args.out / "mfu.json").write_text(json.dumps(rows, indent=1))
     return 0

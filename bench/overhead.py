@@ -62,17 +62,19 @@ def run_bare(cell, out: Path, steps: int, log) -> dict:
     result = out / "bare.json"
     command = [*launcher(cell.params["gpus"]), str(BARE), "--params", cell.canonical, "--steps", str(steps),
                "--out", str(result)]
-    subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT,
+                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
     figures = json.loads(result.read_text())
-    return {"tokens_per_s_per_gpu": figures["tokens_per_s"] / figures["gpus"], "step_time_s": figures["step_time_s"],
-            "steps": figures["steps"]}
+    return {"tokens_per_s_per_gpu": figures["tokens_per_s"] / figures["gpus"],
+            "step_time_s": figures["step_time_s"], "steps": figures["steps"]}
 
 
 def run_cell(cell, out: Path, log) -> dict:
     metrics_path = out / "runs" / cell.study / cell.cell_id / "metrics.json"
     resources = cell.resources()
-    command = [sys.executable, "-m", "trainbench", "run-cell", "--study", cell.study, "--cell", cell.cell_id, "--params", cell.canonical,
-               "--retries", "0", "--cpus-per-task", str(resources["cpus_per_task"]),
+    command = [sys.executable, "-m", "trainbench", "run-cell", "--study", cell.study, "--cell", cell.cell_id,
+               "--params", cell.canonical,
+               "--retries", "0", "--cpus-per-rank", str(resources["cpus_per_rank"]),
                "--runtime-min", str(resources["runtime"]), "--timing", resources["timing"],
                "--output", str(metrics_path)]
     subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT)
@@ -103,7 +105,8 @@ def compare_cell(cell, rounds: int, out: Path, log) -> dict:
         record["ratio"] = record["cell"]["tokens_per_s_per_gpu"] / record["bare"]["tokens_per_s_per_gpu"]
         records.append(record)
     mean, half = mean_interval([r["ratio"] for r in records])
-    return {"cell": cell.cell_id, "params": cell.params, "rounds": records, "ratio": mean, "ratio_half_width": half}
+    return {"cell": cell.cell_id, "params": cell.params, "rounds": records, "ratio": mean,
+            "ratio_half_width": half}
 
 
 def ablation(cell, rounds: int, steps: int) -> dict:
@@ -153,7 +156,8 @@ def ablation(cell, rounds: int, steps: int) -> dict:
             sampler.stop()
 
     variants = {"bare": lambda: timed(False), "sync and read the loss every step": lambda: timed(True),
-                "sampler thread (50 ms)": with_thread_sampler, "sampler process (50 ms)": with_process_sampler}
+                "sampler thread (50 ms)": with_thread_sampler,
+                "sampler process (50 ms)": with_process_sampler}
     times: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
     for round_ in range(rounds):
@@ -181,14 +185,17 @@ def environment() -> dict:
             versions[name] = None
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     commit = os.environ.get("TRAINBENCH_GIT_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip() or None
-    return {"gpu": gpu, "gpus": gpu_count(), "host": platform.node(), "versions": versions, "git_commit": commit,
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+        text=True).stdout.strip() or None
+    return {"gpu": gpu, "gpus": gpu_count(), "host": platform.node(), "versions": versions,
+            "git_commit": commit,
             "command": shlex.join([sys.executable, *sys.argv]), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 
 
 def summary_lines(report: dict) -> list[str]:
     env = report["environment"]
-    lines = [f"bench/overhead.py on {env['gpus']} x {env['gpu']} ({env['host']}), torch {env['versions']['torch']}, "
+    lines = [f"bench/overhead.py on {env['gpus']} x {env['gpu']} ({env['host']}), "
+             f"torch {env['versions']['torch']}, "
              f"commit {env['git_commit']}, {env['date']}", f"command: {env['command']}", "",
              "cell/bare: tokens/s per GPU of the pipeline's cell over the bare loop's, mean of the rounds "
              "with its 95% t-interval (goal >= 0.98)",
@@ -200,10 +207,11 @@ def summary_lines(report: dict) -> list[str]:
         mfu = f"{statistics.fmean(mfus):.1%}" if mfus else "-"
         half = "" if item["ratio_half_width"] is None else f" ± {item['ratio_half_width']:.3f}"
         ratios = ", ".join(f"{r['ratio']:.3f}" for r in item["rounds"])
-        lines.append(f"{item['cell']:<58} {bare:>11,.0f} {cell:>11,.0f} {mfu:>8} {item['ratio']:>9.3f}{half:<8}  {ratios}")
+        lines.append(f"{item['cell']:<58} {bare:>11,.0f} {cell:>11,.0f} {mfu:>8} "
+                     f"{item['ratio']:>9.3f}{half:<8}  {ratios}")
     for cell_id, variants in report.get("ablation", {}).items():
-        lines += ["", f"ablation, {cell_id} (one process, variants interleaved; throughput relative to the bare "
-                      f"loop's round beside it, mean ± 95% t-interval):"]
+        lines += ["", f"ablation, {cell_id} (one process, variants interleaved; throughput relative to the "
+                      f"bare loop's round beside it, mean ± 95% t-interval):"]
         for name, figures in variants.items():
             half = "" if figures["half_width"] is None else f" ± {figures['half_width']:.3f}"
             lines.append(f"  {name:<36} {figures['throughput_vs_bare']:.3f}{half}  "
@@ -212,11 +220,13 @@ def summary_lines(report: dict) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cells", nargs="*", help="baseline cell ids (default: the one-GPU cells, and the "
                                                    "2-GPU DDP cells on a host with 2 GPUs or more)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--ablation", action="store_true", help="also the in-process ablation of the one-GPU cells")
+    parser.add_argument("--ablation", action="store_true",
+                        help="also the in-process ablation of the one-GPU cells")
     parser.add_argument("--ablation-only", action="store_true", help="only the ablation")
     parser.add_argument("--ablation-rounds", type=int, default=3)
     parser.add_argument("--ablation-steps", type=int, default=16)

@@ -35,7 +35,8 @@ def make_cell(**params) -> Cell:
                 unsupported=unsupported)
 
 
-def run(cell: Cell, tmp_path: Path, *, retries: int = 0, runtime_min: float = 5, search_probe: bool = False) -> dict:
+def run(cell: Cell, tmp_path: Path, *, retries: int = 0, runtime_min: float = 5,
+        search_probe: bool = False) -> dict:
     output = tmp_path / "results/runs/t/c/metrics.json"
     assert run_cell(cell, output, runtime_min=runtime_min, retries=retries, search_probe=search_probe) == 0
     doc = read_json(output)
@@ -61,10 +62,19 @@ def test_single_rank_cell_measures_and_records_everything(tmp_path):
     assert m["step_time_s"] == pytest.approx(statistics.median(m["step_times_s"]), rel=1e-3)
     assert m["step_time_s_ci"] == pytest.approx([min(m["step_times_s"]), max(m["step_times_s"])], rel=1e-3)
     assert m["samples_per_s"] == pytest.approx(2 / m["step_time_s"], rel=1e-3)
-    assert m["samples_per_s_ci"] == pytest.approx([2 / max(m["step_times_s"]), 2 / min(m["step_times_s"])], rel=1e-3)
+    assert m["samples_per_s_ci"] == pytest.approx([2 / max(m["step_times_s"]), 2 / min(m["step_times_s"])],
+                                                  rel=1e-3)
     assert m["ci_half_width"] == pytest.approx((max(m["step_times_s"]) - min(m["step_times_s"])) / 2
                                                / m["step_time_s"], rel=1e-2)
     assert m["noisy"] is False and "6 windows" in m["timing"]["stopped"]  # FAST_TIMING asks for ±100%
+    # provenance enough to set the run up again: every package, the variables that steer the stack,
+    # and the framework's own settings beside metrics.json
+    prov = doc["provenance"]
+    assert prov["packages"]["torch"] == prov["versions"]["torch"] and "jsonschema" in prov["packages"]
+    assert (prov["environment"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+            and prov["environment"]["OMP_NUM_THREADS"] == "1")
+    torch_config = json.loads((tmp_path / "results/runs/t/c/torch_config.json").read_text())
+    assert torch_config["wrapper"] is None and torch_config["optimizer"]["type"] == "AdamW"
     assert m["tokens_per_s"] == pytest.approx(m["samples_per_s"] * 16, rel=1e-3)
     assert m["params_total"] == get_model("gpt2-tiny").param_count()
     assert sum(m["params_per_module_rank0"].values()) == m["params_total"]
@@ -197,7 +207,7 @@ def test_a_killed_run_leaves_no_metrics_and_no_ranks(tmp_path):
     with open(log, "w") as log_file:
         proc = subprocess.Popen(
             [sys.executable, "-m", "trainbench", "run-cell", "--study", "t", "--cell", "killed",
-             "--params", cell.canonical, "--output", str(output), "--cpus-per-task", "2"],
+             "--params", cell.canonical, "--output", str(output), "--cpus-per-rank", "1"],
             stdout=log_file, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
@@ -226,7 +236,8 @@ def test_classify_takes_the_earliest_oom_step_over_ranks(tmp_path):
     _rank(tmp_path, 1, event="oom", phase="step", step=7, message="CUDA out of memory")
     _rank(tmp_path, 0, event="oom", phase="step", step=5, message="CUDA out of memory")
     outcome = classify(tmp_path, 1, False, 100, warmup_steps=3)
-    assert outcome.status == "oom" and outcome.reason.startswith("OOM at step 5 (timed) on rank 0, 1: CUDA out of memory")
+    assert outcome.status == "oom" and outcome.reason.startswith("OOM at step 5 (timed) on rank 0, 1: "
+                                                                 "CUDA out of memory")
 
 
 def test_classify_prefers_an_oom_over_a_peer_killed_by_the_launcher(tmp_path):
@@ -265,5 +276,6 @@ def test_two_nodes_on_one_host_join_one_rendezvous(tmp_path, monkeypatch, framew
 def test_a_multi_node_cell_outside_slurm_says_where_it_can_run(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("TRAINBENCH_SIMULATE_NODES", raising=False)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    assert run_cell(make_cell(strategy="ddp", nodes=2, gpus=2), tmp_path / "m.json", runtime_min=5, retries=0) == 2
+    assert run_cell(make_cell(strategy="ddp", nodes=2, gpus=2), tmp_path / "m.json", runtime_min=5,
+                    retries=0) == 2
     assert "a 2-node cell runs inside a SLURM allocation" in capsys.readouterr().err

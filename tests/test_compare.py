@@ -67,7 +67,8 @@ def test_changes_are_relative_to_the_first_tree_and_only_repeats_count(trees):
     assert slower.change_pct["step_time_s"] == pytest.approx(25.0, abs=0.01)
     busiest = max(json.loads((first / CELLS[0] / "metrics.json").read_text())["metrics"]["gpu_mem_used_mib"])
     assert slower.change_pct["gpu_mem_used_mib"] == pytest.approx(100 * 1024 / busiest)
-    assert slower.changes["host_mem_peak_mib"].pct == 0 and not slower.changes["host_mem_peak_mib"].significant
+    assert (slower.changes["host_mem_peak_mib"].pct == 0
+            and not slower.changes["host_mem_peak_mib"].significant)
     # a cell rerun with other parameters is not a repeat: it does not enter the spread
     assert not by_cell[CELLS[1]].same_params and not by_cell[CELLS[1]].changes
     assert sorted(result.spread("step_time_s")) == [pytest.approx(25.0, abs=0.01)] * 2
@@ -78,7 +79,8 @@ def test_a_change_is_significant_only_beyond_the_noise_and_the_smallest_change(t
     first, second = trees
     significant = {(f"{c.study}/{c.cell_id}", ch.figure) for c, ch in compare(first, second).significant()}
     # 25 steps: intervals apart; the memory of the busiest GPU too
-    assert {(CELLS[0], "step_time_s"), (CELLS[0], "samples_per_s"), (CELLS[0], "gpu_mem_used_mib")} <= significant
+    assert {(CELLS[0], "step_time_s"), (CELLS[0], "samples_per_s"),
+            (CELLS[0], "gpu_mem_used_mib")} <= significant
     # gpt2_zero timed 3 steps: no interval, so its 25% cannot be judged either way
     judged = {c.cell_id: c for c in compare(first, second).cells}
     assert judged[CELLS[3].split("/")[1]].changes["step_time_s"].significant is None

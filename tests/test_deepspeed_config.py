@@ -18,7 +18,8 @@ def config(**params):
 def test_stage_batch_and_optimizer(stage):
     c = config(strategy=f"zero{stage}")
     assert c["zero_optimization"] == {"stage": stage}
-    assert (c["train_micro_batch_size_per_gpu"], c["gradient_accumulation_steps"], c["train_batch_size"]) == (4, 2, 32)
+    assert (c["train_micro_batch_size_per_gpu"], c["gradient_accumulation_steps"],
+            c["train_batch_size"]) == (4, 2, 32)
     assert c["optimizer"]["type"] == "AdamW" and c["optimizer"]["params"]["torch_adam"] is True
 
 

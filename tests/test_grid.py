@@ -11,7 +11,7 @@ import yaml
 from trainbench.config import load_config
 from trainbench.errors import ConfigError
 from trainbench.grid import canonical_json, params_hash
-from trainbench.strategies import ORT_UNSUPPORTED
+from trainbench.frameworks import ORT_UNSUPPORTED
 
 from conftest import REPO
 
@@ -59,7 +59,8 @@ def test_include_entries_add_cells_named_by_their_keys():
     assert ids == ["strategy~ddp", "strategy~single__gpus~1",
                    "framework~deepspeed__strategy~zero2__offload_optimizer~true"]
     offload = s.cells[2].params
-    assert offload["framework"] == "deepspeed" and offload["offload_optimizer"] is True and offload["gpus"] == 2
+    assert (offload["framework"] == "deepspeed" and offload["offload_optimizer"] is True
+            and offload["gpus"] == 2)
 
 
 def test_variants_cross_bundles_of_parameters_with_the_axes():
@@ -76,8 +77,8 @@ def test_variants_cross_bundles_of_parameters_with_the_axes():
 
 def test_derived_values_and_defaults_are_in_the_parameters():
     cell = load_config(config_with(study(
-        settings={"model": "gpt2-tiny", "device": "cpu", "framework": "deepspeed", "strategy": "zero1", "gpus": 8,
-                  "tp": 2, "micro_batch": 3, "grad_accum": 5, "nodes": 2},
+        settings={"model": "gpt2-tiny", "device": "cpu", "framework": "deepspeed", "strategy": "zero1",
+                  "gpus": 8, "tp": 2, "micro_batch": 3, "grad_accum": 5, "nodes": 2},
         include=[{}],
     ))).study("s").cells[0]
     p = cell.params
@@ -136,7 +137,8 @@ def test_the_five_studies_and_smoke_expand(repo):
     zero3 = config.study("zero3_pipeline")
     full_size = [c for c in zero3.cells if c.params["model"] == "bert-180b"]
     assert {c.params["nodes"] for c in full_size} == {8, 16}
-    assert {(c.resources()["nodes"], c.resources()["gres"]) for c in full_size} == {(8, "gpu:8"), (16, "gpu:8")}
+    assert ({(c.resources()["nodes"], c.resources()["gres"]) for c in full_size}
+            == {(8, "gpu:8"), (16, "gpu:8")})
     # the scaled-down cells are the ones measured; the full-size grid is planned
     assert {c.params["model"] for c in zero3.cells if c.measured} == {"bert-180b-l4"}
     assert not any(c.measured for c in full_size)
@@ -148,7 +150,8 @@ def test_the_five_studies_and_smoke_expand(repo):
 @pytest.mark.parametrize("settings, expected", [
     ({"micro_batch": -4}, "studies.s.settings.micro_batch: -4 is less than the minimum of 1"),
     ({"micro_batch": "four"}, "micro_batch must be an integer >= 1"),
-    ({"precision": "fp8"}, "studies.s.settings.precision: 'fp8' is not allowed; precision must be one of 'fp32', 'fp16', 'bf16'"),
+    ({"precision": "fp8"}, "studies.s.settings.precision: 'fp8' is not allowed; precision must be one of "
+                           "'fp32', 'fp16', 'bf16'"),
     ({"micro_bach": 4}, "unknown key 'micro_bach' (did you mean 'micro_batch'?)"),
 ])
 def test_schema_errors_name_the_key_and_what_is_allowed(settings, expected):
@@ -160,16 +163,20 @@ def test_schema_errors_name_the_key_and_what_is_allowed(settings, expected):
 
 
 @pytest.mark.parametrize("cell, expected", [
-    ({"strategy": "ddp", "offload_optimizer": True}, "offload_optimizer: means nothing for torch strategy 'ddp'"),
+    ({"strategy": "ddp", "offload_optimizer": True},
+     "offload_optimizer: means nothing for torch strategy 'ddp'"),
     ({"strategy": "single", "gpus": 4}, "gpus: strategy 'single' runs one rank"),
-    ({"strategy": "zero9", "framework": "deepspeed"}, "'zero9' is not a deepspeed strategy; allowed: zero0, zero1"),
+    ({"strategy": "zero9", "framework": "deepspeed"},
+     "'zero9' is not a deepspeed strategy; allowed: zero0, zero1"),
     ({"framework": "deepspeed", "strategy": "zero0", "offload_optimizer": True},
      "offload_optimizer: means nothing for deepspeed strategy 'zero0'"),
-    ({"framework": "deepspeed", "strategy": "zero1", "tp": 3}, "gpus: gpus=2 is not divisible by tp x pp = 3 x 1"),
+    ({"framework": "deepspeed", "strategy": "zero1", "tp": 3},
+     "gpus: gpus=2 is not divisible by tp x pp = 3 x 1"),
     ({"model": "gpt5"}, "model: unknown model 'gpt5'; known: gpt2-tiny"),
     ({"seq_len": 4096}, "seq_len: 4096 exceeds gpt2-tiny's context of 128 tokens"),
     ({"gpus": 3, "nodes": 2}, "gpus=3 is not a multiple of nodes=2"),
-    ({"strategy": "ddp", "launcher": "deepspeed"}, "launcher: the DeepSpeed launcher starts DeepSpeed engine runs"),
+    ({"strategy": "ddp", "launcher": "deepspeed"},
+     "launcher: 'deepspeed' does not start torch runs; allowed: python, torchrun"),
 ])
 def test_semantic_errors_name_study_cell_and_key(cell, expected):
     found = problems(config_with(study(include=[cell])))
@@ -199,7 +206,8 @@ def test_structural_mistakes_are_reported():
 
 def test_unknown_study_and_cell_lookups_say_what_exists(repo):
     config = load_config(repo / "config.yaml")
-    with pytest.raises(ConfigError, match="unknown study 'nope'; studies in config.yaml: smoke, baseline, lightning"):
+    with pytest.raises(ConfigError,
+                       match="unknown study 'nope'; studies in config.yaml: smoke, baseline, lightning"):
         config.study("nope")
     with pytest.raises(ConfigError, match="has no cell 'x'; `trainbench cells smoke` lists"):
         config.study("smoke").cell("x")
@@ -223,14 +231,16 @@ def test_measure_selects_cells_and_the_rest_are_planned():
     assert len(result.targets) == 2 and len(result.planned) == 4
     assert set(result.targets) == {c.target for c in result.cells if c.measured}
     # without measure every cell is measured
-    assert not load_config(config_with(study(axes={"micro_batch": [1, 2], "strategy": ["ddp"]}))).study("s").planned
+    assert not load_config(config_with(study(axes={"micro_batch": [1, 2],
+                                                   "strategy": ["ddp"]}))).study("s").planned
 
 
 def test_a_measure_pattern_that_selects_nothing_is_an_error():
     s = study(axes={"micro_batch": [1, 2]}, measure={"cells": [{"micro_batch": 8}]})
     s["settings"]["strategy"] = "ddp"
     assert problems(config_with(s)) == ["studies.s.measure.cells[0]: {'micro_batch': 8} matches no cell"]
-    s = study(axes={"micro_batch": [1, 2]}, measure={"cells": [{"micro_batch": 1}], "plan_for": {"gpus_per_node": 8}})
+    s = study(axes={"micro_batch": [1, 2]},
+              measure={"cells": [{"micro_batch": 1}], "plan_for": {"gpus_per_node": 8}})
     s["settings"]["strategy"] = "ddp"
     assert any("plan_for" in p and "gpu_mem_gib" in p for p in problems(config_with(s)))
 
@@ -255,12 +265,15 @@ def test_a_search_pattern_that_names_no_measured_cell_is_an_error():
     s = study(axes={"micro_batch": [1, 2]}, measure={"cells": [{"micro_batch": 1}]},
               search={"cells": [{"micro_batch": 2}]})
     s["settings"]["strategy"] = "ddp"
-    assert problems(config_with(s)) == ["studies.s.search.cells[0]: {'micro_batch': 2} matches no measured cell"]
+    assert problems(config_with(s)) == [
+        "studies.s.search.cells[0]: {'micro_batch': 2} matches no measured cell"]
 
 
 def test_plot_panels_must_be_keys_that_tell_cells_apart():
     axes = {"micro_batch": [1, 2], "strategy": ["ddp", "fsdp"]}
-    assert load_config(config_with(study(axes=axes, plot_panels=["strategy"]))).study("s").plot_panels == ("strategy",)
+    assert (load_config(config_with(study(axes=axes, plot_panels=["strategy"]))).study("s").plot_panels
+            == ("strategy",))
     # lr is a parameter, but every cell has the same: a panel per value would be one panel
     assert problems(config_with(study(axes=axes, plot_panels=["lr"]))) == [
-        "studies.s.plot_panels: 'lr' is not a key that tells the study's cells apart (those are: strategy, micro_batch)"]
+        "studies.s.plot_panels: 'lr' is not a key that tells the study's cells apart "
+        "(those are: strategy, micro_batch)"]

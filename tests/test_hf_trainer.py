@@ -10,7 +10,8 @@ import torch
 
 from trainbench.grid import check_cell, resolve
 from trainbench.models import get_model
-from trainbench.runners.hf_trainer import _initialise_on_device, build_for_fsdp, llama_config, training_arguments
+from trainbench.runners.hf_trainer import (_initialise_on_device, build_for_fsdp, llama_config,
+                                           training_arguments)
 from test_cellrun import make_cell, run
 
 LLAMA = {"framework": "hf_trainer", "model": "llama-tiny", "gpus": 2, "seq_len": 32, "grad_accum": 2,
@@ -85,7 +86,8 @@ def test_fsdp_materialises_the_meta_model_unit_by_unit_through_accelerate():
             device_id=cpu, use_orig_params=True)
         assert not [name for name, p in wrapped.named_parameters() if p.is_meta]
         tokens = torch.randint(0, spec.vocab_size, (2, 16))
-        assert wrapped(input_ids=tokens, labels=tokens).loss.item() == pytest.approx(math.log(spec.vocab_size), abs=0.3)
+        assert (wrapped(input_ids=tokens, labels=tokens).loss.item()
+                == pytest.approx(math.log(spec.vocab_size), abs=0.3))
     finally:
         dist.destroy_process_group()
 
@@ -109,7 +111,8 @@ def test_zero3_with_offload_partitions_the_model_and_keeps_the_filled_config(tmp
     assert m["params_total"] == spec.param_count()
     # zero.Init built the model partitioned: rank 0 holds half of every Linear
     assert m["params_per_module_rank0"]["Linear"] * 2 == pytest.approx(
-        spec.n_layer * (4 * spec.d_model**2 + 3 * spec.d_model * spec.ffn) + spec.vocab_size * spec.d_model, abs=2)
+        spec.n_layer * (4 * spec.d_model**2 + 3 * spec.d_model * spec.ffn) + spec.vocab_size * spec.d_model,
+        abs=2)
     config = json.loads((tmp_path / "results/runs/t/c/deepspeed_config.json").read_text())
     zero = config["zero_optimization"]
     assert zero["stage"] == 3 and zero["offload_param"]["device"] == "cpu"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainbench.grid import Cell, resolve
-from trainbench.launch import (FIXED_ENVIRONMENT, Rendezvous, launch_environment, multinode_command, node_command,
-                               srun_command)
+from trainbench.launch import (FIXED_ENVIRONMENT, Rendezvous, launch_environment, multinode_command,
+                               node_command, srun_command)
 
 
 def params(**kw):
@@ -34,8 +34,8 @@ def test_the_deepspeed_launcher_takes_given_devices_or_a_count():
 
 def test_a_multi_node_cell_starts_one_torchrun_per_node_through_srun():
     p = params(framework="deepspeed", strategy="zero3", nodes=8, gpus=64)
-    node_argv = multinode_command(p["gpus_per_node"], Rendezvous("node001", 29400, "run-1", 8), ["--cell", "c"],
-                                  python="py")
+    node_argv = multinode_command(p["gpus_per_node"], Rendezvous("node001", 29400, "run-1", 8),
+                                  ["--cell", "c"], python="py")
     assert node_argv == ["py", "-m", "torch.distributed.run", "--nnodes=8", "--nproc-per-node=8",
                          "--rdzv-backend=c10d", "--rdzv-endpoint=node001:29400", "--rdzv-id=run-1",
                          "-m", "trainbench.worker", "--cell", "c"]
@@ -46,7 +46,8 @@ def test_a_multi_node_cell_starts_one_torchrun_per_node_through_srun():
 
 
 def test_launch_environment_keeps_multicast_off_and_hides_gpus_from_cpu_cells():
-    env = launch_environment(params(), cpus_per_rank=4, devices=["2", "3"], base={"TORCH_CUDA_ARCH_LIST": "9.0a"})
+    env = launch_environment(params(), cpus_per_rank=4, devices=["2", "3"],
+                             base={"TORCH_CUDA_ARCH_LIST": "9.0a"})
     assert {k: env[k] for k in FIXED_ENVIRONMENT} == FIXED_ENVIRONMENT
     assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and env["OMP_NUM_THREADS"] == "4"

@@ -42,7 +42,8 @@ def start(workflow) -> tuple[subprocess.Popen, list[psutil.Process]]:
         time.sleep(0.5)
     tree = psutil.Process(proc.pid).children(recursive=True)
     commands = " ".join(" ".join(p.cmdline()) for p in tree)
-    for part in ("trainbench run-cell", "torch.distributed.run", "trainbench.worker", "trainbench.memory_sampler"):
+    for part in ("trainbench run-cell", "torch.distributed.run", "trainbench.worker",
+                 "trainbench.memory_sampler"):
         assert part in commands, part
     return proc, tree
 
@@ -69,7 +70,8 @@ def test_a_cell_stops_with_the_snakemake_that_started_it(workflow, signum):
         assert not workflow.path(TARGET).exists()  # not a result: it runs again next time
         if signum == signal.SIGKILL:  # Snakemake could not clean up: the next run says how to go on
             result = workflow.snakemake("-n", TARGET, check=False)
-            assert "was stopped without cleaning up" in result.stderr and "snakemake --unlock" in result.stderr
+            assert ("was stopped without cleaning up" in result.stderr
+                    and "snakemake --unlock" in result.stderr)
             workflow.snakemake("--unlock")
         assert "train_cell" in workflow.planned(TARGET)
     finally:

@@ -43,7 +43,8 @@ def test_zero_stages_hold_the_model_states_of_the_zero_paper():
         return device, host
 
     device, _ = states(strategy="zero2")
-    assert device["weights"] + device["gradients"] + device["optimizer"] == pytest.approx(2 * psi + 14 * psi / n)
+    assert (device["weights"] + device["gradients"] + device["optimizer"]
+            == pytest.approx(2 * psi + 14 * psi / n))
     device, _ = states(strategy="zero3")
     assert device["weights"] + device["gradients"] + device["optimizer"] == pytest.approx(16 * psi / n)
     # DeepSpeed's stage 1 reduces into gradient partitions too: it measures like stage 2 (gpt2_zero runs)
@@ -90,20 +91,22 @@ def test_gpt_block_activations_match_what_the_blocks_save(checkpointing):
     from trainbench.gpt import GPT
 
     spec = get_model("gpt2-small-cpu")
-    params = resolve({"model": spec.name, "device": "cpu", "seq_len": 64, "micro_batch": 3, "head": "classifier",
-                      "activation_checkpointing": checkpointing})
+    params = resolve({"model": spec.name, "device": "cpu", "seq_len": 64, "micro_batch": 3,
+                      "head": "classifier", "activation_checkpointing": checkpointing})
     model = GPT(spec, head="classifier", num_classes=2, activation_checkpointing=checkpointing).train()
     x = torch.randn(3, 64, spec.d_model, requires_grad=True)
 
     def blocks():
         h = x * 1  # the first block's input is an activation too, not a leaf
         for block in model.blocks:
-            h = torch.utils.checkpoint.checkpoint(block, h, use_reentrant=False) if checkpointing else block(h)
+            h = (torch.utils.checkpoint.checkpoint(block, h, use_reentrant=False) if checkpointing
+                 else block(h))
 
     measured = _saved_bytes(model, blocks)
     predicted = _block_only(params, spec)
     if checkpointing:  # the model adds the one block recomputed during backward
-        predicted -= activations({**params, "activation_checkpointing": False, "head": "classifier"}, spec) / spec.n_layer
+        predicted -= (activations({**params, "activation_checkpointing": False, "head": "classifier"}, spec)
+                      / spec.n_layer)
     assert predicted == pytest.approx(measured, rel=0.05)
 
 
@@ -114,8 +117,8 @@ def test_a_tensor_parallel_rank_saves_its_slices_and_the_norms_outputs_whole():
     from trainbench.gpt import GPT
 
     spec, tp = get_model("gpt2-small-cpu"), 2
-    params = resolve({"model": spec.name, "device": "cpu", "seq_len": 64, "micro_batch": 3, "head": "classifier",
-                      "tp": tp})
+    params = resolve({"model": spec.name, "device": "cpu", "seq_len": 64, "micro_batch": 3,
+                      "head": "classifier", "tp": tp})
     model = GPT(spec, head="classifier", num_classes=2).train()
     d, f = spec.d_model, spec.ffn
     for block in model.blocks:
@@ -154,7 +157,8 @@ def test_llama_block_activations_match_what_hugging_face_saves():
 
 
 def test_prediction_adds_up_and_judges_the_hardware():
-    p = cell(framework="hf_trainer", model="llama-7b", strategy="fsdp", gpus=2, micro_batch=1, precision="bf16")
+    p = cell(framework="hf_trainer", model="llama-7b", strategy="fsdp", gpus=2, micro_batch=1,
+             precision="bf16")
     free = predict(p)
     assert free.fits is None and free.gpu_mem_mib == pytest.approx(sum(free.parts_mib.values()))
     big = predict(p, Hardware(143771, 2048 * 1024, 8))
@@ -175,7 +179,8 @@ def test_prediction_adds_up_and_judges_the_hardware():
 
 
 def test_the_predict_command_prints_one_row_per_cell(repo):
-    run = subprocess.run([sys.executable, "-m", "trainbench", "predict", "llama", "--config", str(repo / "config.yaml"),
+    run = subprocess.run([sys.executable, "-m", "trainbench", "predict", "llama", "--config",
+                          str(repo / "config.yaml"),
                           "--gpu", "h200", "--gpus-per-node", "8", "--host-mem-gib", "2048"],
                          capture_output=True, text=True, check=True)
     rows = list(csv.DictReader(io.StringIO(run.stdout)))
@@ -184,7 +189,8 @@ def test_the_predict_command_prints_one_row_per_cell(repo):
                 r["offload_param"]): r for r in rows}
     assert by_cell[("llama-7b", "fsdp", "8", "1", "True", "False")]["fits"] == "True"
     assert by_cell[("llama-65b", "fsdp", "2", "32", "False", "False")]["fits"] == "False"
-    bad = subprocess.run([sys.executable, "-m", "trainbench", "predict", "--gpu", "h900", "--host-mem-gib", "1"],
+    bad = subprocess.run([sys.executable, "-m", "trainbench", "predict", "--gpu", "h900",
+                          "--host-mem-gib", "1"],
                          capture_output=True, text=True, cwd=repo)
     assert bad.returncode == 2 and "unknown GPU 'h900'" in bad.stderr and "Traceback" not in bad.stderr
 
@@ -195,10 +201,12 @@ def test_fsdp1_accumulation_keeps_unsharded_gradients_in_the_compute_dtype():
     spec = get_model("llama-7b")
     psi = spec.param_count()
     for n in (2, 4):
-        base = dict(framework="hf_trainer", model="llama-7b", strategy="fsdp", precision="bf16", gpus=n, grad_accum=8)
+        base = dict(framework="hf_trainer", model="llama-7b", strategy="fsdp", precision="bf16", gpus=n,
+                    grad_accum=8)
         device, host = model_states(cell(**base), spec)
         assert device["unsharded_gradients"] == pytest.approx(2 * psi)
-        assert device["weights"] + device["optimizer"] == pytest.approx(12 * psi / n) and "gradients" not in device
+        assert (device["weights"] + device["optimizer"] == pytest.approx(12 * psi / n)
+                and "gradients" not in device)
         device, host = model_states(cell(**base, offload_param=True), spec)
         assert "weights" not in device and device["unsharded_gradients"] == pytest.approx(2 * psi)
         assert host["weights"] + host["gradients"] + host["optimizer"] == pytest.approx(16 * psi / n)

@@ -21,12 +21,14 @@ DOCS = [doc("fp32", "zero1", 2, 900), doc("bf16", "zero1", 2, 500), doc("fp32", 
 def test_panels_group_cells_by_their_values_in_the_order_cells_come():
     by_precision = panels(DOCS, ["precision"])
     assert [title for title, _ in by_precision] == ["fp32", "bf16"]
-    assert [[d["params"]["strategy"] for d in members] for _, members in by_precision] == [["zero1", "zero2"]] * 2
+    assert ([[d["params"]["strategy"] for d in members] for _, members in by_precision]
+            == [["zero1", "zero2"]] * 2)
     # numbers keep their key; several keys make one panel per combination
     assert [title for title, _ in panels(DOCS, ["gpus", "precision"])] == [
         "gpus=2, fp32", "gpus=2, bf16", "gpus=4, fp32", "gpus=4, bf16"]
     assert panels(DOCS, []) == [("", DOCS)]
-    assert panels([], ["precision"]) == [("", [])]  # a study with no measured cell still gets its (empty) plots
+    # a study with no measured cell still gets its (empty) plots
+    assert panels([], ["precision"]) == [("", [])]
 
 
 def test_each_panel_is_a_row_of_the_figure(tmp_path):

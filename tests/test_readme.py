@@ -39,7 +39,8 @@ def readme_commands(text: str) -> list[str]:
 
 @dataclass(frozen=True)
 class How:
-    mode: str  # "run": verbatim; "dry-run": verbatim plus -n; "elsewhere" or "name" (not a command line): see `why`
+    # "run": verbatim; "dry-run": verbatim plus -n; "elsewhere" or "name" (not a command line): see `why`
+    mode: str
     why: str = ""
     line: str | None = None  # the command with its placeholders (<study>) filled in
     before: Callable[[Workflow], None] | None = None  # what the command expects to exist
@@ -48,10 +49,12 @@ class How:
 
 def _a_rerun_tree(flow: Workflow) -> None:
     """`rerun/results/runs`: another clone's results, here the smoke study run again."""
-    shutil.copytree(flow.path("results/runs/smoke"), flow.path("rerun/results/runs/smoke"), dirs_exist_ok=True)
+    shutil.copytree(flow.path("results/runs/smoke"), flow.path("rerun/results/runs/smoke"),
+                    dirs_exist_ok=True)
 
 
-GPU_HOST = "needs a GPU host (nvidia-smi and the cells' GPUs); its target lists are dry-run by tests/test_tools.py"
+GPU_HOST = ("needs a GPU host (nvidia-smi and the cells' GPUs); its target lists are dry-run by "
+            "tests/test_tools.py")
 HOW: dict[str, How] = {
     "make setup": How("elsewhere", "CI's `make test` runs it"),
     "snakemake <target> --forcerun": How("name", "the README's example of what forces nothing"),
@@ -66,12 +69,15 @@ HOW: dict[str, How] = {
         "run", line="trainbench compare results/runs rerun/results/runs", before=_a_rerun_tree),
     "snakemake results/search/<study>/<cell>/max_batch.json": How(
         "dry-run", "searches probe on GPUs",
-        line="snakemake results/search/megatron/strategy~zero1__model~gpt-2.5b__gpus~2__tp~1__offload_optimizer~false/max_batch.json"),
+        line="snakemake results/search/megatron/strategy~zero1__model~gpt-2.5b__gpus~2__tp~1__"
+             "offload_optimizer~false/max_batch.json"),
     "snakemake results/tables/<study>.md": How("run", line="snakemake results/tables/megatron.md"),
     "snakemake -n": How("run"),
-    "make run": How("elsewhere", "= `make setup` (which CI's `make test` runs) + `snakemake -c all` (run below)"),
+    "make run": How("elsewhere",
+                    "= `make setup` (which CI's `make test` runs) + `snakemake -c all` (run below)"),
     "make test": How("elsewhere", "CI's own command (.ci/run)"),
-    "snakemake -c all": How("run", "the quick start; the session's smoke fixture ran it first in a fresh clone"),
+    "snakemake -c all": How("run",
+                            "the quick start; the session's smoke fixture ran it first in a fresh clone"),
     "snakemake -c all results/tables/gpt2_zero.md": How("run"),
     "snakemake -n results/tables/llama.md": How("run"),
     "trainbench cells smoke": How("run"),
@@ -88,9 +94,11 @@ HOW: dict[str, How] = {
     "snakemake results/tables/llama.md": How("run"),
     "TRAINBENCH_GIT_COMMIT=$(git rev-parse HEAD) bash tools/gpu-host-run.sh .whl 545 out.tgz "
     "tools/gpu-runs/llama-1.txt tools/gpu-runs/llama-2.txt": How("elsewhere", GPU_HOST),
-    "python3 -m snakemake results/tables/gpt2_zero.md results/plots/gpt2_zero_memory.png -c all --resources gpu=4":
+    "python3 -m snakemake results/tables/gpt2_zero.md results/plots/gpt2_zero_memory.png -c all "
+    "--resources gpu=4":
         How("run"),
-    "python3 -m snakemake results/tables/lightning.md results/plots/lightning_memory.png -c all --resources gpu=4":
+    "python3 -m snakemake results/tables/lightning.md results/plots/lightning_memory.png -c all "
+    "--resources gpu=4":
         How("run"),
     "python3 -m snakemake -c all --force "
     "'results/runs/gpt2_zero/strategy~zero3__precision~bf16__offload_optimizer~true__ort~false/metrics.json'":
@@ -99,19 +107,26 @@ HOW: dict[str, How] = {
     "python3 -m snakemake results/tables/llama.md -c all --resources gpu=4": How("run"),
     "trainbench predict llama --gpu h200 --gpus-per-node 4 --host-mem-gib 503": How("run"),
     "python3 tools/build_wheelhouse.py .whl --python 3.12 --skip envs/gpu-host-image.txt":
-        How("elsewhere", "downloads 28 MiB; tests/test_tools.py builds a wheelhouse and installs from it offline"),
-    "bash tools/install_offline.sh .whl": How("elsewhere", "tests/test_tools.py installs a wheelhouse offline"),
-    "snakemake --profile profiles/slurm -j 64 --default-resources slurm_partition=gpu slurm_account=myproject":
-        How("dry-run", "submits to a cluster's 'gpu' partition; tests/test_slurm.py runs the profile for real"),
+        How("elsewhere",
+            "downloads 28 MiB; tests/test_tools.py builds a wheelhouse and installs from it offline"),
+    "bash tools/install_offline.sh .whl":
+        How("elsewhere", "tests/test_tools.py installs a wheelhouse offline"),
+    "snakemake --profile profiles/slurm -j 64 --default-resources slurm_partition=gpu "
+    "slurm_account=myproject":
+        How("dry-run",
+            "submits to a cluster's 'gpu' partition; tests/test_slurm.py runs the profile for real"),
     "snakemake results/tables/gpt2_zero.md --profile profiles/slurm --default-resources slurm_partition=gpu":
         How("dry-run", "as above"),
-    "python3 tools/build_wheelhouse.py wheels --python 3.12": How("elsewhere", "as the .whl wheelhouse above"),
+    "python3 tools/build_wheelhouse.py wheels --python 3.12":
+        How("elsewhere", "as the .whl wheelhouse above"),
     "python -m pip install --no-index --find-links wheels -r envs/requirements.txt":
         How("elsewhere", "tests/test_tools.py installs a wheelhouse without an index"),
     "python -m pip install --no-index --no-deps -e .": How("elsewhere", "as above"),
-    "trainbench compare results/runs rerun/results/runs --fail-on slower:5%,memory:5%": How("run", before=_a_rerun_tree),
+    "trainbench compare results/runs rerun/results/runs --fail-on slower:5%,memory:5%":
+        How("run", before=_a_rerun_tree),
     "python3 bench/mfu.py": How("elsewhere", "times GPU training; its output: results/bench/mfu"),
-    "python3 bench/overhead.py --ablation": How("elsewhere", "times GPU cells; tests/test_bench.py runs it on a CPU stand-in"),
+    "python3 bench/overhead.py --ablation":
+        How("elsewhere", "times GPU cells; tests/test_bench.py runs it on a CPU stand-in"),
     "python3 bench/overhead.py --ablation --out results/bench/overhead/gpt2-124m --cells "
     "'strategy~single__model~gpt2-124m__gpus~1__micro_batch~32'": How("elsewhere", "as above"),
     "bash bench/rerun_compare.sh": How("run"),
@@ -144,4 +159,5 @@ def test_every_readme_command_works_as_written_in_a_fresh_clone(smoke_run_locall
         said = result.stdout + result.stderr
         if line.split()[0] in ("snakemake", "python3") and "snakemake" in line and how.mode == "run":
             # published GPU results build their tables here; nothing may retrain on a CPU machine
-            assert how.trains or "rule train_cell:" not in said, f"`{command}` retrained a cell:\n{said[-3000:]}"
+            assert how.trains or "rule train_cell:" not in said, (
+                f"`{command}` retrained a cell:\n{said[-3000:]}")

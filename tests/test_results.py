@@ -45,7 +45,8 @@ def test_a_write_that_dies_before_the_first_file_leaves_nothing(tmp_path):
 def _document(**overrides):
     params = resolve({"model": "gpt2-tiny", "device": "cpu"})
     doc = {"schema": 1, "study": "s", "cell_id": "c", "params": params, "params_hash": params_hash(params),
-           "status": "ok", "reason": None, "metrics": results.empty_metrics(), "predicted": results.empty_predicted(),
+           "status": "ok", "reason": None, "metrics": results.empty_metrics(),
+           "predicted": results.empty_predicted(),
            "provenance": {k: None for k in results.PROVENANCE_KEYS}}
     doc["metrics"].update(timed_metrics(params, [0.1] * 6, steps_per_window=1, gpu_name=None),
                           step_times_s=[0.1] * 6)
@@ -70,7 +71,8 @@ def test_schema_problems_find_missing_keys_and_bad_statuses():
     doc = _document()
     del doc["metrics"]["step_times_s"]
     assert schema_problems(doc) == ["metrics: 'step_times_s' is a required property"]
-    assert schema_problems(_document(status="oom", reason="OOM at init", metrics=results.empty_metrics())) == []
+    assert schema_problems(_document(status="oom", reason="OOM at init",
+                                     metrics=results.empty_metrics())) == []
     assert schema_problems(["not", "a", "result"]) == ["a list, not a JSON object"]
 
 
@@ -96,8 +98,8 @@ def test_planned_rows_give_the_memory_models_verdict_in_grid_order():
         "include": [{"model": "llama-7b", "gpus": 2, "device": "cpu"}],  # FSDP on CPU: unsupported
         "measure": {"cells": [{"model": "llama-7b", "gpus": 4}], "plan_for": plan_for}}}}).study("s")
     measured = study.cell("model~llama-7b__gpus~4")
-    doc = {"study": "s", "cell_id": measured.cell_id, "params": measured.params, "status": "ok", "reason": None,
-           "metrics": {}, "provenance": {}}
+    doc = {"study": "s", "cell_id": measured.cell_id, "params": measured.params, "status": "ok",
+           "reason": None, "metrics": {}, "provenance": {}}
     docs = with_planned([doc], study)
     assert [d["cell_id"] for d in docs] == [c.cell_id for c in study.cells]
     verdicts = {d["cell_id"]: (d["status"], d["reason"]) for d in docs}
@@ -106,10 +108,12 @@ def test_planned_rows_give_the_memory_models_verdict_in_grid_order():
         "model~llama-7b__gpus~8": ("planned", "predicted not to fit: GPUs"),  # 8 ranks on a 4-GPU node
         "model~llama-65b__gpus~4": ("planned", "predicted not to fit: GPU memory"),
         "model~llama-65b__gpus~8": ("planned", "predicted not to fit: GPUs, GPU memory"),
-        "model~llama-7b__device~cpu__gpus~2": ("unsupported", study.cell("model~llama-7b__device~cpu__gpus~2").unsupported),
+        "model~llama-7b__device~cpu__gpus~2": ("unsupported",
+                                               study.cell("model~llama-7b__device~cpu__gpus~2").unsupported),
     }
     assert docs[2]["predicted"]["gpu_mem_mib"] > 140.4 * 1024
-    text = study_markdown("s", "d", docs, id_keys=["model", "gpus"], report=["gpu_mem_gib"], plan_for=plan_for)
+    text = study_markdown("s", "d", docs, id_keys=["model", "gpus"], report=["gpu_mem_gib"],
+                          plan_for=plan_for)
     assert "5 cells: 1 ok, 3 planned, 1 unsupported." in text
     assert "| llama-65b | 4 | planned: predicted not to fit: GPU memory |" in text
     assert "for 4 x H200: 4 GPUs of 140.4 GiB and 560 GiB of host memory per node" in text

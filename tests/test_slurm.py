@@ -55,7 +55,8 @@ def slurm_up() -> bool:
 REQUIRED = os.environ.get("TRAINBENCH_REQUIRE_SLURM") == "1"  # CI: a missing cluster is a failure
 pytestmark = [pytest.mark.slurm,
               pytest.mark.skipif(not REQUIRED and not slurm_up(), reason="no SLURM cluster: "
-                                 "sudo tools/local-slurm-cluster.sh install && sudo tools/local-slurm-cluster.sh start "
+                                 "sudo tools/local-slurm-cluster.sh install && "
+                                 "sudo tools/local-slurm-cluster.sh start "
                                  "(or name a partition of yours in TRAINBENCH_SLURM_PARTITION)")]
 
 # No --slurm-status-command: the workflow checks the one the plugin would use and switches to squeue
@@ -73,7 +74,8 @@ def test_cluster_is_up():
     assert slurm_up(), "tools/local-slurm-cluster.sh start"
 
 
-def test_the_smoke_study_through_slurm_is_one_job_per_cell_and_the_local_table_shape(workflow, smoke_run_locally):
+def test_the_smoke_study_through_slurm_is_one_job_per_cell_and_the_local_table_shape(workflow,
+                                                                                     smoke_run_locally):
     workflow.write_config((REPO / "config.yaml").read_text())
     started = time.monotonic()
     run = workflow.snakemake("results/tables/smoke.md", *PROFILE, "-j", "8", *ON_PARTITION, timeout=1800)
@@ -124,23 +126,26 @@ def test_two_gpu_cells_get_two_devices_each_and_never_more_than_four_at_once(wor
 
 def test_multi_node_cells_reach_slurm_as_one_task_per_node_with_their_gpus(workflow):
     if not _sinfo("-p", PENDING_PARTITION, "-o", "%P"):
-        pytest.skip(f"no partition {PENDING_PARTITION!r} of nodes that never come up (tools/local-slurm-cluster.sh "
+        pytest.skip(f"no partition {PENDING_PARTITION!r} of nodes that never come up "
+                    f"(tools/local-slurm-cluster.sh "
                     f"makes one; or name one in TRAINBENCH_SLURM_PENDING_PARTITION)")
     workflow.write_config((REPO / "config.yaml").read_text())
     study = load_config(REPO / "config.yaml").study("zero3_pipeline")
     eight = next(c for c in study.cells if c.params["nodes"] == 8)
     sixteen = next(c for c in study.cells if c.params["nodes"] == 16)
     # targets before --default-resources, which takes every word after it
-    proc = subprocess.Popen([sys.executable, "-m", "snakemake", eight.target, sixteen.target, *PROFILE, "-j", "4",
-                             "--default-resources", f"slurm_partition={PENDING_PARTITION}"], cwd=workflow.root,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "snakemake", eight.target, sixteen.target, *PROFILE,
+                             "-j", "4", "--default-resources", f"slurm_partition={PENDING_PARTITION}"],
+                            cwd=workflow.root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
         while True:
-            queued = subprocess.run(["squeue", "-h", "-p", PENDING_PARTITION, "-o", "%i"], capture_output=True, text=True).stdout.split()
+            queued = subprocess.run(["squeue", "-h", "-p", PENDING_PARTITION, "-o", "%i"],
+                                    capture_output=True, text=True).stdout.split()
             if len(queued) == 2:
                 break
-            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0] if proc.poll() else ""
+            assert time.monotonic() < deadline and proc.poll() is None, (
+                proc.communicate()[0] if proc.poll() else "")
             time.sleep(1)
         requests = {}
         for job in queued:
@@ -171,7 +176,8 @@ def test_the_srun_fan_out_starts_a_node_that_joins_its_rendezvous(tmp_path):
     cell_file = work / "cell.json"
     cell_file.write_text(json.dumps({"study": "t", "cell_id": "c", "params": params, "timing": FAST_TIMING}))
     rendezvous = Rendezvous(socket.gethostname(), 29555, "srun-test", 1)
-    argv = srun_command(params, multinode_command(2, rendezvous, worker_args(cell_file, work)), cpus_per_task=2)
+    argv = srun_command(params, multinode_command(2, rendezvous, worker_args(cell_file, work)),
+                        cpus_per_task=2)
     env = launch_environment(params, cpus_per_rank=1, devices=None)
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -19,7 +19,8 @@ def test_the_config_asks_autotp_for_megatrons_layout():
     kinds = {spec["partition_type"] for spec in tp["partition_config"]["layer_specs"]}
     assert kinds == {"column", "row"}
     assert "train_batch_size" not in config  # DeepSpeed derives it (its check counts every rank)
-    assert "tensor_parallel" not in deepspeed_config(resolve({**TP, "tp": 1, "strategy": "zero1", "device": "cpu"}), "cpu")
+    assert "tensor_parallel" not in deepspeed_config(resolve({**TP, "tp": 1, "strategy": "zero1",
+                                                              "device": "cpu"}), "cpu")
 
 
 def test_tp_must_divide_heads_and_mlp():

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from trainbench.timing import TimingSettings, fixed_step_count, median_interval, steps_per_window, summarize_windows
+from trainbench.timing import (TimingSettings, fixed_step_count, median_interval, steps_per_window,
+                               summarize_windows)
 
 
 def test_the_median_interval_takes_the_order_statistics_whose_binomial_coverage_is_95_percent():

@@ -51,7 +51,8 @@ def test_published_studies_have_a_current_result_for_every_measured_cell(study):
 
     cells = [c for c in load_config(REPO / "config.yaml").study(study).cells if c.measured]
     missing = [c.cell_id for c in cells if not (REPO / c.target).exists()]
-    stale = [c.cell_id for c in cells if (REPO / c.target).exists() and recorded_hash(c, REPO) != c.params_hash]
+    stale = [c.cell_id for c in cells
+             if (REPO / c.target).exists() and recorded_hash(c, REPO) != c.params_hash]
     assert not missing and not stale, (missing[:3], stale[:3])
 
 

@@ -37,11 +37,13 @@ def test_each_study_dry_runs_listing_its_cells_and_resources(workflow, study):
     table = parse_dry_run(workflow.snakemake("-n", f"results/tables/{study}.md", env=eight).stdout)
     assert table["train_cell"] == set(expected.targets)
     # and the searches it reports, each from its first probe (the memory model's seed)
-    first_probes = {f"results/search/{study}/{cell_id}/mb~{bounds_for(expected.search, expected.cell(cell_id).params)[0]}"
+    first_probes = {f"results/search/{study}/{cell_id}/"
+                    f"mb~{bounds_for(expected.search, expected.cell(cell_id).params)[0]}"
                     "/metrics.json" for cell_id in expected.searched}
     assert table.get("search_probe", set()) == first_probes
     assert bool(first_probes) == (study == "megatron")
-    result = workflow.snakemake("-n", f"results/tables/{study}.md", *(c.target for c in expected.planned), env=eight)
+    result = workflow.snakemake("-n", f"results/tables/{study}.md", *(c.target for c in expected.planned),
+                                env=eight)
     jobs = parse_dry_run(result.stdout)
     assert len(jobs["train_cell"]) == len(expected.cells)
     assert jobs["study_table"] == {f"results/tables/{study}.md", f"results/tables/{study}.csv"}
@@ -63,7 +65,8 @@ def rerun_config() -> dict:
     t["axes"] = {"micro_batch": [1, 2]}
     u = tiny_study(strategy="single")
     u["include"] = [{"seed": 1}]
-    return {"default_studies": {"without_gpus": ["t", "u"], "with_gpus": ["t", "u"]}, "studies": {"t": t, "u": u}}
+    return {"default_studies": {"without_gpus": ["t", "u"], "with_gpus": ["t", "u"]},
+            "studies": {"t": t, "u": u}}
 
 
 def test_only_missing_or_changed_cells_rerun(workflow):
@@ -180,7 +183,8 @@ def test_an_oom_cell_is_a_row_of_the_table(workflow):
     t = tiny_study(strategy="ddp", gpus=2)
     t["axes"] = {"inject_oom_at_step": [2]}
     t["include"] = [{"strategy": "single", "gpus": 1}]
-    workflow.write_config({"default_studies": {"without_gpus": ["t"], "with_gpus": ["t"]}, "studies": {"t": t}})
+    workflow.write_config({"default_studies": {"without_gpus": ["t"], "with_gpus": ["t"]},
+                           "studies": {"t": t}})
     workflow.snakemake()
     table = workflow.path("results/tables/t.md").read_text()
     assert "| ddp | 2 | 2 | OOM at step 2 (timed) |" in table
@@ -194,9 +198,12 @@ def test_an_oom_cell_is_a_row_of_the_table(workflow):
 # --- bad input: a clear message, a non-zero exit, no traceback, results untouched ----------------
 
 BAD_CONFIGS = {
-    "unknown key": ("settings", {"micro_bach": 2}, "studies.t.settings: unknown key 'micro_bach' (did you mean 'micro_batch'?)"),
-    "negative size": ("settings", {"micro_batch": -1}, "studies.t.settings.micro_batch: -1 is less than the minimum of 1"),
-    "unknown strategy": ("settings", {"strategy": "zero2"}, "strategy: 'zero2' is not a torch strategy; allowed: single, ddp, fsdp"),
+    "unknown key": ("settings", {"micro_bach": 2},
+                    "studies.t.settings: unknown key 'micro_bach' (did you mean 'micro_batch'?)"),
+    "negative size": ("settings", {"micro_batch": -1},
+                      "studies.t.settings.micro_batch: -1 is less than the minimum of 1"),
+    "unknown strategy": ("settings", {"strategy": "zero2"},
+                         "strategy: 'zero2' is not a torch strategy; allowed: single, ddp, fsdp"),
     "offload without meaning": ("settings", {"strategy": "ddp", "gpus": 2, "offload_optimizer": True},
                                 "offload_optimizer: means nothing for torch strategy 'ddp'"),
     "tp not dividing": ("settings", {"framework": "deepspeed", "strategy": "zero1", "gpus": 2, "tp": 4},
@@ -211,7 +218,8 @@ def test_bad_config_stops_before_any_job_with_one_clear_message(workflow, case):
     t = tiny_study(strategy="single")
     t["include"] = [{}]
     t[section].update(values)
-    workflow.write_config({"default_studies": {"without_gpus": ["t"], "with_gpus": ["t"]}, "studies": {"t": t}})
+    workflow.write_config({"default_studies": {"without_gpus": ["t"], "with_gpus": ["t"]},
+                           "studies": {"t": t}})
     keep = workflow.path("results/runs/t/keep/metrics.json")
     keep.parent.mkdir(parents=True)
     keep.write_text("earlier result\n")
@@ -226,7 +234,8 @@ def test_bad_config_stops_before_any_job_with_one_clear_message(workflow, case):
 
 @pytest.mark.parametrize("config, message", [
     ({"studies": [{"t": 1}]}, "studies: must be a mapping (key: value, ...), not a list"),
-    ({"studies": {"t": {**tiny_study(strategy="single"), "include": [{}], "report": ["step_time_ms", "speed"]}}},
+    ({"studies": {"t": {**tiny_study(strategy="single"), "include": [{}],
+                        "report": ["step_time_ms", "speed"]}}},
      "studies.t.report: unknown column 'speed'"),
 ])
 def test_mistakes_found_before_any_job_even_a_dry_run(workflow, config, message):
@@ -295,7 +304,8 @@ def test_cells_lists_targets_and_current_status(workflow):
 
 
 def test_a_result_that_is_not_one_is_listed_unreadable_rerun_and_never_reaches_a_table(workflow):
-    garbage = {"status": "ok"}  # valid JSON, not a result (tests/test_results.py: the schema's other refusals)
+    # valid JSON, not a result (tests/test_results.py: the schema's other refusals)
+    garbage = {"status": "ok"}
     t = tiny_study(strategy="single")
     t["axes"] = {"micro_batch": [1, 2]}
     workflow.write_config({"studies": {"t": t}})
@@ -328,10 +338,12 @@ def test_the_default_study_runs_on_a_cpu_machine_and_a_second_run_does_nothing(s
     for cell in smoke.cells:
         doc = json.loads(workflow.path(cell.target).read_text())
         assert doc["status"] == "ok", (cell.cell_id, doc["reason"])
-    for name in ("tables/smoke.md", "tables/smoke.csv", "plots/smoke_memory.png", "plots/smoke_throughput.png"):
+    for name in ("tables/smoke.md", "tables/smoke.csv", "plots/smoke_memory.png",
+                 "plots/smoke_throughput.png"):
         assert workflow.path(f"results/{name}").stat().st_size > 0
     table = workflow.path("results/tables/smoke.md").read_text()
-    assert len(re.findall(r"\| ok(, noisy \([^)]*\))? \|", table)) == len(smoke.cells)  # CPU timing may be noisy
+    # CPU timing may be noisy
+    assert len(re.findall(r"\| ok(, noisy \([^)]*\))? \|", table)) == len(smoke.cells)
     result = workflow.snakemake("-n", env={"TRAINBENCH_FAKE_GPUS": "0"})
     assert "Nothing to be done" in result.stdout + result.stderr
 

@@ -31,8 +31,8 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
-             "manylinux2014_x86_64", "manylinux1_x86_64"]
+PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
+             "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64"]
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
 
 
@@ -54,7 +54,8 @@ def provided_by_torch(name: str) -> bool:
 def resolve(specs: list[str], work: Path) -> list[tuple[str, str]]:
     """(name, version) of everything the specs need, as pip resolves it here."""
     report = work / "report.json"
-    subprocess.run([*PIP, "install", "--dry-run", "--ignore-installed", "--report", str(report), *specs], check=True)
+    subprocess.run([*PIP, "install", "--dry-run", "--ignore-installed", "--report", str(report), *specs],
+                   check=True)
     items = json.loads(report.read_text())["install"]
     return [(i["metadata"]["name"], i["metadata"]["version"]) for i in items]
 
@@ -75,7 +76,8 @@ def fetch(name: str, version: str, dest: Path, python: str) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dest", type=Path)
     parser.add_argument("--python", default=f"{sys.version_info.major}.{sys.version_info.minor}",
                         help="the target's Python version (default: this one)")
@@ -87,7 +89,8 @@ def main() -> int:
     args = parser.parse_args()
     args.dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        resolved = [(n, v) for n, v in resolve(requirements(args.requirements), Path(tmp)) if not provided_by_torch(n)]
+        resolved = [(n, v) for n, v in resolve(requirements(args.requirements), Path(tmp))
+                    if not provided_by_torch(n)]
     if args.skip:
         present = {normalise(n) for n in requirements(args.skip)}
         resolved = [(n, v) for n, v in resolved if normalise(n) not in present]

@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import psutil
 
+from trainbench.paths import cell_of_probe
 from trainbench.memory_model import MIB, Hardware, hardware_of_run, predict
 
 
@@ -97,8 +98,7 @@ def walk(status_of: Callable[[int], str], start: int, upper: int, tolerance: flo
     return list(outcomes)
 
 
-def summary(outcomes: dict[int, dict[str, Any]], tolerance: float = 0.0,
-            max_micro_batch: int = 256) -> dict[str, Any]:
+def summary(outcomes: dict[int, dict[str, Any]], tolerance: float, max_micro_batch: int) -> dict[str, Any]:
     """The search's result from its probes' metrics.json documents (by micro batch)."""
     statuses = {batch: doc["status"] for batch, doc in outcomes.items()}
     best = largest_fitting(statuses)
@@ -110,7 +110,7 @@ def summary(outcomes: dict[int, dict[str, Any]], tolerance: float = 0.0,
     hardware = hardware_of_run(best_doc or any_doc)
     return {
         "study": any_doc["study"],
-        "cell_id": any_doc["cell_id"].rsplit("/mb~", 1)[0],
+        "cell_id": cell_of_probe(any_doc["cell_id"]),
         "max_micro_batch": best,
         "max_global_batch": best_doc["params"]["global_batch"] if best_doc else None,
         "tolerance": tolerance,
@@ -136,7 +136,8 @@ def model_largest(params: dict[str, Any], found: dict[str, Any]) -> int | None:
     machine = found.get("hardware")
     if not machine:
         return None
-    hardware = Hardware(machine["gpu_mem_mib"], machine["host_mem_mib"] or float("inf"), machine["gpus_per_node"])
+    hardware = Hardware(machine["gpu_mem_mib"], machine["host_mem_mib"] or float("inf"),
+                        machine["gpus_per_node"])
     try:
         return largest_predicted(params, hardware, found["bound"])
     except (KeyError, ValueError):  # a model or strategy the memory model does not know

@@ -9,7 +9,6 @@ cell this version cannot run (no runner yet, not enough GPUs here) stops with an
 from __future__ import annotations
 
 import json
-import math
 import os
 import shlex
 import shutil
@@ -25,15 +24,15 @@ from typing import Any
 
 import psutil
 
-from trainbench import memory_model, provenance, strategies
+from trainbench import frameworks, memory_model, provenance
 from trainbench.grid import Cell, params_hash
 from trainbench.gpus import NotEnoughGpus, devices_for_cell, machine_devices, under_slurm
 from trainbench.lifetime import driver_pid, runner_environment, when_gone
 from trainbench.launch import (Rendezvous, free_port, launch_environment, multinode_command, node_command,
                               srun_command, worker_args)
-from trainbench.metrics import timed_metrics
-from trainbench.results import SCHEMA_VERSION, empty_metrics, empty_predicted, write_json_atomic
-from trainbench.timing import TimingSettings
+from trainbench.metrics import MIB
+from trainbench.results import (SCHEMA_VERSION, empty_metrics, empty_predicted, node_memory, partial_metrics,
+                                summarize, write_json_atomic)
 
 TERMINATE_GRACE_S = 15
 PEER_EXIT_GRACE_S = 30  # after one node's launcher fails, how long the others get to notice
@@ -60,14 +59,21 @@ def memory_limits_override() -> dict[str, float]:
     return limits
 
 
-def hardware_here(devices: list[str] | None, device_type: str) -> memory_model.Hardware:
-    """The memory a cell gets on this node: its GPUs' (NVML) and this host's, less any override."""
+def gpus_here(devices: list[str] | None, device_type: str) -> dict[str, Any]:
+    """NVML's facts of the GPUs a cell gets on this node (a SLURM node: all it gave), read once per run."""
+    if device_type != "cuda":
+        return provenance.gpu_facts(None)
+    return {**provenance.gpu_facts(devices if devices is not None else machine_devices()),
+            "devices": devices if devices is not None else machine_devices()}
+
+
+def hardware_here(gpu: dict[str, Any], device_type: str) -> memory_model.Hardware:
+    """The memory a cell gets on this node: its GPUs' (`gpu`, from gpus_here) and this host's, less any
+    override."""
     gpu_mib, name, gpus = None, "CPU", 0
     if device_type == "cuda":
-        devices = devices if devices is not None else machine_devices()  # a SLURM node: all it gave
-        facts = provenance.gpu_facts(devices)
-        gpu_mib, name, gpus = facts["gpu_memory_mib"], facts["gpu_name"] or "GPU", len(devices)
-    host_mib = psutil.virtual_memory().total / memory_model.MIB
+        gpu_mib, name, gpus = gpu["gpu_memory_mib"], gpu["gpu_name"] or "GPU", len(gpu["devices"])
+    host_mib = psutil.virtual_memory().total / MIB
     limits = memory_limits_override()
     if "gpu" in limits and device_type == "cuda":
         gpu_mib = min(gpu_mib, limits["gpu"]) if gpu_mib else limits["gpu"]
@@ -104,7 +110,8 @@ def _read_rank_records(work_dir: Path) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: r.get("rank", 0))
 
 
-def classify(work_dir: Path, returncode: int | None, timed_out: bool, timeout_s: float, warmup_steps: int) -> Outcome:
+def classify(work_dir: Path, returncode: int | None, timed_out: bool, timeout_s: float,
+             warmup_steps: int) -> Outcome:
     """What happened to one attempt, from the files the ranks left and the launcher's exit status."""
     records = _read_rank_records(work_dir)
     result_file = work_dir / "result.json"
@@ -127,97 +134,11 @@ def classify(work_dir: Path, returncode: int | None, timed_out: bool, timeout_s:
     if errors:
         return Outcome("failed", f"rank {errors[0]['rank']}: {errors[0]['message'][:500]}", None, records)
     if returncode is not None and returncode < 0:
-        return Outcome("failed", f"launcher killed by signal {-returncode} ({signal.Signals(-returncode).name})",
+        return Outcome("failed",
+                       f"launcher killed by signal {-returncode} ({signal.Signals(-returncode).name})",
                        None, records)
     return Outcome("failed", f"launcher exited with status {returncode} and no rank reported why (see log)",
                    None, records)
-
-
-def _node_memory(entries: list[dict[str, Any] | None]) -> dict[str, list]:
-    """Concatenate per-node sampler peaks (in rank order) into per-GPU lists."""
-    used, total, names, host_used, host_percent = [], [], [], [], []
-    for entry in entries:
-        if not entry:
-            continue
-        used += entry["gpu_used_mib"]
-        total += entry["gpu_total_mib"]
-        names += entry["gpu_names"]
-        host_used.append(entry["host_used_mib"])
-        host_percent.append(entry["host_percent"])
-    return {"used": used, "total": total, "names": names, "host_used": host_used, "host_percent": host_percent}
-
-
-def _rank_entries(outcome: Outcome) -> list[dict[str, Any]]:
-    return outcome.result["ranks"] if outcome.result else outcome.rank_records
-
-
-def _round(value, digits=3):
-    return None if value is None else round(value, digits)
-
-
-def summarize(params: dict[str, Any], result: dict[str, Any], wall_time_s: float,
-              timing: TimingSettings) -> dict[str, Any]:
-    """The metrics of a successful run, from rank 0's result.json."""
-    ranks = result["ranks"]
-    memory = _node_memory([r["node_memory"] for r in ranks])
-    gpu_name = memory["names"][0] if memory["names"] else None
-    timed = timed_metrics(params, result["step_times_s"], steps_per_window=result["steps_per_window"],
-                          gpu_name=gpu_name, target_ci=timing.target_ci)
-    projected = None
-    if params["dataset_size"] and params["epochs"]:
-        # Steady state only: optimizer steps of the whole run times the median step (no start-up,
-        # evaluation or checkpoint time).
-        steps = math.ceil(params["dataset_size"] / params["global_batch"]) * params["epochs"]
-        projected = steps * timed["step_time_s"]
-    rss_by_host: dict[str, float] = {}
-    for r in ranks:
-        rss_by_host[r["host"]] = rss_by_host.get(r["host"], 0.0) + r["host_rss_peak_mib"]
-    metrics = empty_metrics()
-    metrics.update(
-        warmup_steps=params["warmup_steps"],
-        **timed,
-        wall_time_s=_round(wall_time_s, 2),
-        projected_run_s=_round(projected, 1),
-        gpu_mem_used_mib=[_round(v, 1) for v in memory["used"]] or None,
-        gpu_mem_total_mib=[_round(v, 1) for v in memory["total"]] or None,
-        torch_peak_allocated_mib=[_round(r["torch_peak_allocated_mib"], 1) for r in ranks]
-        if ranks[0]["torch_peak_allocated_mib"] is not None else None,
-        torch_peak_reserved_mib=[_round(r["torch_peak_reserved_mib"], 1) for r in ranks]
-        if ranks[0]["torch_peak_reserved_mib"] is not None else None,
-        # the busiest node's ranks together: what that node's host memory had to hold
-        host_mem_peak_mib=_round(max(rss_by_host.values()), 1),
-        test_accuracy=_round(result.get("test_accuracy"), 4),
-        loss_first=_round(result["losses"][0], 5),
-        loss_last=_round(result["losses"][-1], 5),
-        params_total=result["params_total"],
-        params_per_module_rank0=result["params_per_module_rank0"],
-    )
-    metrics.update(
-        step_times_s=[_round(t, 6) for t in result["step_times_s"]],
-        warmup_step_times_s=[_round(t, 6) for t in result["warmup_step_times_s"]],
-        timing={"method": "windows", "stopped": result["timing_stopped"], **timing.as_dict()},
-        host_rss_peak_mib_per_rank=[_round(r["host_rss_peak_mib"], 1) for r in ranks],
-        host_mem_used_peak_mib=_round(max(memory["host_used"]), 1) if memory["host_used"] else None,
-        host_mem_percent_peak=_round(max(memory["host_percent"]), 1) if memory["host_percent"] else None,
-    )
-    if "dataset" in result:  # where accuracy was measured: real data, or the synthetic stand-in
-        metrics.update(dataset=result["dataset"], test_samples=result["test_samples"])
-    return metrics
-
-
-def partial_metrics(outcome: Outcome, params: dict[str, Any], wall_time_s: float) -> dict[str, Any]:
-    """What is known of a run that did not finish: wall time, and memory at the failure (OOM)."""
-    metrics = empty_metrics()
-    metrics["wall_time_s"] = _round(wall_time_s, 2)
-    records = sorted(outcome.rank_records, key=lambda r: r["rank"])
-    memory = _node_memory([r.get("node_memory") for r in records])
-    if memory["used"]:
-        metrics["gpu_mem_used_mib"] = [_round(v, 1) for v in memory["used"]]
-        metrics["gpu_mem_total_mib"] = [_round(v, 1) for v in memory["total"]]
-    allocated = [r.get("torch_peak_allocated_mib") for r in records]
-    if allocated and all(a is not None for a in allocated):
-        metrics["torch_peak_allocated_mib"] = [_round(a, 1) for a in allocated]
-    return metrics
 
 
 class CellRun:
@@ -234,7 +155,8 @@ class CellRun:
         self.python = python
         self._children: list[subprocess.Popen] = []
         self.finishing = threading.RLock()  # held while a result is written: a stop waits for it
-        self.predicted = {**empty_predicted(), **memory_model.predict(self.params).as_dict()}
+        self.launch_environment: dict[str, str] | None = None  # the ranks' environment, for provenance
+        self.predicted: dict[str, Any] | None = None  # the memory model's, once: see _prediction
 
     def _say(self, text: str) -> None:
         print(f"[trainbench {self.cell.study}/{self.cell.cell_id}] {text}", flush=True)
@@ -242,19 +164,40 @@ class CellRun:
     def _base_document(self, status: str, reason: str | None) -> dict[str, Any]:
         return {"schema": SCHEMA_VERSION, "study": self.cell.study, "cell_id": self.cell.cell_id,
                 "params": self.params, "params_hash": params_hash(self.params), "status": status,
-                "reason": reason, "metrics": empty_metrics(), "predicted": self.predicted, "provenance": {}}
+                "reason": reason, "metrics": empty_metrics(), "predicted": self._prediction(),
+                "provenance": {}}
+
+    def _prediction(self) -> dict[str, Any]:
+        """The prediction the run was judged by (with its hardware), or, for a cell that never got
+        hardware (unsupported), the model's figures alone."""
+        if self.predicted is None:
+            self.predicted = {**empty_predicted(), **memory_model.predict(self.params).as_dict()}
+        return self.predicted
+
+    def _write(self, doc: dict[str, Any], *, started: str, asked: str | None = None, devices=None,
+               gpu: dict[str, Any] | None = None, command: str = "", result: dict[str, Any] | None = None,
+               ranks: list[dict[str, Any]] | None = None, gpus_total: int = 0) -> dict[str, Any]:
+        """Fill a document's provenance and write it, atomically, as the cell's result."""
+        result = result or {}
+        doc["provenance"] = provenance.collect(
+            gpu=gpu or provenance.gpu_facts(None), devices=devices, nodes=self.params["nodes"],
+            gpus_total=gpus_total, cuda=result.get("torch_cuda"), nccl=result.get("nccl"),
+            started=started, ended=provenance.now_iso(),
+            command=command, run_gpus=node_memory([r.get("node_memory") for r in ranks or []]),
+            environment=self.launch_environment)
+        if asked is not None:
+            doc["provenance"]["asked"] = asked  # when the cell asked for its devices (it may have waited)
+        with self.finishing:
+            write_json_atomic(self.output, doc)
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+        return doc
 
     def run(self) -> dict[str, Any]:
         started = provenance.now_iso()
         if self.cell.unsupported:
             self._say(f"unsupported: {self.cell.unsupported}")
-            doc = self._base_document("unsupported", self.cell.unsupported)
-            doc["provenance"] = provenance.collect(devices=None, nodes=self.params["nodes"], gpus_total=0,
-                                                   cuda=None, started=started, ended=provenance.now_iso(),
-                                                   command="")
-            write_json_atomic(self.output, doc)
-            return doc
-        missing = strategies.not_implemented(self.params)
+            return self._write(self._base_document("unsupported", self.cell.unsupported), started=started)
+        missing = frameworks.not_implemented(self.params)
         if missing:
             raise CellCannotRun(f"{missing}; this cell can be listed and dry-run, not run")
         if self.params["nodes"] > 1:
@@ -262,12 +205,14 @@ class CellRun:
                 return self._run_attempts(None, started)
             if os.environ.get(SIMULATE_NODES_ENV) == "1" and self.params["device"] == "cpu":
                 return self._run_attempts(None, started)
-            raise CellCannotRun(f"a {self.params['nodes']}-node cell runs inside a SLURM allocation (see README, "
-                                f"'Running on a SLURM cluster'); CPU cells can simulate nodes with {SIMULATE_NODES_ENV}=1")
+            raise CellCannotRun(f"a {self.params['nodes']}-node cell runs inside a SLURM allocation "
+                                "(see README, 'Running on a SLURM cluster'); CPU cells can simulate nodes "
+                                f"with {SIMULATE_NODES_ENV}=1")
         count = self.params["gpus_per_node"] if self.params["device"] == "cuda" else 0
         try:
             if count:
-                with devices_for_cell(count, on_wait=lambda: self._say(f"waiting for {count} free GPU(s)")) as devices:
+                with devices_for_cell(
+                        count, on_wait=lambda: self._say(f"waiting for {count} free GPU(s)")) as devices:
                     return self._run_attempts(devices, started)
             return self._run_attempts(None, started)
         except NotEnoughGpus as error:
@@ -278,12 +223,17 @@ class CellRun:
         started = provenance.now_iso()
         if devices is not None:
             self._say(f"GPUs {','.join(devices)}")
-        hardware = hardware_here(devices, self.params["device"])
+        gpu = gpus_here(devices, self.params["device"])
+        hardware = hardware_here(gpu, self.params["device"])
         prediction = memory_model.predict(self.params, hardware)
         self.predicted = {**prediction.as_dict(), "hardware": hardware.describe()}
         if not prediction.fits:
             if os.environ.get(FORCE_ENV) != "1" and not self.search_probe:
-                return self._write_infeasible(prediction, devices, started, asked)
+                reason = (f"{prediction.why_not} ({self.predicted['hardware']}); not run "
+                          f"(set {FORCE_ENV}=1 to run it)")
+                self._say(f"infeasible: {reason}")
+                return self._write(self._base_document("infeasible", reason), started=started, asked=asked,
+                                   devices=devices, gpu=gpu)
             self.predicted["forced"] = True
             why = "a max-batch probe" if self.search_probe else f"{FORCE_ENV}=1"
             self._say(f"{prediction.why_not} ({hardware.describe()}); running anyway ({why})")
@@ -297,40 +247,25 @@ class CellRun:
             attempt_start = time.monotonic()
             returncode, timed_out = self._launch(commands, devices, deadline)
             wall_time_s = time.monotonic() - attempt_start
-            outcome = classify(self.work_dir, returncode, timed_out, self.timeout_s, self.params["warmup_steps"])
-            self._say(f"attempt {attempt}: {outcome.status}" + (f" ({outcome.reason})" if outcome.reason else ""))
+            outcome = classify(self.work_dir, returncode, timed_out, self.timeout_s,
+                               self.params["warmup_steps"])
+            self._say(f"attempt {attempt}: {outcome.status}"
+                      + (f" ({outcome.reason})" if outcome.reason else ""))
             if outcome.status != "failed":
                 break
         doc = self._base_document(outcome.status, outcome.reason)
         if outcome.status == "ok":
             doc["metrics"] = summarize(self.params, outcome.result, wall_time_s, self.cell.timing)
-            if "deepspeed_config" in outcome.result:
-                write_json_atomic(self.output.parent / "deepspeed_config.json", outcome.result["deepspeed_config"])
+            framework_config = outcome.result.get("framework_config")
+            if framework_config:  # the framework's own config as it ran (DeepSpeed's JSON, FSDP's settings)
+                write_json_atomic(self.output.parent / framework_config["file"], framework_config["config"])
         else:
-            doc["metrics"] = partial_metrics(outcome, self.params, wall_time_s)
+            doc["metrics"] = partial_metrics(outcome.rank_records, wall_time_s)
         doc["attempts"] = attempt
-        cuda = outcome.result.get("torch_cuda") if outcome.result else None
-        command = " & ".join(shlex.join(c) for c in commands)
-        doc["provenance"] = provenance.collect(devices=devices, nodes=self.params["nodes"],
-                                               gpus_total=self.params["gpus"] if self.params["device"] == "cuda" else 0,
-                                               cuda=cuda, started=started, ended=provenance.now_iso(), command=command,
-                                               run_gpus=_node_memory([r.get("node_memory") for r in
-                                                                      _rank_entries(outcome)]))
-        doc["provenance"]["asked"] = asked
-        with self.finishing:
-            write_json_atomic(self.output, doc)
-            shutil.rmtree(self.work_dir, ignore_errors=True)
-        return doc
-
-    def _write_infeasible(self, prediction, devices, started: str, asked: str) -> dict[str, Any]:
-        reason = f"{prediction.why_not} ({self.predicted['hardware']}); not run (set {FORCE_ENV}=1 to run it)"
-        self._say(f"infeasible: {reason}")
-        doc = self._base_document("infeasible", reason)
-        doc["provenance"] = provenance.collect(devices=devices, nodes=self.params["nodes"], gpus_total=0, cuda=None,
-                                               started=started, ended=provenance.now_iso(), command="")
-        doc["provenance"]["asked"] = asked
-        write_json_atomic(self.output, doc)
-        return doc
+        return self._write(doc, started=started, asked=asked, devices=devices, gpu=gpu,
+                           command=" & ".join(shlex.join(c) for c in commands), result=outcome.result,
+                           ranks=outcome.result["ranks"] if outcome.result else outcome.rank_records,
+                           gpus_total=self.params["gpus"] if self.params["device"] == "cuda" else 0)
 
     def _prepare_attempt(self, devices: list[str] | None, attempt: int) -> list[list[str]]:
         """The commands to start on this machine for one attempt: one per local launcher."""
@@ -338,18 +273,19 @@ class CellRun:
         self.work_dir.mkdir(parents=True)
         cell_file = self.work_dir / "cell.json"
         cell_file.write_text(json.dumps({"study": self.cell.study, "cell_id": self.cell.cell_id,
-                                         "params": self.params, "timing": self.cell.timing.as_dict()}, indent=2))
+                                         "params": self.params, "timing": self.cell.timing.as_dict()},
+                                        indent=2))
         p = self.params
         if p["nodes"] == 1:
-            return [node_command(p, cell_file, self.work_dir, python=self.python, devices_given=devices is not None)]
+            return [node_command(p, cell_file, self.work_dir, python=self.python,
+                                 devices_given=devices is not None)]
         run_id = f"{self.cell.study}-{params_hash(p)}-{attempt}"
         if under_slurm():
             # This runs on the allocation's first node (the batch host): it hosts the rendezvous.
             rendezvous = Rendezvous(socket.gethostname(), free_port(), run_id, p["nodes"])
-            node_argv = multinode_command(p["gpus_per_node"], rendezvous, worker_args(cell_file, self.work_dir),
-                                          python=self.python)
-            cpus = self.cell.execution["cpus_per_rank"] * p["gpus_per_node"]
-            return [srun_command(p, node_argv, cpus_per_task=cpus)]
+            node_argv = multinode_command(p["gpus_per_node"], rendezvous,
+                                          worker_args(cell_file, self.work_dir), python=self.python)
+            return [srun_command(p, node_argv, cpus_per_task=self.cell.resources()["cpus_per_task"])]
         rendezvous = Rendezvous("127.0.0.1", free_port(), run_id, p["nodes"])
         node_argv = multinode_command(p["gpus_per_node"], rendezvous, worker_args(cell_file, self.work_dir),
                                       python=self.python)
@@ -358,8 +294,10 @@ class CellRun:
     def _launch(self, commands: list[list[str]], devices: list[str] | None,
                 deadline: float) -> tuple[int | None, bool]:
         """Start the commands, wait for all; stop them all at the deadline or soon after one fails."""
-        env = launch_environment(self.params, cpus_per_rank=self.cell.execution["cpus_per_rank"], devices=devices)
+        env = launch_environment(self.params, cpus_per_rank=self.cell.execution["cpus_per_rank"],
+                                 devices=devices)
         env.update(runner_environment())  # every rank on this host stops if this runner is gone
+        self.launch_environment = env
         # Each in a session of its own, so a launcher's whole tree can be stopped together.
         self._children = [subprocess.Popen(c, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
                           for c in commands]
@@ -398,7 +336,8 @@ class CellRun:
                     continue
 
 
-def run_cell(cell: Cell, output: Path, *, runtime_min: float, retries: int, search_probe: bool = False) -> int:
+def run_cell(cell: Cell, output: Path, *, runtime_min: float, retries: int,
+             search_probe: bool = False) -> int:
     """CLI entry: 0 when a result was written; 2 when the cell cannot run here (message on stderr)."""
     run = CellRun(cell, output, runtime_min=runtime_min, retries=retries, search_probe=search_probe)
 
@@ -411,10 +350,13 @@ def run_cell(cell: Cell, output: Path, *, runtime_min: float, retries: int, sear
             shutil.rmtree(run.work_dir, ignore_errors=True)
             os._exit(code)
 
-    signal.signal(signal.SIGTERM, lambda signum, _: stop(f"received {signal.Signals(signum).name}", 128 + signum))
-    signal.signal(signal.SIGINT, lambda signum, _: stop(f"received {signal.Signals(signum).name}", 128 + signum))
+    signal.signal(signal.SIGTERM,
+                  lambda signum, _: stop(f"received {signal.Signals(signum).name}", 128 + signum))
+    signal.signal(signal.SIGINT,
+                  lambda signum, _: stop(f"received {signal.Signals(signum).name}", 128 + signum))
     driver = driver_pid()
-    when_gone(driver, lambda: stop(f"the process that started this cell (pid {driver}) is gone", 1), "driver-watch")
+    when_gone(driver, lambda: stop(f"the process that started this cell (pid {driver}) is gone", 1),
+              "driver-watch")
     try:
         doc = run.run()
     except CellCannotRun as error:

@@ -1,5 +1,5 @@
-"""`trainbench`: list cells and their status, run one cell, predict memory, compare two result trees, print the
-vocabulary, write the schema."""
+"""`trainbench`: list cells and their status, run one cell, predict memory, compare two result trees, print
+the vocabulary, write the schema."""
 
 from __future__ import annotations
 
@@ -33,12 +33,14 @@ def cell_status(target: Path, params_hash: str) -> str:
     if problem:
         return f"unreadable ({problem[:120]})"
     doc = read_json(target)
-    return doc["status"] if doc["params_hash"] == params_hash else f"{doc['status']} (stale: parameters changed)"
+    return (doc["status"] if doc["params_hash"] == params_hash
+            else f"{doc['status']} (stale: parameters changed)")
 
 
 def search_status(root: Path, study: str, cell_id: str) -> str:
     """Where a cell's max-batch search stands: its answer, or how many probes have run."""
     from trainbench.grid import search_target
+    from trainbench.paths import probe_glob
     from trainbench.results import InvalidResult, read_search
 
     result = root / search_target(study, cell_id)
@@ -50,7 +52,7 @@ def search_status(root: Path, study: str, cell_id: str) -> str:
         failure = found["first_failure"]
         limit = f" ({failure['micro_batch']}: {failure['status']})" if failure else ""
         return f"mb {found['max_micro_batch']}{limit}"
-    probes = list(result.parent.glob("mb~*/metrics.json"))
+    probes = list(root.glob(probe_glob(study, cell_id)))
     return f"{len(probes)} probes, not finished" if probes else "not started"
 
 
@@ -68,12 +70,15 @@ def cmd_cells(args) -> int:
             status = cell_status(Path(args.root) / cell.target, cell.params_hash)
             if status == "missing" and not cell.measured:
                 status = "planned"  # outside the study's `measure` selection: the table runs none
-            elif status == "missing" and not cell.unsupported and (short := short_of_gpus(cell.params, gpus_here)):
+            elif (status == "missing" and not cell.unsupported
+                  and (short := short_of_gpus(cell.params, gpus_here))):
                 status = f"missing: {short} (this machine has {gpus_here})"
-            search = search_status(Path(args.root), study.name, cell.cell_id) if cell.cell_id in study.searched else "-"
+            search = (search_status(Path(args.root), study.name, cell.cell_id)
+                      if cell.cell_id in study.searched else "-")
             rows.append((name, cell.cell_id, status,
                          str(r["gpu"]), str(r["nodes"]), cell.target, search))
-    header = ("study", "cell", "status", "gpus", "nodes", "target", "search")  # gpus: the GPUs a cell asks for
+    # gpus: the GPUs a cell asks for
+    header = ("study", "cell", "status", "gpus", "nodes", "target", "search")
     if args.tsv:
         print("\t".join(header))
         for row in rows:
@@ -102,20 +107,21 @@ def cmd_run_cell(args) -> int:
         raise UsageError(f"--timing {args.timing!r}: {error}") from None
     lacking = [key for key in (*PARAMS_BY_NAME, "dp", "gpus_per_node", "global_batch") if key not in params]
     if lacking:
-        raise UsageError(f"--params lacks {lacking[0]!r}: give every parameter of the cell, as the workflow does")
+        raise UsageError(f"--params lacks {lacking[0]!r}: give every parameter of the cell, "
+                         "as the workflow does")
     errors, unsupported = check_cell(params)
     if errors:
-        raise ConfigError([f"study {args.study!r}, cell {args.cell!r}: {key}: {message}" for key, message in errors])
-    # The job's cores are shared by the node's ranks (OMP threads per rank).
-    ranks_per_node = params.get("gpus_per_node") or 1
-    cell = Cell(args.study, args.cell, params, execution={"cpus_per_rank": max(1, args.cpus_per_task // ranks_per_node)},
-                timing=timing, unsupported=unsupported)
+        raise ConfigError([f"study {args.study!r}, cell {args.cell!r}: {key}: {message}"
+                           for key, message in errors])
+    cell = Cell(args.study, args.cell, params, execution={"cpus_per_rank": args.cpus_per_rank}, timing=timing,
+                unsupported=unsupported)
     return run_cell(cell, Path(args.output), runtime_min=args.runtime_min, retries=args.retries,
                     search_probe=args.search_probe)
 
 
-PREDICT_COLUMNS = ("study", "cell", "model", "strategy", "gpus", "nodes", "micro_batch", "activation_checkpointing",
-                   "offload_optimizer", "offload_param", "gpu_mem_gib", "host_mem_gib_per_node", "fits", "why_not")
+PREDICT_COLUMNS = ("study", "cell", "model", "strategy", "gpus", "nodes", "micro_batch",
+                   "activation_checkpointing", "offload_optimizer", "offload_param", "gpu_mem_gib",
+                   "host_mem_gib_per_node", "fits", "why_not")
 
 
 def cmd_predict(args) -> int:
@@ -138,9 +144,11 @@ def cmd_predict(args) -> int:
             p = cell.params
             prediction = predict(p, hardware)
             gpu = prediction.gpu_mem_mib
-            writer.writerow([name, cell.cell_id, p["model"], p["strategy"], p["gpus"], p["nodes"], p["micro_batch"],
+            writer.writerow([name, cell.cell_id, p["model"], p["strategy"], p["gpus"], p["nodes"],
+                             p["micro_batch"],
                              p["activation_checkpointing"], p["offload_optimizer"], p["offload_param"],
-                             "" if gpu is None else f"{gpu / 1024:.1f}", f"{prediction.host_mem_mib / 1024:.1f}",
+                             "" if gpu is None else f"{gpu / 1024:.1f}",
+                             f"{prediction.host_mem_mib / 1024:.1f}",
                              prediction.fits, prediction.why_not or ""])
     return 0
 
@@ -151,8 +159,8 @@ def cmd_search_summary(args) -> int:
     from trainbench.results import read_cells, write_json_atomic
 
     docs = read_cells(args.probes)
-    write_json_atomic(args.output, summary({doc["params"]["micro_batch"]: doc for doc in docs}, args.tolerance,
-                                           args.max_micro_batch))
+    write_json_atomic(args.output, summary({doc["params"]["micro_batch"]: doc for doc in docs},
+                                           args.tolerance, args.max_micro_batch))
     return 0
 
 
@@ -180,13 +188,15 @@ def cmd_compare(args) -> int:
 def cmd_schema(args) -> int:
     from trainbench.schema import build_schema
 
-    text = "# Generated by `trainbench schema --write`; edit src/trainbench/params.py and schema.py instead.\n"
+    text = ("# Generated by `trainbench schema --write`; edit src/trainbench/params.py and schema.py "
+            "instead.\n")
     text += yaml.safe_dump(build_schema(), sort_keys=False, width=110)
     if args.write:
         Path(args.write).write_text(text)
     elif args.check:
         if Path(args.check).read_text() != text:
-            print(f"{args.check} is out of date: run `trainbench schema --write {args.check}`", file=sys.stderr)
+            print(f"{args.check} is out of date: run `trainbench schema --write {args.check}`",
+                  file=sys.stderr)
             return 1
     else:
         sys.stdout.write(text)
@@ -195,17 +205,18 @@ def cmd_schema(args) -> int:
 
 def cmd_vocabulary(args) -> int:
     if args.command == "strategies":
-        from trainbench.strategies import IMPLEMENTED_FRAMEWORKS, STRATEGIES
+        from trainbench.frameworks import registry
 
-        for (framework, name), s in STRATEGIES.items():
-            note = f"unsupported: {s.unsupported}" if s.unsupported else (
-                "" if framework in IMPLEMENTED_FRAMEWORKS else "(no runner yet)")
-            print(f"{framework:<11} {name:<27} {s.description} {note}".rstrip())
+        for framework in registry().values():
+            for s in framework.strategies:
+                note = f"unsupported: {s.unsupported}" if s.unsupported else ""
+                print(f"{framework.name:<11} {s.name:<27} {s.description} {note}".rstrip())
     elif args.command == "models":
-        from trainbench.models import BUILDABLE_FAMILIES, MODELS
+        from trainbench.frameworks import registry
+        from trainbench.models import MODELS
 
         for m in MODELS.values():
-            runners = [fw for fw, families in BUILDABLE_FAMILIES.items() if m.family in families]
+            runners = [f.name for f in registry().values() if m.family in f.families]
             built = f" (runs with {', '.join(runners)})" if runners else " (planning only in this version)"
             print(f"{m.name:<16} {m.param_count() / 1e6:>10,.1f}M  L={m.n_layer} d={m.d_model} h={m.n_head} "
                   f"ctx={m.max_seq}  {m.note}{built}")
@@ -248,34 +259,43 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--output", required=True)
     run.add_argument("--runtime-min", type=float, default=30)
     run.add_argument("--retries", type=int, default=1)
-    run.add_argument("--cpus-per-task", type=int, default=4, help="CPU cores of the job on each node")
-    run.add_argument("--timing", default="", help="the study's timing settings: min_windows=6,target_ci=0.02,...")
+    run.add_argument("--cpus-per-rank", type=positive(int), default=4,
+                     help="CPU cores of each rank (OMP threads)")
+    run.add_argument("--timing", default="",
+                     help="the study's timing settings: min_windows=6,target_ci=0.02,...")
     run.add_argument("--search-probe", action="store_true",
-                     help="a max-batch probe: run even where the memory model predicts no fit (the search measures it)")
+                     help="a max-batch probe: run even where the memory model predicts no fit "
+                          "(the search measures it)")
     run.set_defaults(func=cmd_run_cell)
 
     predict = sub.add_parser("predict", help="predict every cell's memory on given hardware (CSV)",
-                             description="Predict per-GPU and per-node host memory of every cell of the given "
-                                         "studies (default: all) on the hardware described, and whether it fits.")
+                             description="Predict per-GPU and per-node host memory of every cell of the "
+                                         "given studies (default: all) on the hardware described, and "
+                                         "whether it fits.")
     predict.add_argument("studies", nargs="*")
     predict.add_argument("--config", default="config.yaml")
     predict.add_argument("--gpu", help="GPU model: h100, h200, a100-80g, a100-40g, v100-32g, v100-16g")
-    predict.add_argument("--gpu-mem-gib", type=positive(float), help="memory per GPU in GiB (instead of --gpu)")
+    predict.add_argument("--gpu-mem-gib", type=positive(float),
+                         help="memory per GPU in GiB (instead of --gpu)")
     predict.add_argument("--gpus-per-node", type=positive(int), default=8)
-    predict.add_argument("--host-mem-gib", type=positive(float), required=True, help="host memory per node in GiB")
+    predict.add_argument("--host-mem-gib", type=positive(float), required=True,
+                         help="host memory per node in GiB")
     predict.set_defaults(func=cmd_predict)
 
     search = sub.add_parser("search-summary", help="write a max-batch search's result from its probes")
     search.add_argument("--output", required=True)
-    search.add_argument("--tolerance", type=float, default=0.0, help="the study's search tolerance (recorded)")
-    search.add_argument("--max-micro-batch", type=int, default=256, help="the study's bound on the micro batch")
+    search.add_argument("--tolerance", type=float, default=0.0,
+                        help="the study's search tolerance (recorded)")
+    search.add_argument("--max-micro-batch", type=int, required=True,
+                        help="the study's bound on the micro batch")
     search.add_argument("probes", nargs="+", help="the probes' metrics.json files")
     search.set_defaults(func=cmd_search_summary)
 
     compare = sub.add_parser("compare", help="compare two result trees cell by cell (did a rerun reproduce?)",
-                             description="Match the metrics.json files of two results/runs folders by study and "
-                                         "cell, and print the relative change of step time, samples/s and peak "
-                                         "memory for every cell that ran in both with the same parameters, and "
+                             description="Match the metrics.json files of two results/runs folders by "
+                                         "study and cell, and print the relative change of step time, "
+                                         "samples/s and peak memory for every cell that ran in both with "
+                                         "the same parameters, and "
                                          "which changes are significant (intervals apart and at least "
                                          "--min-change). Exit status: 0, or 1 when --fail-on's gate fails, "
                                          "2 for bad input or no cell in common.")
@@ -287,7 +307,8 @@ def parser() -> argparse.ArgumentParser:
     compare.add_argument("--min-change", type=float, default=0.02,
                          help="the smallest change called significant, as a fraction (default 0.02)")
     compare.add_argument("--fail-on", metavar="GATE",
-                         help="exit 1 if a cell got significantly worse beyond a tolerance: 'slower:5%%,memory:5%%'")
+                         help="exit 1 if a cell got significantly worse beyond a tolerance: "
+                              "'slower:5%%,memory:5%%'")
     compare.add_argument("--json", action="store_true", help="machine-readable output")
     compare.set_defaults(func=cmd_compare)
 

@@ -45,7 +45,8 @@ FIGURES = (
     Figure("step_time_s", lambda m: m.get("step_time_s"), "step_time_s_ci", True, "time"),
     Figure("samples_per_s", lambda m: m.get("samples_per_s"), "samples_per_s_ci", False, "time"),
     Figure("gpu_mem_used_mib", lambda m: _busiest(m.get("gpu_mem_used_mib")), None, True, "memory"),
-    Figure("torch_peak_allocated_mib", lambda m: _busiest(m.get("torch_peak_allocated_mib")), None, True, "memory"),
+    Figure("torch_peak_allocated_mib", lambda m: _busiest(m.get("torch_peak_allocated_mib")), None, True,
+           "memory"),
     Figure("host_mem_peak_mib", lambda m: m.get("host_mem_peak_mib"), None, True, "memory"),
 )
 FIGURE_NAMES = [f.name for f in FIGURES]
@@ -159,7 +160,8 @@ def parse_gate(text: str) -> dict[str, float]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, _, value = part.partition(":")
         if name not in kinds or not value:
-            raise UsageError(f"--fail-on {text!r}: expected e.g. 'slower:5%,memory:5%' (names: slower, memory)")
+            raise UsageError(f"--fail-on {text!r}: expected e.g. 'slower:5%,memory:5%' "
+                             "(names: slower, memory)")
         try:
             gate[kinds[name]] = float(value.rstrip("%")) / (100 if value.endswith("%") else 1)
         except ValueError:
@@ -209,7 +211,8 @@ def report(comparison: Comparison, first: Path, second: Path, failures: list | N
         elif not c.repeated:
             lines.append(f"{label:<70} status {c.status[0]} -> {c.status[1]}")
         else:
-            lines.append(f"{label:<70} " + " ".join(f"{_cell_text(c.changes.get(n)):>16}" for n in FIGURE_NAMES))
+            lines.append(f"{label:<70} "
+                         + " ".join(f"{_cell_text(c.changes.get(n)):>16}" for n in FIGURE_NAMES))
     lines += ["", "(* significant; ? no interval to judge by: too few timed windows in one run)", ""]
     for name in FIGURE_NAMES:
         spread = comparison.spread(name)
@@ -217,7 +220,8 @@ def report(comparison: Comparison, first: Path, second: Path, failures: list | N
             judged = [c for c in repeated if name in c.changes and c.changes[name].significant is not None]
             quiet = sum(1 for c in judged if not c.changes[name].significant)
             lines.append(f"{name}: {len(spread)} cells, median |change| {statistics.median(spread):.1f}%, "
-                         f"largest {max(spread):.1f}%; no significant change in {quiet} of {len(judged)} judged")
+                         f"largest {max(spread):.1f}%; no significant change in {quiet} of "
+                         f"{len(judged)} judged")
     if comparison.only_in_first or comparison.only_in_second:
         lines.append(f"only in {first}: {len(comparison.only_in_first)} cells; "
                      f"only in {second}: {len(comparison.only_in_second)} cells")
@@ -228,10 +232,12 @@ def as_json(comparison: Comparison, failures: list | None = None) -> dict:
     """Machines' reading: every cell with every change, the significant ones, the gate's verdict."""
     return {
         "min_change": comparison.min_change,
-        "cells": [{"study": c.study, "cell_id": c.cell_id, "status": list(c.status), "same_params": c.same_params,
+        "cells": [{"study": c.study, "cell_id": c.cell_id, "status": list(c.status),
+                   "same_params": c.same_params,
                    "changes": {name: asdict(change) for name, change in c.changes.items()}}
                   for c in comparison.cells],
-        "significant": [{"cell": f"{c.study}/{c.cell_id}", **asdict(ch)} for c, ch in comparison.significant()],
+        "significant": [{"cell": f"{c.study}/{c.cell_id}", **asdict(ch)}
+                        for c, ch in comparison.significant()],
         "gate_failures": None if failures is None else [{"cell": f"{c.study}/{c.cell_id}", **asdict(ch)}
                                                        for c, ch in failures],
         "only_in_first": comparison.only_in_first, "only_in_second": comparison.only_in_second,

@@ -59,17 +59,20 @@ def _describe(error: jsonschema.ValidationError) -> str:
             parts.append(f"{where}: unknown key {key!r}{hint}; allowed: {', '.join(allowed)}")
         return "\n".join(parts)
     if error.validator == "type" and error.validator_value == "object":
-        return f"{where}: must be a mapping (key: value, ...), not a {_yaml_kind(error.instance)}: {error.instance!r}"[:300]
+        return (f"{where}: must be a mapping (key: value, ...), not a {_yaml_kind(error.instance)}: "
+                f"{error.instance!r}")[:300]
     key = next((p for p in reversed(list(error.absolute_path)) if isinstance(p, str)), None)
     param = PARAMS_BY_NAME.get(key) if key else None
     allowed = f"; {key} must be {param.allowed()}" if param else ""
     if error.validator == "enum":
-        return f"{where}: {error.instance!r} is not allowed{allowed or '; allowed: ' + repr(error.validator_value)}"
+        return (f"{where}: {error.instance!r} is not allowed"
+                f"{allowed or '; allowed: ' + repr(error.validator_value)}")
     return f"{where}: {error.message}{allowed}"
 
 
 def _yaml_kind(value: Any) -> str:
-    return {list: "list", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(value), "value")
+    return {list: "list", str: "string", bool: "boolean", int: "number",
+            float: "number"}.get(type(value), "value")
 
 
 def _coerce_numbers(node: Any) -> Any:
@@ -113,7 +116,8 @@ def validate_structure(raw: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError("config.yaml must be a mapping with a 'studies' key")
     data = _coerce_numbers(copy.deepcopy(raw))
-    validator = jsonschema.Draft202012Validator(build_schema())
+    schema = build_schema()
+    validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path])
     problems = [_describe(e) for e in errors]
     for name in data.get("studies", {}) if isinstance(data.get("studies"), dict) else ():
@@ -121,7 +125,7 @@ def validate_structure(raw: dict[str, Any]) -> dict[str, Any]:
             problems.append(f"studies.{name}: study names use letters, digits, '_' and '-' only")
     if problems:
         raise ConfigError(problems)
-    defaults = build_schema()["properties"]["default_studies"]["default"]
+    defaults = schema["properties"]["default_studies"]["default"]
     data["default_studies"] = {**defaults, **(data.get("default_studies") or {})}
     return data
 
@@ -136,8 +140,8 @@ def _unknown_report_columns(studies: dict[str, Any]) -> list[str]:
             if column not in COLUMNS:
                 close = difflib.get_close_matches(column, list(COLUMNS), n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
-                problems.append(f"studies.{name}.report: unknown column {column!r}{hint}; `trainbench columns` "
-                                f"lists them")
+                problems.append(f"studies.{name}.report: unknown column {column!r}{hint}; "
+                                f"`trainbench columns` lists them")
     return problems
 
 
@@ -162,4 +166,5 @@ def load_config(source: dict[str, Any] | str | Path) -> Config:
                                 f"studies: {', '.join(data['studies'])}")
     if problems:
         raise ConfigError(problems)
-    return Config(studies=studies, default_studies=data["default_studies"], placement=data.get("placement", "local"))
+    return Config(studies=studies, default_studies=data["default_studies"],
+                  placement=data.get("placement", "local"))

@@ -27,13 +27,11 @@ import sys
 from pathlib import Path
 
 from trainbench.grid import Cell, Study
+from trainbench.paths import GRID_STAMP, path
 from trainbench.results import result_problem, write_json_atomic
 
-STAMP_DIR = "results/.grid"
-
-
 def stamp_path(study: str) -> str:
-    return f"{STAMP_DIR}/{study}.json"
+    return path(GRID_STAMP, study=study)
 
 
 def refresh_stamp(study: Study, root: Path | str = ".") -> Path:
@@ -88,5 +86,6 @@ def set_aside_invalid(path: Path | str, say=_to_stderr) -> bool:
     if problem:
         aside = path.with_name(path.name + ".invalid")
         os.replace(path, aside)
-        say(f"trainbench: {path} is not a valid result ({problem}); moved to {aside.name}, it will be made again")
+        say(f"trainbench: {path} is not a valid result ({problem}); moved to {aside.name}, "
+            "it will be made again")
     return bool(problem)

@@ -31,7 +31,8 @@ class SelfAttention(nn.Module):
         # this rank computes width / tp of the heads; the widths below are this rank's.
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         width = q.shape[-1]
-        q, k, v = (t.reshape(batch, seq, width // self.head_dim, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        q, k, v = (t.reshape(batch, seq, width // self.head_dim, self.head_dim).transpose(1, 2)
+                   for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         return self.proj(y.transpose(1, 2).reshape(batch, seq, width))
 

@@ -50,13 +50,20 @@ def machine_devices() -> list[str]:
     return [str(i) for i in range(nvml_device_count())]
 
 
+def nvml_handle(pynvml, device: str):
+    """NVML's handle of a device as CUDA_VISIBLE_DEVICES names it: an index, or a UUID."""
+    return (pynvml.nvmlDeviceGetHandleByIndex(int(device)) if device.isdigit()
+            else pynvml.nvmlDeviceGetHandleByUUID(device))
+
+
 def local_gpu_count() -> int:
     return len(machine_devices())
 
 
 def default_pool_dir() -> Path:
     # Per host: a shared home directory must not make two machines share one pool.
-    return Path(os.environ.get(POOL_DIR_ENV, f"/tmp/trainbench-gpu-slots-{os.getuid()}")) / socket.gethostname()
+    return (Path(os.environ.get(POOL_DIR_ENV, f"/tmp/trainbench-gpu-slots-{os.getuid()}"))
+            / socket.gethostname())
 
 
 class SlotPool:

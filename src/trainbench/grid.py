@@ -16,11 +16,11 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from trainbench import strategies
+from trainbench import frameworks, paths
 from trainbench.errors import ConfigError
 from trainbench.models import MODELS
 from trainbench.params import PARAMS_BY_NAME, defaults, sort_keys
-from trainbench.schema import EXECUTION, REPORT_COLUMNS_DEFAULT
+from trainbench.schema import EXECUTION, REPORT_COLUMNS_DEFAULT, SEARCH
 from trainbench.timing import TimingSettings
 
 ID_VALUE = re.compile(r"^[A-Za-z0-9._+-]+$")
@@ -65,12 +65,8 @@ class Cell:
         return params_hash(self.params)
 
     @property
-    def directory(self) -> str:
-        return f"results/runs/{self.study}/{self.cell_id}"
-
-    @property
     def target(self) -> str:
-        return f"{self.directory}/metrics.json"
+        return paths.path(paths.RUN, study=self.study, cell=self.cell_id)
 
     def resources(self) -> dict[str, int | str | None]:
         """What the cell's job asks the scheduler for, as Snakemake resources that the SLURM plugin
@@ -84,7 +80,8 @@ class Cell:
         p, ex = self.params, self.execution
         if self.unsupported is not None:  # recorded without launching anything
             return {"gpu": 0, "gres": None, "nodes": 1, "tasks": None, "tasks_per_gpu": None, "mpi": None,
-                    "cpus_per_task": 1, "mem_mb": 1000, "runtime": 5, "threads": 1, "retries": 0,
+                    "cpus_per_task": 1, "cpus_per_rank": 1, "mem_mb": 1000, "runtime": 5, "threads": 1,
+                    "retries": 0,
                     "timing": self.timing.as_argument()}
         ranks_per_node = p["gpus_per_node"]
         cpus = ex["cpus_per_rank"] * ranks_per_node
@@ -98,6 +95,7 @@ class Cell:
             "tasks_per_gpu": 0 if cuda and multinode else None,  # 0: no --ntasks-per-gpu from the plugin
             "mpi": "srun" if multinode else None,
             "cpus_per_task": cpus,
+            "cpus_per_rank": ex["cpus_per_rank"],  # what run-cell gives each rank (OMP threads)
             "mem_mb": ex["mem_mb_per_rank"] * ranks_per_node,
             "runtime": ex["runtime_min"],
             # cores Snakemake books on one machine: CPU ranks need their cores; GPU ranks one each
@@ -145,7 +143,7 @@ class Study:
 
 
 def search_target(study: str, cell_id: str) -> str:
-    return f"results/search/{study}/{cell_id}/max_batch.json"
+    return paths.path(paths.SEARCH, study=study, cell=cell_id)
 
 
 def make_cell_id(params: dict[str, Any], keys) -> str:
@@ -185,14 +183,14 @@ def check_cell(p: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
         errors.append(("gpus", f"gpus={p['gpus']} is not divisible by tp x pp = {p['tp']} x {p['pp']}"))
     steps = p["warmup_steps"] + p["timed_steps"]
     if p["inject_oom_at_step"] is not None and p["inject_oom_at_step"] > steps:
-        errors.append(("inject_oom_at_step", f"step {p['inject_oom_at_step']} is never reached: the cell runs "
-                                             f"{steps} steps"))
+        errors.append(("inject_oom_at_step", f"step {p['inject_oom_at_step']} is never reached: the cell "
+                                             f"runs {steps} steps"))
     if (p["dataset_size"] is None) != (p["epochs"] is None):
         errors.append(("epochs" if p["epochs"] is None else "dataset_size",
                        "dataset_size and epochs describe the whole run together: set both or neither"))
     if p["launcher"] == "python" and p["nodes"] > 1:
         errors.append(("launcher", "'python' cannot span nodes"))
-    strategy_errors, unsupported = strategies.check(p)
+    strategy_errors, unsupported = frameworks.check(p)
     return errors + strategy_errors, unsupported
 
 
@@ -241,8 +239,10 @@ def expand_study(name: str, spec: dict[str, Any]) -> Study:
     for variant, values in variants.items():
         for key in sorted({k for value in values for k in value}):
             if key in settings or key in axes or key in owners:
-                other = "settings" if key in settings else "axes" if key in axes else f"variants.{owners[key]}"
-                problems.append(f"studies.{name}.variants.{variant}: {key!r} is also set in {other}; keep one")
+                other = ("settings" if key in settings else "axes" if key in axes
+                         else f"variants.{owners[key]}")
+                problems.append(f"studies.{name}.variants.{variant}: {key!r} is also set in {other}; "
+                                "keep one")
             owners[key] = variant
 
     # Each dimension is a list of (parameters, id keys) choices: one per axis value or variant value.
@@ -299,10 +299,11 @@ def expand_study(name: str, spec: dict[str, Any]) -> Study:
 
     measure = spec.get("measure")
     if measure:
-        chosen = {c.cell_id for c in _selected(cells, measure["cells"], f"studies.{name}.measure.cells", "cell")}
+        chosen = {c.cell_id for c in _selected(cells, measure["cells"], f"studies.{name}.measure.cells",
+                                               "cell")}
         cells = [replace(c, measured=c.cell_id in chosen) for c in cells]
     id_keys = sort_keys({k for c in cells for k in c.id_keys})
-    search = {"max_micro_batch": 256, "steps": None, "gpu_mem_gib": None, "tolerance": 0, "cells": None,
+    search = {**{key: value["default"] for key, value in SEARCH.items()}, "cells": None,
               **(spec.get("search") or {})}
     searched: list[str] = []
     if spec.get("search"):  # a study that declares a search reports it for the cells it names
@@ -325,5 +326,5 @@ def probe_cell(study: Study, cell: Cell, micro_batch: int) -> Cell:
     if study.search.get("steps"):
         changes["timed_steps"] = study.search["steps"]
     params = resolve({**cell.params, **changes})  # derived values (global batch) follow
-    return Cell(study.name, f"{cell.cell_id}/mb~{micro_batch}", params, cell.id_keys, cell.execution, cell.timing,
-                cell.unsupported)
+    return Cell(study.name, paths.probe_id(cell.cell_id, micro_batch), params, cell.id_keys, cell.execution,
+                cell.timing, cell.unsupported)

@@ -87,8 +87,8 @@ def srun_command(params: dict[str, Any], node_argv: list[str], *, cpus_per_task:
     """
     nodes = params["nodes"]
     gres = [f"--gres=gpu:{params['gpus_per_node']}"] if params["device"] == "cuda" else []
-    return ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", f"--cpus-per-task={cpus_per_task}",
-            *gres, "--kill-on-bad-exit=1", "--export=ALL", *node_argv]
+    return ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
+            f"--cpus-per-task={cpus_per_task}", *gres, "--kill-on-bad-exit=1", "--export=ALL", *node_argv]
 
 
 def launch_environment(params: dict[str, Any], *, cpus_per_rank: int, devices: list[str] | None,
@@ -98,7 +98,8 @@ def launch_environment(params: dict[str, Any], *, cpus_per_rank: int, devices: l
     # The ranks use the tools of the environment they run in (ninja for DeepSpeed's op builds, its
     # console scripts) whatever PATH the caller had: a build made with another ninja is rebuilt.
     bin_dir = os.path.dirname(sys.executable)
-    env["PATH"] = os.pathsep.join([bin_dir, *(p for p in env.get("PATH", "").split(os.pathsep) if p and p != bin_dir)])
+    env["PATH"] = os.pathsep.join([bin_dir, *(p for p in env.get("PATH", "").split(os.pathsep)
+                                              if p and p != bin_dir)])
     env.setdefault("OMP_NUM_THREADS", str(cpus_per_rank))
     if params["device"] == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU cell must not touch (or be measured on) a GPU

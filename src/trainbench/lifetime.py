@@ -102,9 +102,10 @@ def stale_lock_hint(directory: str = ".") -> str | None:
                 return None
         except (psutil.AccessDenied, psutil.NoSuchProcess, TypeError):
             continue
-    return ("a Snakemake run in this folder was stopped without cleaning up: its lock is still in .snakemake/locks "
-            "and no Snakemake runs here now. Nothing is lost: finished cells kept their results, and a cell that "
-            "was running left none, so it runs again. Go on with `snakemake --unlock`, then your command again.")
+    return ("a Snakemake run in this folder was stopped without cleaning up: its lock is still in "
+            ".snakemake/locks and no Snakemake runs here now. Nothing is lost: finished cells kept their "
+            "results, and a cell that was running left none, so it runs again. Go on with "
+            "`snakemake --unlock`, then your command again.")
 
 
 def stop_cells_on_sigterm() -> None:

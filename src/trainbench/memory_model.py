@@ -46,14 +46,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainbench.frameworks import framework_of, offloads, strategy_of
+from trainbench.metrics import MIB
 from trainbench.models import ModelSpec, get_model
 
-MIB = 2**20
 
-# DeepSpeed's defaults (deepspeed/runtime/zero/config.py) and the values that frameworks set.
-DS_REDUCE_BUCKET = 5e8
+# DeepSpeed's default (deepspeed/runtime/zero/config.py); frameworks' reduction buckets are theirs
+# (frameworks.MemoryFacts).
 DS_MAX_LIVE_PARAMETERS = 1e9
-LIGHTNING_DS_BUCKET = 2e8  # lightning.pytorch.strategies.DeepSpeedStrategy(reduce_bucket_size=2e8)
 
 # Measured on H200 (published runs): NVML 'used' minus torch's peak reservation on a one-GPU run
 # (CUDA context with lazy loading, cuBLAS workspace) and the extra with NCCL communicators.
@@ -62,22 +62,16 @@ NCCL_MIB = 550.0
 # The caching allocator reserves more than the peak it hands out (measured 1.04-1.24x).
 ALLOCATOR_SLACK = 1.10
 # Host memory each rank process holds before its share of model states: torch (CPU ranks), plus the
-# CUDA libraries (GPU ranks), plus transformers/Lightning and their data where they are used.
-# Measured: smoke (CPU) and gpt2_zero/lightning (H200) runs; Hugging Face Trainer ranks on CPU in tests.
-# Not measured: Lightning on CPU ranks (250, a guess) and the Trainer on GPUs (taken from Lightning's).
+# CUDA libraries (GPU ranks); a framework adds its own (frameworks.MemoryFacts.host_extra_mib), and
+# DeepSpeed's import DEEPSPEED_IMPORT_MIB wherever a ZeRO layout runs.
+# Measured: smoke (CPU) and gpt2_zero/lightning (H200) runs.
 HOST_RANK_BASE_MIB = {"cpu": 320.0, "cuda": 1800.0}
-HOST_FRAMEWORK_EXTRA_MIB = {  # (device type) -> framework -> MiB; DeepSpeed's import adds DEEPSPEED_IMPORT_MIB
-    "cpu": {"torch": 0.0, "deepspeed": 0.0, "lightning": 250.0, "hf_trainer": 70.0},
-    "cuda": {"torch": 0.0, "deepspeed": 0.0, "lightning": 900.0, "hf_trainer": 900.0},
-}
 DEEPSPEED_IMPORT_MIB = 75.0
 # Host bytes per offloaded parameter of a rank's partition beyond the 16 the CPU optimizer keeps
 # (fp32 weights, gradients, Adam's two moments): DeepSpeed's pinned half-precision gradient
 # partition and the transient fp32 copies of the step. Measured: peak RSS of the ZeRO-1/2/3
 # offload cells of GPT-345M, GPT-2.5B and Llama-7B on H200 (6-9 bytes; 6 for ZeRO-3).
 OFFLOAD_STAGING_BYTES = 6.0
-# Frameworks whose FSDP is FSDP1 and accumulates gradients under no_sync (accelerate, Lightning).
-FSDP1_NO_SYNC_FRAMEWORKS = ("hf_trainer", "lightning")
 
 # NVML totals of common GPUs (MiB), for describing hardware by name on the command line.
 GPU_MEMORY_MIB = {"h100": 81559.0, "h200": 143771.0, "a100-80g": 81920.0, "a100-40g": 40960.0,
@@ -104,7 +98,8 @@ class Prediction:
     fits: bool | None  # None when no hardware was given
     why_not: str | None = None
     parts_mib: dict[str, float] = field(default_factory=dict)  # the GPU figure (or a CPU rank's), by part
-    short_of: list[str] = field(default_factory=list)  # what the hardware lacks: "GPUs", "GPU memory", "host memory"
+    # what the hardware lacks: "GPUs", "GPU memory", "host memory"
+    short_of: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {"gpu_mem_mib": _r(self.gpu_mem_mib), "host_mem_mib": _r(self.host_mem_mib), "fits": self.fits,
@@ -118,29 +113,8 @@ def _r(value):
 
 def engine(params: dict[str, Any]) -> tuple[str, int | None]:
     """Which memory layout a cell's strategy has: ('replicated'|'fsdp'|'zero', ZeRO stage or None)."""
-    strategy = params["strategy"]
-    if strategy.startswith("zero"):
-        return "zero", int(strategy.removeprefix("zero"))
-    if strategy.startswith("deepspeed_stage_"):  # Lightning's names
-        return "zero", int(strategy.removeprefix("deepspeed_stage_")[0])
-    if strategy == "fsdp":
-        return "fsdp", None
-    return "replicated", None
-
-
-def _offloads(params: dict[str, Any]) -> tuple[bool, bool]:
-    """(optimizer offloaded, parameters offloaded), whichever way the strategy spells it."""
-    if params["strategy"].endswith("_offload"):  # Lightning: optimizer (and for stage 3, parameters)
-        return True, params["strategy"].startswith("deepspeed_stage_3")
-    return bool(params["offload_optimizer"]), bool(params["offload_param"])
-
-
-def _reduce_bucket_elements(params: dict[str, Any], spec: ModelSpec) -> float:
-    if params["framework"] == "lightning":
-        return LIGHTNING_DS_BUCKET
-    if params["framework"] == "hf_trainer":
-        return float(spec.d_model**2)  # the Trainer's "auto": hidden_size squared
-    return DS_REDUCE_BUCKET
+    strategy = strategy_of(params)
+    return strategy.layout, strategy.zero_stage
 
 
 def model_states(params: dict[str, Any], spec: ModelSpec) -> tuple[dict[str, float], dict[str, float]]:
@@ -148,11 +122,13 @@ def model_states(params: dict[str, Any], spec: ModelSpec) -> tuple[dict[str, flo
     # Tensor parallelism (DeepSpeed AutoTP in Megatron's layout) splits the blocks, not the embeddings;
     # pipeline stages split the layers.
     blocks = spec.n_layer * spec.block_params()
-    psi = (spec.param_count(params["head"], params["num_classes"]) - blocks + blocks / params["tp"]) / params["pp"]
+    psi = ((spec.param_count(params["head"], params["num_classes"]) - blocks + blocks / params["tp"])
+           / params["pp"])
     n = params["dp"]
     mixed = params["precision"] != "fp32"
     kind, stage = engine(params)
-    offload_optimizer, offload_param = _offloads(params)
+    offload_optimizer, offload_param = offloads(params)
+    memory = framework_of(params).memory
     device: dict[str, float] = {}
     host: dict[str, float] = {}
     if kind == "replicated":
@@ -170,7 +146,7 @@ def model_states(params: dict[str, Any], spec: ModelSpec) -> tuple[dict[str, flo
         states = {"weights": 4 * psi / n, "gradients": 4 * psi / n, "optimizer": 8 * psi / n}
         (host if offload_param else device).update(states)
         device["buffers"] = in_flight
-        if params["grad_accum"] > 1 and params["framework"] in FSDP1_NO_SYNC_FRAMEWORKS:
+        if params["grad_accum"] > 1 and memory.fsdp_accumulates_unsharded:
             # Accumulating under FSDP1's no_sync keeps every unit's unsharded gradient, in the
             # compute dtype, until the synchronising micro batch: compute x psi on every rank,
             # whatever N. The sharded fp32 gradients appear only after that peak, from reduce-scatter,
@@ -183,7 +159,7 @@ def model_states(params: dict[str, Any], spec: ModelSpec) -> tuple[dict[str, flo
     else:
         weight = 2 if mixed else 4
         master = 4  # the optimizer's fp32 copy (a separate partition even in fp32 for stages 1-3)
-        bucket_elements = _reduce_bucket_elements(params, spec)
+        bucket_elements = memory.reduce_bucket_elements(spec)
         if params["device"] == "cpu":
             # host pages of an untouched torch.empty are not resident: only what reduction writes counts
             bucket_elements = min(bucket_elements, psi)
@@ -231,7 +207,8 @@ def _block_tensors(spec: ModelSpec) -> list[tuple[float, str]]:
         # RMSNorm (computed in fp32) input and normalised input, its output (q/k/v input); q and k
         # after RoPE, v; the attention output and its reshaped copy (o_proj input); the same RMSNorm
         # tensors before the MLP; gate, up, SiLU(gate) and their product (down_proj input)
-        return [(2 * h, "res"), (h, "rep"), (3 * h, "c"), (2 * h, "c"), (2 * h, "res"), (h, "rep"), (4 * f, "c")]
+        return [(2 * h, "res"), (h, "rep"), (3 * h, "c"), (2 * h, "c"), (2 * h, "res"), (h, "rep"),
+                (4 * f, "c")]
     if spec.family == "distilbert":
         # post-LN: block input (q/k/v input), q, k, v, context (out_lin input), LayerNorm input,
         # FFN input, lin1 output, GELU output (lin2 input); two dropout masks (1 byte each)
@@ -257,9 +234,10 @@ def activations(params: dict[str, Any], spec: ModelSpec) -> float:
     tokens = seq * batch
     # tensor parallelism splits what is inside attention and the MLP, not the residual stream nor
     # the norms' outputs that enter them (measured: 2.5B's largest micro batch at tp 2 and 4)
-    per_token = sum(width * sizes[dtype] / (tp if dtype == "c" else 1) for width, dtype in _block_tensors(spec))
+    per_token = sum(width * sizes[dtype] / (tp if dtype == "c" else 1)
+                    for width, dtype in _block_tensors(spec))
     block = tokens * per_token
-    eager = spec.family == "distilbert" and params["deterministic"]
+    eager = framework_of(params).memory.eager_attention_when_deterministic and params["deterministic"]
     if eager:
         scores = spec.n_head / tp * seq * seq * batch
         softmax_dtype = residual  # autocast runs softmax in fp32
@@ -290,7 +268,8 @@ def predict(params: dict[str, Any], hardware: Hardware | None = None) -> Predict
     acts = activations(params, spec)
     ranks_per_node = params["gpus_per_node"]
     kind, _ = engine(params)
-    base = (HOST_RANK_BASE_MIB[params["device"]] + HOST_FRAMEWORK_EXTRA_MIB[params["device"]][params["framework"]]
+    memory = framework_of(params).memory
+    base = (HOST_RANK_BASE_MIB[params["device"]] + memory.host_extra_mib[params["device"]]
             + (DEEPSPEED_IMPORT_MIB if kind == "zero" else 0.0))
     parts = {k: v / MIB for k, v in on_device.items()}
     parts["activations"] = acts / MIB
@@ -299,7 +278,7 @@ def predict(params: dict[str, Any], hardware: Hardware | None = None) -> Predict
         parts["allocator_slack"] = allocated * (ALLOCATOR_SLACK - 1)
         parts["cuda_context"] = CUDA_CONTEXT_MIB + (NCCL_MIB if params["gpus"] > 1 else 0)
         gpu = sum(parts.values())
-        if params["tp"] > 1 and params["framework"] == "deepspeed":
+        if params["tp"] > 1 and memory.tp_builds_whole_model:
             # AutoTP splits a model built whole: each GPU first holds every fp32 weight (measured:
             # bert-180b-l4 at tp 4 peaks at its 29 GiB of fp32 weights, whatever ZeRO does after)
             whole = 4 * spec.param_count(params["head"], params["num_classes"]) / MIB
@@ -318,7 +297,8 @@ def predict(params: dict[str, Any], hardware: Hardware | None = None) -> Predict
         if gpu is not None and ranks_per_node > hardware.gpus_per_node:
             problems["GPUs"] = f"needs {ranks_per_node} GPUs per node > {hardware.gpus_per_node}"
         if gpu is not None and hardware.gpu_mem_mib is not None and gpu > hardware.gpu_mem_mib:
-            problems["GPU memory"] = f"predicted {gpu / 1024:.1f} GiB per GPU > {hardware.gpu_mem_mib / 1024:.1f} GiB"
+            problems["GPU memory"] = (f"predicted {gpu / 1024:.1f} GiB per GPU > "
+                                      f"{hardware.gpu_mem_mib / 1024:.1f} GiB")
         if host > hardware.host_mem_mib:
             problems["host memory"] = (f"predicted {host / 1024:.1f} GiB host memory per node > "
                                        f"{hardware.host_mem_mib / 1024:.1f} GiB")
@@ -349,7 +329,8 @@ def hardware_from_args(gpu: str | None, gpu_mem_gib: float | None, host_mem_gib:
     elif gpu is not None:
         key = gpu.lower()
         if key not in GPU_MEMORY_MIB:
-            raise ValueError(f"unknown GPU {gpu!r}; known: {', '.join(GPU_MEMORY_MIB)} (or give --gpu-mem-gib)")
+            raise ValueError(f"unknown GPU {gpu!r}; known: {', '.join(GPU_MEMORY_MIB)} "
+                             "(or give --gpu-mem-gib)")
         gpu_mib = GPU_MEMORY_MIB[key]
     else:
         gpu_mib = None

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import select
 import subprocess
 import sys
@@ -25,19 +24,8 @@ from dataclasses import asdict, dataclass, field
 
 import psutil
 
-MIB = 1024 * 1024
-
-
-def visible_nvml_indices() -> list[int | str]:
-    """NVML handles' keys for CUDA_VISIBLE_DEVICES: indices, or UUIDs as given.
-
-    The launcher sets CUDA_DEVICE_ORDER=PCI_BUS_ID, so CUDA's numbering is NVML's (and nvidia-smi's).
-    """
-    value = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if value is None:
-        return []  # callers treat "unset" as all devices
-    items = [v.strip() for v in value.split(",") if v.strip()]
-    return [int(v) if v.isdigit() else v for v in items]
+from trainbench.gpus import machine_devices, nvml_handle
+from trainbench.metrics import MIB
 
 
 @dataclass
@@ -67,14 +55,8 @@ class PeakTracker:
         except Exception:  # no driver: a CPU machine
             return
         self._nvml = pynvml
-        wanted = visible_nvml_indices()
-        if not wanted and os.environ.get("CUDA_VISIBLE_DEVICES") is None:
-            wanted = list(range(pynvml.nvmlDeviceGetCount()))
-        for key in wanted:
-            if isinstance(key, int):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(key)
-            else:
-                handle = pynvml.nvmlDeviceGetHandleByUUID(key)
+        for device in machine_devices():  # the visible devices (the launcher orders CUDA's ids as NVML's)
+            handle = nvml_handle(pynvml, device)
             self._handles.append(handle)
             info = pynvml.nvmlDeviceGetMemoryInfo(handle)
             name = pynvml.nvmlDeviceGetName(handle)

@@ -93,7 +93,8 @@ MODELS: dict[str, ModelSpec] = {
     m.name: m
     for m in (
         _gpt("gpt2-tiny", 2, 64, 2, vocab=512, max_seq=128, note="CPU tests and the smoke study"),
-        _gpt("gpt2-small-cpu", 4, 128, 4, vocab=2048, max_seq=256, note="a CPU study that still has some work"),
+        _gpt("gpt2-small-cpu", 4, 128, 4, vocab=2048, max_seq=256,
+             note="a CPU study that still has some work"),
         _gpt("gpt2-124m", 12, 768, 12, note="GPT-2 small"),
         _gpt("gpt2-350m", 24, 1024, 16, note="GPT-2 medium"),
         _gpt("gpt-345m", 24, 1024, 16, vocab=50304, note="Megatron GPT-345M"),
@@ -114,9 +115,6 @@ MODELS: dict[str, ModelSpec] = {
                   block_class="TransformerBlock", note="DistilBERT layout for CPU tests"),
     )
 }
-
-# Model families each framework's runner can build (the others are known for planning only).
-BUILDABLE_FAMILIES = {"torch": ("gpt",), "deepspeed": ("gpt",), "lightning": ("distilbert",), "hf_trainer": ("llama",)}
 
 
 def get_model(name: str) -> ModelSpec:

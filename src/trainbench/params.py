@@ -8,6 +8,7 @@ type, default and meaning. `workflow/schemas/config.schema.yaml` is generated fr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 
@@ -17,16 +18,20 @@ class Param:
     kind: str  # "int", "float", "bool", "str"
     default: Any
     description: str
-    choices: tuple[Any, ...] | None = None
+    choices: tuple[Any, ...] | Callable[[], tuple[Any, ...]] | None = None  # a callable: read when asked
     minimum: float | None = None
     maximum: float | None = None
     nullable: bool = False
 
+    @property
+    def options(self) -> tuple[Any, ...] | None:
+        return self.choices() if callable(self.choices) else self.choices
+
     def json_schema(self) -> dict[str, Any]:
         base = {"int": "integer", "float": "number", "bool": "boolean", "str": "string"}[self.kind]
         schema: dict[str, Any] = {"type": [base, "null"] if self.nullable else base}
-        if self.choices is not None:
-            schema["enum"] = list(self.choices) + ([None] if self.nullable else [])
+        if self.options is not None:
+            schema["enum"] = list(self.options) + ([None] if self.nullable else [])
         if self.minimum is not None:
             schema["minimum"] = self.minimum
         if self.maximum is not None:
@@ -37,8 +42,8 @@ class Param:
 
     def allowed(self) -> str:
         """A short phrase saying what values are allowed, for error messages."""
-        if self.choices is not None:
-            text = "one of " + ", ".join(repr(c) for c in self.choices)
+        if self.options is not None:
+            text = "one of " + ", ".join(repr(c) for c in self.options)
         else:
             text = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}[
                 self.kind
@@ -50,12 +55,16 @@ class Param:
         return text + (" or null" if self.nullable else "")
 
 
-FRAMEWORKS = ("torch", "deepspeed", "lightning", "hf_trainer")
+
+def _frameworks() -> tuple[str, ...]:
+    from trainbench.frameworks import registry
+
+    return tuple(registry())
 
 # Order matters: it is the order of keys in cell ids and table columns, most telling first.
 PARAMS: tuple[Param, ...] = (
-    Param("framework", "str", "torch", "What drives training: plain torch (DDP, FSDP2), the DeepSpeed engine, "
-          "Lightning's Trainer or the Hugging Face Trainer.", choices=FRAMEWORKS),
+    Param("framework", "str", "torch", "What drives training (`trainbench strategies` lists the "
+          "frameworks and their strategies).", choices=_frameworks),
     Param("strategy", "str", "single", "Parallelism strategy, in the framework's own vocabulary "
           "(`trainbench strategies` lists them).") ,
     Param("model", "str", "gpt2-tiny", "Architecture name from the model registry (`trainbench models`); "
@@ -114,13 +123,6 @@ PARAMS: tuple[Param, ...] = (
 
 PARAMS_BY_NAME: dict[str, Param] = {p.name: p for p in PARAMS}
 PARAM_ORDER: dict[str, int] = {p.name: i for i, p in enumerate(PARAMS)}
-
-# Values the grid computes from the parameters above; a study may not set them.
-DERIVED = {
-    "dp": "data-parallel size, gpus / (tp x pp)",
-    "gpus_per_node": "gpus / nodes",
-    "global_batch": "micro_batch x grad_accum x dp: samples per optimizer step",
-}
 
 
 def defaults() -> dict[str, Any]:

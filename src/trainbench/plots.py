@@ -139,7 +139,8 @@ def _titled(study: str, shared: str) -> str:
     return f"{study} ({shared})" if shared else study
 
 
-def memory_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path, panel_keys: list[str] = ()) -> None:
+def memory_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path,
+                panel_keys: list[str] = ()) -> None:
     kind = _memory_kind(docs, [_memory_series(d) for d in docs])
     groups = panels(docs, list(panel_keys))
     keys, shared = label_keys(docs, id_keys, list(panel_keys))
@@ -162,7 +163,8 @@ def _draw_throughput(ax, docs: list[Doc], keys: list[str], searched: bool) -> No
             bars.append(("configured", doc["metrics"], doc["params"].get("global_batch")))
         found = doc.get("search") or {}
         if found.get("metrics_at_max"):
-            at_max = with_intervals(doc["params"], found["metrics_at_max"], (doc.get("provenance") or {}).get("gpu_name"))
+            at_max = with_intervals(doc["params"], found["metrics_at_max"],
+                                    (doc.get("provenance") or {}).get("gpu_name"))
             bars.append(("largest", at_max, found["max_global_batch"]))
         if not bars:
             _status_mark(ax, x, doc)
@@ -186,7 +188,8 @@ def _draw_throughput(ax, docs: list[Doc], keys: list[str], searched: bool) -> No
         ax.legend(fontsize=7)
 
 
-def throughput_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path, panel_keys: list[str] = ()) -> None:
+def throughput_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path,
+                    panel_keys: list[str] = ()) -> None:
     """Samples/s of every cell at its configured batch; next to it, for a cell whose largest batch was
     searched, the run at that batch (labelled with the global batch)."""
     searched = any(d.get("search") for d in docs)

@@ -1,4 +1,6 @@
-"""Where and with what a cell ran: hardware, driver, software versions, git commit, SLURM job."""
+"""Where and with what a cell ran, enough to set it up again: hardware, driver, every installed
+package's version, the environment variables that steer NCCL, CUDA and torch, the git commit, the
+SLURM job. (The framework's own config as it ran is kept beside metrics.json by the cell runner.)"""
 
 from __future__ import annotations
 
@@ -11,6 +13,9 @@ import subprocess
 from typing import Any
 
 import psutil
+
+from trainbench.gpus import nvml_handle
+from trainbench.metrics import MIB
 
 PACKAGES = {"torch": "torch", "deepspeed": "deepspeed", "lightning": "lightning",
             "transformers": "transformers", "snakemake": "snakemake"}
@@ -31,6 +36,26 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
+def installed_packages() -> dict[str, str]:
+    """Every distribution in the environment the cell ran in, by name: what `pip freeze` would pin."""
+    found = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            found[name.lower()] = dist.version
+    return dict(sorted(found.items()))
+
+
+ENVIRONMENT_PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "OMP_", "DS_", "TRAINBENCH_")
+
+
+def steering_environment(environment: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables (of the ranks' environment, else this process's) that change how NCCL, CUDA,
+    torch, DeepSpeed or trainbench behave."""
+    return {k: v for k, v in sorted((environment or os.environ).items())
+            if k.startswith(ENVIRONMENT_PREFIXES)}
+
+
 GIT_COMMIT_ENV = "TRAINBENCH_GIT_COMMIT"
 
 
@@ -42,8 +67,9 @@ def git_commit(directory: str = ".") -> str | None:
     try:
         head = subprocess.run(["git", "-C", directory, "rev-parse", "HEAD"], capture_output=True, text=True,
                               check=True, timeout=10).stdout.strip()
-        status = subprocess.run(["git", "-C", directory, "status", "--porcelain", "--untracked-files=no", "--",
-                                 ".", ":(exclude)results"], capture_output=True, text=True, timeout=10).stdout
+        status = subprocess.run(["git", "-C", directory, "status", "--porcelain", "--untracked-files=no",
+                                 "--", ".", ":(exclude)results"], capture_output=True, text=True,
+                                timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     return head + ("-dirty" if status.strip() else "")
@@ -63,11 +89,10 @@ def gpu_facts(devices: list[str] | None) -> dict[str, Any]:
     try:
         names, memory = [], []
         for device in devices:
-            handle = (pynvml.nvmlDeviceGetHandleByIndex(int(device)) if device.isdigit()
-                      else pynvml.nvmlDeviceGetHandleByUUID(device))
+            handle = nvml_handle(pynvml, device)
             name = pynvml.nvmlDeviceGetName(handle)
             names.append(name.decode() if isinstance(name, bytes) else name)
-            memory.append(pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**20)
+            memory.append(pynvml.nvmlDeviceGetMemoryInfo(handle).total / MIB)
         driver = pynvml.nvmlSystemGetDriverVersion()
         facts.update(gpu_name=names[0], gpu_count=len(names), gpu_memory_mib=memory[0],
                      driver=driver.decode() if isinstance(driver, bytes) else driver)
@@ -84,11 +109,14 @@ def slurm_facts() -> dict[str, Any]:
             "slurm_job_gpus": env.get("SLURM_JOB_GPUS") or env.get("SLURM_STEP_GPUS")}
 
 
-def collect(*, devices: list[str] | None, nodes: int, gpus_total: int, cuda: str | None, started: str,
-            ended: str, command: str, run_gpus: dict[str, list] | None = None) -> dict[str, Any]:
-    """Provenance of a run. GPU facts come from NVML here for the devices this node gave the cell,
-    else from what the run's own samplers saw on every node (multi-node cells under SLURM)."""
-    facts = gpu_facts(devices)
+def collect(*, gpu: dict[str, Any], devices: list[str] | None, nodes: int, gpus_total: int, cuda: str | None,
+            nccl: str | None, started: str, ended: str, command: str,
+            run_gpus: dict[str, list] | None = None,
+            environment: dict[str, str] | None = None) -> dict[str, Any]:
+    """Provenance of a run. GPU facts (`gpu`, gpu_facts' answer, read once per run) come from NVML
+    here for the devices this node gave the cell, else from what the run's own samplers saw on every
+    node (multi-node cells under SLURM)."""
+    facts = dict(gpu)
     if not facts["gpu_name"] and run_gpus and run_gpus.get("names"):
         facts.update(gpu_name=run_gpus["names"][0], gpu_memory_mib=run_gpus["total"][0])
     facts["gpu_count"] = gpus_total if (facts["gpu_name"] or gpus_total) else 0
@@ -97,11 +125,14 @@ def collect(*, devices: list[str] | None, nodes: int, gpus_total: int, cuda: str
         **facts,
         "nodes": nodes,
         "cuda": cuda,
+        "nccl": nccl,
         "hostname": socket.gethostname(),
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
-        "host_mem_total_mib": round(psutil.virtual_memory().total / 2**20, 1),
+        "host_mem_total_mib": round(psutil.virtual_memory().total / MIB, 1),
         "versions": package_versions(),
+        "packages": installed_packages(),
+        "environment": steering_environment(environment),
         "git_commit": git_commit(),
         **slurm_facts(),
         "cuda_visible_devices": visible,

@@ -1,4 +1,6 @@
-"""metrics.json: the public schema, atomic writing, and reading cells back.
+"""metrics.json, the contract: every key declared once (with its type and meaning), the JSON schema
+generated from the declarations, the code that fills the metrics section from the ranks' reports,
+atomic writing, and reading results back, checked, in the current shape.
 
 A cell's metrics.json is written once, at the end, by renaming a finished temporary file over the
 target: readers see the old file or the new one, never half of one, and a run killed before the
@@ -8,30 +10,105 @@ rename leaves no metrics.json at all.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from trainbench.metrics import timed_metrics
+from trainbench.timing import TimingSettings
 
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "oom", "unsupported", "infeasible", "failed", "timeout")
 
-# each timed figure's 95% interval [low, high], how tight the step time's is, and how it was timed
-# (timing.py); results from before timing windows get them from their per-step times (`current`)
+_NUMBER = {"type": ["number", "null"]}
+_INT = {"type": ["integer", "null"]}
+_TEXT = {"type": ["string", "null"]}
+_NUMBERS = {"type": ["array", "null"], "items": {"type": ["number", "null"]}}
+_INTERVAL = {"type": ["array", "null"], "items": {"type": "number"}, "minItems": 2, "maxItems": 2}
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key of metrics.json: its JSON-schema type, what it means, and whether every result has it
+    (null where it does not apply); the others appear where they apply."""
+
+    name: str
+    schema: dict[str, Any]
+    meaning: str
+    required: bool = True
+
+
+# The metrics section. Every key a table, plot, comparison or model reads is declared here.
+METRICS: tuple[Key, ...] = (
+    Key("warmup_steps", _INT, "optimizer steps run before timing"),
+    Key("steps_timed", _INT, "optimizer steps in the timed windows"),
+    Key("step_time_s", _NUMBER, "median over the timed windows of their mean step time (timing.py)"),
+    Key("samples_per_s", _NUMBER, "global batch / step time"),
+    Key("tokens_per_s", _NUMBER, "samples/s x sequence length"),
+    Key("tflops_per_gpu", _NUMBER, "model TFLOP/s per GPU (6N + 12LHQT per token)"),
+    Key("mfu", _NUMBER, "model FLOPs utilisation against the GPU's dense peak at the training precision"),
+    Key("step_time_s_ci", _INTERVAL, "the step time's 95% interval [low, high]"),
+    Key("samples_per_s_ci", _INTERVAL, "samples/s's 95% interval"),
+    Key("tokens_per_s_ci", _INTERVAL, "tokens/s's 95% interval"),
+    Key("tflops_per_gpu_ci", _INTERVAL, "TFLOPS/GPU's 95% interval"),
+    Key("mfu_ci", _INTERVAL, "MFU's 95% interval"),
+    Key("ci_half_width", _NUMBER, "half the step time's interval over its median (0.02: ±2%)"),
+    Key("noisy", {"type": ["boolean", "null"]}, "the interval stayed wider than the study's target_ci"),
+    Key("steps_per_window", _INT, "optimizer steps per timed window"),
+    Key("windows", _INT, "timed windows"),
+    Key("wall_time_s", _NUMBER, "wall time of the run, start-up included"),
+    Key("projected_run_s", _NUMBER, "steady-state time of the whole run the study describes"),
+    Key("gpu_mem_used_mib", _NUMBERS, "peak NVML 'used' memory of every GPU (as nvidia-smi shows it)"),
+    Key("gpu_mem_total_mib", _NUMBERS, "NVML total memory of every GPU"),
+    Key("torch_peak_allocated_mib", _NUMBERS, "torch's peak allocated memory, per rank"),
+    Key("torch_peak_reserved_mib", _NUMBERS, "torch's peak reserved memory, per rank"),
+    Key("host_mem_peak_mib", _NUMBER, "peak resident memory of the busiest node's ranks together"),
+    Key("loss_first", _NUMBER, "training loss at the first step"),
+    Key("loss_last", _NUMBER, "training loss at the last step"),
+    Key("test_accuracy", _NUMBER, "accuracy on held-out data, where the study measures it"),
+    Key("params_total", _INT, "parameters of the whole model"),
+    Key("params_per_module_rank0", {"type": ["object", "null"]},
+        "parameter elements rank 0 holds, by module class"),
+    Key("step_times_s", {"type": "array", "items": {"type": "number"}}, "every timed window's mean step time "
+        "(runs from before windows: every step's time)", required=False),
+    Key("warmup_step_times_s", _NUMBERS, "every warm-up step's time", required=False),
+    Key("timing", {"type": "object"}, "how the cell was timed: method, why it stopped, the study's timing "
+        "settings", required=False),
+    Key("flops_per_token", _NUMBER, "model FLOPs per token of a training step", required=False),
+    Key("host_rss_peak_mib_per_rank", _NUMBERS, "peak resident memory of each rank", required=False),
+    Key("host_mem_used_peak_mib", _NUMBER, "peak memory in use on the node, all processes", required=False),
+    Key("host_mem_percent_peak", _NUMBER, "the same as a share of the node's memory", required=False),
+    Key("dataset", _TEXT, "the data accuracy was measured on", required=False),
+    Key("test_samples", _INT, "held-out samples accuracy was measured on", required=False),
+)
+PREDICTED: tuple[Key, ...] = (
+    Key("gpu_mem_mib", _NUMBER, "the memory model's per-GPU prediction (NVML 'used')"),
+    Key("host_mem_mib", _NUMBER, "its prediction for the busiest node's host memory"),
+    Key("fits", {"type": ["boolean", "null"]}, "whether both fit the hardware the cell was given"),
+)
+PROVENANCE: tuple[Key, ...] = (
+    Key("gpu_name", _TEXT, "the GPU model"), Key("gpu_count", _INT, "GPUs of the cell"),
+    Key("nodes", _INT, "nodes of the cell"), Key("driver", _TEXT, "the NVIDIA driver"),
+    Key("cuda", _TEXT, "torch's CUDA version"), Key("hostname", _TEXT, "the (first) node"),
+    Key("versions", {"type": "object"}, "python, torch, deepspeed, lightning, transformers, snakemake"),
+    Key("git_commit", _TEXT, "the code's commit (-dirty: with changes)"),
+    Key("slurm_job_id", _TEXT, "the SLURM job, where there is one"),
+    Key("started", _TEXT, "ISO 8601"), Key("ended", _TEXT, "ISO 8601"),
+    Key("command", _TEXT, "the launch command"),
+    Key("gpu_memory_mib", _NUMBER, "memory of one GPU (NVML)", required=False),
+    Key("host_mem_total_mib", _NUMBER, "the node's memory", required=False),
+    Key("cpu_count", _INT, "the node's CPUs", required=False),
+)
+METRIC_KEYS = tuple(k.name for k in METRICS if k.required)
+PREDICTED_KEYS = tuple(k.name for k in PREDICTED if k.required)
+PROVENANCE_KEYS = tuple(k.name for k in PROVENANCE if k.required)
+# each timed figure's 95% interval, how tight the step time's is, and how it was timed (timing.py);
+# results from before timing windows get them from their per-step times (`current`)
 INTERVAL_KEYS = ("step_time_s_ci", "samples_per_s_ci", "tokens_per_s_ci", "tflops_per_gpu_ci", "mfu_ci",
                  "ci_half_width", "noisy", "steps_per_window", "windows")
-METRIC_KEYS = (
-    "warmup_steps", "steps_timed", "step_time_s", "samples_per_s", "tokens_per_s", "tflops_per_gpu", "mfu",
-    *INTERVAL_KEYS,
-    "wall_time_s", "projected_run_s", "gpu_mem_used_mib", "gpu_mem_total_mib", "torch_peak_allocated_mib",
-    "torch_peak_reserved_mib", "host_mem_peak_mib", "loss_first", "loss_last", "test_accuracy",
-    "params_total", "params_per_module_rank0",
-)
-PREDICTED_KEYS = ("gpu_mem_mib", "host_mem_mib", "fits")
-PROVENANCE_KEYS = (
-    "gpu_name", "gpu_count", "nodes", "driver", "cuda", "hostname", "versions", "git_commit", "slurm_job_id",
-    "started", "ended", "command",
-)
 VERSION_KEYS = ("python", "torch", "deepspeed", "lightning", "transformers", "snakemake")
 TOP_KEYS = ("schema", "study", "cell_id", "params", "params_hash", "status", "reason", "metrics", "predicted",
             "provenance")
@@ -45,35 +122,26 @@ def empty_predicted() -> dict[str, Any]:
     return {key: None for key in PREDICTED_KEYS}
 
 
-_NUMBER = {"type": ["number", "null"]}
-_NUMBERS = {"type": ["array", "null"], "items": {"type": ["number", "null"]}}
-_INTERVAL = {"type": ["array", "null"], "items": {"type": "number"}, "minItems": 2, "maxItems": 2}
-# Types of the metrics every reader relies on (the rest: numbers or null).
-_METRIC_TYPES: dict[str, dict] = {
-    "gpu_mem_used_mib": _NUMBERS, "gpu_mem_total_mib": _NUMBERS, "torch_peak_allocated_mib": _NUMBERS,
-    "torch_peak_reserved_mib": _NUMBERS, "params_per_module_rank0": {"type": ["object", "null"]},
-    "noisy": {"type": ["boolean", "null"]}, "step_times_s": {"type": "array", "items": {"type": "number"}},
-    **{key: _INTERVAL for key in INTERVAL_KEYS if key.endswith("_ci")},
-}
+def _section(keys: tuple[Key, ...]) -> dict[str, Any]:
+    return {"type": "object", "properties": {k.name: k.schema for k in keys}}
 
 
 def metrics_json_schema() -> dict[str, Any]:
-    """The JSON schema of metrics.json: what every reader (tables, plots, compare, searches) relies on."""
-    metrics = {key: _METRIC_TYPES.get(key, _NUMBER) for key in METRIC_KEYS}
-    metrics["step_times_s"] = _METRIC_TYPES["step_times_s"]
+    """The JSON schema of metrics.json, from the declared keys: what every reader relies on."""
     return {
         "type": "object",
         "properties": {
             "schema": {"const": SCHEMA_VERSION},
             "study": {"type": "string", "minLength": 1},
             "cell_id": {"type": "string", "minLength": 1},
-            "params": {"type": "object", "required": ["model", "framework", "strategy", "gpus", "global_batch"]},
+            "params": {"type": "object",
+                       "required": ["model", "framework", "strategy", "gpus", "global_batch"]},
             "params_hash": {"type": "string", "pattern": "^[0-9a-f]{12}$"},
             "status": {"enum": list(STATUSES)},
             "reason": {"type": ["string", "null"]},
-            "metrics": {"type": "object", "properties": metrics},
-            "predicted": {"type": "object"},
-            "provenance": {"type": "object", "properties": {"versions": {"type": "object"}}},
+            "metrics": _section(METRICS),
+            "predicted": _section(PREDICTED),
+            "provenance": _section(PROVENANCE),
         },
         # a finished run has its timed windows: everything its figures come from
         "if": {"properties": {"status": {"const": "ok"}}},
@@ -135,19 +203,105 @@ def read_json(path: str | Path) -> Any:
         return json.load(f)
 
 
+# --- filling the metrics section from the ranks' reports (worker.py writes them) -------------------
+
+def node_memory(entries: list[dict[str, Any] | None]) -> dict[str, list]:
+    """Concatenate per-node sampler peaks (in rank order) into per-GPU lists."""
+    used, total, names, host_used, host_percent = [], [], [], [], []
+    for entry in entries:
+        if not entry:
+            continue
+        used += entry["gpu_used_mib"]
+        total += entry["gpu_total_mib"]
+        names += entry["gpu_names"]
+        host_used.append(entry["host_used_mib"])
+        host_percent.append(entry["host_percent"])
+    return {"used": used, "total": total, "names": names, "host_used": host_used,
+            "host_percent": host_percent}
+
+
+def _round(value, digits=3):
+    return None if value is None else round(value, digits)
+
+
+def summarize(params: dict[str, Any], result: dict[str, Any], wall_time_s: float,
+              timing: TimingSettings) -> dict[str, Any]:
+    """The metrics of a successful run, from rank 0's result.json."""
+    ranks = result["ranks"]
+    memory = node_memory([r["node_memory"] for r in ranks])
+    gpu_name = memory["names"][0] if memory["names"] else None
+    timed = timed_metrics(params, result["step_times_s"], steps_per_window=result["steps_per_window"],
+                          gpu_name=gpu_name, target_ci=timing.target_ci)
+    projected = None
+    if params["dataset_size"] and params["epochs"]:
+        # Steady state only: optimizer steps of the whole run times the median step (no start-up,
+        # evaluation or checkpoint time).
+        steps = math.ceil(params["dataset_size"] / params["global_batch"]) * params["epochs"]
+        projected = steps * timed["step_time_s"]
+    rss_by_host: dict[str, float] = {}
+    for r in ranks:
+        rss_by_host[r["host"]] = rss_by_host.get(r["host"], 0.0) + r["host_rss_peak_mib"]
+    metrics = empty_metrics()
+    metrics.update(
+        warmup_steps=params["warmup_steps"],
+        **timed,
+        wall_time_s=_round(wall_time_s, 2),
+        projected_run_s=_round(projected, 1),
+        gpu_mem_used_mib=[_round(v, 1) for v in memory["used"]] or None,
+        gpu_mem_total_mib=[_round(v, 1) for v in memory["total"]] or None,
+        torch_peak_allocated_mib=[_round(r["torch_peak_allocated_mib"], 1) for r in ranks]
+        if ranks[0]["torch_peak_allocated_mib"] is not None else None,
+        torch_peak_reserved_mib=[_round(r["torch_peak_reserved_mib"], 1) for r in ranks]
+        if ranks[0]["torch_peak_reserved_mib"] is not None else None,
+        # the busiest node's ranks together: what that node's host memory had to hold
+        host_mem_peak_mib=_round(max(rss_by_host.values()), 1),
+        test_accuracy=_round(result.get("test_accuracy"), 4),
+        loss_first=_round(result["losses"][0], 5),
+        loss_last=_round(result["losses"][-1], 5),
+        params_total=result["params_total"],
+        params_per_module_rank0=result["params_per_module_rank0"],
+    )
+    metrics.update(
+        step_times_s=[_round(t, 6) for t in result["step_times_s"]],
+        warmup_step_times_s=[_round(t, 6) for t in result["warmup_step_times_s"]],
+        timing={"method": "windows", "stopped": result["timing_stopped"], **timing.as_dict()},
+        host_rss_peak_mib_per_rank=[_round(r["host_rss_peak_mib"], 1) for r in ranks],
+        host_mem_used_peak_mib=_round(max(memory["host_used"]), 1) if memory["host_used"] else None,
+        host_mem_percent_peak=_round(max(memory["host_percent"]), 1) if memory["host_percent"] else None,
+    )
+    if "dataset" in result:  # where accuracy was measured: real data, or the synthetic stand-in
+        metrics.update(dataset=result["dataset"], test_samples=result["test_samples"])
+    return metrics
+
+
+def partial_metrics(rank_records: list[dict[str, Any]], wall_time_s: float) -> dict[str, Any]:
+    """What is known of a run that did not finish (from the ranks' failure records): wall time, and
+    memory at the failure (an OOM's)."""
+    metrics = empty_metrics()
+    metrics["wall_time_s"] = _round(wall_time_s, 2)
+    records = sorted(rank_records, key=lambda r: r["rank"])
+    memory = node_memory([r.get("node_memory") for r in records])
+    if memory["used"]:
+        metrics["gpu_mem_used_mib"] = [_round(v, 1) for v in memory["used"]]
+        metrics["gpu_mem_total_mib"] = [_round(v, 1) for v in memory["total"]]
+    allocated = [r.get("torch_peak_allocated_mib") for r in records]
+    if allocated and all(a is not None for a in allocated):
+        metrics["torch_peak_allocated_mib"] = [_round(a, 1) for a in allocated]
+    return metrics
+
+
 # How results from before timing windows were timed: every step synchronised and timed alone.
 PER_STEP_METHOD = "synchronised steps (each step timed alone, before timing windows)"
 
 
-def with_intervals(params: dict[str, Any], metrics: dict[str, Any] | None, gpu_name: str | None) -> dict[str, Any]:
+def with_intervals(params: dict[str, Any], metrics: dict[str, Any] | None,
+                   gpu_name: str | None) -> dict[str, Any]:
     """Metrics in the current shape. Results written before timing windows existed kept one time per
     step: windows of one step, which give their intervals by the same computation."""
     metrics = dict(metrics or {})
     if "step_time_s_ci" in metrics:
         return metrics
     if metrics.get("step_times_s") and params.get("model"):
-        from trainbench.metrics import timed_metrics
-
         figures = timed_metrics(params, metrics["step_times_s"], steps_per_window=1, gpu_name=gpu_name)
         return {**metrics, **figures, "timing": {"method": PER_STEP_METHOD}}
     return {**{key: None for key in INTERVAL_KEYS}, **metrics}

@@ -25,6 +25,23 @@ EXECUTION: dict[str, dict[str, Any]] = {
                                "recorded as 'failed' with its log."},
 }
 
+# The max-batch search's settings but its cell patterns (the grid fills a study's search from these
+# defaults).
+SEARCH: dict[str, dict[str, Any]] = {
+    "max_micro_batch": {"type": "integer", "minimum": 1, "default": 256,
+                        "description": "The largest micro batch a probe may try."},
+    "steps": {"type": ["integer", "null"], "minimum": 1, "default": None,
+              "description": "Timed steps of each probe (enough to reach late OOMs); "
+                             "null: the cell's timed_steps."},
+    "gpu_mem_gib": {"type": ["number", "null"], "minimum": 0, "default": None,
+                    "description": "Memory per GPU the memory model seeds and bounds the "
+                                   "search with; null: no GPU bound (CPU cells use this "
+                                   "host's memory)."},
+    "tolerance": {"type": "number", "minimum": 0, "maximum": 1, "default": 0,
+                  "description": "Stop bisecting once the smallest failing micro batch is within "
+                                 "this fraction of the largest that trained (0: exact)."},
+}
+
 REPORT_COLUMNS_DEFAULT = ["step_time_ms", "samples_per_s", "tokens_per_s", "tflops_per_gpu", "mfu",
                           "gpu_mem_mib", "host_mem_mib", "loss"]
 
@@ -100,31 +117,22 @@ def build_schema() -> dict[str, Any]:
             },
             "search": {
                 "type": "object", "additionalProperties": False, "default": {},
-                "description": "The largest micro batch search (`results/search/<study>/<cell>/max_batch.json`): "
-                               "probes double then bisect the cell's micro batch, each a cached run.",
+                "description": "The largest micro batch search "
+                               "(`results/search/<study>/<cell>/max_batch.json`): probes double then "
+                               "bisect the cell's micro batch, each a cached run.",
                 "properties": {
-                    "max_micro_batch": {"type": "integer", "minimum": 1, "default": 256,
-                                        "description": "The largest micro batch a probe may try."},
-                    "steps": {"type": ["integer", "null"], "minimum": 1, "default": None,
-                              "description": "Timed steps of each probe (enough to reach late OOMs); "
-                                             "null: the cell's timed_steps."},
-                    "gpu_mem_gib": {"type": ["number", "null"], "minimum": 0, "default": None,
-                                    "description": "Memory per GPU the memory model seeds and bounds the "
-                                                   "search with; null: no GPU bound (CPU cells use this "
-                                                   "host's memory)."},
-                    "tolerance": {"type": "number", "minimum": 0, "maximum": 1, "default": 0,
-                                  "description": "Stop bisecting once the smallest failing micro batch is within "
-                                                 "this fraction of the largest that trained (0: exact)."},
+                    **SEARCH,
                     "cells": {"type": ["array", "null"], "minItems": 1, "items": _param_selector(),
                               "default": None,
-                              "description": "The measured cells whose search the study table reports (patterns "
-                                             "as in measure.cells); null: every measured cell."},
+                              "description": "The measured cells whose search the study table reports "
+                                             "(patterns as in measure.cells); null: every measured cell."},
                 },
             },
             "measure": {
                 "type": "object", "additionalProperties": False, "required": ["cells"], "default": None,
                 "description": "Which cells are measured; the others are planned: their table rows give the "
-                               "memory model's verdict for `plan_for` and no run. Absent: every cell is measured.",
+                               "memory model's verdict for `plan_for` and no run. Absent: every cell is "
+                               "measured.",
                 "properties": {
                     "cells": {"type": "array", "minItems": 1, "items": _param_selector(), "default": [],
                               "description": "Patterns: a cell is measured when it matches every key of one "
@@ -178,8 +186,9 @@ def build_schema() -> dict[str, Any]:
             "studies": {"type": "object", "additionalProperties": study, "default": {},
                         "description": "Study name (letters, digits, '_' and '-') to its grid."},
             "placement": {"enum": ["local", "cluster"], "default": "local",
-                          "description": "Where cells run: on this machine (cells needing more GPUs than it has "
-                                         "are shown as such in the tables, not run), or through a cluster "
-                                         "executor (profiles/slurm sets this; every cell is submitted)."},
+                          "description": "Where cells run: on this machine (cells needing more GPUs than it "
+                                         "has are shown as such in the tables, not run), or through a "
+                                         "cluster executor (profiles/slurm sets this; every cell is "
+                                         "submitted)."},
         },
     }

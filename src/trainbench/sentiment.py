@@ -64,7 +64,8 @@ def imdb(path: Path, split: str, n: int | None, seq_len: int, vocab_size: int, s
     files = [(f, 1) for f in sorted((path / split / "pos").glob("*.txt"))]
     files += [(f, 0) for f in sorted((path / split / "neg").glob("*.txt"))]
     if not files:
-        raise FileNotFoundError(f"no reviews under {path / split}/{{pos,neg}}/*.txt (expected aclImdb's layout)")
+        raise FileNotFoundError(f"no reviews under {path / split}/{{pos,neg}}/*.txt "
+                                "(expected aclImdb's layout)")
     order = torch.randperm(len(files), generator=torch.Generator().manual_seed(seed)).tolist()
     chosen = [files[i] for i in order[: n or len(files)]]
     texts = [f.read_text(errors="replace") for f, _ in chosen]
@@ -72,7 +73,8 @@ def imdb(path: Path, split: str, n: int | None, seq_len: int, vocab_size: int, s
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-        encoded = tokenizer(texts, truncation=True, max_length=seq_len, padding="max_length", return_tensors="pt")
+        encoded = tokenizer(texts, truncation=True, max_length=seq_len, padding="max_length",
+                            return_tensors="pt")
         tokens, mask = encoded["input_ids"], encoded["attention_mask"]
     else:
         tokens = torch.full((len(texts), seq_len), PAD, dtype=torch.long)

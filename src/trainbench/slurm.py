@@ -92,7 +92,8 @@ def _check_squeue_is_kept(first_check_s: float, min_job_age_fn) -> None:
         raise StatusCommandError(
             f"sacct does not work here, and squeue cannot be used either: slurmctld forgets finished jobs "
             f"after MinJobAge={age if age is not None else 'unknown'} s, under the {threshold:.0f} s that "
-            f"snakemake-executor-plugin-slurm needs for squeue (3 x --slurm-init-seconds-before-status-checks); "
+            f"snakemake-executor-plugin-slurm needs for squeue "
+            f"(3 x --slurm-init-seconds-before-status-checks); "
             f"lower that flag, or ask the cluster's admins for a longer MinJobAge or for job accounting")
 
 

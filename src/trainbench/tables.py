@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import pandas
 
+from trainbench import paths
 from trainbench.grid import Cell, Study
 from trainbench.results import PER_STEP_METHOD, with_intervals
 
@@ -183,7 +184,8 @@ COLUMNS: dict[str, Column] = {
     "gpus": Column("GPUs", lambda d: d["params"]["gpus"], str, "ranks (GPUs) of the cell", needs_ok=False),
     "global_batch": Column("global batch", lambda d: d["params"].get("global_batch"), str,
                            "micro batch x accumulation x data-parallel size", needs_ok=False),
-    "step_time_ms": Column("step (ms)", lambda d: _metric(d, "step_time_s") and _metric(d, "step_time_s") * 1e3,
+    "step_time_ms": Column("step (ms)",
+                           lambda d: _metric(d, "step_time_s") and _metric(d, "step_time_s") * 1e3,
                            _fmt(1), "median optimizer-step time", interval=_ci("step_time_s", 1e3)),
     "time_per_sample_ms": Column("ms/sample", _time_per_sample_ms, _fmt(2), "median step time / global batch",
                                  interval=_per_step(_ms_per_sample)),
@@ -199,13 +201,15 @@ COLUMNS: dict[str, Column] = {
     "mfu": Column("MFU", lambda d: _metric(d, "mfu"), lambda v: f"{v:.1%}",
                   "model FLOPs utilisation against the GPU's dense peak", interval=_ci("mfu")),
     "gpu_mem_mib": Column("GPU mem (MiB)", lambda d: _max(_metric(d, "gpu_mem_used_mib")), _fmt(0),
-                          "peak NVML 'used' memory of the busiest GPU (as nvidia-smi shows it)", needs_ok=False),
+                          "peak NVML 'used' memory of the busiest GPU (as nvidia-smi shows it)",
+                          needs_ok=False),
     "gpu_mem_gib": Column("GPU mem (GiB)", lambda d: _max(_metric(d, "gpu_mem_used_mib")) and
                           _max(_metric(d, "gpu_mem_used_mib")) / 1024, _fmt(1),
                           "peak NVML 'used' memory of the busiest GPU, GiB", needs_ok=False),
     "gpu_mem_each": Column("GPU mem used / total (MiB), each GPU", _per_gpu, str,
                            "peak NVML 'used' and total memory of every GPU", needs_ok=False),
-    "torch_alloc_mib": Column("torch peak alloc (MiB)", lambda d: _max(_metric(d, "torch_peak_allocated_mib")),
+    "torch_alloc_mib": Column("torch peak alloc (MiB)",
+                              lambda d: _max(_metric(d, "torch_peak_allocated_mib")),
                               _fmt(0), "largest torch peak allocated over ranks", needs_ok=False),
     "host_mem_mib": Column("host mem (MiB)", lambda d: _metric(d, "host_mem_peak_mib"), _fmt(0),
                            "peak resident memory of the busiest node's ranks together"),
@@ -331,7 +335,8 @@ def markdown_table(docs: list[Doc], *, id_keys: list[str], report: list[str]) ->
         lines.append("| " + " | ".join(_escape(v) for v in cells) + " |")
     if notes:
         lines.append("")
-        lines += [f"[{i}] {_escape(note)}" + ("  " if i < len(notes) else "") for i, note in enumerate(notes, 1)]
+        lines += [f"[{i}] {_escape(note)}" + ("  " if i < len(notes) else "")
+                  for i, note in enumerate(notes, 1)]
     return "\n".join(lines)
 
 
@@ -371,16 +376,20 @@ def search_markdown(docs: list[Doc], *, id_keys: list[str]) -> list[str]:
         at_max = {"status": "ok", "params": doc["params"], "metrics": with_intervals(
             doc["params"], found["metrics_at_max"] or {}, (doc.get("provenance") or {}).get("gpu_name"))}
         row = [_cell_value(doc["params"].get(k)) for k in id_keys]
-        row += [_cell_value(found["max_micro_batch"]) or "none", _cell_value(found["max_global_batch"]) or "—",
+        row += [_cell_value(found["max_micro_batch"]) or "none",
+                _cell_value(found["max_global_batch"]) or "—",
                 f"{failure['micro_batch']}: {_probe_outcome(failure['status'], failure['reason'])}" if failure
                 else "none up to the bound",
                 _model_max(doc),
-                ", ".join(f"{p['micro_batch']} {_probe_outcome(p['status'], p['reason'])}" for p in found["probes"])]
-        values = table_rows([at_max], id_keys=[], report=SEARCH_METRICS)[0] if found["metrics_at_max"] else None
+                ", ".join(f"{p['micro_batch']} {_probe_outcome(p['status'], p['reason'])}"
+                          for p in found["probes"])]
+        values = (table_rows([at_max], id_keys=[], report=SEARCH_METRICS)[0] if found["metrics_at_max"]
+                  else None)
         row += [cell_text(values, name) if values else "—" for name in SEARCH_METRICS]
         lines.append("| " + " | ".join(_escape(v) for v in row) + " |")
     tolerance = {d["search"].get("tolerance") or 0 for d in searched}
-    within = "exact" if tolerance == {0} else f"bisection stops within {max(tolerance):.0%} of the largest that trained"
+    within = ("exact" if tolerance == {0}
+              else f"bisection stops within {max(tolerance):.0%} of the largest that trained")
     return [
         "## Largest micro batch (search)",
         "",
@@ -389,7 +398,8 @@ def search_markdown(docs: list[Doc], *, id_keys: list[str]) -> list[str]:
         f"Each probe trains the cell at one micro batch for the search's steps; probes double, then bisect "
         f"({within}), seeded and bounded by the memory model (its largest fitting micro batch on that "
         f"hardware: \"model's max\"). The columns \"at max\" are the probe at the largest batch: the cell's "
-        f"run at that batch. Probes: results/search/<study>/<cell>/mb~<k>/metrics.json.",
+        "run at that batch. Probes: "
+        f"{paths.path(paths.PROBE, study='<study>', cell='<cell>', micro_batch='<k>')}.",
         "",
     ]
 
@@ -412,15 +422,16 @@ def _planning_note(docs: list[Doc], plan_for: dict[str, Any] | None) -> list[str
     where = "no hardware (give measure.plan_for)"
     if plan_for:
         where = (f"{plan_for.get('name') or 'the planning hardware'}: {plan_for['gpus_per_node']} GPUs of "
-                 f"{plan_for['gpu_mem_gib']:g} GiB and {plan_for['host_mem_gib']:g} GiB of host memory per node")
+                 f"{plan_for['gpu_mem_gib']:g} GiB and {plan_for['host_mem_gib']:g} GiB of host memory "
+                 "per node")
     notes = []
     if any(d["status"] == "planned" for d in docs):
-        notes.append(f"Planned cells are outside the study's `measure` selection: not run; their predicted memory "
-                     f"and verdict are the memory model's for {where}.")
+        notes.append(f"Planned cells are outside the study's `measure` selection: not run; their predicted "
+                     f"memory and verdict are the memory model's for {where}.")
     if any(d["status"] == "not run" for d in docs):
-        notes.append("Cells marked 'not run' need more GPUs than the machine that made this table has; they run "
-                     "on a machine with enough, or through SLURM (`--profile profiles/slurm`). Their predicted "
-                     "memory is the memory model's" + (f" for {where}." if plan_for else "."))
+        notes.append("Cells marked 'not run' need more GPUs than the machine that made this table has; they "
+                     "run on a machine with enough, or through SLURM (`--profile profiles/slurm`). Their "
+                     "predicted memory is the memory model's" + (f" for {where}." if plan_for else "."))
     return [" ".join(notes), ""]
 
 
@@ -456,7 +467,7 @@ def study_markdown(study: str, description: str, docs: list[Doc], *, id_keys: li
         f"{len(docs)} cells: " + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) + ".",
         f"Ran on: {_hardware_summary(docs)}.",
         f"Code: {', '.join(commits)}. Generated {dt.date.today().isoformat()} by `snakemake "
-        f"results/tables/{study}.md` from results/runs/{study}/*/metrics.json.",
+        f"{paths.path(paths.TABLE_MD, study=study)}` from {paths.path(paths.RUN, study=study, cell='*')}.",
         "",
         *_planning_note(docs, plan_for),
         *_timing_note(docs),
@@ -495,7 +506,8 @@ def csv_rows(docs: list[Doc], *, id_keys: list[str], report: list[str]) -> list[
     rows = []
     for doc, table in zip(docs, table_rows(docs, id_keys=id_keys, report=report)):
         document = {k: v for k, v in doc.items() if k not in ("predicted", "predicted_now")}
-        document["predicted_at_run"] = doc.get("predicted") if doc["status"] not in ("planned", "not run") else {}
+        document["predicted_at_run"] = (doc.get("predicted") if doc["status"] not in ("planned", "not run")
+                                        else {})
         document["predicted_now"] = doc["predicted_now"]
         row = flatten(document)
         row.update({f"table.{name}": value for name, value in table.items() if name not in id_keys})

@@ -36,15 +36,17 @@ class TimingSettings:
     """A study's `timing` block: how long its cells measure, not what they measure, so changing it
     reruns nothing (like `execution`). The config schema is built from these fields."""
 
-    min_windows: int = _setting(6, "integer", "Timed windows a cell runs at least (6 is the fewest that give a "
-                                "95% interval of the median).", minimum=MIN_WINDOWS_FOR_INTERVAL)
-    target_ci: float = _setting(0.02, "number", "Keep timing windows until the 95% interval of the step time is "
-                                "within this share of its median (0.02: ±2%).", exclusiveMinimum=0, maximum=1)
-    max_timed_s: float = _setting(120, "number", "Stop timing after this many seconds of timed steps, however "
-                                  "wide the interval; a cell that stops wider than target_ci is 'noisy'.",
+    min_windows: int = _setting(6, "integer", "Timed windows a cell runs at least (6 is the fewest that "
+                                "give a 95% interval of the median).", minimum=MIN_WINDOWS_FOR_INTERVAL)
+    target_ci: float = _setting(0.02, "number", "Keep timing windows until the 95% interval of the step time "
+                                "is within this share of its median (0.02: ±2%).",
+                                exclusiveMinimum=0, maximum=1)
+    max_timed_s: float = _setting(120, "number", "Stop timing after this many seconds of timed steps, "
+                                  "however wide the interval; a cell that stops wider than target_ci "
+                                  "is 'noisy'.",
                                   exclusiveMinimum=0)
-    min_window_s: float = _setting(0.2, "number", "The shortest window, sized from the warm-up's steps: shorter ones "
-                                   "would measure the host's jitter.", minimum=0)
+    min_window_s: float = _setting(0.2, "number", "The shortest window, sized from the warm-up's steps: "
+                                   "shorter ones would measure the host's jitter.", minimum=0)
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -73,7 +75,8 @@ class TimingSettings:
         return cls(**values)
 
 
-def steps_per_window(timed_steps: int, min_windows: int, step_estimate_s: float | None, min_window_s: float) -> int:
+def steps_per_window(timed_steps: int, min_windows: int, step_estimate_s: float | None,
+                     min_window_s: float) -> int:
     """Steps in each window: enough for the cell's `timed_steps` to fill `min_windows` windows, and
     enough for a window to last `min_window_s` at the warm-up's pace (like pyperf's calibration: a
     window of a few milliseconds would measure the host's jitter)."""

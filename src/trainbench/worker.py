@@ -26,7 +26,7 @@ from trainbench.lifetime import runner_to_watch, when_gone
 from trainbench.memory_sampler import MemorySampler
 from trainbench.metrics import MIB, process_peak_rss_mib
 from trainbench.results import write_json_atomic
-from trainbench.runners import RunContext, make_runner, params_per_module
+from trainbench.runners import LoopRunner, RunContext, Runner, StepRunner, make_runner, params_per_module
 from trainbench.timing import TimingSettings, fixed_step_count, steps_per_window, summarize_windows
 
 # Test hook: TRAINBENCH_FAIL_AT_STEP=k makes every rank raise an ordinary error at step k (0 = init),
@@ -102,23 +102,22 @@ class Worker:
         context = RunContext(self.params, self.rank, self.world_size, self.local_rank, device, self.work_dir,
                              self.timing)
 
-        self._say(f"building {self.params['model']} with {self.params['framework']} {self.params['strategy']} "
-                  f"on {self.world_size} rank(s) ({device.type})")
+        self._say(f"building {self.params['model']} with {self.params['framework']} "
+                  f"{self.params['strategy']} on {self.world_size} rank(s) ({device.type})")
         self._inject_faults(device)
         runner = make_runner(context)
         runner.setup()
 
         self.phase = "step"
-        owns_loop = hasattr(runner, "train")  # a framework that owns its loop calls the recorder around steps
-        steps = StepRecorder(self, context.synchronize, device, adaptive=not owns_loop)
-        if owns_loop:
+        # a framework that owns its loop calls the recorder around each step, for a fixed number of them
+        steps = StepRecorder(self, context.synchronize, device, adaptive=isinstance(runner, StepRunner))
+        if isinstance(runner, LoopRunner):
             runner.train(steps)
         else:
             while not steps.done:
                 steps.begin()
                 steps.end(runner.train_step())
-        extra = runner.evaluate() if hasattr(runner, "evaluate") else {}
-        self._finish(runner, device, steps, extra)
+        self._finish(runner, device, steps)
 
     def _rank_figures(self, device: torch.device) -> dict:
         figures = {"rank": self.rank, "local_rank": self.local_rank, "host": socket.gethostname(),
@@ -131,7 +130,7 @@ class Worker:
             figures["node_memory"] = vars(self.sampler.stop())
         return figures
 
-    def _finish(self, runner, device, steps: StepRecorder, extra: dict) -> None:
+    def _finish(self, runner: Runner, device, steps: StepRecorder) -> None:
         figures = self._rank_figures(device)
         per_module = params_per_module(runner)
         gathered: list = [None] * self.world_size
@@ -142,11 +141,13 @@ class Worker:
                 "steps_per_window": steps.steps_per_window, "warmup_step_times_s": steps.warmup_times,
                 "timing_stopped": steps.stopped,
                 "params_total": runner.params_total(), "params_per_module_rank0": per_module,
-                "torch_version": torch.__version__, "torch_cuda": torch.version.cuda, **extra,
+                "torch_version": torch.__version__, "torch_cuda": torch.version.cuda,
+                "nccl": ".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else None,
+                **runner.results(),
             }
-            config = getattr(runner, "config", None)
-            if config is not None:  # DeepSpeed: keep the exact JSON config this run used
-                result["deepspeed_config"] = config
+            config = runner.framework_config()
+            if config is not None:  # kept beside metrics.json: the framework's own config as this run used it
+                result["framework_config"] = {"file": runner.CONFIG_FILE, "config": config}
             write_json_atomic(self.work_dir / "result.json", result)
         dist.barrier()
         dist.destroy_process_group()
@@ -222,7 +223,8 @@ class StepRecorder:
             self._read_losses()
             if self.worker.step == self.warmup and self.adaptive:
                 self.steps_per_window = self._agree(steps_per_window(
-                    self.timed_steps, self.settings.min_windows, self.warmup_times[-1], self.settings.min_window_s))
+                    self.timed_steps, self.settings.min_windows, self.warmup_times[-1],
+                    self.settings.min_window_s))
             self._report(f"step {self.worker.step}/{self.warmup} (warm-up) loss {self.losses[-1]:.4f} "
                          f"time {self.warmup_times[-1] * 1e3:.1f} ms", force=self.worker.step == self.warmup)
             return
@@ -235,7 +237,8 @@ class StepRecorder:
         self._read_losses()
         self.done = self._decide()
         windows = len(self.window_step_times)
-        self._report(f"window {windows} ({self.steps_per_window} steps): {self.window_step_times[-1] * 1e3:.2f} ms/step, "
+        self._report(f"window {windows} ({self.steps_per_window} steps): "
+                     f"{self.window_step_times[-1] * 1e3:.2f} ms/step, "
                      f"loss {self.losses[-1]:.4f}" + (f"; done: {self.stopped}" if self.done else ""),
                      force=self.done or windows <= self.settings.min_windows)
 
@@ -290,8 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     args, _ = parser.parse_known_args(argv)  # the DeepSpeed launcher adds --local_rank; LOCAL_RANK has it
     runner = runner_to_watch()
     if runner is not None:  # the cell runner gone (even by SIGKILL): this rank has no one to report to
-        when_gone(runner, lambda: (print(f"rank {os.environ.get('RANK', 0)}: the cell runner (pid {runner}) is gone; "
-                                         f"stopping", file=sys.stderr, flush=True), os._exit(1)), "runner-watch")
+        when_gone(runner, lambda: (print(f"rank {os.environ.get('RANK', 0)}: the cell runner "
+                                         f"(pid {runner}) is gone; stopping", file=sys.stderr, flush=True),
+                                   os._exit(1)), "runner-watch")
     with open(args.cell) as f:
         cell = json.load(f)
     worker = Worker(cell, args.work_dir)

@@ -7,10 +7,10 @@ rule study_table:
         searches=get_study_searches,
         grid=get_study_grid,
     output:
-        csv="results/tables/{study}.csv",
-        md="results/tables/{study}.md",
+        csv=paths.TABLE_CSV,
+        md=paths.TABLE_MD,
     log:
-        "results/logs/tables/{study}.log",
+        paths.TABLE_LOG,
     params:
         missing=get_missing_cells,
         short_of_gpus=get_cells_short_of_gpus,

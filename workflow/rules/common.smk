@@ -6,6 +6,7 @@ from pathlib import Path
 
 try:
     from trainbench.batch_search import bounds_for, walk
+    from trainbench import paths
     from trainbench.config import load_config
     from trainbench.errors import ConfigError
     from trainbench.freshness import prepare, set_aside_invalid, stamp_path
@@ -97,6 +98,7 @@ CELL_RESOURCES = {
     resource: cell_resource(name)
     for resource, name in (("gpu", "gpu"), ("gres", "gres"), ("nodes", "nodes"), ("tasks", "tasks"),
                            ("tasks_per_gpu", "tasks_per_gpu"), ("mpi", "mpi"), ("cpus_per_task", "cpus_per_task"),
+                           ("cpus_per_rank", "cpus_per_rank"),
                            ("mem_mb", "mem_mb"), ("runtime", "runtime"), ("cell_retries", "retries"),
                            ("timing", "timing"))
 }
@@ -167,7 +169,8 @@ def get_cells_short_of_gpus(wildcards):
         SAID_SHORT.add(study.name)
         print(f"trainbench: {study.name}: {len(short)} cell(s) need more GPUs than this machine has ({here}) and "
               f"will not run here: {', '.join(sorted(short)[:4])}{' ...' if len(short) > 4 else ''}. Their rows in "
-              f"results/tables/{study.name}.md say so; run them on a bigger machine, or with --profile profiles/slurm.",
+              f"{paths.path(paths.TABLE_MD, study=study.name)} say so; run them on a bigger machine, or with "
+              f"--profile profiles/slurm.",
               file=sys.stderr)
     return short
 
@@ -217,8 +220,4 @@ def get_study_planning(wildcards):
 
 def get_final_output():
     names = CONFIG.default_targets_studies(have_gpus=local_gpu_count() > 0)
-    outputs = []
-    for name in names:
-        outputs += [f"results/tables/{name}.md", f"results/tables/{name}.csv",
-                    f"results/plots/{name}_memory.png", f"results/plots/{name}_throughput.png"]
-    return outputs
+    return [output for name in names for output in paths.study_outputs(name)]

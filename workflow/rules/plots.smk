@@ -7,10 +7,10 @@ rule study_plots:
         searches=get_study_searches,
         grid=get_study_grid,
     output:
-        memory="results/plots/{study}_memory.png",
-        throughput="results/plots/{study}_throughput.png",
+        memory=paths.PLOT_MEMORY,
+        throughput=paths.PLOT_THROUGHPUT,
     log:
-        "results/logs/plots/{study}.log",
+        paths.PLOTS_LOG,
     params:
         missing=get_missing_cells,
         layout=get_plot_layout,

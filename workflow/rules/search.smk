@@ -6,9 +6,9 @@
 
 checkpoint search_probe:
     output:
-        metrics="results/search/{study}/{cell}/mb~{micro_batch}/metrics.json",
+        metrics=paths.PROBE,
     log:
-        "results/search/{study}/{cell}/mb~{micro_batch}/log",
+        paths.PROBE_LOG,
     params:
         cell=get_probe_params,
         probe_id=get_probe_id,
@@ -19,7 +19,7 @@ checkpoint search_probe:
         "../../envs/train.yaml"
     shell:
         "trainbench run-cell --study {wildcards.study} --cell {params.probe_id:q} --params {params.cell:q}"
-        " --retries {resources.cell_retries} --cpus-per-task {resources.cpus_per_task}"
+        " --retries {resources.cell_retries} --cpus-per-rank {resources.cpus_per_rank}"
         " --runtime-min {resources.runtime} --timing {resources.timing} --search-probe --output {output.metrics:q} > {log:q} 2>&1"
 
 
@@ -27,9 +27,9 @@ rule search_result:
     input:
         probes=get_search_probes,
     output:
-        "results/search/{study}/{cell}/max_batch.json",
+        paths.SEARCH,
     log:
-        "results/search/{study}/{cell}/max_batch.log",
+        paths.SEARCH_LOG,
     params:
         tolerance=lambda wildcards: get_study(wildcards).search["tolerance"],
         bound=lambda wildcards: get_study(wildcards).search["max_micro_batch"],

@@ -7,9 +7,9 @@ rule train_cell:
         # the study's grid stamp, a trigger only when the cell's result is stale: see freshness.py
         grid=get_cell_grid,
     output:
-        metrics="results/runs/{study}/{cell}/metrics.json",
+        metrics=paths.RUN,
     log:
-        "results/runs/{study}/{cell}/log",
+        paths.RUN_LOG,
     params:
         # the cell's parameters, and nothing else: params are what trigger a rerun
         cell=get_cell_params,
@@ -20,5 +20,5 @@ rule train_cell:
         "../../envs/train.yaml"
     shell:
         "trainbench run-cell --study {wildcards.study} --cell {wildcards.cell} --params {params.cell:q}"
-        " --retries {resources.cell_retries} --cpus-per-task {resources.cpus_per_task}"
+        " --retries {resources.cell_retries} --cpus-per-rank {resources.cpus_per_rank}"
         " --runtime-min {resources.runtime} --timing {resources.timing} --output {output.metrics} > {log} 2>&1"

@@ -20,13 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainbench.frameworks import offloads, strategy_of
 from trainbench.gpt import GPT, Block, init_gpt_module, lm_loss, pool
 from trainbench.models import ModelSpec
-from trainbench.runners import RunContext
-
-
-def zero_stage(strategy: str) -> int:
-    return int(strategy.removeprefix("zero"))
+from trainbench.runners import RunContext, StepRunner
 
 
 # Megatron's layout for trainbench's GPT, as DeepSpeed AutoTP partition rules: attention's fused qkv
@@ -44,13 +41,14 @@ GPT_TENSOR_PARALLEL_LAYOUT = {
 
 
 def deepspeed_config(params: dict[str, Any], device_type: str) -> dict[str, Any]:
-    stage = zero_stage(params["strategy"])
+    stage = strategy_of(params).zero_stage
+    offload_optimizer, offload_param = offloads(params)
     on_gpu = device_type == "cuda"
     pin = params["pin_memory"] and on_gpu
     zero: dict[str, Any] = {"stage": stage}
-    if params["offload_optimizer"]:
+    if offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
-    if params["offload_param"]:
+    if offload_param:
         zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
     if params["overlap_comm"] is not None:
         zero["overlap_comm"] = params["overlap_comm"]
@@ -65,7 +63,7 @@ def deepspeed_config(params: dict[str, Any], device_type: str) -> dict[str, Any]
                 "weight_decay": params["weight_decay"],
                 # torch's AdamW on the device; an offloaded optimizer on a GPU machine uses
                 # DeepSpeedCPUAdam (compiled on first use), which is what offload is measured with.
-                "torch_adam": not (params["offload_optimizer"] and on_gpu),
+                "torch_adam": not (offload_optimizer and on_gpu),
             },
         },
         "zero_optimization": zero,
@@ -75,7 +73,8 @@ def deepspeed_config(params: dict[str, Any], device_type: str) -> dict[str, Any]
         "wall_clock_breakdown": False,
     }
     if params["tp"] > 1:
-        config["tensor_parallel"] = {"autotp_size": params["tp"], "partition_config": GPT_TENSOR_PARALLEL_LAYOUT}
+        config["tensor_parallel"] = {"autotp_size": params["tp"],
+                                     "partition_config": GPT_TENSOR_PARALLEL_LAYOUT}
         # DeepSpeed 0.19 checks train_batch_size against every rank, not the data-parallel ones, when
         # AutoTP comes from the config; left out, it is derived (the cell's global_batch is still
         # micro batch x accumulation x data-parallel size).
@@ -121,7 +120,8 @@ def pipeline_module(spec: ModelSpec, params: dict[str, Any]):
     if params["head"] == "classifier":
         layers.append(LayerSpec(ClassifierHead, spec, params["num_classes"]))
     else:  # GPT-2 ties the LM head to the token embedding: DeepSpeed keeps the copies in sync
-        layers.append(TiedLayerSpec("embedding", nn.Embedding, spec.vocab_size, spec.d_model, forward_fn=_lm_head))
+        layers.append(TiedLayerSpec("embedding", nn.Embedding, spec.vocab_size, spec.d_model,
+                                    forward_fn=_lm_head))
     # a classifier's loss is the same cross-entropy over its (batch, classes) logits
     return PipelineModule(layers=layers, loss_fn=lm_loss, num_stages=params["pp"],
                           partition_method="type:Block",
@@ -141,11 +141,12 @@ def init_pipeline_weights(module: nn.Module, spec: ModelSpec, seed: int) -> None
             init_gpt_module(sub, name, spec.n_layer, generator)
 
 
-class DeepSpeedRunner:
+class DeepSpeedRunner(StepRunner):
+    CONFIG_FILE = "deepspeed_config.json"
+
     def __init__(self, context: RunContext):
-        self.ctx = context
-        self.p = context.params
-        self.stage = zero_stage(self.p["strategy"])
+        super().__init__(context)
+        self.stage = self.strategy.zero_stage
 
     def setup(self) -> None:
         import deepspeed
@@ -157,7 +158,8 @@ class DeepSpeedRunner:
             return self._setup_pipeline(deepspeed)
         self.inner = self._build_model(deepspeed)
         self._params_total = sum(getattr(p, "ds_numel", p.numel()) for p in self.inner.parameters())
-        self.engine, _, _, _ = deepspeed.initialize(model=self.inner, model_parameters=self.inner.parameters(),
+        self.engine, _, _, _ = deepspeed.initialize(model=self.inner,
+                                                    model_parameters=self.inner.parameters(),
                                                     config=self.config)
         # The ranks of one tensor-parallel group compute on the same batch: data follows the
         # data-parallel rank.
@@ -166,7 +168,8 @@ class DeepSpeedRunner:
         data_rank = groups.get_data_parallel_rank() if self.p["tp"] > 1 else self.ctx.rank
         if self.p["tp"] > 1 and groups.get_tensor_model_parallel_world_size() != self.p["tp"]:
             raise RuntimeError(f"DeepSpeed made tensor-parallel groups of "
-                               f"{groups.get_tensor_model_parallel_world_size()} ranks, not tp={self.p['tp']}")
+                               f"{groups.get_tensor_model_parallel_world_size()} ranks, "
+                               f"not tp={self.p['tp']}")
         self.batches = self.ctx.batches(rank=data_rank)
 
     def _setup_pipeline(self, deepspeed) -> None:
@@ -225,6 +228,5 @@ class DeepSpeedRunner:
     def params_total(self) -> int:
         return self._params_total  # counted before tensor parallelism split the layers
 
-    def local_numel(self, parameter) -> int:
-        shard = getattr(parameter, "ds_tensor", None)  # ZeRO-3: this rank's partition
-        return shard.numel() if shard is not None else parameter.numel()
+    def framework_config(self) -> dict[str, Any]:
+        return self.config  # the exact JSON config this run used

@@ -25,11 +25,9 @@ from typing import Any
 
 import torch
 
+from trainbench.frameworks import offloads, strategy_of
 from trainbench.models import ModelSpec
-from trainbench.runners import RunContext
-
-EXPECTED_WRAPPER = {"fsdp": "FullyShardedDataParallel", "zero3": "DeepSpeedEngine",
-                    "ddp": "DistributedDataParallel"}
+from trainbench.runners import LoopRunner, RunContext
 
 
 def llama_config(spec: ModelSpec):
@@ -45,22 +43,23 @@ def deepspeed_config(params: dict[str, Any], device_type: str) -> dict[str, Any]
     """The study's ZeRO-3 config; "auto" values are filled in by the Trainer from its arguments."""
     on_gpu = device_type == "cuda"
     pin = params["pin_memory"] and on_gpu
+    offload_optimizer, offload_param = offloads(params)
     zero: dict[str, Any] = {
         "stage": 3, "overlap_comm": True, "contiguous_gradients": True, "sub_group_size": 1e9,
         "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
         "stage3_param_persistence_threshold": "auto", "stage3_max_live_parameters": 1e9,
         "stage3_max_reuse_distance": 1e9, "stage3_gather_16bit_weights_on_model_save": True,
     }
-    if params["offload_optimizer"]:
+    if offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
-    if params["offload_param"]:
+    if offload_param:
         zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
     return {
         "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"},
         "optimizer": {"type": "AdamW", "params": {
             "lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto",
             # CPU ranks have no DeepSpeedCPUAdam build to use; GPU runs measure the real offload path
-            "torch_adam": not (params["offload_optimizer"] and on_gpu)}},
+            "torch_adam": not (offload_optimizer and on_gpu)}},
         "zero_optimization": zero,
         "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "train_batch_size": "auto",
         "train_micro_batch_size_per_gpu": "auto",
@@ -80,7 +79,8 @@ def training_arguments(params: dict[str, Any], spec: ModelSpec, output_dir: Path
         bf16=params["precision"] == "bf16", fp16=params["precision"] == "fp16",
         tf32=bool(params["tf32"]) if on_gpu else None,
         gradient_checkpointing=params["activation_checkpointing"],
-        gradient_checkpointing_kwargs={"use_reentrant": False} if params["activation_checkpointing"] else None,
+        gradient_checkpointing_kwargs=({"use_reentrant": False} if params["activation_checkpointing"]
+                                       else None),
         # No checkpoint: the Trainer saves one at the end of any run with a save strategy, and a
         # 7B model's takes longer than the measured steps. (The study checkpoints every 100 steps,
         # keeping 1; its projected run time leaves that out.) No evaluation, as in the study.
@@ -89,11 +89,12 @@ def training_arguments(params: dict[str, Any], spec: ModelSpec, output_dir: Path
         dataloader_drop_last=True, use_cpu=not on_gpu, ddp_find_unused_parameters=False,
         average_tokens_across_devices=False,  # each rank's loss is its own tokens' mean
     )
-    if params["strategy"] == "fsdp":
-        args["fsdp"] = "full_shard auto_wrap" + (" offload" if params["offload_param"] else "")
+    layout = strategy_of(params).layout
+    if layout == "fsdp":
+        args["fsdp"] = "full_shard auto_wrap" + (" offload" if offloads(params)[1] else "")
         # FSDP1, the study's (transformers 5 defaults to FSDP2, whose wrapping takes no param_init_fn)
         args["fsdp_config"] = {"transformer_layer_cls_to_wrap": [spec.block_class], "version": 1}
-    elif params["strategy"] == "zero3":
+    elif layout == "zero":
         args["deepspeed"] = deepspeed_config(params, device_type)
     return args
 
@@ -152,16 +153,18 @@ def build_for_fsdp(spec: ModelSpec, device: torch.device):
     return model
 
 
-class HfTrainerRunner:
+class HfTrainerRunner(LoopRunner):
+    CONFIG_FILE = "deepspeed_config.json"  # its ZeRO-3 cells' DeepSpeed config, "auto" values filled in
+
     def __init__(self, context: RunContext):
-        self.ctx = context
-        self.p = context.params
+        super().__init__(context)
 
     def setup(self) -> None:
         from transformers import LlamaForCausalLM, TrainingArguments
 
         p, spec = self.p, self.ctx.spec
-        self.deepspeed_config = deepspeed_config(p, self.ctx.device.type) if p["strategy"] == "zero3" else None
+        sharded, zero = self.strategy.layout == "fsdp", self.strategy.layout == "zero"
+        self.deepspeed_config = deepspeed_config(p, self.ctx.device.type) if zero else None
         self.max_steps = self.ctx.fixed_steps
         if self.deepspeed_config is not None:
             import deepspeed
@@ -170,16 +173,17 @@ class HfTrainerRunner:
             # would be a single rank and its batch-size check fails.
             deepspeed.init_distributed(dist_backend="nccl" if self.ctx.is_cuda else "gloo")
         # Made before the model: with a ZeRO-3 config it tells transformers to build inside zero.Init.
-        self.args = TrainingArguments(**training_arguments(p, spec, Path(self.ctx.work_dir) / "trainer", self.ctx.device.type,
-                                                           self.max_steps))
+        self.args = TrainingArguments(**training_arguments(p, spec, Path(self.ctx.work_dir) / "trainer",
+                                                           self.ctx.device.type, self.max_steps))
         config = llama_config(spec)
         torch.manual_seed(p["seed"])
-        if p["strategy"] == "fsdp" and self.ctx.is_cuda:
+        if sharded and self.ctx.is_cuda:
             self.hf_model = build_for_fsdp(spec, self.ctx.device)
         else:
             self.hf_model = LlamaForCausalLM._from_config(config)
         self._params_total = sum(getattr(q, "ds_numel", q.numel()) for q in self.hf_model.parameters())
-        self.dataset = SyntheticTokens(self.max_steps * p["global_batch"], p["seq_len"], spec.vocab_size, p["seed"])
+        self.dataset = SyntheticTokens(self.max_steps * p["global_batch"], p["seq_len"], spec.vocab_size,
+                                       p["seed"])
 
     def _trainer(self, recorder):
         from transformers import Trainer, TrainerCallback
@@ -221,24 +225,19 @@ class HfTrainerRunner:
         self.trainer = self._trainer(recorder)
         self.trainer.train()
         wrapper = type(self.trainer.model_wrapped).__name__
-        expected = EXPECTED_WRAPPER[self.p["strategy"]] if self.ctx.world_size > 1 else None
+        expected = self.strategy.wrapper if self.ctx.world_size > 1 else None
         if expected and wrapper != expected:
             raise RuntimeError(f"the Trainer wrapped the model in {wrapper}, not {expected}: it did not run "
                                f"strategy {self.p['strategy']!r} as asked")
 
-    def evaluate(self) -> dict:
-        result: dict[str, Any] = {}
-        if self.deepspeed_config is not None:
-            # the config as DeepSpeed ran it, the Trainer's "auto" values filled in
-            result["deepspeed_config"] = self.trainer.accelerator.state.deepspeed_plugin.deepspeed_config
-        return result
+    def framework_config(self) -> dict[str, Any] | None:
+        if self.deepspeed_config is None:
+            return None
+        # the config as DeepSpeed ran it, the Trainer's "auto" values filled in
+        return self.trainer.accelerator.state.deepspeed_plugin.deepspeed_config
 
     def model(self) -> torch.nn.Module:
         return self.hf_model
 
     def params_total(self) -> int:
         return self._params_total
-
-    def local_numel(self, parameter) -> int:
-        shard = getattr(parameter, "ds_tensor", None)  # DeepSpeed ZeRO-3 partition
-        return shard.numel() if shard is not None else parameter.numel()

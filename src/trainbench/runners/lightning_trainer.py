@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from trainbench import sentiment
-from trainbench.runners import RunContext
+from trainbench.frameworks import offloads
+from trainbench.runners import LoopRunner, RunContext
 
 PRECISION = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
 TEST_SAMPLES = 2048  # synthetic; real IMDB tests on up to 10,000 reviews like the study's origin
@@ -68,7 +69,7 @@ def _module_class():
 
         def configure_optimizers(self):
             p = self.params
-            if p["strategy"].endswith("_offload") and p["device"] == "cuda":
+            if offloads(p)[0] and p["device"] == "cuda":
                 # ZeRO-Offload refuses a client optimizer that is not DeepSpeed's CPU Adam
                 from deepspeed.ops.adam import DeepSpeedCPUAdam
 
@@ -104,10 +105,9 @@ def _step_callback(recorder, accumulation: int):
     return StepTiming()
 
 
-class LightningRunner:
+class LightningRunner(LoopRunner):
     def __init__(self, context: RunContext):
-        self.ctx = context
-        self.p = context.params
+        super().__init__(context)
 
     def setup(self) -> None:
         p = self.p
@@ -130,9 +130,11 @@ class LightningRunner:
 
         p = self.p
         scratch = Path(self.ctx.work_dir)
-        strategy = "auto" if p["strategy"] == "single" else p["strategy"]
+        # its strategies are Lightning's names
+        strategy = "auto" if self.strategy.single_rank else p["strategy"]
         return L.Trainer(
-            accelerator="gpu" if self.ctx.is_cuda else "cpu", devices=p["gpus_per_node"], num_nodes=p["nodes"],
+            accelerator="gpu" if self.ctx.is_cuda else "cpu", devices=p["gpus_per_node"],
+            num_nodes=p["nodes"],
             strategy=strategy, precision=PRECISION[p["precision"]], deterministic=p["deterministic"],
             max_steps=recorder.total, accumulate_grad_batches=p["grad_accum"], log_every_n_steps=10,
             # the study's callbacks: a checkpoint at the end of training and a logger
@@ -144,10 +146,11 @@ class LightningRunner:
 
     def train(self, recorder) -> None:
         self.trainer = self._trainer(recorder)
-        self.trainer.fit(self.module, train_dataloaders=self._loader(self.train_split, self.p["micro_batch"], True),
+        self.trainer.fit(self.module,
+                         train_dataloaders=self._loader(self.train_split, self.p["micro_batch"], True),
                          val_dataloaders=self._loader(self.test_split, self.p["micro_batch"], False))
 
-    def evaluate(self) -> dict:
+    def results(self) -> dict:
         return {"test_accuracy": self.module.accuracy, "dataset": self.train_split.source,
                 "test_samples": len(self.test_split.labels)}
 
@@ -156,7 +159,3 @@ class LightningRunner:
 
     def params_total(self) -> int:
         return sum(getattr(p, "ds_numel", p.numel()) for p in self.module.model.parameters())
-
-    def local_numel(self, parameter) -> int:
-        shard = getattr(parameter, "ds_tensor", None)  # DeepSpeed ZeRO-3 partition
-        return shard.numel() if shard is not None else parameter.numel()

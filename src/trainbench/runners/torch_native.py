@@ -13,16 +13,17 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from trainbench.gpt import GPT
-from trainbench.runners import RunContext
+from trainbench.runners import RunContext, StepRunner
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class TorchRunner:
+class TorchRunner(StepRunner):
     def __init__(self, context: RunContext):
-        self.ctx = context
-        self.p = context.params
+        super().__init__(context)
         self.dtype = DTYPES[self.p["precision"]]
+        self.sharded = self.strategy.layout == "fsdp"
+        self.data_parallel = self.strategy.layout == "replicated" and not self.strategy.single_rank
         self.inner: GPT | None = None
         self.wrapped: torch.nn.Module | None = None
 
@@ -31,8 +32,8 @@ class TorchRunner:
                    activation_checkpointing=self.p["activation_checkpointing"])
 
     def setup(self) -> None:
-        strategy, device = self.p["strategy"], self.ctx.device
-        if strategy == "fsdp":
+        device = self.ctx.device
+        if self.sharded:
             self.inner = self._build_fsdp()
             self.wrapped = self.inner
         else:
@@ -40,7 +41,7 @@ class TorchRunner:
                 self.inner = self._new_model()
             self.inner.init_weights(self.p["seed"])
             self.wrapped = self.inner
-            if strategy == "ddp":
+            if self.data_parallel:
                 self.wrapped = DistributedDataParallel(
                     self.inner, device_ids=[device.index] if self.ctx.is_cuda else None)
             if self.p["compile"]:
@@ -76,15 +77,15 @@ class TorchRunner:
 
     def _autocast(self):
         # FSDP casts through its policy; autocast on top would only add casts.
-        if self.p["precision"] == "fp32" or self.p["strategy"] == "fsdp":
+        if self.p["precision"] == "fp32" or self.sharded:
             return contextlib.nullcontext()
         return torch.autocast(self.ctx.device.type, dtype=self.dtype)
 
     def _gradient_sync(self, last_micro_batch: bool):
         """Skip the gradient all-reduce on all but the last micro batch of an accumulation."""
-        if self.p["strategy"] == "ddp" and not last_micro_batch:
+        if self.data_parallel and not last_micro_batch:
             return self.wrapped.no_sync()
-        if self.p["strategy"] == "fsdp":
+        if self.sharded:
             self.inner.set_requires_gradient_sync(last_micro_batch)
         return contextlib.nullcontext()
 
@@ -103,12 +104,27 @@ class TorchRunner:
         self.optimizer.zero_grad(set_to_none=True)
         return total
 
+    CONFIG_FILE = "torch_config.json"
+
+    def framework_config(self) -> dict:
+        """How torch wrapped, compiled and optimised this run (what a DeepSpeed JSON says for DeepSpeed)."""
+        on_device = self.ctx.is_cuda and not self.p["offload_param"]
+        config = {"wrapper": "fully_shard" if self.sharded else "DistributedDataParallel"
+                             if self.data_parallel else None,
+                  "compile": bool(self.p["compile"]), "autocast": None if self.sharded else
+                  (None if self.p["precision"] == "fp32" else str(self.dtype)),
+                  "optimizer": {"type": "AdamW", "lr": self.p["lr"], "weight_decay": self.p["weight_decay"],
+                                "fused": on_device}, "grad_scaler": self.p["precision"] == "fp16"}
+        if self.sharded:
+            config["fully_shard"] = {
+                "units": "every Block, then the root", "mesh": [self.ctx.world_size],
+                "mp_policy": None if self.p["precision"] == "fp32" else {"param_dtype": str(self.dtype),
+                                                                        "reduce_dtype": "torch.float32"},
+                "offload_policy": "CPUOffloadPolicy" if self.p["offload_param"] else None}
+        return config
+
     def model(self) -> torch.nn.Module:
         return self.inner
 
     def params_total(self) -> int:
         return sum(p.numel() for p in self.inner.parameters())
-
-    def local_numel(self, parameter) -> int:
-        to_local = getattr(parameter, "to_local", None)  # an FSDP2 DTensor shard
-        return to_local().numel() if to_local else parameter.numel()

@@ -1,0 +1,48 @@
+"""Where everything the workflow makes lives: the path patterns the rules use as outputs and the
+package uses to find results, written once. `{study}`, `{cell}`, `{micro_batch}` are the rules'
+wildcards; `path(pattern, ...)` fills them in.
+
+A max-batch probe is its cell with another micro batch; its id is the cell's id and `/mb~<k>`, so
+that its results sit under the cell's search folder.
+"""
+
+from __future__ import annotations
+
+RUN = "results/runs/{study}/{cell}/metrics.json"
+RUN_LOG = "results/runs/{study}/{cell}/log"
+PROBE = "results/search/{study}/{cell}/mb~{micro_batch}/metrics.json"
+PROBE_LOG = "results/search/{study}/{cell}/mb~{micro_batch}/log"
+SEARCH = "results/search/{study}/{cell}/max_batch.json"
+SEARCH_LOG = "results/search/{study}/{cell}/max_batch.log"
+TABLE_MD = "results/tables/{study}.md"
+TABLE_CSV = "results/tables/{study}.csv"
+TABLE_LOG = "results/logs/tables/{study}.log"
+PLOT_MEMORY = "results/plots/{study}_memory.png"
+PLOT_THROUGHPUT = "results/plots/{study}_throughput.png"
+PLOTS_LOG = "results/logs/plots/{study}.log"
+GRID_STAMP = "results/.grid/{study}.json"
+
+PROBE_SEPARATOR = "/mb~"
+
+
+def path(pattern: str, **wildcards) -> str:
+    return pattern.format(**wildcards)
+
+
+def study_outputs(study: str) -> list[str]:
+    """What a study's `rule all` target is made of: its table (both forms) and its plots."""
+    return [path(pattern, study=study) for pattern in (TABLE_MD, TABLE_CSV, PLOT_MEMORY, PLOT_THROUGHPUT)]
+
+
+def probe_id(cell_id: str, micro_batch: int) -> str:
+    return f"{cell_id}{PROBE_SEPARATOR}{micro_batch}"
+
+
+def cell_of_probe(probe: str) -> str:
+    """The cell id of a probe id (the cell's own id unchanged)."""
+    return probe.rsplit(PROBE_SEPARATOR, 1)[0]
+
+
+def probe_glob(study: str, cell: str) -> str:
+    """The probes of one cell's search, for Path.glob from the results' root."""
+    return path(PROBE, study=study, cell=cell, micro_batch="*")

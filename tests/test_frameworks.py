@@ -1,0 +1,94 @@
+"""The framework registry: a framework of one's own, registered in one place, reaches the schema, the
+cell checks, `trainbench cells` and `predict`, and runs through `trainbench run-cell`, with no file
+of the package touched."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from trainbench.frameworks import REGISTRY
+
+TOY = '''
+"""A toy framework: plain torch's single-process runner under another name, and two strategies."""
+from trainbench.frameworks import Framework, MemoryFacts, Strategy, register
+from trainbench.runners.torch_native import TorchRunner
+
+
+class ToyRunner(TorchRunner):
+    pass
+
+
+register(Framework(
+    "toy", "a framework of the tests' own", "toy_framework:ToyRunner", ("gpt",), (
+        Strategy("solo", "one process", single_rank=True),
+        Strategy("someday", "not yet", unsupported="the toy has no such strategy yet"),
+    ), MemoryFacts(host_extra_mib={"cpu": 10.0, "cuda": 10.0})))
+'''
+
+
+@pytest.fixture
+def toy(tmp_path, monkeypatch):
+    (tmp_path / "toy_framework.py").write_text(TOY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("TRAINBENCH_PLUGINS", "toy_framework")
+    import toy_framework  # noqa: F401  (registers "toy" in this process; the plugin variable, in others)
+
+    config = {"studies": {"t": {"description": "toy", "settings": {
+        "framework": "toy", "model": "gpt2-tiny", "device": "cpu", "seq_len": 16, "warmup_steps": 1,
+        "timed_steps": 2}, "timing": {"target_ci": 1.0, "min_window_s": 0},
+        "include": [{"strategy": "solo"}, {"strategy": "someday"}]}}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+    REGISTRY.pop("toy", None)
+    sys.modules.pop("toy_framework", None)
+
+
+def trainbench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainbench", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_a_registered_framework_reaches_the_schema_the_checks_and_the_cli(toy):
+    from trainbench.config import load_config
+    from trainbench.errors import ConfigError
+    from trainbench.schema import build_schema
+
+    framework = build_schema()["properties"]["studies"]["additionalProperties"]["properties"]["settings"]
+    assert "toy" in framework["properties"]["framework"]["enum"]
+    study = load_config("config.yaml").study("t")
+    assert {c.cell_id: c.unsupported for c in study.cells} == {
+        "strategy~solo": None, "strategy~someday": "the toy has no such strategy yet"}
+    with pytest.raises(ConfigError, match="'ddp' is not a toy strategy; allowed: solo, someday"):
+        load_config({"studies": {"t": {"description": "d",
+                                       "settings": {"framework": "toy", "strategy": "ddp"},
+                                       "include": [{}]}}})
+    listing = trainbench("strategies").stdout
+    assert "toy         solo" in listing and "unsupported: the toy has no such strategy yet" in listing
+    assert "runs with torch, deepspeed, toy" in trainbench("models").stdout  # gpt2 models: its family
+    cells = trainbench("cells", "t", "--tsv").stdout
+    assert "strategy~solo\tmissing" in cells
+    predicted = trainbench("predict", "t", "--host-mem-gib", "64").stdout.splitlines()
+    row = dict(zip(predicted[0].split(","), predicted[1].split(",")))
+    assert row["strategy"] == "solo" and row["fits"] == "True" and float(row["host_mem_gib_per_node"]) > 0
+
+
+def test_a_registered_framework_runs_a_cell_and_its_unsupported_strategy_is_a_result(toy):
+    from trainbench.config import load_config
+
+    study = load_config("config.yaml").study("t")
+    for cell in study.cells:
+        done = trainbench("run-cell", "--study", "t", "--cell", cell.cell_id, "--params", cell.canonical,
+                          "--timing", cell.timing.as_argument(), "--retries", "0", "--cpus-per-rank", "1",
+                          "--output", f"runs/{cell.cell_id}/metrics.json")
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    ran = json.loads((toy / "runs/strategy~solo/metrics.json").read_text())
+    assert ran["status"] == "ok" and ran["metrics"]["windows"] == 6 and ran["params"]["framework"] == "toy"
+    refused = json.loads((toy / "runs/strategy~someday/metrics.json").read_text())
+    assert refused["status"] == "unsupported" and refused["reason"] == "the toy has no such strategy yet"
