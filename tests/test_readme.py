@@ -76,6 +76,7 @@ HOW: dict[str, How] = {
     "make run": How("elsewhere",
                     "= `make setup` (which CI's `make test` runs) + `snakemake -c all` (run below)"),
     "make test": How("elsewhere", "CI's own command (.ci/run)"),
+    "make lint": How("elsewhere", "CI's .ci/run runs it; tests/test_workflow.py runs Snakemake's linter"),
     "snakemake -c all": How("run",
                             "the quick start; the session's smoke fixture ran it first in a fresh clone"),
     "snakemake -c all results/tables/gpt2_zero.md": How("run"),
