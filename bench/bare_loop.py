@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from trainbench.data import SyntheticBatches
-from trainbench.gpt import GPT
+from trainbench.gpt import GPT, hold_attention_kernel
 from trainbench.models import get_model
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -43,8 +43,10 @@ def build_step(params: dict, spec=None):
         dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     torch.manual_seed(params["seed"])
     spec = spec or get_model(params["model"])
+    attention = params.get("attention", "sdpa")  # optional: a cell at the default leaves it out
+    hold_attention_kernel(attention)
     with device:
-        model = GPT(spec, head=params["head"], num_classes=params["num_classes"])
+        model = GPT(spec, head=params["head"], num_classes=params["num_classes"], attention=attention)
     model.init_weights(params["seed"])
     wrapped = DistributedDataParallel(model, device_ids=[local] if cuda else None) if world > 1 else model
     if params["compile"]:

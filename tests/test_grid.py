@@ -96,6 +96,24 @@ def test_canonical_string_ignores_key_order_and_hash_follows_values():
     assert params_hash(a) != params_hash({**a, "micro_batch": 3})
 
 
+def test_an_optional_parameter_at_its_default_leaves_the_cell_as_it_was(repo):
+    """Adding a parameter (attention) must not make every published result stale: at its default it
+    is not in the canonical string nor the hash; set to anything else it is."""
+    cells = load_config(config_with(study(axes={"attention": ["sdpa", "eager"], "strategy": ["ddp"]}))).study("s").cells
+    default, eager = sorted(cells, key=lambda c: c.params["attention"] != "sdpa")
+    assert default.params["attention"] == "sdpa" and '"attention"' not in default.canonical
+    without = {k: v for k, v in default.params.items() if k != "attention"}
+    assert default.params_hash == params_hash(without)
+    assert '"attention":"eager"' in eager.canonical and eager.params_hash != params_hash(
+        {k: v for k, v in eager.params.items() if k != "attention"})
+    # the published results, made before the parameter existed, are still the cells config.yaml gives
+    for study_name in ("baseline", "megatron"):
+        for cell in load_config(repo / "config.yaml").study(study_name).cells:
+            path = repo / cell.target
+            if path.exists():
+                assert json.loads(path.read_text())["params_hash"] == cell.params_hash, cell.cell_id
+
+
 def test_reordering_config_keys_changes_no_id_and_no_parameter_string():
     original = study(axes={"strategy": ["ddp", "fsdp"], "micro_batch": [1, 2]},
                      include=[{"strategy": "single", "gpus": 1}])
@@ -177,6 +195,7 @@ def test_schema_errors_name_the_key_and_what_is_allowed(settings, expected):
     ({"gpus": 3, "nodes": 2}, "gpus=3 is not a multiple of nodes=2"),
     ({"strategy": "ddp", "launcher": "deepspeed"},
      "launcher: 'deepspeed' does not start torch runs; allowed: python, torchrun"),
+    ({"attention": "flash"}, "attention: 'flash' is a CUDA kernel of SDPA; a CPU cell can use 'sdpa' or 'eager'"),
 ])
 def test_semantic_errors_name_study_cell_and_key(cell, expected):
     found = problems(config_with(study(include=[cell])))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -80,3 +82,19 @@ def test_every_gpt_model_builds_on_meta_with_its_analytic_count():
         with torch.device("meta"):
             model = GPT(spec)
         assert sum(p.numel() for p in model.parameters()) == spec.param_count(), spec.name
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_eager_attention_computes_what_sdpa_computes(causal):
+    """`attention: eager` changes how attention is computed (and what it keeps), not what."""
+    spec = dataclasses.replace(get_model("gpt2-tiny"), causal=causal)
+    torch.manual_seed(0)
+    tokens = torch.randint(spec.vocab_size, (2, 16))
+    losses = {}
+    for attention in ("sdpa", "eager"):
+        model = GPT(spec, attention=attention)
+        model.init_weights(seed=3)
+        losses[attention] = model(tokens, tokens)
+        losses[attention].backward()
+        losses[attention] = (losses[attention].item(), model.blocks[0].attn.qkv.weight.grad.norm().item())
+    assert losses["eager"] == pytest.approx(losses["sdpa"], rel=1e-5)

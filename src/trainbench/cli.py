@@ -94,13 +94,16 @@ def cmd_cells(args) -> int:
 def cmd_run_cell(args) -> int:
     from trainbench.cellrun import run_cell
     from trainbench.grid import Cell, check_cell
-    from trainbench.params import PARAMS_BY_NAME
+    from trainbench.params import PARAMS_BY_NAME, with_optional_defaults
     from trainbench.timing import TimingSettings
 
     try:
         params = json.loads(args.params)
     except json.JSONDecodeError as error:
         raise UsageError(f"--params is not the cell's JSON ({error})") from None
+    if not isinstance(params, dict):
+        raise UsageError(f"--params is not the cell's JSON object (a {type(params).__name__})")
+    params = with_optional_defaults(params)  # the workflow leaves optional ones at their default out
     try:
         timing = TimingSettings.from_argument(args.timing)
     except ValueError as error:

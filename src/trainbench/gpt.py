@@ -15,13 +15,38 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from trainbench.models import ModelSpec
+from trainbench.params import SDPA_KERNELS
+
+
+def hold_attention_kernel(attention: str) -> None:
+    """Restrict SDPA to the cell's kernel in this process (a rank; the bare loop), before any model is
+    built or compiled, so that compiled graphs are traced with it. No fallback: a shape the kernel
+    cannot run fails the cell rather than quietly measuring another kernel."""
+    if attention not in SDPA_KERNELS:
+        return
+    torch.backends.cuda.enable_flash_sdp(attention == "flash")
+    torch.backends.cuda.enable_cudnn_sdp(attention == "cudnn")
+    torch.backends.cuda.enable_mem_efficient_sdp(attention == "efficient")
+    torch.backends.cuda.enable_math_sdp(False)
+
+
+def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    """softmax(QK^T / sqrt(d)) V with the scores materialised (seq x seq per head), the softmax in fp32
+    as Hugging Face's eager attention does: what attention costs without a fused kernel."""
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    if causal:
+        seq = q.shape[-2]
+        future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+    return scores.float().softmax(dim=-1).to(v.dtype) @ v
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, attention: str = "sdpa"):
         super().__init__()
         self.head_dim = spec.head_dim
         self.causal = spec.causal
+        self.eager = attention == "eager"
         self.qkv = nn.Linear(spec.d_model, 3 * spec.d_model)
         self.proj = nn.Linear(spec.d_model, spec.d_model)
 
@@ -33,7 +58,10 @@ class SelfAttention(nn.Module):
         width = q.shape[-1]
         q, k, v = (t.reshape(batch, seq, width // self.head_dim, self.head_dim).transpose(1, 2)
                    for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        if self.eager:
+            y = eager_attention(q, k, v, self.causal)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         return self.proj(y.transpose(1, 2).reshape(batch, seq, width))
 
 
@@ -48,10 +76,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, attention: str = "sdpa"):
         super().__init__()
         self.ln_1 = nn.LayerNorm(spec.d_model)
-        self.attn = SelfAttention(spec)
+        self.attn = SelfAttention(spec, attention)
         self.ln_2 = nn.LayerNorm(spec.d_model)
         self.mlp = MLP(spec)
 
@@ -87,14 +115,14 @@ def init_gpt_module(module: nn.Module, name: str, n_layer: int, generator: torch
 
 class GPT(nn.Module):
     def __init__(self, spec: ModelSpec, head: str = "lm", num_classes: int = 2,
-                 activation_checkpointing: bool = False):
+                 activation_checkpointing: bool = False, attention: str = "sdpa"):
         super().__init__()
         self.spec = spec
         self.head_kind = head
         self.activation_checkpointing = activation_checkpointing
         self.wte = nn.Embedding(spec.vocab_size, spec.d_model)
         self.wpe = nn.Embedding(spec.max_seq, spec.d_model)
-        self.blocks = nn.ModuleList(Block(spec) for _ in range(spec.n_layer))
+        self.blocks = nn.ModuleList(Block(spec, attention) for _ in range(spec.n_layer))
         self.ln_f = nn.LayerNorm(spec.d_model)
         # The LM head reuses the token embedding (GPT-2 ties them); a classifier has its own layer.
         self.classifier = nn.Linear(spec.d_model, num_classes) if head == "classifier" else None

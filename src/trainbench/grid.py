@@ -19,7 +19,7 @@ from typing import Any
 from trainbench import frameworks, paths
 from trainbench.errors import ConfigError
 from trainbench.models import MODELS
-from trainbench.params import PARAMS_BY_NAME, defaults, sort_keys
+from trainbench.params import PARAMS_BY_NAME, SDPA_KERNELS, defaults, identity, sort_keys
 from trainbench.schema import EXECUTION, REPORT_COLUMNS_DEFAULT, SEARCH
 from trainbench.timing import TimingSettings
 
@@ -42,7 +42,7 @@ def canonical_json(params: dict[str, Any]) -> str:
 
 
 def params_hash(params: dict[str, Any]) -> str:
-    return hashlib.sha256(canonical_json(params).encode()).hexdigest()[:12]
+    return hashlib.sha256(canonical_json(identity(params)).encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class Cell:
 
     @property
     def canonical(self) -> str:
-        return canonical_json(self.params)
+        return canonical_json(identity(self.params))
 
     @property
     def params_hash(self) -> str:
@@ -188,6 +188,9 @@ def check_cell(p: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
     if (p["dataset_size"] is None) != (p["epochs"] is None):
         errors.append(("epochs" if p["epochs"] is None else "dataset_size",
                        "dataset_size and epochs describe the whole run together: set both or neither"))
+    if p["attention"] in SDPA_KERNELS and p["device"] != "cuda":
+        errors.append(("attention", f"{p['attention']!r} is a CUDA kernel of SDPA; a CPU cell can use "
+                                    "'sdpa' or 'eager'"))
     if p["launcher"] == "python" and p["nodes"] > 1:
         errors.append(("launcher", "'python' cannot span nodes"))
     strategy_errors, unsupported = frameworks.check(p)

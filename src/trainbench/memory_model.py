@@ -237,7 +237,8 @@ def activations(params: dict[str, Any], spec: ModelSpec) -> float:
     per_token = sum(width * sizes[dtype] / (tp if dtype == "c" else 1)
                     for width, dtype in _block_tensors(spec))
     block = tokens * per_token
-    eager = framework_of(params).memory.eager_attention_when_deterministic and params["deterministic"]
+    eager = params["attention"] == "eager" or (
+        framework_of(params).memory.eager_attention_when_deterministic and params["deterministic"])
     if eager:
         scores = spec.n_head / tp * seq * seq * batch
         softmax_dtype = residual  # autocast runs softmax in fp32

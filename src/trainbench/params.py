@@ -22,6 +22,10 @@ class Param:
     minimum: float | None = None
     maximum: float | None = None
     nullable: bool = False
+    # An optional parameter was added after results were published: a cell that leaves it at its
+    # default is the cell it was before the parameter existed (same canonical string and hash, so
+    # nothing reruns), and a result that lacks it ran with its default.
+    optional: bool = False
 
     @property
     def options(self) -> tuple[Any, ...] | None:
@@ -54,6 +58,10 @@ class Param:
                 text += f" >= {self.minimum:g}"
         return text + (" or null" if self.nullable else "")
 
+
+
+# The kernels a cell can hold PyTorch's scaled_dot_product_attention to (`attention`).
+SDPA_KERNELS = ("flash", "cudnn", "efficient")
 
 
 def _frameworks() -> tuple[str, ...]:
@@ -96,6 +104,11 @@ PARAMS: tuple[Param, ...] = (
           "keeps DeepSpeed's default for the stage.", nullable=True),
     Param("activation_checkpointing", "bool", False, "Recompute each transformer block's activations in "
           "the backward pass instead of storing them."),
+    Param("attention", "str", "sdpa", "Attention kernel: sdpa (PyTorch's scaled_dot_product_attention, "
+          "which picks FlashAttention, memory-efficient or cuDNN attention itself), flash, cudnn or "
+          "efficient (SDPA held to that kernel; CUDA only), or eager (softmax(QK^T)V with the seq x seq "
+          "scores kept for the backward, as Hugging Face's eager attention).",
+          choices=("sdpa", *SDPA_KERNELS, "eager"), optional=True),
     Param("ort", "bool", False, "Run the model under ONNX Runtime training (ORTModule)."),
     Param("compile", "bool", False, "Compile the model with torch.compile."),
     Param("lr", "float", 1e-4, "Peak learning rate.", minimum=0),
@@ -127,6 +140,17 @@ PARAM_ORDER: dict[str, int] = {p.name: i for i, p in enumerate(PARAMS)}
 
 def defaults() -> dict[str, Any]:
     return {p.name: p.default for p in PARAMS}
+
+
+def identity(params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters that make a cell what it is: all of them but optional ones at their default."""
+    return {k: v for k, v in params.items()
+            if not (k in PARAMS_BY_NAME and PARAMS_BY_NAME[k].optional and v == PARAMS_BY_NAME[k].default)}
+
+
+def with_optional_defaults(params: dict[str, Any]) -> dict[str, Any]:
+    """A cell's parameters with every optional parameter it leaves out at its default."""
+    return {**{p.name: p.default for p in PARAMS if p.optional}, **params}
 
 
 def sort_keys(keys) -> list[str]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainbench.metrics import timed_metrics
+from trainbench.params import with_optional_defaults
 from trainbench.timing import TimingSettings
 
 SCHEMA_VERSION = 1
@@ -312,7 +313,8 @@ def current(doc: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(doc.get("metrics"), dict) or not isinstance(doc.get("params"), dict):
         return doc  # not a result: schema_problems says why
     gpu_name = (doc.get("provenance") or {}).get("gpu_name")
-    return {**doc, "metrics": with_intervals(doc["params"], doc["metrics"], gpu_name)}
+    params = with_optional_defaults(doc["params"])  # made before an optional parameter: its default
+    return {**doc, "params": params, "metrics": with_intervals(params, doc["metrics"], gpu_name)}
 
 
 class InvalidResult(ValueError):

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from trainbench.gpt import hold_attention_kernel
 from trainbench.launch import free_port
 from trainbench.lifetime import runner_to_watch, when_gone
 from trainbench.memory_sampler import MemorySampler
@@ -95,6 +96,7 @@ class Worker:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
         device = self._device()
+        hold_attention_kernel(self.params["attention"])
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
         if self.local_rank == 0:  # one sampler per node sees all of the node's GPUs

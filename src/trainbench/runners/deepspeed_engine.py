@@ -189,7 +189,8 @@ class DeepSpeedRunner(StepRunner):
     def _build_model(self, deepspeed) -> GPT:
         def new_model():
             return GPT(self.ctx.spec, head=self.p["head"], num_classes=self.p["num_classes"],
-                       activation_checkpointing=self.p["activation_checkpointing"])
+                       activation_checkpointing=self.p["activation_checkpointing"],
+                       attention=self.p["attention"])
 
         if self.stage < 3 or self.p["tp"] > 1:
             # (with tensor parallelism AutoTP shards the built model inside deepspeed.initialize)

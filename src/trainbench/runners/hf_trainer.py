@@ -30,13 +30,15 @@ from trainbench.models import ModelSpec
 from trainbench.runners import LoopRunner, RunContext
 
 
-def llama_config(spec: ModelSpec):
+def llama_config(spec: ModelSpec, attention: str = "sdpa"):
+    """`attention`: the cell's; every SDPA kernel runs through transformers' "sdpa" (the worker holds
+    SDPA to one kernel where the cell names one)."""
     from transformers import LlamaConfig
 
     return LlamaConfig(hidden_size=spec.d_model, intermediate_size=spec.ffn, num_hidden_layers=spec.n_layer,
                        num_attention_heads=spec.n_head, num_key_value_heads=spec.n_head,
                        vocab_size=spec.vocab_size, max_position_embeddings=spec.max_seq,
-                       attn_implementation="sdpa", use_cache=False)
+                       attn_implementation="eager" if attention == "eager" else "sdpa", use_cache=False)
 
 
 def deepspeed_config(params: dict[str, Any], device_type: str) -> dict[str, Any]:
@@ -132,7 +134,7 @@ def _initialise_on_device(model, device: torch.device):
     return init
 
 
-def build_for_fsdp(spec: ModelSpec, device: torch.device):
+def build_for_fsdp(spec: ModelSpec, device: torch.device, attention: str = "sdpa"):
     """The model with its decoder layers on the meta device, for FSDP to materialise one at a time.
 
     The few modules outside the layers (embeddings, final norm, LM head, rotary tables) get storage
@@ -142,7 +144,7 @@ def build_for_fsdp(spec: ModelSpec, device: torch.device):
     from transformers import LlamaForCausalLM
 
     with torch.device("meta"):
-        model = LlamaForCausalLM(llama_config(spec))
+        model = LlamaForCausalLM(llama_config(spec, attention))
     if not model.config.tie_word_embeddings:
         model._tied_weights_keys = {}  # this instance shares no weights; nothing to re-tie
     init = _initialise_on_device(model, device)
@@ -175,10 +177,10 @@ class HfTrainerRunner(LoopRunner):
         # Made before the model: with a ZeRO-3 config it tells transformers to build inside zero.Init.
         self.args = TrainingArguments(**training_arguments(p, spec, Path(self.ctx.work_dir) / "trainer",
                                                            self.ctx.device.type, self.max_steps))
-        config = llama_config(spec)
+        config = llama_config(spec, p["attention"])
         torch.manual_seed(p["seed"])
         if sharded and self.ctx.is_cuda:
-            self.hf_model = build_for_fsdp(spec, self.ctx.device)
+            self.hf_model = build_for_fsdp(spec, self.ctx.device, p["attention"])
         else:
             self.hf_model = LlamaForCausalLM._from_config(config)
         self._params_total = sum(getattr(q, "ds_numel", q.numel()) for q in self.hf_model.parameters())

@@ -26,11 +26,12 @@ TEST_SAMPLES = 2048  # synthetic; real IMDB tests on up to 10,000 reviews like t
 IMDB_TEST_SAMPLES = 10_000
 
 
-def build_classifier(spec, num_classes: int, pretrained_path: str | None, deterministic: bool):
+def build_classifier(spec, num_classes: int, pretrained_path: str | None, deterministic: bool,
+                     attention: str = "sdpa"):
     from transformers import DistilBertConfig, DistilBertForSequenceClassification
 
     # SDPA's fused attention kernels have no deterministic backward; eager attention does
-    attention = "eager" if deterministic else "sdpa"
+    attention = "eager" if deterministic or attention == "eager" else "sdpa"
     if pretrained_path:
         return DistilBertForSequenceClassification.from_pretrained(pretrained_path, num_labels=num_classes,
                                                                    attn_implementation=attention)
@@ -115,7 +116,8 @@ class LightningRunner(LoopRunner):
         n_train = self.ctx.fixed_steps * p["global_batch"]
         n_test = IMDB_TEST_SAMPLES if p["dataset_path"] else TEST_SAMPLES
         self.train_split, self.test_split = sentiment.load(p, self.ctx.spec, n_train, n_test)
-        model = build_classifier(self.ctx.spec, p["num_classes"], p["pretrained_path"], p["deterministic"])
+        model = build_classifier(self.ctx.spec, p["num_classes"], p["pretrained_path"], p["deterministic"],
+                                 p["attention"])
         self.module = _module_class()(model, p)
 
     def _loader(self, split: sentiment.Split, batch: int, shuffle: bool):

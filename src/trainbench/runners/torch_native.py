@@ -29,7 +29,7 @@ class TorchRunner(StepRunner):
 
     def _new_model(self) -> GPT:
         return GPT(self.ctx.spec, head=self.p["head"], num_classes=self.p["num_classes"],
-                   activation_checkpointing=self.p["activation_checkpointing"])
+                   activation_checkpointing=self.p["activation_checkpointing"], attention=self.p["attention"])
 
     def setup(self) -> None:
         device = self.ctx.device
