@@ -29,10 +29,10 @@ from trainbench.models import get_model
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def build_step(params: dict, spec=None):
+def build_step(params: dict, spec=None, compile_options: dict | None = None):
     """The cell's model, data and optimizer on this rank's GPU; returns one optimizer step (which
     returns its last micro batch's loss, a tensor left on the device). `spec`: another shape of the
-    model than the cell's (bench/mfu.py tries some)."""
+    model than the cell's, `compile_options`: torch.compile's (bench/mfu.py tries some)."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ.get("LOCAL_RANK", 0))
     cuda = params["device"] == "cuda"  # CPU cells: the benchmark's own tests
@@ -42,7 +42,8 @@ def build_step(params: dict, spec=None):
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     torch.manual_seed(params["seed"])
-    spec = spec or get_model(params["model"])
+    own = get_model(params["model"])  # the data's vocabulary; the model may be built padded
+    spec = spec or own.with_vocab_multiple(params.get("vocab_multiple", 1))
     attention = params.get("attention", "sdpa")  # optional: a cell at the default leaves it out
     hold_attention_kernel(attention)
     with device:
@@ -50,10 +51,10 @@ def build_step(params: dict, spec=None):
     model.init_weights(params["seed"])
     wrapped = DistributedDataParallel(model, device_ids=[local] if cuda else None) if world > 1 else model
     if params["compile"]:
-        wrapped = torch.compile(wrapped)
+        wrapped = torch.compile(wrapped, **(compile_options or {}))
     optimizer = torch.optim.AdamW(model.parameters(), lr=params["lr"], weight_decay=params["weight_decay"],
                                   fused=cuda or None)
-    data = SyntheticBatches(vocab_size=spec.vocab_size, seq_len=params["seq_len"],
+    data = SyntheticBatches(vocab_size=own.vocab_size, seq_len=params["seq_len"],
                             micro_batch=params["micro_batch"], head=params["head"],
                             num_classes=params["num_classes"], seed=params["seed"], rank=rank,
                             device=device)

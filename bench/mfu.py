@@ -1,12 +1,20 @@
-"""How far MFU goes on one GPU: the baseline cells' configuration with some of the usual tunings.
+"""How far MFU goes on one GPU: where a baseline cell's step time goes, and what the usual tunings buy.
 
-    python3 bench/mfu.py [--steps 20] [--out results/bench/mfu]        (on a GPU host)
+    python3 bench/mfu.py [--steps 20] [--out results/bench/mfu] [--only NAME ...]      (on a GPU host)
 
-Each variant is the bare loop of bench/bare_loop.py (trainbench's GPT, fused AdamW, bf16 autocast,
-torch.compile) with one change: a larger micro batch at the same global batch, or the vocabulary
-padded to a multiple of 64 (nanoGPT's 50304: the LM head's matmul tiles evenly). MFU counts the
-model's own FLOPs (the unpadded vocabulary: the padding's work is waste, not model FLOPs), against
-the GPU's dense bf16 peak (src/trainbench/metrics.py). Variants run one after another in one process.
+First a profile of the baseline cell's configuration (bench/bare_loop.py: trainbench's GPT, fused
+AdamW, bf16 autocast, torch.compile): two optimizer steps under torch.profiler, every GPU kernel
+put in one of a few classes (matrix multiplies, attention, the compiler's fused kernels, the
+optimizer, ...), with the share of the step each takes and the time the GPU sat idle.
+
+Then variants, each the same bare loop with one change or a combination: the attention kernel (the
+cell parameter `attention`), the vocabulary padded to a multiple of 64 (`vocab_multiple: 64`,
+nanoGPT's 50304: the LM head's matmul tiles evenly), a larger micro batch at the same global batch,
+and the compiler's autotuning. Each variant runs in a fresh process (its own compilation, nothing carried over), one
+after another; a variant that fails or runs past --variant-timeout is reported as such. MFU counts
+the model's own FLOPs (the unpadded vocabulary: padding is waste, not model FLOPs), against the
+GPU's dense bf16 peak (src/trainbench/metrics.py). One window of --steps steps per variant,
+synchronised at its two ends: differences under about 1% are within run-to-run noise.
 """
 
 from __future__ import annotations
@@ -14,46 +22,175 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
+CELLS = {"124m": "strategy~single__model~gpt2-124m__gpus~1__micro_batch~32",
+         "350m": "strategy~single__model~gpt2-350m__gpus~1__micro_batch~16"}
+MAX_AUTOTUNE = {"mode": "max-autotune-no-cudagraphs"}
+COORDINATE_DESCENT = {"coordinate_descent_tuning": True}
 
-from bare_loop import build_step  # noqa: E402
-from trainbench.config import load_config  # noqa: E402
-from trainbench.metrics import peak_flops  # noqa: E402
-from trainbench.models import get_model  # noqa: E402
 
-VARIANTS = [  # (baseline cell, changes to its parameters, padded vocabulary)
-    ("strategy~single__model~gpt2-124m__gpus~1__micro_batch~32", {}, None),
-    ("strategy~single__model~gpt2-124m__gpus~1__micro_batch~32", {"micro_batch": 64, "grad_accum": 2}, None),
-    ("strategy~single__model~gpt2-124m__gpus~1__micro_batch~32", {}, 50304),
-    ("strategy~single__model~gpt2-124m__gpus~1__micro_batch~32", {"micro_batch": 64, "grad_accum": 2}, 50304),
-    ("strategy~single__model~gpt2-350m__gpus~1__micro_batch~16", {}, 50304),
-    ("strategy~single__model~gpt2-350m__gpus~1__micro_batch~16", {"micro_batch": 32, "grad_accum": 2}, 50304),
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    name: str
+    cell: str  # a key of CELLS
+    params: dict = dataclasses.field(default_factory=dict)  # changes to the cell's parameters
+    compile_options: dict = dataclasses.field(default_factory=dict)  # torch.compile(..., **these)
+    inductor: dict = dataclasses.field(default_factory=dict)  # torch._inductor.config settings
+
+
+PADDED = {"vocab_multiple": 64}
+VARIANTS = [
+    Variant("124m", "124m", {"vocab_multiple": 1}),
+    Variant("124m attention=flash", "124m", {"vocab_multiple": 1, "attention": "flash"}),
+    Variant("124m attention=cudnn", "124m", {"vocab_multiple": 1, "attention": "cudnn"}),
+    Variant("124m vocab 50304", "124m", PADDED),
+    Variant("124m micro batch 64 x 2", "124m", {"vocab_multiple": 1, "micro_batch": 64, "grad_accum": 2}),
+    Variant("124m coordinate-descent tuning", "124m", {"vocab_multiple": 1}, inductor=COORDINATE_DESCENT),
+    Variant("124m vocab + micro batch 64 x 2", "124m", {**PADDED, "micro_batch": 64, "grad_accum": 2}),
+    Variant("350m", "350m", {"vocab_multiple": 1}),
+    Variant("350m vocab 50304", "350m", PADDED),
+    Variant("350m vocab + micro batch 32 x 2", "350m", {**PADDED, "micro_batch": 32, "grad_accum": 2}),
+    Variant("124m vocab + max-autotune (no CUDA graphs)", "124m", PADDED, compile_options=MAX_AUTOTUNE),
+]
+
+# Kernel classes, by name, first match wins.
+KERNEL_CLASSES = [
+    ("attention", re.compile(r"flash|fmha|sdpa|attention|attn", re.I)),
+    ("matmul", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|wgmma|sm90_", re.I)),
+    ("optimizer", re.compile(r"multi_tensor|adam|foreach", re.I)),
+    ("fused (compiler)", re.compile(r"^triton_", re.I)),
+    ("copies and fills", re.compile(r"memcpy|memset|copy|fill", re.I)),
 ]
 
 
-def measure(params: dict, vocab: int | None, steps: int) -> dict:
-    spec = get_model(params["model"])
-    step = build_step(params, dataclasses.replace(spec, vocab_size=vocab) if vocab else spec)
+def classify(kernel: str) -> str:
+    return next((name for name, pattern in KERNEL_CLASSES if pattern.search(kernel)), "other")
+
+
+def cell_params(variant: Variant) -> dict:
+    from trainbench.config import load_config
+
+    study = load_config(REPO / "config.yaml").study("baseline")
+    return {**study.cell(CELLS[variant.cell]).params, **variant.params}
+
+
+def build(variant: Variant):
+    import torch
+
+    from bare_loop import build_step
+
+    for key, value in variant.inductor.items():
+        setattr(torch._inductor.config, key, value)
+    params = cell_params(variant)
+    return params, build_step(params, compile_options=variant.compile_options)
+
+
+def measure(variant: Variant, steps: int) -> dict:
+    """One variant, in this process: warm-up (compilation), then one window of `steps` steps."""
+    import torch
+
+    from trainbench.metrics import peak_flops
+    from trainbench.models import get_model
+
+    started = time.perf_counter()
+    params, step = build(variant)
     for _ in range(params["warmup_steps"]):
         step()
     torch.cuda.synchronize()
-    started = time.perf_counter()
+    warm = time.perf_counter() - started
+    began = time.perf_counter()
     for _ in range(steps):
         step()
     torch.cuda.synchronize()
-    seconds = (time.perf_counter() - started) / steps
+    seconds = (time.perf_counter() - began) / steps
     tokens = params["micro_batch"] * params["grad_accum"] * params["seq_len"] / seconds
-    flops = tokens * spec.train_flops_per_token(params["seq_len"])  # the model's own FLOPs
+    flops = tokens * get_model(params["model"]).train_flops_per_token(params["seq_len"])  # the model's own
     peak = peak_flops(torch.cuda.get_device_name(0), params["precision"], params["tf32"])
-    torch._dynamo.reset()
-    return {"step_time_s": seconds, "tokens_per_s": tokens, "tflops": flops / 1e12, "mfu": flops / peak}
+    return {"variant": variant.name, "micro_batch": params["micro_batch"], "grad_accum": params["grad_accum"],
+            "step_time_s": seconds, "tokens_per_s": tokens, "tflops": flops / 1e12, "mfu": flops / peak,
+            "build_and_warmup_s": warm, "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30}
+
+
+def profile(variant: Variant) -> dict:
+    """Two optimizer steps under torch.profiler: GPU time by kernel class, and the GPU's idle time."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    params, step = build(variant)
+    for _ in range(params["warmup_steps"]):
+        step()
+    torch.cuda.synchronize()
+    steps = 2
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as trace:
+        prof.export_chrome_trace(trace.name)
+        events = json.loads(Path(trace.name).read_text())["traceEvents"]
+    kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e]
+    begin = min(e["ts"] for e in kernels)
+    end = max(e["ts"] + e["dur"] for e in kernels)
+    busy, reach = 0.0, begin  # the union of kernel intervals: when the GPU was doing anything
+    for e in sorted(kernels, key=lambda e: e["ts"]):
+        start, stop = max(e["ts"], reach), e["ts"] + e["dur"]
+        if stop > start:
+            busy += stop - start
+            reach = stop
+    by_class: dict[str, float] = {}
+    by_kernel: dict[str, float] = {}
+    for e in kernels:
+        by_class[classify(e["name"])] = by_class.get(classify(e["name"]), 0.0) + e["dur"]
+        by_kernel[e["name"]] = by_kernel.get(e["name"], 0.0) + e["dur"]
+    span = end - begin
+    top = sorted(by_kernel.items(), key=lambda kv: -kv[1])[:15]
+    return {"variant": variant.name, "steps": steps, "span_ms_per_step": span / 1e3 / steps,
+            "gpu_idle_share": 1 - busy / span,
+            "classes": {k: v / span for k, v in sorted(by_class.items(), key=lambda kv: -kv[1])},
+            "top_kernels": [{"name": name[:120], "class": classify(name), "share": t / span} for name, t in top]}
+
+
+def run_variant(variant: Variant, steps: int, timeout_s: float, mode: str) -> dict:
+    """A variant in a fresh process: its own compilation, no state left from the one before."""
+    command = [sys.executable, __file__, f"--{mode}", json.dumps(dataclasses.asdict(variant)),
+               "--steps", str(steps)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"variant": variant.name, "error": f"ran past {timeout_s:.0f} s"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {"variant": variant.name, "error": f"exit {done.returncode}: {tail[0][:200]}"}
+    return json.loads(lines[-1])
+
+
+def row_text(row: dict) -> str:
+    if "error" in row:
+        return f"{row['variant']:<44} failed: {row['error']}"
+    return (f"{row['variant']:<44} {row['micro_batch']:>3} x {row['grad_accum']}  {row['step_time_s'] * 1e3:7.1f} ms"
+            f"  {row['tokens_per_s']:>9,.0f} tok/s  {row['tflops']:6.1f} TFLOPS  MFU {row['mfu']:6.1%}"
+            f"  ({row['build_and_warmup_s']:.0f} s to warm, {row['peak_allocated_gib']:.1f} GiB)")
+
+
+def profile_text(result: dict) -> list[str]:
+    if "error" in result:
+        return [f"profile of {result['variant']} failed: {result['error']}"]
+    lines = [f"profile of {result['variant']}: {result['span_ms_per_step']:.1f} ms per step on the GPU's "
+             f"timeline, idle {result['gpu_idle_share']:.1%} of it",
+             "  " + ", ".join(f"{name} {share:.1%}" for name, share in result["classes"].items()),
+             "  largest kernels:"]
+    lines += [f"    {k['share']:6.1%}  {k['class']:<17} {k['name'][:90]}" for k in result["top_kernels"]]
+    return lines
 
 
 def main() -> int:
@@ -61,24 +198,37 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", type=Path, default=REPO / "results" / "bench" / "mfu")
+    parser.add_argument("--only", nargs="*", help="variants to run (names as listed; default: all)")
+    parser.add_argument("--variant-timeout", type=float, default=240)
+    parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--measure", help=argparse.SUPPRESS)  # one variant, in this process
+    parser.add_argument("--profile", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    study = load_config(REPO / "config.yaml").study("baseline")
+    if args.measure or args.profile:
+        variant = Variant(**json.loads(args.measure or args.profile))
+        print(json.dumps(measure(variant, args.steps) if args.measure else profile(variant)), flush=True)
+        return 0
+
+    import torch
+
+    variants = [v for v in VARIANTS if not args.only or v.name in args.only]
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    print(f"bench/mfu.py on {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
-          f"{args.steps} timed steps each")
-    for cell_id, changes, vocab in VARIANTS:
-        params = {**study.cell(cell_id).params, **changes}
-        row = {"model": params["model"], "micro_batch": params["micro_batch"],
-               "grad_accum": params["grad_accum"],
-               "vocab": vocab or get_model(params["model"]).vocab_size, **measure(params, vocab, args.steps)}
-        rows.append(row)
-        print(f"{row['model']:<10} micro batch {row['micro_batch']:>3} x {row['grad_accum']}  "
-              f"vocab {row['vocab']:>6}  "
-              f"{row['step_time_s'] * 1e3:7.1f} ms  {row['tokens_per_s']:>9,.0f} tokens/s  "
-              f"{row['tflops']:6.1f} TFLOPS  "
-              f"MFU {row['mfu']:.1%}", flush=True)
-        (args.out / "mfu.json").write_text(json.dumps(rows, indent=1))
+    header = (f"bench/mfu.py on {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
+              f"{args.steps} timed steps per variant")
+    print(header, flush=True)
+    report = {"header": header, "command": " ".join(sys.argv), "profile": None, "variants": []}
+    lines = [header, ""]
+    if not args.no_profile:
+        report["profile"] = run_variant(VARIANTS[0], args.steps, args.variant_timeout, "profile")
+        lines += profile_text(report["profile"]) + [""]
+        print("\n".join(profile_text(report["profile"])), flush=True)
+    for variant in variants:
+        row = run_variant(variant, args.steps, args.variant_timeout, "measure")
+        report["variants"].append(row)
+        lines.append(row_text(row))
+        print(row_text(row), flush=True)
+        (args.out / "mfu.json").write_text(json.dumps(report, indent=1))
+    (args.out / "mfu.txt").write_text("\n".join(lines) + "\n")
     return 0
 
 

@@ -47,6 +47,12 @@ def mean_interval(values: list[float]) -> tuple[float, float | None]:
     return mean, T_975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
 
 
+def cache_environment(base) -> dict:
+    from trainbench.launch import cache_environment as cells_cache
+
+    return cells_cache(base)
+
+
 def gpu_count() -> int:
     import torch
 
@@ -62,8 +68,9 @@ def run_bare(cell, out: Path, steps: int, log) -> dict:
     result = out / "bare.json"
     command = [*launcher(cell.params["gpus"]), str(BARE), "--params", cell.canonical, "--steps", str(steps),
                "--out", str(result)]
+    # the compile cache the cell's ranks get (launch.py), so that neither compiles where the other does not
     subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT,
-                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                   env={**os.environ, **cache_environment(os.environ), "PYTHONUNBUFFERED": "1"})
     figures = json.loads(result.read_text())
     return {"tokens_per_s_per_gpu": figures["tokens_per_s"] / figures["gpus"],
             "step_time_s": figures["step_time_s"], "steps": figures["steps"]}

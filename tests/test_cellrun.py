@@ -17,7 +17,7 @@ import pytest
 from trainbench.cellrun import CellRun, classify, run_cell
 from trainbench.grid import Cell, check_cell, resolve
 from trainbench.models import get_model
-from trainbench.results import read_json, schema_problems
+from trainbench.results import PHASES, read_json, schema_problems
 from trainbench.timing import TimingSettings
 from trainbench.worker import FAIL_AT_STEP_ENV
 
@@ -84,11 +84,20 @@ def test_single_rank_cell_measures_and_records_everything(tmp_path):
     prov = doc["provenance"]
     assert prov["versions"]["torch"] and prov["hostname"] and prov["started"] <= prov["ended"]
     assert "trainbench.worker" in prov["command"]
+    # where the wall time went: phases in order that add up to it, the timed windows among them
+    phases = m["phases_s"]
+    assert list(phases) == [name for name, _, _ in PHASES] and min(phases.values()) >= 0
+    assert sum(phases.values()) == pytest.approx(m["wall_time_s"], abs=0.05)
+    assert phases["timed"] >= m["step_time_s"] * m["steps_timed"] * 0.9
+    assert phases["imports"] > 0.1 and phases["launch"] < 1  # torch's import; plain python starts the rank
+    assert m["timed_share"] == pytest.approx(phases["timed"] / m["wall_time_s"], abs=1e-3)
 
 
 def test_ddp_on_two_ranks_reports_every_rank(tmp_path):
     doc = run(make_cell(strategy="ddp", gpus=2), tmp_path)
     assert doc["status"] == "ok"
+    phases = doc["metrics"]["phases_s"]  # torchrun starts first, then the ranks
+    assert phases["launch"] > 0.2 and sum(phases.values()) == pytest.approx(doc["metrics"]["wall_time_s"], abs=0.05)
     assert len(doc["metrics"]["host_rss_peak_mib_per_rank"]) == 2
     assert "torch.distributed.run --standalone --nproc-per-node=2" in doc["provenance"]["command"]
     # the memory model's prediction is recorded, and on CPU ranks it is within a quarter of what they held

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from trainbench.grid import Cell, resolve
@@ -72,3 +73,16 @@ def test_multi_node_cells_ask_per_node_and_launch_their_own_steps():
     assert r["gpu"] is None and r["gres"] == "gpu:8"
     assert (r["nodes"], r["tasks"], r["cpus_per_task"], r["mem_mb"]) == (8, 8, 64, 256000)
     assert r["mpi"] == "srun" and r["tasks_per_gpu"] == 0
+
+
+def test_compiled_graphs_are_cached_per_environment_where_the_user_did_not_say(tmp_path):
+    env = launch_environment(params(), cpus_per_rank=1, devices=None,
+                             base={"TRAINBENCH_CACHE_DIR": str(tmp_path)})
+    cache = Path(env["TORCHINDUCTOR_CACHE_DIR"])
+    assert cache.parent.parent == tmp_path and cache.name == "inductor"
+    assert cache.parent.name.startswith(Path(sys.prefix).name + "-")  # this environment's own
+    home = launch_environment(params(), cpus_per_rank=1, devices=None, base={"XDG_CACHE_HOME": str(tmp_path)})
+    assert Path(home["TORCHINDUCTOR_CACHE_DIR"]).is_relative_to(tmp_path / "trainbench")
+    mine = launch_environment(params(), cpus_per_rank=1, devices=None,
+                              base={"TRAINBENCH_CACHE_DIR": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": "/x"})
+    assert mine["TORCHINDUCTOR_CACHE_DIR"] == "/x"

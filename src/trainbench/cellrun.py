@@ -244,9 +244,10 @@ class CellRun:
             commands = self._prepare_attempt(devices, attempt)
             for command in commands:
                 self._say(f"attempt {attempt}/{attempts}: {shlex.join(command)}")
-            attempt_start = time.monotonic()
+            attempt_start, launched = time.monotonic(), time.time()
             returncode, timed_out = self._launch(commands, devices, deadline)
             wall_time_s = time.monotonic() - attempt_start
+            exited = launched + wall_time_s
             outcome = classify(self.work_dir, returncode, timed_out, self.timeout_s,
                                self.params["warmup_steps"])
             self._say(f"attempt {attempt}: {outcome.status}"
@@ -255,7 +256,8 @@ class CellRun:
                 break
         doc = self._base_document(outcome.status, outcome.reason)
         if outcome.status == "ok":
-            doc["metrics"] = summarize(self.params, outcome.result, wall_time_s, self.cell.timing)
+            doc["metrics"] = summarize(self.params, outcome.result, wall_time_s, self.cell.timing,
+                                       launched=launched, exited=exited)
             framework_config = outcome.result.get("framework_config")
             if framework_config:  # the framework's own config as it ran (DeepSpeed's JSON, FSDP's settings)
                 write_json_atomic(self.output.parent / framework_config["file"], framework_config["config"])

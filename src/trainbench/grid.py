@@ -188,6 +188,9 @@ def check_cell(p: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
     if (p["dataset_size"] is None) != (p["epochs"] is None):
         errors.append(("epochs" if p["epochs"] is None else "dataset_size",
                        "dataset_size and epochs describe the whole run together: set both or neither"))
+    if p["vocab_multiple"] > 1 and model is not None and model.family != "gpt":
+        errors.append(("vocab_multiple", f"pads trainbench's GPT models; {p['model']} is built by "
+                                         "transformers with its own vocabulary"))
     if p["attention"] in SDPA_KERNELS and p["device"] != "cuda":
         errors.append(("attention", f"{p['attention']!r} is a CUDA kernel of SDPA; a CPU cell can use "
                                     "'sdpa' or 'eager'"))

@@ -264,7 +264,7 @@ def allocated_mib(parts_mib: dict[str, float]) -> float:
 
 def predict(params: dict[str, Any], hardware: Hardware | None = None) -> Prediction:
     """Peak memory of one rank's GPU, the busiest node's host memory, and whether both fit."""
-    spec = get_model(params["model"])
+    spec = get_model(params["model"]).with_vocab_multiple(params["vocab_multiple"])  # as built
     on_device, on_host = model_states(params, spec)
     acts = activations(params, spec)
     ranks_per_node = params["gpus_per_node"]

@@ -7,6 +7,7 @@ Counting is analytic so that the memory model and MFU work for models that were 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 
@@ -46,6 +47,11 @@ class ModelSpec:
         tokens = self.vocab_size * self.d_model
         positions = self.max_seq * self.d_model if self.learned_positions else 0
         return tokens + positions
+
+    def with_vocab_multiple(self, multiple: int) -> ModelSpec:
+        """The model as built with its token embedding padded to a multiple of `multiple` rows (the
+        `vocab_multiple` parameter); FLOPs and data stay the model's own."""
+        return dataclasses.replace(self, vocab_size=-(-self.vocab_size // multiple) * multiple)
 
     def param_count(self, head: str = "lm", num_classes: int = 2) -> int:
         final_norm = self.d_model if self.family == "llama" else 2 * self.d_model

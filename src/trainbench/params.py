@@ -109,6 +109,10 @@ PARAMS: tuple[Param, ...] = (
           "efficient (SDPA held to that kernel; CUDA only), or eager (softmax(QK^T)V with the seq x seq "
           "scores kept for the backward, as Hugging Face's eager attention).",
           choices=("sdpa", *SDPA_KERNELS, "eager"), optional=True),
+    Param("vocab_multiple", "int", 1, "Pad the token embedding (and the tied LM head) to a multiple of this "
+          "many rows, as nanoGPT pads GPT-2's 50,257 to 50,304 (64): the head's matmul and the loss's rows "
+          "then tile evenly. The padded rows are never a token of the data, and TFLOPS and MFU count the "
+          "model's own vocabulary. trainbench's GPT models.", minimum=1, optional=True),
     Param("ort", "bool", False, "Run the model under ONNX Runtime training (ORTModule)."),
     Param("compile", "bool", False, "Compile the model with torch.compile."),
     Param("lr", "float", 1e-4, "Peak learning rate.", minimum=0),

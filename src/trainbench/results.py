@@ -30,6 +30,19 @@ _TEXT = {"type": ["string", "null"]}
 _NUMBERS = {"type": ["array", "null"], "items": {"type": ["number", "null"]}}
 _INTERVAL = {"type": ["array", "null"], "items": {"type": "number"}, "minItems": 2, "maxItems": 2}
 
+# A run's phases, in order: each ends at a mark (the cell runner's `launched` and `exited`, rank 0's
+# others: worker.py), and together they span the run's wall time.
+PHASES = (
+    ("launch", "process_start", "the launcher's start until rank 0's process exists (torchrun, "
+                                "the DeepSpeed launcher)"),
+    ("imports", "imported", "rank 0's imports: Python, torch, the framework"),
+    ("setup", "built", "process group, memory sampler, model build, wrapping, optimizer"),
+    ("first_step", "first_step", "the first warm-up step: compilation and other first-call costs"),
+    ("warmup", "warmed_up", "the other warm-up steps"),
+    ("timed", "timed", "the timed windows"),
+    ("teardown", "exited", "gathering results, shutting down, the launcher's exit"),
+)
+
 
 @dataclass(frozen=True)
 class Key:
@@ -82,6 +95,10 @@ METRICS: tuple[Key, ...] = (
     Key("host_rss_peak_mib_per_rank", _NUMBERS, "peak resident memory of each rank", required=False),
     Key("host_mem_used_peak_mib", _NUMBER, "peak memory in use on the node, all processes", required=False),
     Key("host_mem_percent_peak", _NUMBER, "the same as a share of the node's memory", required=False),
+    Key("phases_s", {"type": "object", "additionalProperties": {"type": "number"}},
+        "where the run's wall time went, in seconds: " + ", ".join(f"{name} ({meaning})"
+                                                               for name, _, meaning in PHASES), required=False),
+    Key("timed_share", _NUMBER, "the timed windows' share of the run's wall time", required=False),
     Key("dataset", _TEXT, "the data accuracy was measured on", required=False),
     Key("test_samples", _INT, "held-out samples accuracy was measured on", required=False),
 )
@@ -225,9 +242,21 @@ def _round(value, digits=3):
     return None if value is None else round(value, digits)
 
 
+def phases(marks: dict[str, float]) -> dict[str, float]:
+    """Seconds per phase (PHASES) from the marks; a phase whose mark is missing (no warm-up steps)
+    takes none, and its time goes to the next."""
+    out, previous = {}, marks["launched"]
+    for name, mark, _ in PHASES:
+        end = max(marks.get(mark, previous), previous)  # clocks of 10 ms: never a negative phase
+        out[name] = round(end - previous, 3)
+        previous = end
+    return out
+
+
 def summarize(params: dict[str, Any], result: dict[str, Any], wall_time_s: float,
-              timing: TimingSettings) -> dict[str, Any]:
-    """The metrics of a successful run, from rank 0's result.json."""
+              timing: TimingSettings, launched: float, exited: float) -> dict[str, Any]:
+    """The metrics of a successful run, from rank 0's result.json; `launched` and `exited`: when the
+    launcher started and when it ended (wall clock)."""
     ranks = result["ranks"]
     memory = node_memory([r["node_memory"] for r in ranks])
     gpu_name = memory["names"][0] if memory["names"] else None
@@ -270,6 +299,8 @@ def summarize(params: dict[str, Any], result: dict[str, Any], wall_time_s: float
         host_mem_used_peak_mib=_round(max(memory["host_used"]), 1) if memory["host_used"] else None,
         host_mem_percent_peak=_round(max(memory["host_percent"]), 1) if memory["host_percent"] else None,
     )
+    spent = phases({**result["phase_marks"], "launched": launched, "exited": exited})
+    metrics.update(phases_s=spent, timed_share=_round(spent["timed"] / wall_time_s, 4) if wall_time_s else None)
     if "dataset" in result:  # where accuracy was measured: real data, or the synthetic stand-in
         metrics.update(dataset=result["dataset"], test_samples=result["test_samples"])
     return metrics

@@ -18,6 +18,7 @@ import time
 import traceback
 from pathlib import Path
 
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -57,8 +58,11 @@ def _single_process_environment() -> None:
 
 
 class Worker:
-    def __init__(self, cell: dict, work_dir: Path):
+    def __init__(self, cell: dict, work_dir: Path, imported: float | None = None):
         _single_process_environment()
+        # When each phase of the run ended, in wall-clock seconds (results.PHASES names them): the
+        # cell's cost beyond its timed steps, read from rank 0's.
+        self.marks = {"process_start": psutil.Process().create_time(), "imported": imported or time.time()}
         self.params = cell["params"]
         self.timing = TimingSettings(**cell.get("timing", {}))
         self.label = f"{cell['study']}/{cell['cell_id']}"
@@ -101,6 +105,7 @@ class Worker:
         dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
         if self.local_rank == 0:  # one sampler per node sees all of the node's GPUs
             self.sampler = MemorySampler(use_gpus=device.type == "cuda").start()
+        self.marks["group_ready"] = time.time()
         context = RunContext(self.params, self.rank, self.world_size, self.local_rank, device, self.work_dir,
                              self.timing)
 
@@ -109,6 +114,7 @@ class Worker:
         self._inject_faults(device)
         runner = make_runner(context)
         runner.setup()
+        self.marks["built"] = time.time()
 
         self.phase = "step"
         # a framework that owns its loop calls the recorder around each step, for a fixed number of them
@@ -139,6 +145,7 @@ class Worker:
         dist.all_gather_object(gathered, figures)
         if self.rank == 0:
             result = {
+                "phase_marks": self.marks,
                 "losses": steps.losses, "step_times_s": steps.window_step_times, "ranks": gathered,
                 "steps_per_window": steps.steps_per_window, "warmup_step_times_s": steps.warmup_times,
                 "timing_stopped": steps.stopped,
@@ -222,6 +229,10 @@ class StepRecorder:
         if self._in_warmup():
             self._synchronize()
             self.warmup_times.append(time.perf_counter() - self._started)
+            if self.worker.step == 1:  # compilation and every other first-call cost end here
+                self.worker.marks["first_step"] = time.time()
+            if self.worker.step == self.warmup:
+                self.worker.marks["warmed_up"] = time.time()
             self._read_losses()
             if self.worker.step == self.warmup and self.adaptive:
                 self.steps_per_window = self._agree(steps_per_window(
@@ -270,6 +281,7 @@ class StepRecorder:
             why = why or "rank 0's interval"
         if stop:
             self.stopped = why
+            self.worker.marks["timed"] = time.time()
         return stop
 
     def _agree(self, value: int) -> int:
@@ -289,6 +301,7 @@ class StepRecorder:
 
 
 def main(argv: list[str] | None = None) -> int:
+    imported = time.time()  # this module's imports (torch's among them) are done
     parser = argparse.ArgumentParser(prog="python -m trainbench.worker", description=__doc__)
     parser.add_argument("--cell", required=True, type=Path, help="the cell's JSON (study, cell_id, params)")
     parser.add_argument("--work-dir", required=True, type=Path)
@@ -300,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                                    os._exit(1)), "runner-watch")
     with open(args.cell) as f:
         cell = json.load(f)
-    worker = Worker(cell, args.work_dir)
+    worker = Worker(cell, args.work_dir, imported)
     try:
         worker.run()
     except BaseException as error:  # noqa: BLE001 - every failure is recorded before the rank exits

@@ -44,6 +44,12 @@ class RunContext:
         return get_model(self.params["model"])
 
     @property
+    def built_spec(self) -> ModelSpec:
+        """The model as the runner builds it: its vocabulary padded where the cell asks (`spec` is what
+        the data and the FLOPs count use)."""
+        return self.spec.with_vocab_multiple(self.params["vocab_multiple"])
+
+    @property
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
 

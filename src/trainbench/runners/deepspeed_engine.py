@@ -173,7 +173,7 @@ class DeepSpeedRunner(StepRunner):
         self.batches = self.ctx.batches(rank=data_rank)
 
     def _setup_pipeline(self, deepspeed) -> None:
-        spec = self.ctx.spec
+        spec = self.ctx.built_spec
         with self.ctx.device:
             self.inner = pipeline_module(spec, self.p)  # only this stage's layers are built
         init_pipeline_weights(self.inner, spec, self.p["seed"])
@@ -188,7 +188,7 @@ class DeepSpeedRunner(StepRunner):
 
     def _build_model(self, deepspeed) -> GPT:
         def new_model():
-            return GPT(self.ctx.spec, head=self.p["head"], num_classes=self.p["num_classes"],
+            return GPT(self.ctx.built_spec, head=self.p["head"], num_classes=self.p["num_classes"],
                        activation_checkpointing=self.p["activation_checkpointing"],
                        attention=self.p["attention"])
 

@@ -28,7 +28,7 @@ class TorchRunner(StepRunner):
         self.wrapped: torch.nn.Module | None = None
 
     def _new_model(self) -> GPT:
-        return GPT(self.ctx.spec, head=self.p["head"], num_classes=self.p["num_classes"],
+        return GPT(self.ctx.built_spec, head=self.p["head"], num_classes=self.p["num_classes"],
                    activation_checkpointing=self.p["activation_checkpointing"], attention=self.p["attention"])
 
     def setup(self) -> None:
