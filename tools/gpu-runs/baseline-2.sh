@@ -21,7 +21,7 @@ snakemake -c all results/tables/baseline.md --forcerun "${cells[@]}" 2>&1 | tee 
   | grep -E "wrote|error" | tail -10
 echo "== second run: $(( $(date +%s) - started )) s"
 mkdir -p bench-out/warm && cp -r results/runs/baseline bench-out/warm/
-trainbench compare bench-out/cold/baseline/.. bench-out/warm/baseline/.. 2>&1 | head -12
+trainbench compare bench-out/cold bench-out/warm 2>&1 | head -12
 python3 bench/overhead.py --rounds 2 --out bench-out/overhead 2>&1 | tail -8
 tar czf "$out/baseline-2.tgz" bench-out results/runs/baseline results/tables/baseline.* results/plots/baseline_* \
   .snakemake/log 2>/dev/null
