@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Run to run on one GPU host: every pair of runs of the same cells, compared by `trainbench compare`
-# (a repeat should show no significant change). The runs are committed under results/bench:
-#   - the overhead benchmark's three cell runs of each one-GPU baseline cell (results/bench/overhead/*/round-N/runs),
-#   - two `snakemake` runs of the same cells, the second with --force (results/bench/rerun/snakemake-{1,2}),
-# all on one H200 host in one session (commands: results/bench/overhead/*/overhead.txt, README).
+# (a repeat should show no significant change). The runs are committed under results/bench, two
+# sessions on one H200 host each (commands: results/bench/overhead/*/overhead.txt, README):
+#   commit 14b960c: the overhead benchmark's three cell runs of each one-GPU baseline cell
+#     (results/bench/overhead/gpt2-*/round-N/runs) and two `snakemake` runs of the same cells, the
+#     second with --force (results/bench/rerun/snakemake-{1,2});
+#   commit 6be6464 (vocabulary padded): `snakemake -c all` on empty compile caches and again with
+#     --forcerun on warm ones (results/bench/rerun/cold-warm/{cold,warm}; tools/gpu-runs/baseline-2.sh),
+#     and the overhead benchmark's two cell runs of each (results/bench/overhead/baseline-6be6464).
 #
 #   bash bench/rerun_compare.sh > results/bench/rerun/compare.txt
 set -euo pipefail
@@ -16,6 +20,13 @@ for model in gpt2-124m gpt2-350m; do
   done
 done
 pairs+=("results/bench/rerun/snakemake-1 results/bench/rerun/snakemake-2")
+new=(results/bench/rerun/cold-warm/cold results/bench/rerun/cold-warm/warm
+     results/bench/overhead/baseline-6be6464/round-1/runs results/bench/overhead/baseline-6be6464/round-2/runs)
+for ((i = 0; i < ${#new[@]}; i++)); do
+  for ((j = i + 1; j < ${#new[@]}; j++)); do
+    pairs+=("${new[i]} ${new[j]}")
+  done
+done
 for pair in "${pairs[@]}"; do
   echo "\$ trainbench compare $pair"
   trainbench compare $pair
