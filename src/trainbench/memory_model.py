@@ -220,21 +220,31 @@ def _block_tensors(spec: ModelSpec) -> list[tuple[float, str]]:
     return [(h, "res"), (h, "rep"), (3 * h, "c"), (h, "c"), (h, "res"), (h, "rep"), (2 * f, "c")]
 
 
-def activations(params: dict[str, Any], spec: ModelSpec) -> float:
-    """Bytes of activations saved for backward at the end of the forward pass, per rank."""
+def _dtype_bytes(params: dict[str, Any]) -> tuple[int, int]:
+    """(compute dtype, residual-stream dtype) bytes of a cell's activations."""
     mixed = params["precision"] != "fp32"
     kind, _ = engine(params)
     half_engine = mixed and kind == "zero"  # DeepSpeed runs the model itself in half precision
-    compute = 2 if mixed else 4
-    residual = 2 if half_engine else 4
+    return (2 if mixed else 4), (2 if half_engine else 4)
+
+
+def block_bytes_per_token(params: dict[str, Any], spec: ModelSpec) -> float:
+    """Bytes one block saves for backward per token on one rank (also the time model's measure of a
+    block's elementwise memory traffic)."""
+    compute, residual = _dtype_bytes(params)
     sizes = {"c": compute, "rep": compute, "res": residual, "mask": 1}
-    seq, batch, tp = params["seq_len"] or spec.max_seq, params["micro_batch"], params["tp"]
-    tokens = seq * batch
     # tensor parallelism splits what is inside attention and the MLP, not the residual stream nor
     # the norms' outputs that enter them (measured: 2.5B's largest micro batch at tp 2 and 4)
-    per_token = sum(width * sizes[dtype] / (tp if dtype == "c" else 1)
-                    for width, dtype in _block_tensors(spec))
-    block = tokens * per_token
+    return sum(width * sizes[dtype] / (params["tp"] if dtype == "c" else 1)
+               for width, dtype in _block_tensors(spec))
+
+
+def activations(params: dict[str, Any], spec: ModelSpec) -> float:
+    """Bytes of activations saved for backward at the end of the forward pass, per rank."""
+    compute, residual = _dtype_bytes(params)
+    seq, batch, tp = params["seq_len"] or spec.max_seq, params["micro_batch"], params["tp"]
+    tokens = seq * batch
+    block = tokens * block_bytes_per_token(params, spec)
     eager = framework_of(params).memory.eager_attention_when_deterministic and params["deterministic"]
     if eager:
         scores = spec.n_head / tp * seq * seq * batch
