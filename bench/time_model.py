@@ -45,15 +45,6 @@ CAVEATS = {
 }
 
 
-def cpu_threads(doc: dict) -> int:
-    """The threads a rank's CPU optimizer had: OMP_NUM_THREADS as the ranks ran, or the studies' 8."""
-    environment = (doc.get("provenance") or {}).get("environment") or {}
-    try:
-        return int(environment.get("OMP_NUM_THREADS", time_model.DEFAULT_CPU_THREADS))
-    except ValueError:
-        return time_model.DEFAULT_CPU_THREADS
-
-
 def measured_cells(folders: list[Path]) -> list[dict]:
     """Every cell that trained on a known GPU type, with its work on that GPU."""
     cells = []
@@ -64,7 +55,7 @@ def measured_cells(folders: list[Path]) -> list[dict]:
         if doc["status"] != "ok" or doc["params"].get("device") != "cuda" or gpu is None or not step:
             continue
         try:
-            work = time_model.work(doc["params"], gpu, cpu_threads(doc))
+            work = time_model.work(doc["params"], gpu, time_model.threads_of_run(doc))
         except (KeyError, ValueError) as error:
             print(f"skipped {doc['study']}/{doc['cell_id']}: {error}", file=sys.stderr)
             continue

@@ -158,6 +158,16 @@ def load_constants(path: Path = CONSTANTS_FILE) -> dict[str, Constants]:
     return {gpu: Constants(**values) for gpu, values in raw.items()}
 
 
+def threads_of_run(doc: dict[str, Any]) -> int:
+    """The threads a measured rank's CPU optimizer had: OMP_NUM_THREADS as the ranks ran (provenance),
+    or DEFAULT_CPU_THREADS where the run did not record it."""
+    environment = (doc.get("provenance") or {}).get("environment") or {}
+    try:
+        return int(environment.get("OMP_NUM_THREADS", DEFAULT_CPU_THREADS))
+    except ValueError:
+        return DEFAULT_CPU_THREADS
+
+
 def _spans_nodes(group: int, stride: int, params: dict[str, Any]) -> bool:
     """Whether a process group of `group` ranks, `stride` apart, has ranks on more than one node
     (tensor-parallel ranks are adjacent, data-parallel ranks tp x pp apart)."""
