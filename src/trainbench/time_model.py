@@ -4,13 +4,16 @@ A step is what one GPU (the busiest: the last pipeline stage, which holds the LM
 physical quantities computed from the cell and the hardware table alone (`work`), turned into seconds
 by a handful of efficiency constants fitted on the measured cells (`step_time`, `fit`):
 
-    T = t_step[framework]                                          fixed per-step cost of the engine
-      + (ga + pp - 1) / ga x (C + a x calls + TP_bytes / (e_link x B_peer))      micro batches, bubble
-      + max(0, overlapped - budget x C)                                  traffic hidden behind compute
-      + sync_bytes / (e_link x B_link) + opt_bytes / (e_opt x B_hbm)             gradient sync, optimizer
-      + offload_bytes / (e_pcie x B_pcie) + cpu_params / (r_cpu x threads)           optimizer offload
+    T = t_loop[framework] + t_engine[ZeRO stage]                  fixed costs per step (loop, engine)
+      + (ga + pp - 1) / ga x (busy + tp_bytes / (e_link x B_link))          micro batches, the bubble
+      + max(0, hidden_bytes / (e_link x B_link) + prefetch_bytes / (e_pcie x B_pcie) - budget x D)
+      + sync_bytes / (e_link x B_link)                              gradient and weight synchronisation
+      + opt_bytes / (e_opt x B_hbm)                                               optimizer on the GPU
+      + offload_bytes / (e_pcie x B_pcie) + params / (threads x r_cpu)            or offloaded to the CPU
 
-    C = F / (e_mm x peak) + k_elem x elem_bytes / B_hbm + t_layer x layer_passes        compute
+    busy = (H^4 + D^4)^(1/4)      the host queues work while the GPU runs it: the slower sets the pace
+    D = F / (e_mm x peak) + k_elem x elem_bytes / B_hbm                          the device's compute
+    H = t_layer x layer_passes + t_call x calls                                the host's launches
 
 - F, the matmul and attention FLOPs of the step on the GPU: per token 6 x the block parameters of the
   GPU's shard (tensor parallelism divides them, pipeline stages split the layers) plus 12 L d S / tp
@@ -23,10 +26,12 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
   widths slow: per token it grows like d where the matmuls grow like d^2, so a GPU's efficiency
   falls with d / tp, at a rate set by its peak over its memory bandwidth.
 - layer_passes: each block's forward and backward per micro batch (3, 4 with recomputation): the
-  kernel launches and Python of a block, which bound the small cells.
-- calls: framework-level collective calls on the critical path: the tensor-parallel all-reduces (2
-  forward and 2 backward per block and micro batch, 2 more when recomputing), ZeRO-3's parameter
-  fetches (one per linear layer, forward and backward and recomputation) and FSDP's unit gathers.
+  kernel launches and Python of a block. calls: framework-level collective calls the host makes: the
+  tensor-parallel all-reduces (2 forward and 2 backward per block and micro batch, 2 more when
+  recomputing), ZeRO-3's parameter fetches (one per linear layer for forward, backward and
+  recomputation; two calls where the weights are partitioned over several ranks: the bookkeeping and
+  the all-gather) and FSDP's unit gathers. The host's time bounds the small cells (a ZeRO-3 step of
+  GPT-2.5B takes as long at micro batch 4 as at 16); where the GPU's work is longer it hides it.
 - collective bytes per GPU (ring algorithms, n ranks): all-reduce 2(n-1)/n x size, reduce-scatter and
   all-gather (n-1)/n x size, over NVLink within a node (or PCIe where a GPU has none) and over the
   network once a group spans nodes. DDP all-reduces the gradients once per step (accumulation skips
@@ -38,13 +43,15 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
 - optimizer: 32 bytes of device memory per parameter a GPU steps (fp32 Adam: weights, gradients and
   two moments read, three written, the half copy); offloaded (DeepSpeed's CPU Adam, or torch's Adam
   on the host for FSDP's offload), the partition's gradients cross PCIe down and its half-precision
-  weights up, and the CPU steps the partition with the rank's threads. Offloaded parameters cross
-  PCIe at every fetch, prefetched behind compute like the gathers.
+  weights up, and the CPU steps the partition with the rank's threads (under fp16, ZeRO-3 also
+  unscales and checks the gradients there). Offloaded parameters cross PCIe at every fetch: FSDP's
+  prefetched behind compute like its gathers, ZeRO-Infinity's on the critical path.
 
 The constants (`Constants`) are efficiencies, not properties of a cell: the fraction of peak matmuls
 reach, the passes of elementwise traffic, a block's launch cost, a collective call's cost, the
 fraction of link, PCIe and memory bandwidth collectives, copies and the optimizer reach, the CPU
-optimizer's parameters per second per thread, and each framework's fixed cost per step. They are
+optimizer's parameters per second per thread, and the fixed cost per step of each training loop and
+of DeepSpeed's engine at each ZeRO stage. They are
 fitted by least squares on log step time over the measured cells of one GPU type (`fit`;
 bench/time_model.py reports the error leave-one-out). A GPU type without measurements is predicted
 with the constants of the measured one (H200): peaks and bandwidths come from the hardware table,
@@ -276,7 +283,8 @@ def work(params: dict[str, Any], gpu: GpuType, cpu_threads: int = DEFAULT_CPU_TH
             # (stages 1 and 2 check them on the GPU; bf16 and fp32 have no loss scale)
             cpu_unscale = stepped / cpu_threads
         if offload_param:
-            overlapped_pcie = ga * (2 + ac) * weight_bytes * stepped / pcie
+            # ZeRO-Infinity copies a module's partition in just before gathering it: on the critical path
+            offload_pcie += ga * (2 + ac) * weight_bytes * stepped / pcie
     else:
         optimizer_hbm = OPTIMIZER_BYTES * stepped / hbm
 
