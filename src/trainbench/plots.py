@@ -126,7 +126,7 @@ def _draw_memory(ax, docs: list[Doc], keys: list[str], kind: str) -> None:
             predicted = _predicted_per_device(doc, kind)
             if predicted is not None:
                 ax.bar(x, predicted, width=0.8, **PREDICTED_STYLE,
-                       label=None if -2 in labelled else f"planned: predicted {kind} memory")
+                       label=None if -2 in labelled else f"not measured: predicted {kind} memory")
                 labelled.add(-2)
             else:
                 _status_mark(ax, x, doc)
@@ -164,7 +164,7 @@ def memory_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path,
     groups = panels(docs, list(panel_keys))
     keys, shared = label_keys(docs, id_keys, list(panel_keys))
     what = "peak NVML 'used' memory per GPU" if kind == "GPU" else "peak resident memory per CPU rank"
-    fig, axes = _panel_figure(groups, 0.9, f"{_titled(title, shared)}: {what} (bars) and predicted (black)"
+    fig, axes = _panel_figure(groups, 0.9, f"{_titled(title, shared)}: {what} (bars) and predicted (black; hatched: not measured)"
                                            f"{note}")
     for ax, (name, members) in zip(axes, groups):
         _draw_memory(ax, members, keys, kind)
@@ -177,7 +177,7 @@ def memory_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path,
 def _draw_throughput(ax, docs: list[Doc], keys: list[str], searched: bool) -> None:
     width = 0.4 if searched else 0.8
     labels = {"configured": "at the study's batch", "largest": "at the largest batch that trains",
-              "planned": "planned: the time model's prediction", "mark": "the time model's prediction"}
+              "planned": "not measured: the time model's prediction", "mark": "the time model's prediction"}
     for x, doc in enumerate(docs):
         predicted = time_prediction(doc).get("samples_per_s")
         if is_planned(doc):
@@ -231,7 +231,7 @@ def throughput_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path,
     keys, shared = label_keys(docs, id_keys, list(panel_keys))
     fig, axes = _panel_figure(groups, 1.2 if searched else 0.9,
                               f"{_titled(title, shared)}: training throughput (median step, 95% interval; "
-                              f"black: predicted){note}")
+                              f"black and hatched: predicted){note}")
     for ax, (name, members) in zip(axes, groups):
         _draw_throughput(ax, members, keys, searched)
         if name:
