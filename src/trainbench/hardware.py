@@ -50,9 +50,9 @@ _VOLTA = {"bf16": None, "fp16": 125e12, "tf32": 15.7e12, "fp32": 15.7e12}  # no 
 # Order matters for recognising NVML names: the first entry whose substrings all appear wins
 # ("A100-SXM4-80GB" is an a100-80g before it is an a100-40g; "A100" before "A10").
 GPUS: dict[str, GpuType] = {g.key: g for g in (
-    GpuType("h200", "NVIDIA H200 SXM 141 GB", ("H200",), 143771.0, _HOPPER, 4800, 450, 64, 50),
     GpuType("h100", "NVIDIA H100 SXM 80 GB", ("H100",), 81559.0, _HOPPER, 3350, 450, 64, 50,
             nvml_excludes=("PCIe",)),  # the PCIe part has lower peaks: better no figure than a wrong one
+    GpuType("h200", "NVIDIA H200 SXM 141 GB", ("H200",), 143771.0, _HOPPER, 4800, 450, 64, 50),
     GpuType("a100-80g", "NVIDIA A100 SXM 80 GB", ("A100", "80GB"), 81920.0, _AMPERE, 2039, 300, 32, 25),
     GpuType("a100-40g", "NVIDIA A100 SXM 40 GB", ("A100",), 40960.0, _AMPERE, 1555, 300, 32, 25),
     GpuType("v100-32g", "NVIDIA V100 SXM2 32 GB", ("V100", "32GB"), 32768.0, _VOLTA, 900, 150, 16, 12.5),

@@ -51,9 +51,8 @@ The constants (`Constants`) are efficiencies, not properties of a cell: the frac
 reach, the passes of elementwise traffic, a block's launch cost, a collective call's cost, the
 fraction of link, PCIe and memory bandwidth collectives, copies and the optimizer reach, the CPU
 optimizer's parameters per second per thread, and the fixed cost per step of each training loop and
-of DeepSpeed's engine at each ZeRO stage. They are
-fitted by least squares on log step time over the measured cells of one GPU type (`fit`;
-bench/time_model.py reports the error leave-one-out). A GPU type without measurements is predicted
+of DeepSpeed's engine at each ZeRO stage. They are fitted by least squares on log step time over the
+measured cells of one GPU type (`fit`; bench/time_model.py reports the error leave-one-out). A GPU type without measurements is predicted
 with the constants of the measured one (H200): peaks and bandwidths come from the hardware table,
 efficiencies are assumed to carry over, and the output says so.
 """
