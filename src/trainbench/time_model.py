@@ -98,14 +98,14 @@ class Work:
     matmul_s: float  # FLOPs / peak
     elementwise_s: float  # bytes a block moves outside matmuls (one pass) / HBM bandwidth
     layer_passes: float  # block forward/backward passes
-    calls: float  # framework collective calls on the critical path
+    calls: float  # framework-level collective calls the host makes
     micro_link_s: float  # tensor- and pipeline-parallel traffic per step, not overlapped / link bandwidth
     overlapped_link_s: float  # ZeRO-3 / FSDP / DDP traffic that compute can hide / link bandwidth
-    overlapped_pcie_s: float  # offloaded parameters' traffic, prefetched / PCIe bandwidth
+    overlapped_pcie_s: float  # FSDP's offloaded parameters' traffic, prefetched / PCIe bandwidth
     overlap_budget: float  # share of the compute time that can hide it
     sync_link_s: float  # gradient and weight synchronisation after backward, exposed / link bandwidth
     optimizer_hbm_s: float  # the optimizer step on the GPU / HBM bandwidth
-    offload_pcie_s: float  # offloaded optimizer's gradients down and weights up / PCIe bandwidth
+    offload_pcie_s: float  # offload traffic on the critical path (gradients down, weights up) / PCIe
     cpu_adam_params: float  # parameters DeepSpeed's CPU Adam steps per thread
     cpu_torch_params: float  # parameters torch's optimizer steps on the host per thread
     cpu_unscale_params: float  # fp16 gradients ZeRO-3's offload unscales and checks on the host, per thread
@@ -122,7 +122,7 @@ class Constants:
     eta_matmul: float = 0.6  # fraction of peak FLOP/s matmuls and attention reach
     elementwise_passes: float = 3.0  # elementwise traffic in units of what a block saves for backward
     layer_pass_s: float = 1e-4  # launch and Python cost of one block's forward or backward
-    call_s: float = 5e-4  # one framework-level collective call on the critical path
+    call_s: float = 5e-4  # one framework-level collective call, on the host
     eta_link: float = 0.7  # fraction of NVLink / network bandwidth collectives reach
     eta_optimizer: float = 0.3  # fraction of HBM bandwidth the optimizer step reaches
     eta_pcie: float = 0.7  # fraction of PCIe bandwidth offload copies reach
