@@ -66,3 +66,12 @@ def test_a_long_title_widens_the_figure(tmp_path):
     memory_plot(DOCS[:2], ["strategy", "precision"], "s", short)
     memory_plot(DOCS[:2], ["strategy", "precision"], "a_study_with_a_long_name_" * 4, long)
     assert matplotlib.image.imread(long).shape[1] > 1.5 * matplotlib.image.imread(short).shape[1]
+
+
+def test_planned_cells_are_drawn_unless_a_panel_would_hold_too_many():
+    from trainbench.plots import PLANNED_DRAWN_UP_TO, drawn
+
+    planned = [dict(doc("bf16", f"s{i}", 2, 0), status="planned", metrics={}) for i in range(3)]
+    assert drawn(DOCS + planned, []) == (DOCS + planned, 0)
+    many = planned * (PLANNED_DRAWN_UP_TO // 3 + 1)
+    assert drawn(DOCS + many, []) == (DOCS, len(many))

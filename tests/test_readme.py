@@ -62,6 +62,7 @@ HOW: dict[str, How] = {
     "trainbench schema --write workflow/schemas/config.schema.yaml": How("run"),
     "trainbench cells <study>": How("run", line="trainbench cells smoke"),
     "trainbench predict": How("name", "the command's name; its full forms are run"),
+    "trainbench predict --gpu": How("name", "the command and its option, named; its full forms are run"),
     "trainbench compare": How("name", "the command's name; its full forms are run"),
     "trainbench run-cell": How("name", "what the train_cell rule runs"),
     "snakemake -n results/tables/<study>.md": How("run", line="snakemake -n results/tables/llama.md"),
@@ -88,6 +89,10 @@ HOW: dict[str, How] = {
         How("run", trains=True),
     "trainbench predict llama --gpu h200 --gpus-per-node 8 --host-mem-gib 2048": How("run"),
     "python bench/memory_model.py": How("run"),
+    "python bench/time_model.py": How("run"),
+    "trainbench predict megatron --gpu a100-80g --gpus-per-node 8 --host-mem-gib 1024": How("run"),
+    "python bench/time_model.py --write": How("elsewhere", "rewrites the package's constants; "
+                                                           "tests/test_time_model.py fits on synthetic cells"),
     "trainbench compare results/runs rerun/results/runs": How("run", before=_a_rerun_tree),
     "trainbench strategies": How("run"),
     "trainbench models": How("run"),

@@ -64,3 +64,15 @@ def test_run_time_and_current_predictions_are_named_apart_in_the_csv():
     measured = csv[csv.status == "ok"]
     assert (measured["table.predicted_gpu_mem_gib"] * 1024).round(0).tolist() == \
         measured["predicted_now.gpu_mem_mib"].round(0).tolist()
+
+
+def test_tables_give_the_time_model_for_planned_cells_and_its_error_for_measured_ones():
+    csv = pandas.read_csv(REPO / "results" / "tables" / "llama.csv")
+    planned, measured = csv[csv.status == "planned"], csv[csv.status == "ok"]
+    assert planned["table.predicted_step_time_ms"].notna().all()
+    assert planned["table.step_time_error_pct"].isna().all()  # nothing measured to hold it against
+    assert measured["table.step_time_error_pct"].notna().all()
+    assert ((measured["table.predicted_step_time_ms"] - 1e3 * measured["predicted_time.step_time_s"]).abs()
+            < 1e-3).all()
+    md = (REPO / "results" / "tables" / "llama.md").read_text()
+    assert "predicted step (ms)" in md and "time model error" in md and "in sample" in md

@@ -1,5 +1,5 @@
-"""`trainbench`: list cells and their status, run one cell, predict memory, compare two result trees, print
-the vocabulary, write the schema."""
+"""`trainbench`: list cells and their status, run one cell, predict memory and step time, compare two result
+trees, print the vocabulary, write the schema."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from trainbench.errors import ConfigError, UsageError
+from trainbench.hardware import GPUS
 
 
 def _config(path: str):
@@ -124,13 +125,16 @@ def cmd_run_cell(args) -> int:
 
 PREDICT_COLUMNS = ("study", "cell", "model", "strategy", "gpus", "nodes", "micro_batch",
                    "activation_checkpointing", "offload_optimizer", "offload_param", "gpu_mem_gib",
-                   "host_mem_gib_per_node", "fits", "why_not")
+                   "host_mem_gib_per_node", "fits", "why_not", "step_time_s", "samples_per_s", "mfu",
+                   "time_constants_from")
 
 
 def cmd_predict(args) -> int:
-    """One CSV row per cell: predicted memory per GPU and per node, and whether it fits the hardware."""
+    """One CSV row per cell: predicted memory per GPU and per node, whether it fits the hardware, and
+    (with --gpu) its step time, samples/s and MFU on that GPU type."""
     import csv
 
+    from trainbench import time_model
     from trainbench.memory_model import hardware_from_args, predict
 
     try:
@@ -139,6 +143,12 @@ def cmd_predict(args) -> int:
         raise UsageError(str(error)) from None
     config = _config(args.config)
     studies = [config.study(name) for name in args.studies or list(config.studies)]  # unknown ones: an error
+    if hardware.gpu is None:
+        print("trainbench: no GPU type (--gpu): memory only, no step time", file=sys.stderr)
+    else:
+        constants, note = time_model.constants_for(hardware.gpu)
+        if note:
+            print(f"trainbench: step times: {note}", file=sys.stderr)
     writer = csv.writer(sys.stdout, lineterminator="\n")
     writer.writerow(PREDICT_COLUMNS)
     for study in studies:
@@ -147,12 +157,19 @@ def cmd_predict(args) -> int:
             p = cell.params
             prediction = predict(p, hardware)
             gpu = prediction.gpu_mem_mib
+            timed = (None if hardware.gpu is None or cell.unsupported else
+                     time_model.predict(p, hardware.gpu, constants, cell.execution.get("cpus_per_rank") or
+                                        time_model.DEFAULT_CPU_THREADS))
             writer.writerow([name, cell.cell_id, p["model"], p["strategy"], p["gpus"], p["nodes"],
                              p["micro_batch"],
                              p["activation_checkpointing"], p["offload_optimizer"], p["offload_param"],
                              "" if gpu is None else f"{gpu / 1024:.1f}",
                              f"{prediction.host_mem_mib / 1024:.1f}",
-                             prediction.fits, prediction.why_not or ""])
+                             prediction.fits, prediction.why_not or "",
+                             "" if timed is None else f"{timed.step_time_s:.4g}",
+                             "" if timed is None else f"{timed.samples_per_s:.4g}",
+                             "" if timed is None or timed.mfu is None else f"{timed.mfu:.3f}",
+                             "" if timed is None else timed.constants_gpu])
     return 0
 
 
@@ -271,13 +288,14 @@ def parser() -> argparse.ArgumentParser:
                           "(the search measures it)")
     run.set_defaults(func=cmd_run_cell)
 
-    predict = sub.add_parser("predict", help="predict every cell's memory on given hardware (CSV)",
+    predict = sub.add_parser("predict", help="predict every cell's memory and step time on given hardware (CSV)",
                              description="Predict per-GPU and per-node host memory of every cell of the "
-                                         "given studies (default: all) on the hardware described, and "
-                                         "whether it fits.")
+                                         "given studies (default: all) on the hardware described, whether "
+                                         "it fits, and (with --gpu) its step time, samples/s and MFU: the "
+                                         "memory model and the time model (README).")
     predict.add_argument("studies", nargs="*")
     predict.add_argument("--config", default="config.yaml")
-    predict.add_argument("--gpu", help="GPU model: h100, h200, a100-80g, a100-40g, v100-32g, v100-16g")
+    predict.add_argument("--gpu", help=f"GPU type: {', '.join(GPUS)} (src/trainbench/hardware.py)")
     predict.add_argument("--gpu-mem-gib", type=positive(float),
                          help="memory per GPU in GiB (instead of --gpu)")
     predict.add_argument("--gpus-per-node", type=positive(int), default=8)

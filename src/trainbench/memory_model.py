@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainbench.frameworks import framework_of, offloads, strategy_of
+from trainbench.hardware import GPUS, GpuType, gpu_type, gpu_type_named_in, gpu_type_of
 from trainbench.metrics import MIB
 from trainbench.models import ModelSpec, get_model
 
@@ -73,18 +74,15 @@ DEEPSPEED_IMPORT_MIB = 75.0
 # offload cells of GPT-345M, GPT-2.5B and Llama-7B on H200 (6-9 bytes; 6 for ZeRO-3).
 OFFLOAD_STAGING_BYTES = 6.0
 
-# NVML totals of common GPUs (MiB), for describing hardware by name on the command line.
-GPU_MEMORY_MIB = {"h100": 81559.0, "h200": 143771.0, "a100-80g": 81920.0, "a100-40g": 40960.0,
-                  "v100-32g": 32768.0, "v100-16g": 16384.0}
-
-
 @dataclass(frozen=True)
 class Hardware:
-    """What a cell would run on: memory per GPU and per host, and GPUs per host."""
+    """What a cell would run on: memory per GPU and per host, GPUs per host, and the GPU type where known
+    (hardware.GPUS: its peaks and bandwidths, for the time model)."""
     gpu_mem_mib: float | None  # None: no GPUs (CPU ranks)
     host_mem_mib: float
     gpus_per_node: int
     name: str = ""
+    gpu: GpuType | None = None
 
     def describe(self) -> str:
         gpu = f"{self.gpu_mem_mib / 1024:.1f} GiB per GPU, " if self.gpu_mem_mib else ""
@@ -222,21 +220,31 @@ def _block_tensors(spec: ModelSpec) -> list[tuple[float, str]]:
     return [(h, "res"), (h, "rep"), (3 * h, "c"), (h, "c"), (h, "res"), (h, "rep"), (2 * f, "c")]
 
 
-def activations(params: dict[str, Any], spec: ModelSpec) -> float:
-    """Bytes of activations saved for backward at the end of the forward pass, per rank."""
+def _dtype_bytes(params: dict[str, Any]) -> tuple[int, int]:
+    """(compute dtype, residual-stream dtype) bytes of a cell's activations."""
     mixed = params["precision"] != "fp32"
     kind, _ = engine(params)
     half_engine = mixed and kind == "zero"  # DeepSpeed runs the model itself in half precision
-    compute = 2 if mixed else 4
-    residual = 2 if half_engine else 4
+    return (2 if mixed else 4), (2 if half_engine else 4)
+
+
+def block_bytes_per_token(params: dict[str, Any], spec: ModelSpec) -> float:
+    """Bytes one block saves for backward per token on one rank (also the time model's measure of a
+    block's elementwise memory traffic)."""
+    compute, residual = _dtype_bytes(params)
     sizes = {"c": compute, "rep": compute, "res": residual, "mask": 1}
-    seq, batch, tp = params["seq_len"] or spec.max_seq, params["micro_batch"], params["tp"]
-    tokens = seq * batch
     # tensor parallelism splits what is inside attention and the MLP, not the residual stream nor
     # the norms' outputs that enter them (measured: 2.5B's largest micro batch at tp 2 and 4)
-    per_token = sum(width * sizes[dtype] / (tp if dtype == "c" else 1)
-                    for width, dtype in _block_tensors(spec))
-    block = tokens * per_token
+    return sum(width * sizes[dtype] / (params["tp"] if dtype == "c" else 1)
+               for width, dtype in _block_tensors(spec))
+
+
+def activations(params: dict[str, Any], spec: ModelSpec) -> float:
+    """Bytes of activations saved for backward at the end of the forward pass, per rank."""
+    compute, residual = _dtype_bytes(params)
+    seq, batch, tp = params["seq_len"] or spec.max_seq, params["micro_batch"], params["tp"]
+    tokens = seq * batch
+    block = tokens * block_bytes_per_token(params, spec)
     eager = params["attention"] == "eager" or (
         framework_of(params).memory.eager_attention_when_deterministic and params["deterministic"])
     if eager:
@@ -319,20 +327,25 @@ def hardware_of_run(doc: dict[str, Any]) -> Hardware | None:
     host = provenance.get("host_mem_total_mib") or float("inf")
     if not totals and host == float("inf"):
         return None
-    return Hardware(min(totals) if totals else None, host, len(totals or []))
+    return Hardware(min(totals) if totals else None, host, len(totals or []),
+                    gpu=gpu_type_of(provenance.get("gpu_name")))
 
 
 def hardware_from_args(gpu: str | None, gpu_mem_gib: float | None, host_mem_gib: float,
                        gpus_per_node: int) -> Hardware:
-    """A hardware description from command-line words: a GPU name or its memory, host memory."""
+    """A hardware description from command-line words: a GPU type (hardware.GPUS) or its memory, host
+    memory. A name that is no GPU type only names the hardware (a study's `plan_for: {name: 8 x H200}`)
+    when the memory is given; the GPU type is then the one the name mentions, if any."""
+    kind = None
+    if gpu is not None:
+        try:
+            kind = gpu_type(gpu)
+        except ValueError:
+            if gpu_mem_gib is None:
+                raise ValueError(f"unknown GPU {gpu!r}; known: {', '.join(GPUS)} (or give --gpu-mem-gib)")
+            kind = gpu_type_named_in(gpu)
     if gpu_mem_gib is not None:
         gpu_mib = gpu_mem_gib * 1024
-    elif gpu is not None:
-        key = gpu.lower()
-        if key not in GPU_MEMORY_MIB:
-            raise ValueError(f"unknown GPU {gpu!r}; known: {', '.join(GPU_MEMORY_MIB)} "
-                             "(or give --gpu-mem-gib)")
-        gpu_mib = GPU_MEMORY_MIB[key]
     else:
-        gpu_mib = None
-    return Hardware(gpu_mib, host_mem_gib * 1024, gpus_per_node, gpu or "")
+        gpu_mib = kind.memory_mib if kind else None
+    return Hardware(gpu_mib, host_mem_gib * 1024, gpus_per_node, gpu or "", kind)

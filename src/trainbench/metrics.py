@@ -2,7 +2,7 @@
 
 MFU = achieved model FLOPs / peak FLOPs of the GPU at the training precision, where model FLOPs per
 token are `ModelSpec.train_flops_per_token` (6N + 12 L H Q T, PaLM appendix B). Peaks are the dense
-(not 2:4 sparse) tensor-core figures of the data sheets.
+(not 2:4 sparse) tensor-core figures of the data sheets, in hardware.GPUS.
 """
 
 from __future__ import annotations
@@ -10,38 +10,17 @@ from __future__ import annotations
 import resource
 from dataclasses import dataclass
 
+from trainbench import hardware
 from trainbench.models import get_model
 from trainbench.timing import TimingSettings, summarize_windows
 
 MIB = 1024 * 1024
 
-# Dense peak FLOP/s by GPU model (matched in the NVML name) and compute type.
-PEAK_FLOPS: dict[str, dict[str, float]] = {
-    "H200": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "fp32": 67e12},
-    "H100": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "fp32": 67e12},  # SXM
-    "A100": {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
-    "L40S": {"bf16": 362e12, "fp16": 362e12, "tf32": 183e12, "fp32": 91.6e12},
-    "A10": {"bf16": 125e12, "fp16": 125e12, "tf32": 62.5e12, "fp32": 31.2e12},
-}
-
-
-def compute_type(precision: str, tf32: bool) -> str:
-    if precision in ("bf16", "fp16"):
-        return precision
-    return "tf32" if tf32 else "fp32"
-
 
 def peak_flops(gpu_name: str | None, precision: str, tf32: bool) -> float | None:
-    """Peak FLOP/s of one GPU for this precision; None for CPUs and unknown GPUs."""
-    if not gpu_name:
-        return None
-    # H100 PCIe has a lower peak than the SXM part the table holds: better no MFU than a wrong one.
-    if "H100" in gpu_name and "PCIe" in gpu_name:
-        return None
-    for model, peaks in PEAK_FLOPS.items():
-        if model in gpu_name:
-            return peaks[compute_type(precision, tf32)]
-    return None
+    """Peak FLOP/s of one GPU (as NVML names it) for this precision; None for CPUs and GPUs the hardware
+    table does not know (hardware.GPUS: one table for MFU, the memory model and the time model)."""
+    return hardware.peak_flops(hardware.gpu_type_of(gpu_name), precision, tf32)
 
 
 @dataclass(frozen=True)

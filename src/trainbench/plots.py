@@ -1,7 +1,9 @@
 """Per-study plots: peak memory of every GPU (or CPU rank) by cell, and throughput by cell.
 
 Cells that did not run to the end keep their place on the x axis with their status written in, so
-a plot shows the same cells as the table. A study's `plot_panels` keys split a plot into rows, one
+a plot shows the same cells as the table. Planned cells (and cells this machine could not run) are
+drawn as hatched outlines at the memory and time models' predictions, where there are few enough of
+them to read (PLANNED_DRAWN_UP_TO per panel); measured cells carry the predictions as black marks. A study's `plot_panels` keys split a plot into rows, one
 per combination of their values, each with its own y axis: a grid's cells differ in throughput and
 memory by orders of magnitude across models, and one row of them all is too wide to read.
 """
@@ -17,9 +19,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from trainbench.results import with_intervals  # noqa: E402
-from trainbench.tables import prediction, with_current_predictions  # noqa: E402
+from trainbench.tables import prediction, time_prediction, with_current_predictions  # noqa: E402
 
 Doc = dict[str, Any]
+
+# a study with more planned cells than this in one panel (llama's 497) plots its measured cells only
+PLANNED_DRAWN_UP_TO = 40
+PREDICTED_STYLE = {"fill": False, "hatch": "///", "edgecolor": "dimgray", "linewidth": 0.8}
+
+
+def is_planned(doc: Doc) -> bool:
+    return doc["status"] in ("planned", "not run")
 
 
 def value_label(key: str, value: Any) -> str:
@@ -112,6 +122,15 @@ def _draw_memory(ax, docs: list[Doc], keys: list[str], kind: str) -> None:
     bar = 0.8 / width_per_cell
     labelled: set[int] = set()
     for x, (doc, (values, _)) in enumerate(zip(docs, series)):
+        if is_planned(doc):
+            predicted = _predicted_per_device(doc, kind)
+            if predicted is not None:
+                ax.bar(x, predicted, width=0.8, **PREDICTED_STYLE,
+                       label=None if -2 in labelled else f"not measured: predicted {kind} memory")
+                labelled.add(-2)
+            else:
+                _status_mark(ax, x, doc)
+            continue
         if not values:
             _status_mark(ax, x, doc)
             continue
@@ -124,7 +143,7 @@ def _draw_memory(ax, docs: list[Doc], keys: list[str], kind: str) -> None:
     predicted_label = "memory model's prediction"
     for x, doc in enumerate(docs):
         predicted = _predicted_per_device(doc, kind)
-        if predicted is not None:
+        if predicted is not None and not is_planned(doc):
             ax.hlines(predicted, x - 0.45, x + 0.45, colors="black", linewidths=2, label=predicted_label)
             predicted_label = None
             labelled.add(-1)
@@ -140,12 +159,13 @@ def _titled(study: str, shared: str) -> str:
 
 
 def memory_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path,
-                panel_keys: list[str] = ()) -> None:
+                panel_keys: list[str] = (), note: str = "") -> None:
     kind = _memory_kind(docs, [_memory_series(d) for d in docs])
     groups = panels(docs, list(panel_keys))
     keys, shared = label_keys(docs, id_keys, list(panel_keys))
     what = "peak NVML 'used' memory per GPU" if kind == "GPU" else "peak resident memory per CPU rank"
-    fig, axes = _panel_figure(groups, 0.9, f"{_titled(title, shared)}: {what} (bars) and predicted (black)")
+    fig, axes = _panel_figure(groups, 0.9, f"{_titled(title, shared)}: {what} (bars) and predicted (black; hatched: not measured)"
+                                           f"{note}")
     for ax, (name, members) in zip(axes, groups):
         _draw_memory(ax, members, keys, kind)
         if name:
@@ -156,8 +176,22 @@ def memory_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path,
 
 def _draw_throughput(ax, docs: list[Doc], keys: list[str], searched: bool) -> None:
     width = 0.4 if searched else 0.8
-    labels = {"configured": "at the study's batch", "largest": "at the largest batch that trains"}
+    labels = {"configured": "at the study's batch", "largest": "at the largest batch that trains",
+              "planned": "not measured: the time model's prediction", "mark": "the time model's prediction"}
     for x, doc in enumerate(docs):
+        predicted = time_prediction(doc).get("samples_per_s")
+        if is_planned(doc):
+            if predicted is None:
+                _status_mark(ax, x, doc)
+                continue
+            ax.bar(x, predicted, width=width, **PREDICTED_STYLE, label=labels.pop("planned", None))
+            ax.text(x, predicted, f"{predicted:,.1f}\npredicted", ha="center", va="bottom", fontsize=6,
+                    color="dimgray")
+            continue
+        if predicted is not None and doc["status"] == "ok":
+            offset = -width / 2 if searched else 0
+            ax.hlines(predicted, x + offset - width / 2, x + offset + width / 2, colors="black", linewidths=2,
+                      label=labels.pop("mark", None))
         bars = []
         if doc["status"] == "ok" and (doc.get("metrics") or {}).get("samples_per_s") is not None:
             bars.append(("configured", doc["metrics"], doc["params"].get("global_batch")))
@@ -184,19 +218,20 @@ def _draw_throughput(ax, docs: list[Doc], keys: list[str], searched: bool) -> No
     _cell_ticks(ax, docs, keys)
     ax.set_ylabel("samples / s (all ranks)")
     ax.set_ylim(top=ax.get_ylim()[1] * (1.25 if searched else 1.1))  # room for the notes above the bars
-    if searched and len(labels) < 2:
+    if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
 
 
 def throughput_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path,
-                    panel_keys: list[str] = ()) -> None:
+                    panel_keys: list[str] = (), note: str = "") -> None:
     """Samples/s of every cell at its configured batch; next to it, for a cell whose largest batch was
     searched, the run at that batch (labelled with the global batch)."""
     searched = any(d.get("search") for d in docs)
     groups = panels(docs, list(panel_keys))
     keys, shared = label_keys(docs, id_keys, list(panel_keys))
     fig, axes = _panel_figure(groups, 1.2 if searched else 0.9,
-                              f"{_titled(title, shared)}: training throughput (median step, 95% interval)")
+                              f"{_titled(title, shared)}: training throughput (median step, 95% interval; "
+                              f"black and hatched: predicted){note}")
     for ax, (name, members) in zip(axes, groups):
         _draw_throughput(ax, members, keys, searched)
         if name:
@@ -205,9 +240,20 @@ def throughput_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path,
     plt.close(fig)
 
 
+def drawn(docs: list[Doc], panel_keys: list[str]) -> tuple[list[Doc], int]:
+    """The cells to draw: all of them, or, where a panel would hold more than PLANNED_DRAWN_UP_TO planned
+    cells, the measured ones only; and how many planned cells were left out."""
+    widest = max((sum(map(is_planned, members)) for _, members in panels(docs, list(panel_keys))), default=0)
+    if widest <= PLANNED_DRAWN_UP_TO:
+        return docs, 0
+    kept = [d for d in docs if not is_planned(d)]
+    return kept, len(docs) - len(kept)
+
+
 def write_plots(docs: list[Doc], *, study: str, id_keys: list[str], memory_path: Path,
                 throughput_path: Path, panel_keys: list[str] = ()) -> None:
     Path(memory_path).parent.mkdir(parents=True, exist_ok=True)
-    docs = with_current_predictions(docs)
-    memory_plot(docs, id_keys, study, Path(memory_path), panel_keys)
-    throughput_plot(docs, id_keys, study, Path(throughput_path), panel_keys)
+    docs, left_out = drawn(with_current_predictions(docs), panel_keys)
+    note = f"; {left_out} planned cells not drawn (see the table)" if left_out else ""
+    memory_plot(docs, id_keys, study, Path(memory_path), panel_keys, note)
+    throughput_plot(docs, id_keys, study, Path(throughput_path), panel_keys, note)

@@ -139,9 +139,48 @@ def prediction(doc: Doc) -> dict:
         return {}
 
 
+def _study_gpu(docs: list[Doc]):
+    """The GPU type most of a study's measured cells ran on (None if none ran on a known one): what its
+    planned cells are predicted for where the study's plan_for names none."""
+    from trainbench.memory_model import hardware_of_run
+
+    kinds = Counter()
+    for doc in docs:
+        if doc["status"] == "ok" and (hardware := hardware_of_run(doc)) is not None and hardware.gpu:
+            kinds[hardware.gpu.key] += 1
+    return kinds.most_common(1)[0][0] if kinds else None
+
+
+def time_prediction(doc: Doc, study_gpu: str | None = None) -> dict:
+    """The time model's step time, samples/s and MFU for the cell: on the GPU it ran on (a measured
+    cell), or on the study's planning GPU (`planned_for_gpu`, else `study_gpu`); {} where the model
+    says nothing (CPU ranks, no GPU type, a run that did not train). Computed once per document, like
+    the memory prediction."""
+    if "predicted_time" in doc:
+        return doc["predicted_time"]
+    from trainbench import time_model
+    from trainbench.hardware import GPUS
+    from trainbench.memory_model import hardware_of_run
+
+    if doc["status"] == "ok":
+        hardware = hardware_of_run(doc)
+        gpu = hardware.gpu if hardware else None
+        threads = time_model.threads_of_run(doc)
+    elif doc["status"] in ("planned", "not run"):
+        key = doc.get("planned_for_gpu") or study_gpu
+        gpu, threads = GPUS.get(key) if key else None, time_model.DEFAULT_CPU_THREADS
+    else:
+        return {}
+    predicted = time_model.predict(doc["params"], gpu, cpu_threads=threads)
+    return predicted.as_dict() if predicted else {}
+
+
 def with_current_predictions(docs: list[Doc]) -> list[Doc]:
-    """Each document with the current memory model's prediction under "predicted_now"."""
-    return [{**doc, "predicted_now": prediction(doc)} for doc in docs]
+    """Each document with the current memory model's prediction under "predicted_now", and the time
+    model's under "predicted_time"."""
+    study_gpu = _study_gpu(docs)
+    return [{**doc, "predicted_now": prediction(doc), "predicted_time": time_prediction(doc, study_gpu)}
+            for doc in docs]
 
 
 def planned_document(cell: Cell, plan_for: dict[str, Any] | None) -> Doc:
@@ -157,6 +196,8 @@ def planned_document(cell: Cell, plan_for: dict[str, Any] | None) -> Doc:
     if plan_for:
         hardware = hardware_from_args(plan_for.get("name"), plan_for["gpu_mem_gib"], plan_for["host_mem_gib"],
                                       plan_for["gpus_per_node"])
+        if hardware.gpu is not None:  # the GPU type plan_for's name mentions: the time model's hardware
+            doc["planned_for_gpu"] = hardware.gpu.key
     try:
         predicted = predict(cell.params, hardware).as_dict()
     except (KeyError, ValueError):  # a model or strategy the memory model does not know
@@ -178,6 +219,19 @@ def _predicted_gib(doc: Doc):
 def _predicted_host_gib(doc: Doc):
     value = prediction(doc).get("host_mem_mib")
     return value / 1024 if value is not None else None
+
+
+def _predicted_time(key: str, scale: float = 1.0) -> Callable[[Doc], float | None]:
+    def value(doc: Doc):
+        figure = time_prediction(doc).get(key)
+        return figure * scale if figure is not None else None
+
+    return value
+
+
+def _step_time_error_pct(doc: Doc):
+    predicted, measured = time_prediction(doc).get("step_time_s"), _metric(doc, "step_time_s")
+    return 100 * (predicted - measured) / measured if predicted and measured else None
 
 
 COLUMNS: dict[str, Column] = {
@@ -236,14 +290,26 @@ COLUMNS: dict[str, Column] = {
     "predicted_host_mem_gib": Column("predicted host mem (GiB)", _predicted_host_gib, _fmt(1),
                                      "the memory model's prediction of the busiest node's ranks' memory",
                                      needs_ok=False),
+    "predicted_step_time_ms": Column("predicted step (ms)", _predicted_time("step_time_s", 1e3), _fmt(1),
+                                     "the time model's optimizer-step time (README, \"The time model\")",
+                                     needs_ok=False),
+    "predicted_samples_per_s": Column("predicted samples/s", _predicted_time("samples_per_s"), _fmt(1),
+                                      "global batch / the time model's step time", needs_ok=False),
+    "predicted_mfu": Column("predicted MFU", _predicted_time("mfu"), lambda v: f"{v:.1%}",
+                            "MFU at the time model's step time", needs_ok=False),
+    "step_time_error_pct": Column("time model error", _step_time_error_pct, lambda v: f"{v:+.0f}%",
+                                  "predicted step time against the measured median", needs_ok=True),
 }
 
 
 def with_predictions(report: list[str], docs: list[Doc]) -> list[str]:
-    """Every study's table shows the memory model's prediction next to what was measured."""
+    """Every study's table shows the memory model's prediction next to what was measured, and a GPU
+    study's the time model's step time and samples/s (planned cells: predicted only; measured ones: beside
+    the measurement, with the prediction's error)."""
     wanted = ["predicted_host_mem_gib"]
     if any(d["params"].get("device") == "cuda" for d in docs):
-        wanted.insert(0, "predicted_gpu_mem_gib")
+        wanted = ["predicted_gpu_mem_gib", *wanted, "predicted_step_time_ms", "predicted_samples_per_s",
+                  "step_time_error_pct"]
     return [*report, *(c for c in wanted if c not in report)]
 
 
@@ -450,6 +516,27 @@ def _timing_note(docs: list[Doc]) -> list[str]:
     return [text, ""]
 
 
+def _time_model_note(docs: list[Doc]) -> list[str]:
+    predicted = [d for d in docs if d.get("predicted_time")]
+    if not predicted:
+        return []
+    from trainbench.time_model import load_constants
+
+    fitted = {gpu: c.fitted_on for gpu, c in load_constants().items()}
+    gpus = sorted({d["predicted_time"]["gpu"] for d in predicted})
+    text = (f"Predicted step times and samples/s are the time model's (README, \"The time model\") on "
+            f"{', '.join(gpus)}: measured cells on the GPU they ran on, planned ones on the planning hardware"
+            f" (or the GPU the study's measured cells ran on).")
+    borrowed = sorted({d["predicted_time"]["note"] for d in predicted if d["predicted_time"].get("note")})
+    text += "".join(f" {note[0].upper()}{note[1:]}." for note in borrowed)
+    if any(d["status"] == "ok" for d in predicted):
+        text += (" Its constants were fitted on measured cells, these among them"
+                 + (f" ({'; '.join(f'{g}: {w}' for g, w in fitted.items())})" if fitted else "")
+                 + ", so a measured cell's error here is in sample; predicted from fits that did not see them, "
+                 "the error is in results/bench/time_model/time_model.txt.")
+    return [text, ""]
+
+
 def study_markdown(study: str, description: str, docs: list[Doc], *, id_keys: list[str], report: list[str],
                    plan_for: dict[str, Any] | None = None) -> str:
     report = with_predictions(report, docs)
@@ -471,6 +558,7 @@ def study_markdown(study: str, description: str, docs: list[Doc], *, id_keys: li
         "",
         *_planning_note(docs, plan_for),
         *_timing_note(docs),
+        *_time_model_note(docs),
         "Columns: " + "; ".join(f"{COLUMNS[c].header}: {COLUMNS[c].description}" for c in report) + ".",
         "",
         *search_markdown(docs, id_keys=id_keys),

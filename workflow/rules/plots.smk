@@ -13,6 +13,8 @@ rule study_plots:
         paths.PLOTS_LOG,
     params:
         missing=get_missing_cells,
+        short_of_gpus=get_cells_short_of_gpus,
+        planning=get_study_planning,
         layout=get_plot_layout,
     localrule: True
     conda:

@@ -1,0 +1,210 @@
+"""How good is the time model? Step time predicted leave-one-out against every measured cell.
+
+    python bench/time_model.py [FOLDER ...] [--csv FILE] [--write]
+
+For every cell that trained (status ok) on a GPU the hardware table knows, under the folders (default:
+results/runs, and results/search, whose max-batch probes run the same cells at larger micro
+batches): the time model's constants are fitted per GPU type on every other cell of that type, and
+the held-out cell's step time predicted from that fit (leave-one-out: no cell is predicted by a fit
+that saw it). Prints one line per cell (measured, predicted leave-one-out, its error, and the
+all-cells fit's prediction), the error distribution (median and worst absolute error, by study),
+how often the predictions rank the strategies of a group of cells that differ only in strategy
+(and, second, in strategy and its offload settings) the way the measurements do, and the constants
+fitted on all the cells. `--write` stores those constants in src/trainbench/time_model_constants.json,
+which `trainbench predict`, the tables and the plots read.
+
+Every fit starts from the same starting values (time_model.Constants()), which are not data, so the
+held-out cell reaches its prediction by no path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+import itertools
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from trainbench import time_model
+from trainbench.compare import shorten
+from trainbench.hardware import gpu_type_of
+from trainbench.results import read_json
+
+# Cells whose windows hold more than the step (noted in the output, fitted like the others: their
+# loop's fixed cost per step absorbs it) or that were timed too briefly to trust
+CAVEATS = {
+    "lightning": "Lightning's windows include what its loop does between steps (fitted: its loop's cost)",
+    "hf_trainer": "the Hugging Face Trainer's windows include its loop's work between steps (fitted: its "
+                  "loop's cost)",
+    "gpt2_zero": "gpt2_zero timed 3 steps per cell: no interval, and a rerun moved one by 74%",
+}
+
+
+def measured_cells(folders: list[Path]) -> list[dict]:
+    """Every cell that trained on a known GPU type, with its work on that GPU."""
+    cells = []
+    for path in sorted(p for folder in folders for p in folder.glob("**/metrics.json")):
+        doc = read_json(path)
+        gpu = gpu_type_of((doc.get("provenance") or {}).get("gpu_name"))
+        step = (doc.get("metrics") or {}).get("step_time_s")
+        if doc["status"] != "ok" or doc["params"].get("device") != "cuda" or gpu is None or not step:
+            continue
+        try:
+            work = time_model.work(doc["params"], gpu, time_model.threads_of_run(doc))
+        except (KeyError, ValueError) as error:
+            print(f"skipped {doc['study']}/{doc['cell_id']}: {error}", file=sys.stderr)
+            continue
+        cells.append({"doc": doc, "gpu": gpu.key, "work": work, "measured_s": step,
+                      "search": "search" in path.parts})
+    return cells
+
+
+def leave_one_out(works: dict, measured: np.ndarray) -> np.ndarray:
+    predicted = np.empty(len(measured))
+    for i in range(len(measured)):
+        keep = np.arange(len(measured)) != i
+        constants = time_model.fit({k: v[keep] for k, v in works.items()}, measured[keep])
+        predicted[i] = time_model.step_time({k: v[i:i + 1] for k, v in works.items()}, constants)[0]
+    return predicted
+
+
+def strategy_groups(docs: list[dict], keys: tuple[str, ...]) -> list[list[int]]:
+    """Indices of cells of one study whose parameters differ only in `keys`."""
+    groups = collections.defaultdict(list)
+    for i, doc in enumerate(docs):
+        rest = {k: v for k, v in doc["params"].items() if k not in keys}
+        groups[(doc["study"], json.dumps(rest, sort_keys=True, default=str))].append(i)
+    return [members for members in groups.values() if len(members) > 1]
+
+
+def ranking(docs, measured, predicted, keys, min_gap=0.0) -> tuple[int, int, list]:
+    """Pairs of a group ranked as measured: (right, pairs, the wrong ones), counting only pairs whose
+    measured step times differ by more than `min_gap` (a fraction)."""
+    right = total = 0
+    wrong = []
+    for members in strategy_groups(docs, keys):
+        for i, j in itertools.combinations(members, 2):
+            if abs(measured[i] / measured[j] - 1) <= min_gap:
+                continue
+            total += 1
+            if (measured[i] < measured[j]) == (predicted[i] < predicted[j]):
+                right += 1
+            else:
+                wrong.append((i, j))
+    return right, total, wrong
+
+
+def label(doc: dict) -> str:
+    p = doc["params"]
+    parts = [p["model"], p["strategy"]]
+    offload = "+".join(k.split("_")[1] for k in ("offload_optimizer", "offload_param") if p.get(k))
+    if offload:
+        parts.append(f"offload {offload}")
+    parts.append(f"{p['gpus']}g")
+    parts += [f"{k}{p[k]}" for k in ("tp", "pp") if p[k] > 1]
+    parts += [f"mb{p['micro_batch']}x{p['grad_accum']}", p["precision"]]
+    return " ".join(parts)
+
+
+def report(cells: list[dict], gpu: str) -> tuple[time_model.Constants, dict]:
+    docs = [c["doc"] for c in cells]
+    works = time_model.stack([c["work"] for c in cells])
+    measured = np.array([c["measured_s"] for c in cells])
+    constants = time_model.fit(works, measured)
+    constants.gpu = gpu
+    fitted = time_model.step_time(works, constants)
+    predicted = leave_one_out(works, measured)
+    errors = 100 * (predicted - measured) / measured
+    print(f"{'study':<15} {'cell':<52} {'measured':>10} {'predicted':>10} {'error':>7} {'all-fit':>10}")
+    for c, m, p, e, f in sorted(zip(cells, measured, predicted, errors, fitted),
+                                key=lambda t: (t[0]["doc"]["study"], t[0]["search"], label(t[0]["doc"]))):
+        study = c["doc"]["study"] + (" (search)" if c["search"] else "")
+        print(f"{study:<15} {shorten(label(c['doc']), 52):<52} {m * 1e3:>8.1f}ms {p * 1e3:>8.1f}ms "
+              f"{e:>+6.1f}% {f * 1e3:>8.1f}ms")
+    absolute = np.abs(errors)
+    print()
+    print(f"{gpu}: {len(cells)} cells, leave-one-out |error|: median {np.median(absolute):.1f}%, worst "
+          f"{absolute.max():.1f}%, within 15%: {int((absolute <= 15).sum())}, within 25%: "
+          f"{int((absolute <= 25).sum())}, within 50%: {int((absolute <= 50).sum())} "
+          f"(goals: median <= 15%, worst <= 50%)")
+    in_sample = np.abs(100 * (fitted - measured) / measured)
+    print(f"  the all-cells fit on the same cells (in sample): median {np.median(in_sample):.1f}%, worst "
+          f"{in_sample.max():.1f}%")
+    studies = sorted({d["study"] for d in docs})
+    for study in studies:
+        chosen = np.array([d["study"] == study for d in docs])
+        note = f"  [{CAVEATS[study]}]" if study in CAVEATS else ""
+        print(f"  {study:<15} {int(chosen.sum()):>3} cells: median {np.median(absolute[chosen]):5.1f}%, worst "
+              f"{absolute[chosen].max():5.1f}%{note}")
+    for framework in ("lightning", "hf_trainer"):
+        if any(d["params"]["framework"] == framework for d in docs):
+            print(f"  note: {CAVEATS[framework]}")
+    summary = {"cells": len(cells), "median_abs_error_pct": float(np.median(absolute)),
+               "worst_abs_error_pct": float(absolute.max())}
+    print()
+    for keys, what in ((("strategy",), "differ only in strategy"),
+                       (("strategy", "offload_optimizer", "offload_param"),
+                        "differ only in strategy and its offload settings")):
+        right, total, wrong = ranking(docs, measured, predicted, keys)
+        big_right, big_total, _ = ranking(docs, measured, predicted, keys, min_gap=0.10)
+        print(f"ranking, cells that {what}: {right} of {total} pairs right ({100 * right / total:.0f}%; goal "
+              f">= 90%); of the {big_total} pairs measured more than 10% apart: {big_right} "
+              f"({100 * big_right / max(big_total, 1):.0f}%)")
+        summary[f"ranking {what}"] = {"right": right, "pairs": total, "right_10pct_apart": big_right,
+                                      "pairs_10pct_apart": big_total}
+        if keys == ("strategy",):
+            for i, j in wrong:
+                print(f"  wrong: {docs[i]['study']}: {label(docs[i])} {measured[i] * 1e3:.0f} ms vs "
+                      f"{docs[j]['params']['strategy']} {measured[j] * 1e3:.0f} ms; predicted "
+                      f"{predicted[i] * 1e3:.0f} vs {predicted[j] * 1e3:.0f} ms")
+    print()
+    print(f"constants fitted on all {len(cells)} {gpu} cells (time_model.Constants; README, \"The time model\"):")
+    for name, value in zip(constants.names(), constants.vector()):
+        print(f"  {name:<24} {value:.4g}")
+    summary["constants"] = constants.as_dict()
+    summary["per_cell"] = [{"study": c["doc"]["study"], "cell": c["doc"]["cell_id"], "search": c["search"],
+                            "measured_s": float(m), "predicted_loo_s": float(p), "error_pct": float(e),
+                            "predicted_all_fit_s": float(f)}
+                           for c, m, p, e, f in zip(cells, measured, predicted, errors, fitted)]
+    return constants, summary
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folders", nargs="*", type=Path, default=[Path("results/runs"), Path("results/search")])
+    parser.add_argument("--csv", type=Path, help="also write the per-cell comparison here")
+    parser.add_argument("--write", action="store_true",
+                        help=f"store the all-cells fit in {time_model.CONSTANTS_FILE.name}")
+    args = parser.parse_args(argv)
+    cells = measured_cells(args.folders)
+    if not cells:
+        print(f"no measured GPU cells under {', '.join(map(str, args.folders))}", file=sys.stderr)
+        return 1
+    table, rows = {}, []
+    for gpu in sorted({c["gpu"] for c in cells}):
+        chosen = [c for c in cells if c["gpu"] == gpu]
+        constants, summary = report(chosen, gpu)
+        constants.fitted_on = (f"{len(chosen)} cells ({', '.join(sorted({c['doc']['study'] for c in chosen}))}), "
+                               "by bench/time_model.py")
+        table[gpu] = constants.as_dict()
+        rows += summary["per_cell"]
+    if args.write:
+        time_model.CONSTANTS_FILE.write_text(json.dumps(table, indent=1) + "\n")
+        print(f"\nwrote {time_model.CONSTANTS_FILE}")
+    if args.csv:
+        with args.csv.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    print(f"\n{statistics.median([abs(r['error_pct']) for r in rows]):.1f}% median |error| leave-one-out "
+          f"over {len(rows)} cells")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""The time model: what each strategy moves over which link, the parts that must grow with their cause,
+the fit recovering constants it was given, the hardware table, and `trainbench predict`'s time columns."""
+
+from __future__ import annotations
+
+import csv
+import io
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from trainbench import time_model
+from trainbench.config import load_config
+from trainbench.hardware import GPUS, gpu_type_named_in, gpu_type_of
+from trainbench.memory_model import hardware_from_args
+from trainbench.models import get_model
+from trainbench.params import PARAMS_BY_NAME
+
+from conftest import REPO
+
+H200 = GPUS["h200"]
+NVLINK = H200.nvlink_gb_s * 1e9
+
+
+def cell(**changes) -> dict:
+    """A cell's full parameters: the schema's defaults, a GPU cell of GPT-345M, the changes."""
+    params = {name: spec.default for name, spec in PARAMS_BY_NAME.items()}
+    params.update({"framework": "deepspeed", "model": "gpt-345m", "strategy": "zero1", "device": "cuda",
+                   "gpus": 4, "nodes": 1, "micro_batch": 4, "grad_accum": 1, "precision": "fp16",
+                   "seq_len": 1024, "tp": 1, "pp": 1})
+    params.update(changes)
+    params["dp"] = params["gpus"] // (params["tp"] * params["pp"])
+    params["gpus_per_node"] = params["gpus"] // params["nodes"]
+    params["global_batch"] = params["micro_batch"] * params["grad_accum"] * params["dp"]
+    return params
+
+
+def psi(model: str = "gpt-345m") -> float:
+    return get_model(model).param_count()
+
+
+def test_ddp_all_reduces_fp32_gradients_once_per_step_behind_the_last_backward():
+    w = time_model.work(cell(framework="torch", strategy="ddp", precision="bf16", grad_accum=4), H200)
+    assert w.overlapped_link_s * NVLINK == pytest.approx(2 * 3 / 4 * 4 * psi())  # 2(n-1)/n x fp32 gradients
+    assert w.overlap_budget == pytest.approx(2 / 3 / 4)  # the last of 4 micro batches' backward
+    assert w.sync_link_s == 0
+
+
+def test_zero_stages_move_what_the_zero_paper_says():
+    n, b = 4, 2  # ranks, fp16 bytes
+    zero0 = time_model.work(cell(strategy="zero0"), H200)
+    assert zero0.sync_link_s * NVLINK == pytest.approx(2 * (n - 1) / n * b * psi())  # an all-reduce
+    zero1 = time_model.work(cell(strategy="zero1", grad_accum=3), H200)
+    # reduce-scatter of the gradients once, all-gather of the updated weights: one all-reduce's worth
+    assert zero1.sync_link_s * NVLINK == pytest.approx(2 * (n - 1) / n * b * psi())
+    zero2 = time_model.work(cell(strategy="zero2", grad_accum=3), H200)
+    assert zero2.sync_link_s * NVLINK == pytest.approx((3 + 1) * (n - 1) / n * b * psi())  # every micro batch
+    zero3 = time_model.work(cell(strategy="zero3", grad_accum=3, activation_checkpointing=True), H200)
+    # weights gathered for forward, recomputation and backward, gradients reduce-scattered, per micro batch
+    assert zero3.overlapped_link_s * NVLINK == pytest.approx(3 * (3 + 1) * (n - 1) / n * b * psi())
+    assert zero3.sync_link_s == 0 and zero3.calls > 0
+
+
+def test_fsdp_gathers_for_forward_and_backward_and_reduces_once():
+    w = time_model.work(cell(framework="torch", strategy="fsdp", precision="bf16", grad_accum=2), H200)
+    # bf16 weights gathered twice per micro batch, fp32 gradients reduce-scattered once (torch FSDP2)
+    assert w.overlapped_link_s * NVLINK == pytest.approx((2 * 2 * 2 + 4) * 3 / 4 * psi())
+
+
+def test_tensor_parallel_all_reduces_grow_with_the_layers_and_the_batch():
+    small = time_model.work(cell(model="bert-180b-l4", strategy="zero0", gpus=4, tp=4, seq_len=2048), H200)
+    big = time_model.work(cell(model="bert-180b", strategy="zero0", gpus=4, tp=4, seq_len=2048), H200)
+    assert big.calls == 24 * small.calls and big.micro_link_s == pytest.approx(24 * small.micro_link_s)
+    # 4 all-reduces a block (2 forward, 2 backward) of micro batch x sequence x width, 2(t-1)/t of it each
+    d = get_model("bert-180b-l4").d_model
+    assert small.micro_link_s * NVLINK == pytest.approx(4 * 4 * 2 * 3 / 4 * 4 * 2048 * d * 2)
+    doubled = time_model.work(cell(model="bert-180b-l4", strategy="zero0", gpus=4, tp=4, seq_len=2048,
+                                   micro_batch=8), H200)
+    assert doubled.micro_link_s == pytest.approx(2 * small.micro_link_s)
+
+
+def test_collectives_across_nodes_run_at_the_network_not_nvlink():
+    one = time_model.work(cell(strategy="zero0", gpus=8, nodes=1), H200)
+    two = time_model.work(cell(strategy="zero0", gpus=8, nodes=2), H200)
+    assert two.sync_link_s / one.sync_link_s == pytest.approx(H200.nvlink_gb_s / H200.network_gb_s)
+    # tensor parallelism inside a node stays on NVLink however many nodes the data parallelism spans
+    inside = time_model.work(cell(strategy="zero0", gpus=16, nodes=2, tp=8), H200)
+    across = time_model.work(cell(strategy="zero0", gpus=16, nodes=1, tp=8), H200)
+    assert inside.micro_link_s == pytest.approx(across.micro_link_s)
+
+
+def test_the_pipeline_bubble_and_stage_share():
+    w = time_model.work(cell(strategy="zero1", gpus=4, pp=4, grad_accum=8), H200)
+    whole = time_model.work(cell(strategy="zero1", gpus=4, pp=1, grad_accum=8), H200)
+    assert w.pipeline_factor == pytest.approx((8 + 4 - 1) / 8)
+    assert w.layer_passes == whole.layer_passes / 4
+
+
+def test_more_offload_is_slower_and_checkpointing_costs_a_forward():
+    constants = time_model.Constants()
+    zero3 = cell(model="gpt-2.5b", strategy="zero3")
+    times = [time_model.predict(p, H200, constants).step_time_s for p in
+             (zero3, {**zero3, "offload_optimizer": True}, {**zero3, "offload_optimizer": True, "offload_param": True})]
+    assert times[0] < times[1] < times[2]
+    plain = time_model.work(cell(model="gpt-2.5b"), H200)
+    recomputed = time_model.work(cell(model="gpt-2.5b", activation_checkpointing=True), H200)
+    assert 1.2 < recomputed.matmul_s / plain.matmul_s < 4 / 3  # blocks once more forward, not the head
+
+
+def test_a100s_are_slower_than_h200s_and_say_whose_efficiencies_they_use():
+    params = cell(model="gpt-2.5b", micro_batch=16)
+    h200 = time_model.predict(params, H200)
+    a100 = time_model.predict(params, GPUS["a100-80g"])
+    assert a100.step_time_s > 2 * h200.step_time_s  # 312 against 989 TFLOPS on a compute-bound cell
+    assert h200.note is None and "no a100-80g cells measured" in a100.note and a100.constants_gpu == "h200"
+    assert 0 < a100.mfu < 1 and a100.samples_per_s == pytest.approx(params["global_batch"] / a100.step_time_s)
+    assert time_model.predict({**params, "device": "cpu"}, H200) is None
+    assert time_model.predict({**params, "precision": "bf16"}, GPUS["v100-32g"]) is None  # no bf16
+
+
+def test_the_fit_recovers_the_constants_that_made_the_times():
+    config = load_config(REPO / "config.yaml")
+    cells = [c.params for name in ("megatron", "zero3_pipeline", "lightning", "gpt2_zero", "baseline")
+             for c in config.study(name).cells if not c.unsupported and c.params["model"] != "bert-180b"]
+    llama = [c.params for c in config.study("llama").cells if c.params["model"] == "llama-7b"]
+    works = time_model.stack([time_model.work(p, H200) for p in cells + llama[::7]])
+    truth = time_model.Constants(eta_matmul=0.55, elementwise_passes=2.5, layer_pass_s=4e-4, call_s=7e-4,
+                                 eta_link=0.8, eta_optimizer=0.2, eta_pcie=0.6, cpu_adam_per_thread=9e7,
+                                 cpu_torch_per_thread=3e7, cpu_unscale_per_thread=5e7,
+                                 step_s={"torch": 0.01, "lightning": 0.03, "hf_trainer": 0.5, "ZeRO-0": 0.01,
+                                         "ZeRO-1/2": 0.02, "ZeRO-3": 0.04})
+    times = time_model.step_time(works, truth)
+    fitted = time_model.fit(works, times, prior=1e-4)
+    assert np.allclose(fitted.vector(), truth.vector(), rtol=0.03), dict(zip(truth.names(), fitted.vector()))
+    # and from noisy times (5% log-normal), still close
+    noisy = times * np.exp(np.random.default_rng(0).normal(0, 0.05, len(times)))
+    rough = time_model.fit(works, noisy)
+    predicted = time_model.step_time(works, rough)
+    assert np.median(np.abs(predicted / times - 1)) < 0.05
+
+
+def test_the_hardware_table_is_the_one_place_for_gpu_facts():
+    assert gpu_type_of("NVIDIA H200").key == "h200"
+    assert gpu_type_of("NVIDIA A100-SXM4-80GB").key == "a100-80g"
+    assert gpu_type_of("NVIDIA A100-SXM4-40GB").key == "a100-40g"
+    assert gpu_type_of("NVIDIA A10").key == "a10" and gpu_type_of("NVIDIA H100 PCIe") is None
+    assert gpu_type_named_in("8 x H200 per node").key == "h200"
+    planned = hardware_from_args("8 x H200", 140.4, 560, 8)  # a study's plan_for: memory given, type named
+    assert planned.gpu.key == "h200" and planned.gpu_mem_mib == pytest.approx(140.4 * 1024)
+    assert hardware_from_args("a100-80g", None, 512, 8).gpu_mem_mib == GPUS["a100-80g"].memory_mib
+    for gpu in GPUS.values():
+        assert gpu.peer_gb_s() >= gpu.pcie_gb_s and gpu.network_gb_s <= gpu.peer_gb_s()
+
+
+def test_predict_prints_step_time_samples_and_mfu_for_every_cell():
+    run = subprocess.run([sys.executable, "-m", "trainbench", "predict", "megatron", "--config",
+                          str(REPO / "config.yaml"), "--gpu", "a100-80g", "--host-mem-gib", "1024"],
+                         capture_output=True, text=True, check=True)
+    rows = list(csv.DictReader(io.StringIO(run.stdout)))
+    assert {"step_time_s", "samples_per_s", "mfu", "time_constants_from"} <= set(rows[0])
+    assert all(float(r["step_time_s"]) > 0 and 0 < float(r["mfu"]) < 1 for r in rows)
+    assert "no a100-80g cells measured: efficiencies fitted on h200" in run.stderr
+    memory_only = subprocess.run([sys.executable, "-m", "trainbench", "predict", "megatron", "--config",
+                                  str(REPO / "config.yaml"), "--gpu-mem-gib", "40", "--host-mem-gib", "1024"],
+                                 capture_output=True, text=True, check=True)
+    assert {r["step_time_s"] for r in csv.DictReader(io.StringIO(memory_only.stdout))} == {""}
+    assert "no GPU type" in memory_only.stderr
