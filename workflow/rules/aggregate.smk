@@ -7,8 +7,20 @@ rule study_table:
         searches=get_study_searches,
         grid=get_study_grid,
     output:
-        csv=paths.TABLE_CSV,
-        md=paths.TABLE_MD,
+        csv=report(
+            paths.TABLE_CSV,
+            caption="../report/table_csv.rst",
+            category="{study}",
+            subcategory="tables",
+            labels={"shows": "table, every field of every cell (CSV)"},
+        ),
+        md=report(
+            paths.TABLE_MD,
+            caption="../report/table_md.rst",
+            category="{study}",
+            subcategory="tables",
+            labels={"shows": "table (markdown)"},
+        ),
     log:
         paths.TABLE_LOG,
     params:

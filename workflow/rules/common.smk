@@ -218,6 +218,12 @@ def get_study_planning(wildcards):
     return {"plan_for": study.plan_for, "planned": sorted(f"{c.cell_id}={c.params_hash}" for c in study.planned)}
 
 
+def get_pages_of_tabled_studies():
+    """The page of every study that has a table on disk (rule report_all)."""
+    return [paths.path(paths.STUDY_PAGE, study=name) for name in CONFIG.studies
+            if os.path.exists(paths.path(paths.TABLE_MD, study=name))]
+
+
 def get_final_output():
     names = CONFIG.default_targets_studies(have_gpus=local_gpu_count() > 0)
     return [output for name in names for output in paths.study_outputs(name)]
