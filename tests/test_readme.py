@@ -82,6 +82,8 @@ HOW: dict[str, How] = {
     "snakemake -c all results/tables/gpt2_zero.md": How("run"),
     "snakemake -n results/tables/llama.md": How("run"),
     "trainbench cells smoke": How("run"),
+    "trainbench progress smoke --watch": How("run", "the smoke study ran: it shows the grid done and ends"),
+    "trainbench progress <study>": How("run", line="trainbench progress smoke"),
     "trainbench cells baseline": How("run"),
     "snakemake -c all --force results/runs/smoke/strategy~ddp/metrics.json": How("run", trains=True),
     "snakemake -c all results/tables/smoke.md --forcerun results/runs/smoke/strategy~ddp/metrics.json":

@@ -1,5 +1,5 @@
-"""`trainbench`: list cells and their status, run one cell, predict memory, compare two result trees, print
-the vocabulary, write the schema."""
+"""`trainbench`: list cells and their status, follow a study's progress, run one cell, predict memory,
+compare two result trees, print the vocabulary, write the schema."""
 
 from __future__ import annotations
 
@@ -88,6 +88,39 @@ def cmd_cells(args) -> int:
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
     for row in rows:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+    return 0
+
+
+def cmd_progress(args) -> int:
+    """One view of a study's grid while it runs; with --watch, refreshed until nothing runs or waits."""
+    import time
+
+    from rich.console import Console
+    from rich.live import Live
+
+    from trainbench.gpus import local_gpu_count
+    from trainbench.progress import render, survey
+
+    study = _config(args.config).study(args.study)
+    root, gpus_here = Path(args.root), local_gpu_count()
+
+    def view():
+        progress = survey(study, root, gpus_here=gpus_here, cluster=args.cluster)
+        return progress, render(progress, every_cell=args.all)
+
+    console = Console()
+    progress, shown = view()
+    if not args.watch:
+        console.print(shown)
+        return 0
+    try:
+        with Live(shown, console=console, auto_refresh=False) as live:
+            while not progress.finished:
+                time.sleep(args.interval)
+                progress, shown = view()
+                live.update(shown, refresh=True)
+    except KeyboardInterrupt:  # Ctrl-C ends the watch, not the run
+        pass
     return 0
 
 
@@ -251,6 +284,22 @@ def parser() -> argparse.ArgumentParser:
     cells.add_argument("--root", default=".", help="the directory results/ lives in")
     cells.add_argument("--tsv", action="store_true", help="tab-separated, for scripts")
     cells.set_defaults(func=cmd_cells)
+
+    progress = sub.add_parser("progress", help="a study's grid while it runs: cells done, running, failed, "
+                                                "waiting, and the time left",
+                              description="Show where a study's measured cells stand (done, running, failed, "
+                                          "waiting) from results/, and the time left, from the wall times of "
+                                          "the cells that ran.")
+    progress.add_argument("study")
+    progress.add_argument("--config", default="config.yaml")
+    progress.add_argument("--root", default=".", help="the directory results/ lives in")
+    progress.add_argument("--watch", action="store_true",
+                          help="refresh until no cell runs or waits (Ctrl-C stops watching, not the run)")
+    progress.add_argument("--interval", type=positive(float), default=5.0, help="seconds between refreshes")
+    progress.add_argument("--all", action="store_true", help="list every cell, however many")
+    progress.add_argument("--cluster", action="store_true",
+                          help="cells run through SLURM: none waits for this machine's GPUs")
+    progress.set_defaults(func=cmd_progress)
 
     run = sub.add_parser("run-cell", help="run one cell and write its metrics.json (the train_cell rule)")
     run.add_argument("--study", required=True)
