@@ -303,6 +303,21 @@ def test_cells_lists_targets_and_current_status(workflow):
     assert listing()["micro_batch~1"][2] == "ok (stale: parameters changed)"
 
 
+def test_cells_says_ranks_on_cpu_and_gpus_apart(capsys, tmp_path):
+    from trainbench.cli import main
+
+    assert main(["cells", "smoke", "baseline", "zero3_pipeline", "--tsv", "--config", str(REPO / "config.yaml"),
+                 "--root", str(tmp_path)]) == 0
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert rows[0][3:5] == ["ranks", "nodes"]
+    listed = {(row[0], row[1]): row[3:5] for row in rows[1:]}
+    # a CPU study's DDP cell is two ranks on CPU (its table says gpus 2), not zero GPUs
+    assert listed[("smoke", "strategy~ddp")] == ["2 (cpu)", "1"]
+    assert listed[("baseline", "strategy~ddp__model~gpt2-124m__gpus~2__micro_batch~32")] == ["2 (gpu)", "1"]
+    assert listed[("zero3_pipeline", "nodes~16__gpus~128__tp~1__micro_batch~1__grad_accum~1")] == [
+        "128 (gpu)", "16"]
+
+
 def test_a_result_that_is_not_one_is_listed_unreadable_rerun_and_never_reaches_a_table(workflow):
     # valid JSON, not a result (tests/test_results.py: the schema's other refusals)
     garbage = {"status": "ok"}

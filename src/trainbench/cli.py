@@ -56,6 +56,12 @@ def search_status(root: Path, study: str, cell_id: str) -> str:
     return f"{len(probes)} probes, not finished" if probes else "not started"
 
 
+def ranks(params: dict) -> str:
+    """A cell's ranks and what they run on: "2 (gpu)" is 2 GPUs, "2 (cpu)" 2 processes on CPU cores
+    (the table's "gpus" column counts ranks either way)."""
+    return f"{params['gpus']} ({'gpu' if params['device'] == 'cuda' else 'cpu'})"
+
+
 def cmd_cells(args) -> int:
     from trainbench.gpus import local_gpu_count, short_of_gpus
 
@@ -66,7 +72,6 @@ def cmd_cells(args) -> int:
     for name in names:
         study = config.study(name)
         for cell in study.cells:
-            r = cell.resources()
             status = cell_status(Path(args.root) / cell.target, cell.params_hash)
             if status == "missing" and not cell.measured:
                 status = "planned"  # outside the study's `measure` selection: the table runs none
@@ -75,10 +80,9 @@ def cmd_cells(args) -> int:
                 status = f"missing: {short} (this machine has {gpus_here})"
             search = (search_status(Path(args.root), study.name, cell.cell_id)
                       if cell.cell_id in study.searched else "-")
-            rows.append((name, cell.cell_id, status,
-                         str(r["gpu"]), str(r["nodes"]), cell.target, search))
-    # gpus: the GPUs a cell asks for
-    header = ("study", "cell", "status", "gpus", "nodes", "target", "search")
+            rows.append((name, cell.cell_id, status, ranks(cell.params), str(cell.params["nodes"]), cell.target,
+                         search))
+    header = ("study", "cell", "status", "ranks", "nodes", "target", "search")
     if args.tsv:
         print("\t".join(header))
         for row in rows:
@@ -278,7 +282,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trainbench", description="Benchmark distributed training set-ups.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    cells = sub.add_parser("cells", help="list cells with their target paths and current status")
+    cells = sub.add_parser("cells", help="list cells with their status, ranks (on GPUs or CPU), nodes and target")
     cells.add_argument("studies", nargs="*", help="studies to list (default: all)")
     cells.add_argument("--config", default="config.yaml")
     cells.add_argument("--root", default=".", help="the directory results/ lives in")
