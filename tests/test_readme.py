@@ -86,7 +86,7 @@ HOW: dict[str, How] = {
     "trainbench progress <study>": How("run", line="trainbench progress smoke"),
     "trainbench cells baseline": How("run"),
     "snakemake -c all --force results/runs/smoke/strategy~ddp/metrics.json": How("run", trains=True),
-    "snakemake -c all results/tables/smoke.md --forcerun results/runs/smoke/strategy~ddp/metrics.json":
+    "snakemake -c all results/report/smoke.html --forcerun results/runs/smoke/strategy~ddp/metrics.json":
         How("run", trains=True),
     "trainbench predict llama --gpu h200 --gpus-per-node 8 --host-mem-gib 2048": How("run"),
     "python bench/memory_model.py": How("run"),

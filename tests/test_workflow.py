@@ -135,11 +135,12 @@ def test_only_missing_or_changed_cells_rerun(workflow):
     changed["studies"]["t"]["plot_panels"] = ["micro_batch"]
     workflow.write_config(changed)
     jobs = workflow.planned()
-    assert set(jobs) - {"all"} == {"study_plots", "study_table"}  # the table for the report change above
+    # the table for the report change above; the study's page follows both
+    assert set(jobs) - {"all"} == {"study_plots", "study_table", "study_page"}
     workflow.snakemake()
     changed["studies"]["t"]["plot_panels"] = []
     workflow.write_config(changed)
-    assert set(workflow.planned()) - {"all"} == {"study_plots"}
+    assert set(workflow.planned()) - {"all"} == {"study_plots", "study_page"}
 
     # a reviewer re-runs one cell (README): only that cell; or that cell and the table it feeds
     workflow.snakemake("results/tables/t.md")
@@ -149,6 +150,13 @@ def test_only_missing_or_changed_cells_rerun(workflow):
     jobs = workflow.planned("results/tables/t.md", "--forcerun", cell)
     assert cells_planned(jobs) == {"micro_batch~2"} and jobs["study_table"] == {"results/tables/t.md",
                                                                                  "results/tables/t.csv"}
+    # its plots with it: through a plot, or through the study's page (table, plots and page)
+    jobs = workflow.planned("results/plots/t_memory.png", "--forcerun", cell)
+    assert cells_planned(jobs) == {"micro_batch~2"} and set(jobs) == {"train_cell", "study_plots"}
+    jobs = workflow.planned("results/report/t.html", "--forcerun", cell)
+    assert cells_planned(jobs) == {"micro_batch~2"}
+    assert set(jobs) == {"train_cell", "study_table", "study_plots", "study_page"}
+    assert jobs["study_plots"] == {"results/plots/t_memory.png", "results/plots/t_throughput.png"}
 
 
 def test_reruns_follow_the_config_in_a_fresh_clone_without_snakemake_metadata(workflow):
