@@ -21,6 +21,6 @@ include: "workflow/rules/report.smk"
 
 
 rule all:
+    default_target: True
     input:
         get_final_output(),
-    default_target: True

@@ -23,13 +23,13 @@ rule study_table:
         ),
     log:
         paths.TABLE_LOG,
+    localrule: True
+    conda:
+        "../../envs/analysis.yaml"
     params:
         missing=get_missing_cells,
         short_of_gpus=get_cells_short_of_gpus,
         layout=get_study_layout,
         planning=get_study_planning,
-    localrule: True
-    conda:
-        "../../envs/analysis.yaml"
     script:
         "../scripts/make_tables.py"

@@ -23,11 +23,11 @@ rule study_plots:
         ),
     log:
         paths.PLOTS_LOG,
-    params:
-        missing=get_missing_cells,
-        layout=get_plot_layout,
     localrule: True
     conda:
         "../../envs/analysis.yaml"
+    params:
+        missing=get_missing_cells,
+        layout=get_plot_layout,
     script:
         "../scripts/make_plots.py"
