@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from trainbench.grid import Study
+from trainbench.grid import Cell, Study
 from trainbench.gpus import short_of_gpus
 from trainbench.results import InvalidResult, read_result
 
@@ -82,7 +82,7 @@ def survey(study: Study, root: Path, *, gpus_here: int, cluster: bool = False,
            now: float | None = None) -> StudyProgress:
     """Every measured cell of the study as results/ under `root` shows it now."""
     now = time.time() if now is None else now
-    states: list[tuple[object, str, str, float | None, float | None]] = []
+    found: list[tuple[Cell, CellProgress]] = []
     for cell in study.cells:
         if not cell.measured:
             continue
@@ -94,30 +94,25 @@ def survey(study: Study, root: Path, *, gpus_here: int, cluster: bool = False,
                 result = read_result(target)
             except InvalidResult as error:
                 problem = str(error).split(": ", 1)[1]
-        current = result is not None and result["params_hash"] == cell.params_hash
-        if current:
-            wall = (result.get("metrics") or {}).get("wall_time_s")
-            text = result["status"] + (f": {result['reason']}" if result.get("reason") else "")
+        if result is not None and result["params_hash"] == cell.params_hash:
             state = FAILED if result["status"] in FAILED_STATUSES else DONE
-            states.append((cell, state, text, wall, None))
+            text = result["status"] + (f": {result['reason']}" if result.get("reason") else "")
+            progress = CellProgress(cell.cell_id, state, text, wall_s=(result.get("metrics") or {}).get("wall_time_s"))
         elif work_dir.is_dir():
-            states.append((cell, RUNNING, "", None, max(0.0, now - _started(work_dir))))
+            progress = CellProgress(cell.cell_id, RUNNING, elapsed_s=max(0.0, now - _started(work_dir)))
         elif not cluster and not cell.unsupported and (short := short_of_gpus(cell.params, gpus_here)):
-            states.append((cell, ELSEWHERE, f"{short} (this machine has {gpus_here})", None, None))
+            progress = CellProgress(cell.cell_id, ELSEWHERE, f"{short} (this machine has {gpus_here})")
         else:
             why = ("parameters changed since it ran" if result is not None
                    else f"its result is not one ({problem[:80]})" if problem else "")
-            states.append((cell, WAITING, why, None, None))
-    measured = [wall for _, state, _, wall, _ in states if state in (DONE, FAILED) and wall]
-    median = statistics.median(measured) if measured else None
-    expected_from = (f"the median wall time of {len(measured)} cell(s) that ran, {duration(median)}" if median
+            progress = CellProgress(cell.cell_id, WAITING, why)
+        found.append((cell, progress))
+    walls = [p.wall_s for _, p in found if p.state in (DONE, FAILED) and p.wall_s]
+    median = statistics.median(walls) if walls else None
+    expected_from = (f"the median wall time of {len(walls)} cell(s) that ran, {duration(median)}" if median
                      else "each cell's time limit (runtime_min): none has run yet")
-    cells = []
-    for cell, state, note, wall, elapsed in states:
-        expected = None
-        if state in (RUNNING, WAITING):
-            expected = median if median is not None else cell.resources()["runtime"] * 60
-        cells.append(CellProgress(cell.cell_id, state, note, wall, elapsed, expected))
+    cells = [replace(p, expected_s=median if median is not None else cell.resources()["runtime"] * 60)
+             if p.state in (RUNNING, WAITING) else p for cell, p in found]
     return StudyProgress(study.name, cells, sum(1 for c in study.cells if not c.measured), expected_from)
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import html
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,13 +97,13 @@ def provenance_rows(docs: list[Doc]) -> list[dict[str, str]]:
         groups.setdefault(setup, []).append(doc)
     rows = []
     for setup, members in sorted(groups.items(), key=lambda item: -len(item[1])):
-        per_cell = Counter((d.get("provenance") or {}).get("gpu_count") or 0 for d in members)
+        per_cell = sorted({d["provenance"].get("gpu_count") or 0 for d in members})
         started = [_utc(d["provenance"].get("started")) for d in members]
         ended = [_utc(d["provenance"].get("ended")) for d in members]
         started, ended = [t for t in started if t], [t for t in ended if t]
         rows.append({
             "cells": str(len(members)), "GPU": setup.machine,
-            "GPUs per cell": "—" if setup.machine == CPU_RANKS else ", ".join(str(n) for n in sorted(per_cell)),
+            "GPUs per cell": "—" if setup.machine == CPU_RANKS else ", ".join(str(n) for n in per_cell),
             "host": setup.host, "driver, CUDA, NCCL": setup.stack, **dict(setup.versions), "commit": setup.commit,
             "ran": f"{min(started):%Y-%m-%d %H:%M} to {max(ended):%Y-%m-%d %H:%M} UTC" if started and ended
             else "?"})
