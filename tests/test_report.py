@@ -154,8 +154,9 @@ def _loaded_images(driver, images) -> list[int]:
 
 
 @pytest.mark.slow
-def test_the_report_of_the_smoke_study_renders_its_page_table_plots_and_provenance(smoke_run_locally, browser,
+def test_the_report_of_the_smoke_study_renders_its_page_table_plots_and_provenance(browser, smoke_run_locally,
                                                                                     tmp_path):
+    # (the browser first: without one the test is skipped before the smoke study runs)
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
