@@ -23,4 +23,5 @@ test: setup-test
 lint: setup-test
 	$(VENV)/bin/ruff check src tests bench tools
 	$(VENV)/bin/snakemake --lint
+	$(VENV)/bin/snakefmt --check Snakefile workflow/rules
 	$(PYTHON) -m trainbench schema --check workflow/schemas/config.schema.yaml

@@ -83,9 +83,11 @@ HOW: dict[str, How] = {
     "snakemake -c all results/tables/gpt2_zero.md": How("run"),
     "snakemake -n results/tables/llama.md": How("run"),
     "trainbench cells smoke": How("run"),
+    "trainbench progress smoke --watch": How("run", "the smoke study ran: it shows the grid done and ends"),
+    "trainbench progress <study>": How("run", line="trainbench progress smoke"),
     "trainbench cells baseline": How("run"),
     "snakemake -c all --force results/runs/smoke/strategy~ddp/metrics.json": How("run", trains=True),
-    "snakemake -c all results/tables/smoke.md --forcerun results/runs/smoke/strategy~ddp/metrics.json":
+    "snakemake -c all results/report/smoke.html --forcerun results/runs/smoke/strategy~ddp/metrics.json":
         How("run", trains=True),
     "trainbench predict llama --gpu h200 --gpus-per-node 8 --host-mem-gib 2048": How("run"),
     "python bench/memory_model.py": How("run"),
@@ -94,6 +96,9 @@ HOW: dict[str, How] = {
     "python bench/time_model.py --write": How("elsewhere", "rewrites the package's constants; "
                                                            "tests/test_time_model.py fits on synthetic cells"),
     "trainbench compare results/runs rerun/results/runs": How("run", before=_a_rerun_tree),
+    "snakemake --report report.html": How("run", "the report of the smoke study the quick start made"),
+    "snakemake -c all report_all": How("run", "the published studies' pages: nothing may train"),
+    "snakemake --report report.html report_all": How("run"),
     "trainbench strategies": How("run"),
     "trainbench models": How("run"),
     "trainbench columns": How("run"),

@@ -135,11 +135,12 @@ def test_only_missing_or_changed_cells_rerun(workflow):
     changed["studies"]["t"]["plot_panels"] = ["micro_batch"]
     workflow.write_config(changed)
     jobs = workflow.planned()
-    assert set(jobs) - {"all"} == {"study_plots", "study_table"}  # the table for the report change above
+    # the table for the report change above; the study's page follows both
+    assert set(jobs) - {"all"} == {"study_plots", "study_table", "study_page"}
     workflow.snakemake()
     changed["studies"]["t"]["plot_panels"] = []
     workflow.write_config(changed)
-    assert set(workflow.planned()) - {"all"} == {"study_plots"}
+    assert set(workflow.planned()) - {"all"} == {"study_plots", "study_page"}
 
     # a reviewer re-runs one cell (README): only that cell; or that cell and the table it feeds
     workflow.snakemake("results/tables/t.md")
@@ -149,6 +150,13 @@ def test_only_missing_or_changed_cells_rerun(workflow):
     jobs = workflow.planned("results/tables/t.md", "--forcerun", cell)
     assert cells_planned(jobs) == {"micro_batch~2"} and jobs["study_table"] == {"results/tables/t.md",
                                                                                  "results/tables/t.csv"}
+    # its plots with it: through a plot, or through the study's page (table, plots and page)
+    jobs = workflow.planned("results/plots/t_memory.png", "--forcerun", cell)
+    assert cells_planned(jobs) == {"micro_batch~2"} and set(jobs) == {"train_cell", "study_plots"}
+    jobs = workflow.planned("results/report/t.html", "--forcerun", cell)
+    assert cells_planned(jobs) == {"micro_batch~2"}
+    assert set(jobs) == {"train_cell", "study_table", "study_plots", "study_page"}
+    assert jobs["study_plots"] == {"results/plots/t_memory.png", "results/plots/t_throughput.png"}
 
 
 def test_reruns_follow_the_config_in_a_fresh_clone_without_snakemake_metadata(workflow):
@@ -301,6 +309,21 @@ def test_cells_lists_targets_and_current_status(workflow):
     t["settings"]["lr"] = 5e-4
     workflow.write_config({"studies": {"t": t}})
     assert listing()["micro_batch~1"][2] == "ok (stale: parameters changed)"
+
+
+def test_cells_says_ranks_on_cpu_and_gpus_apart(capsys, tmp_path):
+    from trainbench.cli import main
+
+    assert main(["cells", "smoke", "baseline", "zero3_pipeline", "--tsv", "--config", str(REPO / "config.yaml"),
+                 "--root", str(tmp_path)]) == 0
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert rows[0][3:5] == ["ranks", "nodes"]
+    listed = {(row[0], row[1]): row[3:5] for row in rows[1:]}
+    # a CPU study's DDP cell is two ranks on CPU (its table says gpus 2), not zero GPUs
+    assert listed[("smoke", "strategy~ddp")] == ["2 (cpu)", "1"]
+    assert listed[("baseline", "strategy~ddp__model~gpt2-124m__gpus~2__micro_batch~32")] == ["2 (gpu)", "1"]
+    assert listed[("zero3_pipeline", "nodes~16__gpus~128__tp~1__micro_batch~1__grad_accum~1")] == [
+        "128 (gpu)", "16"]
 
 
 def test_a_result_that_is_not_one_is_listed_unreadable_rerun_and_never_reaches_a_table(workflow):

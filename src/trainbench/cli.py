@@ -1,5 +1,5 @@
-"""`trainbench`: list cells and their status, run one cell, predict memory and step time, compare two result
-trees, print the vocabulary, write the schema."""
+"""`trainbench`: list cells and their status, follow a study's progress, run one cell, predict memory and
+step time, compare two result trees, print the vocabulary, write the schema."""
 
 from __future__ import annotations
 
@@ -57,6 +57,12 @@ def search_status(root: Path, study: str, cell_id: str) -> str:
     return f"{len(probes)} probes, not finished" if probes else "not started"
 
 
+def ranks(params: dict) -> str:
+    """A cell's ranks and what they run on: "2 (gpu)" is 2 GPUs, "2 (cpu)" 2 processes on CPU cores
+    (the table's "gpus" column counts ranks either way)."""
+    return f"{params['gpus']} ({'gpu' if params['device'] == 'cuda' else 'cpu'})"
+
+
 def cmd_cells(args) -> int:
     from trainbench.gpus import local_gpu_count, short_of_gpus
 
@@ -67,7 +73,6 @@ def cmd_cells(args) -> int:
     for name in names:
         study = config.study(name)
         for cell in study.cells:
-            r = cell.resources()
             status = cell_status(Path(args.root) / cell.target, cell.params_hash)
             if status == "missing" and not cell.measured:
                 status = "planned"  # outside the study's `measure` selection: the table runs none
@@ -76,10 +81,9 @@ def cmd_cells(args) -> int:
                 status = f"missing: {short} (this machine has {gpus_here})"
             search = (search_status(Path(args.root), study.name, cell.cell_id)
                       if cell.cell_id in study.searched else "-")
-            rows.append((name, cell.cell_id, status,
-                         str(r["gpu"]), str(r["nodes"]), cell.target, search))
-    # gpus: the GPUs a cell asks for
-    header = ("study", "cell", "status", "gpus", "nodes", "target", "search")
+            rows.append((name, cell.cell_id, status, ranks(cell.params), str(cell.params["nodes"]), cell.target,
+                         search))
+    header = ("study", "cell", "status", "ranks", "nodes", "target", "search")
     if args.tsv:
         print("\t".join(header))
         for row in rows:
@@ -89,6 +93,39 @@ def cmd_cells(args) -> int:
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
     for row in rows:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+    return 0
+
+
+def cmd_progress(args) -> int:
+    """One view of a study's grid while it runs; with --watch, refreshed until nothing runs or waits."""
+    import time
+
+    from rich.console import Console
+    from rich.live import Live
+
+    from trainbench.gpus import local_gpu_count
+    from trainbench.progress import render, survey
+
+    study = _config(args.config).study(args.study)
+    root, gpus_here = Path(args.root), local_gpu_count()
+
+    def view():
+        progress = survey(study, root, gpus_here=gpus_here, cluster=args.cluster)
+        return progress, render(progress, every_cell=args.all)
+
+    console = Console()
+    progress, shown = view()
+    if not args.watch:
+        console.print(shown)
+        return 0
+    try:
+        with Live(shown, console=console, auto_refresh=False) as live:
+            while not progress.finished:
+                time.sleep(args.interval)
+                progress, shown = view()
+                live.update(shown, refresh=True)
+    except KeyboardInterrupt:  # Ctrl-C ends the watch, not the run
+        pass
     return 0
 
 
@@ -265,12 +302,28 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trainbench", description="Benchmark distributed training set-ups.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    cells = sub.add_parser("cells", help="list cells with their target paths and current status")
+    cells = sub.add_parser("cells", help="list cells with their status, ranks (on GPUs or CPU), nodes and target")
     cells.add_argument("studies", nargs="*", help="studies to list (default: all)")
     cells.add_argument("--config", default="config.yaml")
     cells.add_argument("--root", default=".", help="the directory results/ lives in")
     cells.add_argument("--tsv", action="store_true", help="tab-separated, for scripts")
     cells.set_defaults(func=cmd_cells)
+
+    progress = sub.add_parser("progress", help="a study's grid while it runs: cells done, running, failed, "
+                                                "waiting, and the time left",
+                              description="Show where a study's measured cells stand (done, running, failed, "
+                                          "waiting) from results/, and the time left, from the wall times of "
+                                          "the cells that ran.")
+    progress.add_argument("study")
+    progress.add_argument("--config", default="config.yaml")
+    progress.add_argument("--root", default=".", help="the directory results/ lives in")
+    progress.add_argument("--watch", action="store_true",
+                          help="refresh until no cell runs or waits (Ctrl-C stops watching, not the run)")
+    progress.add_argument("--interval", type=positive(float), default=5.0, help="seconds between refreshes")
+    progress.add_argument("--all", action="store_true", help="list every cell, however many")
+    progress.add_argument("--cluster", action="store_true",
+                          help="cells run through SLURM: none waits for this machine's GPUs")
+    progress.set_defaults(func=cmd_progress)
 
     run = sub.add_parser("run-cell", help="run one cell and write its metrics.json (the train_cell rule)")
     run.add_argument("--study", required=True)

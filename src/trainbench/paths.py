@@ -20,6 +20,8 @@ TABLE_LOG = "results/logs/tables/{study}.log"
 PLOT_MEMORY = "results/plots/{study}_memory.png"
 PLOT_THROUGHPUT = "results/plots/{study}_throughput.png"
 PLOTS_LOG = "results/logs/plots/{study}.log"
+STUDY_PAGE = "results/report/{study}.html"
+STUDY_PAGE_LOG = "results/logs/report/{study}.log"
 GRID_STAMP = "results/.grid/{study}.json"
 
 PROBE_SEPARATOR = "/mb~"
@@ -30,8 +32,10 @@ def path(pattern: str, **wildcards) -> str:
 
 
 def study_outputs(study: str) -> list[str]:
-    """What a study's `rule all` target is made of: its table (both forms) and its plots."""
-    return [path(pattern, study=study) for pattern in (TABLE_MD, TABLE_CSV, PLOT_MEMORY, PLOT_THROUGHPUT)]
+    """What a study's `rule all` target is made of: its table (both forms), its plots and its page (the
+    report's)."""
+    return [path(pattern, study=study)
+            for pattern in (TABLE_MD, TABLE_CSV, PLOT_MEMORY, PLOT_THROUGHPUT, STUDY_PAGE)]
 
 
 def probe_id(cell_id: str, micro_batch: int) -> str:

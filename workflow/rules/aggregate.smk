@@ -7,17 +7,29 @@ rule study_table:
         searches=get_study_searches,
         grid=get_study_grid,
     output:
-        csv=paths.TABLE_CSV,
-        md=paths.TABLE_MD,
+        csv=report(
+            paths.TABLE_CSV,
+            caption="../report/table_csv.rst",
+            category="{study}",
+            subcategory="tables",
+            labels={"shows": "table, every field of every cell (CSV)"},
+        ),
+        md=report(
+            paths.TABLE_MD,
+            caption="../report/table_md.rst",
+            category="{study}",
+            subcategory="tables",
+            labels={"shows": "table (markdown)"},
+        ),
     log:
         paths.TABLE_LOG,
+    localrule: True
+    conda:
+        "../../envs/analysis.yaml"
     params:
         missing=get_missing_cells,
         short_of_gpus=get_cells_short_of_gpus,
         layout=get_study_layout,
         planning=get_study_planning,
-    localrule: True
-    conda:
-        "../../envs/analysis.yaml"
     script:
         "../scripts/make_tables.py"

@@ -96,11 +96,20 @@ def cell_resource(name):
 # so changing them reruns nothing.
 CELL_RESOURCES = {
     resource: cell_resource(name)
-    for resource, name in (("gpu", "gpu"), ("gres", "gres"), ("nodes", "nodes"), ("tasks", "tasks"),
-                           ("tasks_per_gpu", "tasks_per_gpu"), ("mpi", "mpi"), ("cpus_per_task", "cpus_per_task"),
-                           ("cpus_per_rank", "cpus_per_rank"),
-                           ("mem_mb", "mem_mb"), ("runtime", "runtime"), ("cell_retries", "retries"),
-                           ("timing", "timing"))
+    for resource, name in (
+        ("gpu", "gpu"),
+        ("gres", "gres"),
+        ("nodes", "nodes"),
+        ("tasks", "tasks"),
+        ("tasks_per_gpu", "tasks_per_gpu"),
+        ("mpi", "mpi"),
+        ("cpus_per_task", "cpus_per_task"),
+        ("cpus_per_rank", "cpus_per_rank"),
+        ("mem_mb", "mem_mb"),
+        ("runtime", "runtime"),
+        ("cell_retries", "retries"),
+        ("timing", "timing"),
+    )
 }
 
 
@@ -167,11 +176,13 @@ def get_cells_short_of_gpus(wildcards):
             short[cell.cell_id] = f"{why}, more than the machine that made this table has"
     if short and study.name not in SAID_SHORT:
         SAID_SHORT.add(study.name)
-        print(f"trainbench: {study.name}: {len(short)} cell(s) need more GPUs than this machine has ({here}) and "
-              f"will not run here: {', '.join(sorted(short)[:4])}{' ...' if len(short) > 4 else ''}. Their rows in "
-              f"{paths.path(paths.TABLE_MD, study=study.name)} say so; run them on a bigger machine, or with "
-              f"--profile profiles/slurm.",
-              file=sys.stderr)
+        print(
+            f"trainbench: {study.name}: {len(short)} cell(s) need more GPUs than this machine has ({here}) and "
+            f"will not run here: {', '.join(sorted(short)[:4])}{' ...' if len(short) > 4 else ''}. Their rows in "
+            f"{paths.path(paths.TABLE_MD, study=study.name)} say so; run them on a bigger machine, or with "
+            f"--profile profiles/slurm.",
+            file=sys.stderr,
+        )
     return short
 
 
@@ -208,14 +219,28 @@ def get_missing_cells(wildcards):
     """The study's measured cells without a result, as a rerun trigger of its table and plots.
     Snakemake regenerates no missing input of a job it finds up to date (as for deleted intermediate
     files); a result deleted, or set aside as invalid, must still run again and reach the table."""
-    return sorted(c.cell_id for c in get_study(wildcards).cells if c.measured and not os.path.exists(c.target))
+    return sorted(
+        c.cell_id for c in get_study(wildcards).cells if c.measured and not os.path.exists(c.target)
+    )
 
 
 def get_study_planning(wildcards):
     """What the table's planned rows depend on (see Study.planned), as a rerun trigger: their cells'
     parameter hashes, sorted, and the planning hardware. Reordering config.yaml changes neither."""
     study = get_study(wildcards)
-    return {"plan_for": study.plan_for, "planned": sorted(f"{c.cell_id}={c.params_hash}" for c in study.planned)}
+    return {
+        "plan_for": study.plan_for,
+        "planned": sorted(f"{c.cell_id}={c.params_hash}" for c in study.planned),
+    }
+
+
+def get_pages_of_tabled_studies():
+    """The page of every study that has a table on disk (rule report_all)."""
+    return [
+        paths.path(paths.STUDY_PAGE, study=name)
+        for name in CONFIG.studies
+        if os.path.exists(paths.path(paths.TABLE_MD, study=name))
+    ]
 
 
 def get_final_output():

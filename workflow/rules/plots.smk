@@ -7,17 +7,29 @@ rule study_plots:
         searches=get_study_searches,
         grid=get_study_grid,
     output:
-        memory=paths.PLOT_MEMORY,
-        throughput=paths.PLOT_THROUGHPUT,
+        memory=report(
+            paths.PLOT_MEMORY,
+            caption="../report/memory_plot.rst",
+            category="{study}",
+            subcategory="plots",
+            labels={"shows": "peak memory: measured and predicted"},
+        ),
+        throughput=report(
+            paths.PLOT_THROUGHPUT,
+            caption="../report/throughput_plot.rst",
+            category="{study}",
+            subcategory="plots",
+            labels={"shows": "throughput with 95% intervals"},
+        ),
     log:
         paths.PLOTS_LOG,
+    localrule: True
+    conda:
+        "../../envs/analysis.yaml"
     params:
         missing=get_missing_cells,
         short_of_gpus=get_cells_short_of_gpus,
         planning=get_study_planning,
         layout=get_plot_layout,
-    localrule: True
-    conda:
-        "../../envs/analysis.yaml"
     script:
         "../scripts/make_plots.py"

@@ -9,14 +9,14 @@ checkpoint search_probe:
         metrics=paths.PROBE,
     log:
         paths.PROBE_LOG,
-    params:
-        cell=get_probe_params,
-        probe_id=get_probe_id,
+    conda:
+        "../../envs/train.yaml"
     threads: cell_resource("threads")
     resources:
         **CELL_RESOURCES,
-    conda:
-        "../../envs/train.yaml"
+    params:
+        cell=get_probe_params,
+        probe_id=get_probe_id,
     shell:
         "trainbench run-cell --study {wildcards.study} --cell {params.probe_id:q} --params {params.cell:q}"
         " --retries {resources.cell_retries} --cpus-per-rank {resources.cpus_per_rank}"
@@ -30,11 +30,11 @@ rule search_result:
         paths.SEARCH,
     log:
         paths.SEARCH_LOG,
-    params:
-        tolerance=lambda wildcards: get_study(wildcards).search["tolerance"],
-        bound=lambda wildcards: get_study(wildcards).search["max_micro_batch"],
     localrule: True
     conda:
         "../../envs/analysis.yaml"
+    params:
+        tolerance=lambda wildcards: get_study(wildcards).search["tolerance"],
+        bound=lambda wildcards: get_study(wildcards).search["max_micro_batch"],
     shell:
         "trainbench search-summary --tolerance {params.tolerance} --max-micro-batch {params.bound} --output {output:q} {input.probes:q} > {log:q} 2>&1"

@@ -10,14 +10,14 @@ rule train_cell:
         metrics=paths.RUN,
     log:
         paths.RUN_LOG,
-    params:
-        # the cell's parameters, and nothing else: params are what trigger a rerun
-        cell=get_cell_params,
+    conda:
+        "../../envs/train.yaml"
     threads: cell_resource("threads")
     resources:
         **CELL_RESOURCES,
-    conda:
-        "../../envs/train.yaml"
+    params:
+        # the cell's parameters, and nothing else: params are what trigger a rerun
+        cell=get_cell_params,
     shell:
         "trainbench run-cell --study {wildcards.study} --cell {wildcards.cell} --params {params.cell:q}"
         " --retries {resources.cell_retries} --cpus-per-rank {resources.cpus_per_rank}"

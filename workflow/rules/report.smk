@@ -1,0 +1,35 @@
+# The report (`snakemake --report report.html`): each study's page (src/trainbench/report.py: its
+# markdown table file rendered, its plots, where and with what its cells ran), and the tables and
+# plots themselves, each under its study's category with a caption (workflow/report/*.rst).
+
+
+rule study_page:
+    input:
+        # the page shows the table and plots as they are: asking for it brings the whole study up to date
+        table=paths.TABLE_MD,
+        memory=paths.PLOT_MEMORY,
+        throughput=paths.PLOT_THROUGHPUT,
+        metrics=get_study_metrics,
+    output:
+        report(
+            paths.STUDY_PAGE,
+            caption="../report/study_page.rst",
+            category="{study}",
+            subcategory="page",
+            labels={"shows": "the study page: table, plots, provenance"},
+        ),
+    log:
+        paths.STUDY_PAGE_LOG,
+    localrule: True
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/make_page.py"
+
+
+rule report_all:
+    """The page, table and plots of every study that has a table on disk (the published studies, and
+    any made here): `snakemake -c all report_all`, then `snakemake --report report.html report_all`."""
+    input:
+        get_pages_of_tabled_studies(),
+    localrule: True

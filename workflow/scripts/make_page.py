@@ -1,0 +1,13 @@
+"""Adapter for rule study_page: the study's page from its table, plots and metrics.json files."""
+
+import sys
+
+from trainbench.report import write_study_page
+from trainbench.results import read_cells
+
+with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
+    sys.stderr = log
+    write_study_page(snakemake.output[0], study=snakemake.wildcards.study,  # noqa: F821
+                     table_path=snakemake.input.table, memory_plot=snakemake.input.memory,  # noqa: F821
+                     throughput_plot=snakemake.input.throughput,  # noqa: F821
+                     docs=read_cells(snakemake.input.metrics))  # noqa: F821
