@@ -4,6 +4,8 @@ each of the study's items must render: the page with its table rows and images, 
 
 from __future__ import annotations
 
+import re
+
 import os
 import shutil
 import tempfile
@@ -61,7 +63,8 @@ def test_the_page_shows_the_markdown_table_file_as_it_is_with_its_plots_embedded
     # the table: a row per cell, every cell's interval (±) as the markdown has it
     table_html = page.split('<section class="study-table">')[1].split("</table>")[0]
     assert table_html.count("<tr>") == len(cells) + 1  # and the header
-    assert "268.8\u00a0±\u00a01.8" in table_html  # kept on one line
+    value, half = re.search(r"\| ([\d.,]+) ± ([\d.,]+) \|", table).groups()  # the first figure with one
+    assert f"{value}\u00a0±\u00a0{half}" in table_html  # kept on one line
     # what the markdown file has under the table reaches the page, its markup escaped
     assert "<h2>Findings</h2>" in page and "&lt;script&gt;" in page and "<script>" not in page
     for plot in plots:

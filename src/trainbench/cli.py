@@ -242,6 +242,16 @@ def cmd_compare(args) -> int:
     return 1 if failures else 0
 
 
+def cmd_cost(args) -> int:
+    """Device hours of a study's results on disk and the timed steps' share of them."""
+    from trainbench.cost import report, study_cost
+
+    config = _config(args.config)
+    studies = [config.study(name) for name in args.studies or list(config.studies)]  # unknown ones: an error
+    print(report([study_cost(study, args.root) for study in studies]))
+    return 0
+
+
 def cmd_schema(args) -> int:
     from trainbench.schema import build_schema
 
@@ -385,6 +395,15 @@ def parser() -> argparse.ArgumentParser:
                               "'slower:5%%,memory:5%%'")
     compare.add_argument("--json", action="store_true", help="machine-readable output")
     compare.set_defaults(func=cmd_compare)
+
+    cost = sub.add_parser("cost", help="device hours of each study's results and the timed steps' share",
+                          description="For the results on disk of each study (default: all): runs, device "
+                                      "hours (wall time x GPUs, or CPU ranks), the timed windows' share of "
+                                      "them, and where the rest went in runs that recorded their phases.")
+    cost.add_argument("studies", nargs="*")
+    cost.add_argument("--config", default="config.yaml")
+    cost.add_argument("--root", default=".", help="the directory results/ lives in")
+    cost.set_defaults(func=cmd_cost)
 
     schema = sub.add_parser("schema", help="print, write or check workflow/schemas/config.schema.yaml")
     group = schema.add_mutually_exclusive_group()

@@ -1,0 +1,65 @@
+"""Device time of a study's results and the timed steps' share of it (trainbench cost)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from trainbench.config import load_config
+from trainbench.cost import study_cost
+from trainbench.results import PHASES
+
+from conftest import REPO
+
+
+def published(study: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((REPO / "results" / "runs" / study).glob("*/metrics.json"))]
+
+
+def test_baseline_cost_is_its_cells_wall_times_and_phases():
+    cost = study_cost(load_config(REPO / "config.yaml").study("baseline"), REPO)
+    docs = [d for d in published("baseline") if d["metrics"]["wall_time_s"]]
+    assert cost.cells.runs == len(docs) == cost.cells.with_phases  # made since phases are recorded
+    assert cost.cells.device_s == pytest.approx(sum(d["metrics"]["wall_time_s"] for d in docs))  # 1 GPU each
+    timed = sum(d["metrics"]["phases_s"]["timed"] for d in docs)
+    assert cost.cells.timed_share == pytest.approx(timed / cost.cells.device_s)
+    assert set(cost.cells.phase_device_s) == {name for name, _, _ in PHASES}
+    assert sum(cost.cells.phase_device_s.values()) == pytest.approx(cost.cells.device_s, rel=0.01)
+
+
+def test_older_results_count_their_timed_steps_and_failed_runs_cost_time_untimed(tmp_path):
+    """gpt2_zero's cells predate phases: their timed time is their windows' steps; megatron's OOM
+    probes held 4 GPUs for their wall time and timed nothing."""
+    config = load_config(REPO / "config.yaml")
+    zero = study_cost(config.study("gpt2_zero"), REPO)
+    ok = [d for d in published("gpt2_zero") if d["status"] == "ok"]
+    assert zero.cells.with_phases == 0 and len(zero.cells.cell_shares) == len(ok)
+    first = ok[0]["metrics"]
+    assert sorted(zero.cells.cell_shares)[0] <= sum(first["step_times_s"]) / first["wall_time_s"]
+    assert zero.total.timed_share < 0.05  # 3 timed steps of 33 ms in runs of a minute
+    megatron = study_cost(config.study("megatron"), REPO)
+    probes = [json.loads(p.read_text()) for p in (REPO / "results" / "search" / "megatron").glob("*/*/metrics.json")]
+    ooms = [d for d in probes if d["status"] == "oom" and d["metrics"]["wall_time_s"]]
+    assert ooms and megatron.probes.runs == sum(1 for d in probes if d["metrics"]["wall_time_s"])
+    untimed = sum(d["metrics"]["wall_time_s"] * d["params"]["gpus"] for d in ooms)
+    assert megatron.probes.device_s - megatron.probes.timed_device_s >= untimed
+
+
+def test_cost_command_reports_every_study_and_refuses_unknown_ones(tmp_path):
+    root = tmp_path / "clone"
+    shutil.copytree(REPO / "results" / "runs" / "baseline", root / "results" / "runs" / "baseline")
+    run = subprocess.run([sys.executable, "-m", "trainbench", "cost", "baseline", "smoke", "--root", str(root),
+                          "--config", str(REPO / "config.yaml")], capture_output=True, text=True, check=True)
+    lines = run.stdout.splitlines()
+    assert lines[0].split()[:3] == ["study", "runs", "device-hours"]
+    baseline = next(line for line in lines if line.startswith("baseline"))
+    assert baseline.split()[1] == "2" and "GPU" in baseline
+    assert next(line for line in lines if line.startswith("smoke")).split()[1] == "0"  # nothing ran there
+    assert any(line.strip().startswith("baseline: launch") for line in lines)
+    bad = subprocess.run([sys.executable, "-m", "trainbench", "cost", "nosuch", "--config",
+                          str(REPO / "config.yaml")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "nosuch" in bad.stderr and not bad.stdout
