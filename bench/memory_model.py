@@ -24,7 +24,7 @@ from pathlib import Path
 
 from trainbench.compare import shorten
 from trainbench.memory_model import ALLOCATOR_SLACK, allocated_mib, engine, hardware_of_run, predict
-from trainbench.results import read_json
+from trainbench.results import read_result
 
 
 def error_pct(predicted, measured):
@@ -70,7 +70,9 @@ NOT_REFIT = (
     "study, so their held-out study's error is not out of sample for them): the ZeRO/FSDP/DDP state "
     "formulas and activation counts (papers, tests against real blocks); FSDP1 accumulation's unsharded "
     "gradients (chosen on llama's 4 FSDP cells); tensor parallelism's whole norm outputs (chosen on "
-    "megatron's searches); AutoTP's whole-model build (zero3_pipeline); the frameworks' host extras "
+    "megatron's searches); AutoTP's whole-model build (zero3_pipeline); what torch.compile saves and "
+    "its logits without an fp32 copy at a vocabulary padded to 64 (baseline's cells, bench/mfu.py); "
+    "the frameworks' host extras "
     "(Lightning's 900 MiB from the lightning study, the Hugging Face Trainer's taken from it); DeepSpeed's "
     "import (75 MiB) and the CPU ranks' base (smoke)")
 
@@ -235,7 +237,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rows = []
     for path in sorted(p for folder in args.folders for p in folder.glob("**/metrics.json")):
-        doc = read_json(path)
+        doc = read_result(path)  # checked, in the current shape (optional parameters filled in)
         if doc["status"] not in ("ok", "oom"):
             continue
         m = doc["metrics"]

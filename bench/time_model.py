@@ -33,7 +33,7 @@ import numpy as np
 from trainbench import time_model
 from trainbench.compare import shorten
 from trainbench.hardware import gpu_type_of
-from trainbench.results import read_json
+from trainbench.results import read_result
 
 # Cells whose windows hold more than the step (noted in the output, fitted like the others: their
 # loop's fixed cost per step absorbs it) or that were timed too briefly to trust
@@ -49,7 +49,7 @@ def measured_cells(folders: list[Path]) -> list[dict]:
     """Every cell that trained on a known GPU type, with its work on that GPU."""
     cells = []
     for path in sorted(p for folder in folders for p in folder.glob("**/metrics.json")):
-        doc = read_json(path)
+        doc = read_result(path)  # checked, in the current shape (optional parameters filled in)
         gpu = gpu_type_of((doc.get("provenance") or {}).get("gpu_name"))
         step = (doc.get("metrics") or {}).get("step_time_s")
         if doc["status"] != "ok" or doc["params"].get("device") != "cuda" or gpu is None or not step:

@@ -191,7 +191,12 @@ def model_states(params: dict[str, Any], spec: ModelSpec) -> tuple[dict[str, flo
     return device, host
 
 
-def _block_tensors(spec: ModelSpec) -> list[tuple[float, str]]:
+def _compiled(params: dict[str, Any], spec: ModelSpec) -> bool:
+    """Whether torch.compile (inductor) builds the backward of trainbench's GPT in this cell."""
+    return bool(params["compile"]) and spec.family == "gpt" and params["framework"] == "torch"
+
+
+def _block_tensors(spec: ModelSpec, compiled: bool = False) -> list[tuple[float, str]]:
     """What one block saves for backward, per token: (width in elements, which dtype class).
 
     'res' tensors are in the residual-stream dtype (fp32 under autocast), 'c' in the compute dtype,
@@ -217,6 +222,11 @@ def _block_tensors(spec: ModelSpec) -> list[tuple[float, str]]:
     # In fp16 under tensor parallelism t that is 8 + 24/t bytes per token and hidden unit: Megatron's
     # 10 + 24/t less its two dropout masks (no dropout here) and the attention scores (fused attention
     # keeps none)
+    if compiled:
+        # Under torch.compile inductor's partitioner recomputes the LayerNorm outputs and the GELU
+        # from what they are made of in the backward: 24 bytes per token and hidden unit under bf16
+        # autocast instead of 36 (baseline's cells and bench/mfu.py's variants on an H200)
+        return [(h, "res"), (3 * h, "c"), (h, "c"), (h, "res"), (f, "c")]
     return [(h, "res"), (h, "rep"), (3 * h, "c"), (h, "c"), (h, "res"), (h, "rep"), (2 * f, "c")]
 
 
@@ -236,7 +246,17 @@ def block_bytes_per_token(params: dict[str, Any], spec: ModelSpec) -> float:
     # tensor parallelism splits what is inside attention and the MLP, not the residual stream nor
     # the norms' outputs that enter them (measured: 2.5B's largest micro batch at tp 2 and 4)
     return sum(width * sizes[dtype] / (params["tp"] if dtype == "c" else 1)
-               for width, dtype in _block_tensors(spec))
+               for width, dtype in _block_tensors(spec, _compiled(params, spec)))
+
+
+def _logit_bytes(params: dict[str, Any], spec: ModelSpec, compute: int) -> int:
+    """Bytes per logit at the loss: the logits in the compute dtype, their fp32 copy for the loss and
+    its gradient. Compiled, the gradient stays in the compute dtype, and inductor keeps no fp32 copy
+    where the vocabulary is a multiple of 64 (`vocab_multiple`; measured: 6.1 GiB less at GPT-2
+    124M's 32 x 1024 tokens, 2.9 GiB at 350M's 16 x 1024, bench/mfu.py on an H200)."""
+    if not _compiled(params, spec):
+        return compute + 4 + 4
+    return compute + compute + (0 if spec.vocab_size % 64 == 0 else 4)
 
 
 def activations(params: dict[str, Any], spec: ModelSpec) -> float:
@@ -260,7 +280,7 @@ def activations(params: dict[str, Any], spec: ModelSpec) -> float:
     if params["head"] == "lm":
         # logits in the compute dtype, their fp32 copy for the loss, and its gradient (whole on every
         # tensor-parallel rank: AutoTP leaves the tied LM head unsplit)
-        total += tokens * spec.vocab_size * (compute + 4 + 4)
+        total += tokens * spec.vocab_size * _logit_bytes(params, spec, compute)
     return total
 
 
