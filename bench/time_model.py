@@ -82,14 +82,25 @@ def strategy_groups(docs: list[dict], keys: tuple[str, ...]) -> list[list[int]]:
     return [members for members in groups.values() if len(members) > 1]
 
 
-def ranking(docs, measured, predicted, keys, min_gap=0.0) -> tuple[int, int, list]:
-    """Pairs of a group ranked as measured: (right, pairs, the wrong ones), counting only pairs whose
-    measured step times differ by more than `min_gap` (a fraction)."""
+def apart_by(min_gap: float):
+    """Pairs whose measured step times differ by more than `min_gap` (a fraction)."""
+    return lambda docs, measured, i, j: abs(measured[i] / measured[j] - 1) > min_gap
+
+
+def told_apart(docs, measured, i, j) -> bool:
+    """Pairs the measurement itself tells apart: both have a 95% interval and the two do not overlap."""
+    a, b = (docs[k]["metrics"].get("step_time_s_ci") for k in (i, j))
+    return bool(a and b) and (a[1] < b[0] or b[1] < a[0])
+
+
+def ranking(docs, measured, predicted, keys, counts=apart_by(0.0)) -> tuple[int, int, list]:
+    """Pairs of a group ranked as measured: (right, pairs, the wrong ones), over the pairs `counts`
+    selects."""
     right = total = 0
     wrong = []
     for members in strategy_groups(docs, keys):
         for i, j in itertools.combinations(members, 2):
-            if abs(measured[i] / measured[j] - 1) <= min_gap:
+            if not counts(docs, measured, i, j):
                 continue
             total += 1
             if (measured[i] < measured[j]) == (predicted[i] < predicted[j]):
@@ -151,12 +162,15 @@ def report(cells: list[dict], gpu: str) -> tuple[time_model.Constants, dict]:
                        (("strategy", "offload_optimizer", "offload_param"),
                         "differ only in strategy and its offload settings")):
         right, total, wrong = ranking(docs, measured, predicted, keys)
-        big_right, big_total, _ = ranking(docs, measured, predicted, keys, min_gap=0.10)
+        big_right, big_total, _ = ranking(docs, measured, predicted, keys, apart_by(0.10))
+        sure_right, sure_total, _ = ranking(docs, measured, predicted, keys, told_apart)
         print(f"ranking, cells that {what}: {right} of {total} pairs right ({100 * right / total:.0f}%; goal "
               f">= 90%); of the {big_total} pairs measured more than 10% apart: {big_right} "
-              f"({100 * big_right / max(big_total, 1):.0f}%)")
+              f"({100 * big_right / max(big_total, 1):.0f}%); of the {sure_total} whose 95% intervals do not "
+              f"overlap: {sure_right} ({100 * sure_right / max(sure_total, 1):.0f}%)")
         summary[f"ranking {what}"] = {"right": right, "pairs": total, "right_10pct_apart": big_right,
-                                      "pairs_10pct_apart": big_total}
+                                      "pairs_10pct_apart": big_total, "right_told_apart": sure_right,
+                                      "pairs_told_apart": sure_total}
         if keys == ("strategy",):
             for i, j in wrong:
                 print(f"  wrong: {docs[i]['study']}: {label(docs[i])} {measured[i] * 1e3:.0f} ms vs "
