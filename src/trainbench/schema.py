@@ -43,7 +43,7 @@ SEARCH: dict[str, dict[str, Any]] = {
 }
 
 REPORT_COLUMNS_DEFAULT = ["step_time_ms", "samples_per_s", "tokens_per_s", "tflops_per_gpu", "mfu",
-                          "gpu_mem_mib", "host_mem_mib", "loss"]
+                          "gpu_mem_max_mib", "host_mem_mib", "loss"]
 
 
 def _param_object() -> dict[str, Any]:

@@ -85,6 +85,24 @@ def _per_gpu(doc: Doc) -> str | None:
     return ", ".join(f"{u:,.0f} / {t:,.0f}" for u, t in zip(used, total or [None] * len(used)))
 
 
+def _rank0_mib(key: str) -> Callable[[Doc], float | None]:
+    """Rank 0's figure of a per-rank (per-GPU, in rank order) metric."""
+    return lambda doc: (_metric(doc, key) or [None])[0]
+
+
+def _max_mib(key: str) -> Callable[[Doc], float | None]:
+    """The worst rank's figure of a per-rank metric."""
+    return lambda doc: _max(_metric(doc, key))
+
+
+def _gib(mib: Callable[[Doc], float | None]) -> Callable[[Doc], float | None]:
+    def value(doc: Doc):
+        figure = mib(doc)
+        return figure / 1024 if figure is not None else None
+
+    return value
+
+
 def _ms_per_sample(doc: Doc):
     batch = doc["params"].get("global_batch")
     return 1e3 / batch if batch else None
@@ -108,6 +126,11 @@ def _timed_total_s(doc: Doc):
 def _steps_of_run(doc: Doc):
     step, projected = _metric(doc, "step_time_s"), _metric(doc, "projected_run_s")
     return projected / step if step and projected else None
+
+
+def _params_held_rank0(doc: Doc):
+    counts = _metric(doc, "params_per_module_rank0")
+    return sum(counts.values()) if counts else None
 
 
 def _loss(doc: Doc):
@@ -254,17 +277,33 @@ COLUMNS: dict[str, Column] = {
                              "model TFLOP/s per GPU (6N + 12LHQT per token)", interval=_ci("tflops_per_gpu")),
     "mfu": Column("MFU", lambda d: _metric(d, "mfu"), lambda v: f"{v:.1%}",
                   "model FLOPs utilisation against the GPU's dense peak", interval=_ci("mfu")),
-    "gpu_mem_mib": Column("GPU mem (MiB)", lambda d: _max(_metric(d, "gpu_mem_used_mib")), _fmt(0),
-                          "peak NVML 'used' memory of the busiest GPU (as nvidia-smi shows it)",
-                          needs_ok=False),
-    "gpu_mem_gib": Column("GPU mem (GiB)", lambda d: _max(_metric(d, "gpu_mem_used_mib")) and
-                          _max(_metric(d, "gpu_mem_used_mib")) / 1024, _fmt(1),
-                          "peak NVML 'used' memory of the busiest GPU, GiB", needs_ok=False),
-    "gpu_mem_each": Column("GPU mem used / total (MiB), each GPU", _per_gpu, str,
-                           "peak NVML 'used' and total memory of every GPU", needs_ok=False),
-    "torch_alloc_mib": Column("torch peak alloc (MiB)",
-                              lambda d: _max(_metric(d, "torch_peak_allocated_mib")),
-                              _fmt(0), "largest torch peak allocated over ranks", needs_ok=False),
+    # Device memory as nvidia-smi shows it (NVML 'used': the caching allocator's reserve, the CUDA context,
+    # NCCL) and the tensors torch allocated (what a strategy controls), for rank 0 (the figure
+    # campaigns that read one nvidia-smi line reported) and for the worst rank: they differ where ranks
+    # hold different things (ZeRO-1/2's rank 0, pipeline stages, tensor parallelism's first rank).
+    "gpu_mem_rank0_mib": Column("GPU mem, rank 0 (MiB, nvidia-smi)", _rank0_mib("gpu_mem_used_mib"), _fmt(0),
+                                "peak NVML 'used' memory of rank 0's GPU", needs_ok=False),
+    "gpu_mem_rank0_gib": Column("GPU mem, rank 0 (GiB, nvidia-smi)", _gib(_rank0_mib("gpu_mem_used_mib")),
+                                _fmt(2), "peak NVML 'used' memory of rank 0's GPU, GiB", needs_ok=False),
+    "gpu_mem_max_mib": Column("GPU mem, worst rank (MiB, nvidia-smi)", _max_mib("gpu_mem_used_mib"), _fmt(0),
+                              "peak NVML 'used' memory of the busiest GPU", needs_ok=False),
+    "gpu_mem_max_gib": Column("GPU mem, worst rank (GiB, nvidia-smi)", _gib(_max_mib("gpu_mem_used_mib")),
+                              _fmt(2), "peak NVML 'used' memory of the busiest GPU, GiB", needs_ok=False),
+    "gpu_mem_each": Column("GPU mem used / total (MiB, nvidia-smi), each GPU", _per_gpu, str,
+                           "peak NVML 'used' and total memory of every GPU, in rank order", needs_ok=False),
+    "torch_alloc_rank0_mib": Column("torch peak alloc, rank 0 (MiB)", _rank0_mib("torch_peak_allocated_mib"),
+                                    _fmt(0), "torch's peak allocated memory on rank 0 (tensors only)",
+                                    needs_ok=False),
+    "torch_alloc_rank0_gib": Column("torch peak alloc, rank 0 (GiB)",
+                                    _gib(_rank0_mib("torch_peak_allocated_mib")), _fmt(2),
+                                    "torch's peak allocated memory on rank 0 (tensors only), GiB", needs_ok=False),
+    "torch_alloc_max_mib": Column("torch peak alloc, worst rank (MiB)", _max_mib("torch_peak_allocated_mib"),
+                                  _fmt(0), "the largest torch peak allocated memory over ranks (tensors only)",
+                                  needs_ok=False),
+    "torch_alloc_max_gib": Column("torch peak alloc, worst rank (GiB)",
+                                  _gib(_max_mib("torch_peak_allocated_mib")), _fmt(2),
+                                  "the largest torch peak allocated memory over ranks (tensors only), GiB",
+                                  needs_ok=False),
     "host_mem_mib": Column("host mem (MiB)", lambda d: _metric(d, "host_mem_peak_mib"), _fmt(0),
                            "peak resident memory of the busiest node's ranks together"),
     "host_mem_pct": Column("host mem %", lambda d: _metric(d, "host_mem_percent_peak"), _fmt(1),
@@ -284,7 +323,9 @@ COLUMNS: dict[str, Column] = {
     "params_total": Column("params", lambda d: _metric(d, "params_total"), si, "parameters in the model"),
     "params_rank0": Column("params held by rank 0, by module", _params_rank0, str,
                            "parameter elements rank 0 holds, by module class (ZeRO-3 shards them)"),
-    "predicted_gpu_mem_gib": Column("predicted GPU mem (GiB)", _predicted_gib, _fmt(1),
+    "params_held_rank0": Column("params held by rank 0", _params_held_rank0, si,
+                                "parameter elements rank 0 holds, all modules together"),
+    "predicted_gpu_mem_gib": Column("predicted GPU mem, worst rank (GiB, nvidia-smi)", _predicted_gib, _fmt(1),
                                     "the memory model's prediction of the busiest GPU's NVML 'used' memory",
                                     needs_ok=False),
     "predicted_host_mem_gib": Column("predicted host mem (GiB)", _predicted_host_gib, _fmt(1),
