@@ -56,6 +56,7 @@ class Column:
     needs_ok: bool = True  # only meaningful for a run that finished
     # a timed figure's 95% interval (low, high) in the column's unit, None where the run has none
     interval: Callable[[Doc], tuple[float, float] | None] | None = None
+    comparable: bool = True  # a measured number that findings can compare (not text, not a prediction)
 
 
 def _ci(key: str, scale: float = 1.0) -> Callable[[Doc], tuple[float, float] | None]:
@@ -290,15 +291,17 @@ COLUMNS: dict[str, Column] = {
     "gpu_mem_max_gib": Column("GPU mem, worst rank (GiB, nvidia-smi)", _gib(_max_mib("gpu_mem_used_mib")),
                               _fmt(2), "peak NVML 'used' memory of the busiest GPU, GiB", needs_ok=False),
     "gpu_mem_each": Column("GPU mem used / total (MiB, nvidia-smi), each GPU", _per_gpu, str,
-                           "peak NVML 'used' and total memory of every GPU, in rank order", needs_ok=False),
+                           "peak NVML 'used' and total memory of every GPU, in rank order", needs_ok=False,
+                           comparable=False),
     "torch_alloc_rank0_mib": Column("torch peak alloc, rank 0 (MiB)", _rank0_mib("torch_peak_allocated_mib"),
                                     _fmt(0), "torch's peak allocated memory on rank 0 (tensors only)",
                                     needs_ok=False),
     "torch_alloc_rank0_gib": Column("torch peak alloc, rank 0 (GiB)",
                                     _gib(_rank0_mib("torch_peak_allocated_mib")), _fmt(2),
-                                    "torch's peak allocated memory on rank 0 (tensors only), GiB", needs_ok=False),
+                                    "torch's peak allocated memory on rank 0 (tensors only), GiB",
+                                    needs_ok=False),
     "torch_alloc_max_mib": Column("torch peak alloc, worst rank (MiB)", _max_mib("torch_peak_allocated_mib"),
-                                  _fmt(0), "the largest torch peak allocated memory over ranks (tensors only)",
+                                  _fmt(0), "the largest torch peak allocated memory of a rank (tensors only)",
                                   needs_ok=False),
     "torch_alloc_max_gib": Column("torch peak alloc, worst rank (GiB)",
                                   _gib(_max_mib("torch_peak_allocated_mib")), _fmt(2),
@@ -319,27 +322,32 @@ COLUMNS: dict[str, Column] = {
                             interval=_per_step(lambda d: _steps_of_run(d) and _steps_of_run(d) / 60)),
     "test_accuracy": Column("test acc.", lambda d: _metric(d, "test_accuracy"), lambda v: f"{v:.1%}",
                             "accuracy on held-out data"),
-    "loss": Column("loss first → last", _loss, str, "training loss at the first and last step"),
+    "loss": Column("loss first → last", _loss, str, "training loss at the first and last step",
+                   comparable=False),
     "params_total": Column("params", lambda d: _metric(d, "params_total"), si, "parameters in the model"),
     "params_rank0": Column("params held by rank 0, by module", _params_rank0, str,
-                           "parameter elements rank 0 holds, by module class (ZeRO-3 shards them)"),
+                           "parameter elements rank 0 holds, by module class (ZeRO-3 shards them)",
+                           comparable=False),
     "params_held_rank0": Column("params held by rank 0", _params_held_rank0, si,
                                 "parameter elements rank 0 holds, all modules together"),
-    "predicted_gpu_mem_gib": Column("predicted GPU mem, worst rank (GiB, nvidia-smi)", _predicted_gib, _fmt(1),
+    "predicted_gpu_mem_gib": Column("predicted GPU mem, worst rank (GiB, nvidia-smi)", _predicted_gib,
+                                    _fmt(1),
                                     "the memory model's prediction of the busiest GPU's NVML 'used' memory",
-                                    needs_ok=False),
+                                    needs_ok=False, comparable=False),
     "predicted_host_mem_gib": Column("predicted host mem (GiB)", _predicted_host_gib, _fmt(1),
                                      "the memory model's prediction of the busiest node's ranks' memory",
-                                     needs_ok=False),
+                                     needs_ok=False, comparable=False),
     "predicted_step_time_ms": Column("predicted step (ms)", _predicted_time("step_time_s", 1e3), _fmt(1),
                                      "the time model's optimizer-step time (README, \"The time model\")",
-                                     needs_ok=False),
+                                     needs_ok=False, comparable=False),
     "predicted_samples_per_s": Column("predicted samples/s", _predicted_time("samples_per_s"), _fmt(1),
-                                      "global batch / the time model's step time", needs_ok=False),
+                                      "global batch / the time model's step time", needs_ok=False,
+                                      comparable=False),
     "predicted_mfu": Column("predicted MFU", _predicted_time("mfu"), lambda v: f"{v:.1%}",
-                            "MFU at the time model's step time", needs_ok=False),
+                            "MFU at the time model's step time", needs_ok=False, comparable=False),
     "step_time_error_pct": Column("time model error", _step_time_error_pct, lambda v: f"{v:+.0f}%",
-                                  "predicted step time against the measured median", needs_ok=True),
+                                  "predicted step time against the measured median", needs_ok=True,
+                                  comparable=False),
 }
 
 
@@ -579,7 +587,11 @@ def _time_model_note(docs: list[Doc]) -> list[str]:
 
 
 def study_markdown(study: str, description: str, docs: list[Doc], *, id_keys: list[str], report: list[str],
-                   plan_for: dict[str, Any] | None = None) -> str:
+                   plan_for: dict[str, Any] | None = None, judged: list | None = None) -> str:
+    """The study's markdown: its table, notes, the largest-batch searches, and its findings as `judged`
+    (findings.evaluate)."""
+    from trainbench.findings import markdown as findings_markdown
+
     report = with_predictions(report, docs)
     docs = with_current_predictions(docs)
     statuses = Counter(d["status"] for d in docs)
@@ -603,6 +615,7 @@ def study_markdown(study: str, description: str, docs: list[Doc], *, id_keys: li
         "Columns: " + "; ".join(f"{COLUMNS[c].header}: {COLUMNS[c].description}" for c in report) + ".",
         "",
         *search_markdown(docs, id_keys=id_keys),
+        *findings_markdown(judged or []),
     ]
     return "\n".join(parts)
 
@@ -669,7 +682,14 @@ def with_planned(docs: list[Doc], study: Study, short_of_gpus: dict[str, str] | 
 
 
 def write_tables(docs: list[Doc], *, study: str, description: str, id_keys: list[str], report: list[str],
-                 csv_path: Path, md_path: Path, plan_for: dict[str, Any] | None = None) -> None:
+                 csv_path: Path, md_path: Path, plan_for: dict[str, Any] | None = None,
+                 findings: list[dict[str, Any]] | None = None, findings_path: Path | None = None) -> None:
+    """The study's CSV and markdown, and its findings judged once for both the markdown and their CSV."""
+    from trainbench import findings as judging
+
+    judged = judging.evaluate(findings, with_current_predictions(docs), id_keys)
     write_csv(csv_rows(docs, id_keys=id_keys, report=with_predictions(report, docs)), Path(csv_path))
     Path(md_path).write_text(study_markdown(study, description, docs, id_keys=id_keys, report=report,
-                                            plan_for=plan_for))
+                                            plan_for=plan_for, judged=judged))
+    if findings_path is not None:
+        judging.write_csv(judged, Path(findings_path))

@@ -1,4 +1,5 @@
-# Every cell of a study, whatever its status, into one CSV (all fields) and one markdown table.
+# Every cell of a study, whatever its status, into one CSV (all fields) and one markdown table, with the
+# study's findings judged under it (and pair by pair in the findings CSV).
 
 
 rule study_table:
@@ -9,6 +10,7 @@ rule study_table:
     output:
         csv=paths.TABLE_CSV,
         md=paths.TABLE_MD,
+        findings=paths.TABLE_FINDINGS,
     log:
         paths.TABLE_LOG,
     params:
