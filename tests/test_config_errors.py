@@ -193,6 +193,10 @@ CASES: dict[str, tuple[Callable[[dict], Any], str]] = {
     "finding rising with a key that names no cell": (finding(compare={"metric": "mfu", "rises_with": "seed"}),
                                                      "compare.rises_with: 'seed' is not a key that tells the "
                                                      "study's cells apart"),
+    "finding rising with a key that is no number": (
+        study(axes={"micro_batch": [1, 2], "attention": ["sdpa", "eager"]},
+              findings=[{"claim": "c", "compare": {"metric": "mfu", "rises_with": "attention"}}]),
+        "studies.t.findings[0].compare.rises_with: 'attention' is not a number"),
 }
 
 

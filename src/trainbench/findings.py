@@ -44,7 +44,6 @@ Doc = dict[str, Any]
 
 RELATIONS = ("compare", "fits", "oom")
 COMPARISONS = ("less", "more", "same", "rises_with", "falls_with")
-UNFINISHED = ("failed", "timeout")
 NOT_MEASURED = ("planned", "not run", "infeasible")
 SHOWN_PAIRS = 4  # pairs the markdown names per finding; the CSV has them all
 
@@ -298,9 +297,16 @@ def _compare_problems(where: str, compare: dict[str, Any], known: dict[str, Metr
             out.append(f"{where}.factor: give min, max or both")
         elif factor.get("min", 0) > factor.get("max", math.inf):
             out.append(f"{where}.factor: min {factor['min']:g} is above max {factor['max']:g}")
-    if comparison in ("rises_with", "falls_with") and compare[comparison] not in id_keys:
-        out.append(f"{where}.{comparison}: {compare[comparison]!r} is not a key that tells the study's cells "
-                   f"apart (those are: {', '.join(id_keys)})")
+    if comparison in ("rises_with", "falls_with"):
+        from trainbench.params import PARAMS_BY_NAME
+
+        key = compare[comparison]
+        if key not in id_keys:
+            out.append(f"{where}.{comparison}: {key!r} is not a key that tells the study's cells apart "
+                       f"(those are: {', '.join(id_keys)})")
+        elif PARAMS_BY_NAME[key].kind not in ("int", "float"):
+            out.append(f"{where}.{comparison}: {key!r} is not a number; a figure rises or falls with gpus, "
+                       "micro_batch, tp and the like")
     return out
 
 
