@@ -47,6 +47,16 @@ def replace(new) -> Callable[[dict], Any]:
     return edit
 
 
+LESS = {"metric": "step_time_ms", "less": {"micro_batch": 1}, "than": {"micro_batch": 2}}
+
+
+def finding(claim: str | None = "a claim", **relation) -> Callable[[dict], Any]:
+    """A study with one finding: its claim (None: none) and relation."""
+    def edit(config):
+        config["studies"]["t"]["findings"] = [{**({"claim": claim} if claim else {}), **relation}]
+    return edit
+
+
 CASES: dict[str, tuple[Callable[[dict], Any], str]] = {
     # the file's shape
     "not a mapping": (replace(["a", "b"]), "config.yaml must be a mapping with a 'studies' key"),
@@ -148,6 +158,45 @@ CASES: dict[str, tuple[Callable[[dict], Any], str]] = {
     "search naming no measured cell": (study(search={"cells": [{"micro_batch": 9}]}),
                                        "studies.t.search.cells[0]: {'micro_batch': 9} matches no measured "
                                        "cell"),
+    # findings: a claim and one relation between the study's cells
+    "finding without a claim": (finding(fits={"micro_batch": 1}, claim=None),
+                                "'claim' is a required property"),
+    "finding without a relation": (finding(),
+                                   "studies.t.findings[0]: give one relation: compare, fits or oom"),
+    "finding with two relations": (finding(fits={"micro_batch": 1}, oom={"micro_batch": 2}),
+                                   "give one relation: compare, fits or oom (it gives fits, oom)"),
+    "finding of an unknown metric": (finding(compare={**LESS, "metric": "step_ms"}),
+                                     "studies.t.findings[0].compare.metric: unknown metric 'step_ms' "
+                                     "(did you mean 'step_time_ms'?)"),
+    "finding comparing text": (finding(compare={**LESS, "metric": "loss"}), "unknown metric 'loss'"),
+    "finding with an unknown comparison": (finding(compare={**LESS, "lesser": {"micro_batch": 1}}),
+                                           "unknown key 'lesser' (did you mean 'less'?)"),
+    "finding with two comparisons": (finding(compare={**LESS, "more": {"micro_batch": 2}}),
+                                     "give one comparison: less, more, same, rises_with, falls_with "
+                                     "(it gives less, more)"),
+    "finding less without than": (finding(compare={"metric": "mfu", "less": {"micro_batch": 1}}),
+                                  "studies.t.findings[0].compare: less needs than"),
+    "finding same without within": (finding(compare={"metric": "mfu", "same": {"micro_batch": 1},
+                                                     "as": {"micro_batch": 2}}), "same needs within"),
+    "finding factor with same": (finding(compare={"metric": "mfu", "same": {"micro_batch": 1}, "within": 0.1,
+                                                  "as": {"micro_batch": 2}, "factor": {"min": 2}}),
+                                 "studies.t.findings[0].compare.factor: goes with less or more"),
+    "finding factor upside down": (finding(compare={**LESS, "factor": {"min": 3, "max": 2}}),
+                                   "compare.factor: min 3 is above max 2"),
+    "finding pattern matching no cell": (finding(compare={**LESS, "less": {"micro_batch": 7}}),
+                                         "studies.t.findings[0].compare.less: {'micro_batch': 7} matches "
+                                         "no cell"),
+    "finding pattern of a bad value": (finding(oom={"micro_batch": "big"}),
+                                       "studies.t.findings[0].oom.micro_batch"),
+    "finding that pairs no cells": (finding(compare={**LESS, "than": {"micro_batch": 1}}),
+                                    "studies.t.findings[0].compare: pairs no cells"),
+    "finding rising with a key that names no cell": (finding(compare={"metric": "mfu", "rises_with": "seed"}),
+                                                     "compare.rises_with: 'seed' is not a key that tells the "
+                                                     "study's cells apart"),
+    "finding rising with a key that is no number": (
+        study(axes={"micro_batch": [1, 2], "attention": ["sdpa", "eager"]},
+              findings=[{"claim": "c", "compare": {"metric": "mfu", "rises_with": "attention"}}]),
+        "studies.t.findings[0].compare.rises_with: 'attention' is not a number"),
 }
 
 

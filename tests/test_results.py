@@ -112,7 +112,7 @@ def test_planned_rows_give_the_memory_models_verdict_in_grid_order():
                                                study.cell("model~llama-7b__device~cpu__gpus~2").unsupported),
     }
     assert docs[2]["predicted"]["gpu_mem_mib"] > 140.4 * 1024
-    text = study_markdown("s", "d", docs, id_keys=["model", "gpus"], report=["gpu_mem_gib"],
+    text = study_markdown("s", "d", docs, id_keys=["model", "gpus"], report=["gpu_mem_max_gib"],
                           plan_for=plan_for)
     assert "5 cells: 1 ok, 3 planned, 1 unsupported." in text
     assert "| llama-65b | 4 | planned: predicted not to fit: GPU memory |" in text

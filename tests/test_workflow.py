@@ -17,6 +17,8 @@ from trainbench.config import load_config
 
 from conftest import REPO, parse_dry_run, tiny_study
 
+TABLE_FINDINGS = "results/tables/t.findings.csv"
+
 
 def run_counts(jobs: dict[str, set[str]]) -> dict[str, int]:
     return {rule: len(outputs) for rule, outputs in jobs.items()}
@@ -46,7 +48,8 @@ def test_each_study_dry_runs_listing_its_cells_and_resources(workflow, study):
                                 env=eight)
     jobs = parse_dry_run(result.stdout)
     assert len(jobs["train_cell"]) == len(expected.cells)
-    assert jobs["study_table"] == {f"results/tables/{study}.md", f"results/tables/{study}.csv"}
+    assert jobs["study_table"] == {f"results/tables/{study}.md", f"results/tables/{study}.csv",
+                                   f"results/tables/{study}.findings.csv"}
     resources = [line for line in result.stdout.splitlines() if line.strip().startswith("resources:")]
     for cell in expected.cells:
         r = cell.resources()
@@ -104,7 +107,7 @@ def test_only_missing_or_changed_cells_rerun(workflow):
     workflow.write_config(changed)
     jobs = workflow.planned()
     assert cells_planned(jobs) == {"micro_batch~4"}
-    assert jobs["study_table"] == {"results/tables/t.md", "results/tables/t.csv"}
+    assert jobs["study_table"] == {"results/tables/t.md", "results/tables/t.csv", TABLE_FINDINGS}
     assert jobs["study_plots"] == {"results/plots/t_memory.png", "results/plots/t_throughput.png"}
     workflow.snakemake()
 
@@ -129,8 +132,15 @@ def test_only_missing_or_changed_cells_rerun(workflow):
     changed["studies"]["t"]["report"] = ["step_time_ms", "loss"]
     workflow.write_config(changed)
     jobs = workflow.planned()
-    assert "train_cell" not in jobs and jobs["study_table"] == {"results/tables/t.md", "results/tables/t.csv"}
+    assert "train_cell" not in jobs and jobs["study_table"] == {"results/tables/t.md", "results/tables/t.csv",
+                                                                TABLE_FINDINGS}
     assert "study_plots" not in jobs
+    # and so does a change of the findings it judges
+    changed["studies"]["t"]["findings"] = [{"claim": "steps take longer with larger batches",
+                                            "compare": {"metric": "step_time_ms", "rises_with": "micro_batch"}}]
+    workflow.write_config(changed)
+    jobs = workflow.planned()
+    assert "train_cell" not in jobs and "study_plots" not in jobs and TABLE_FINDINGS in jobs["study_table"]
     # and what the plots show, the plots alone
     changed["studies"]["t"]["plot_panels"] = ["micro_batch"]
     workflow.write_config(changed)
@@ -149,7 +159,8 @@ def test_only_missing_or_changed_cells_rerun(workflow):
     assert cells_planned(jobs) == {"micro_batch~2"} and "study_table" not in jobs
     jobs = workflow.planned("results/tables/t.md", "--forcerun", cell)
     assert cells_planned(jobs) == {"micro_batch~2"} and jobs["study_table"] == {"results/tables/t.md",
-                                                                                 "results/tables/t.csv"}
+                                                                                 "results/tables/t.csv",
+                                                                                 TABLE_FINDINGS}
     # its plots with it: through a plot, or through the study's page (table, plots and page)
     jobs = workflow.planned("results/plots/t_memory.png", "--forcerun", cell)
     assert cells_planned(jobs) == {"micro_batch~2"} and set(jobs) == {"train_cell", "study_plots"}

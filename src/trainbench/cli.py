@@ -288,10 +288,14 @@ def cmd_vocabulary(args) -> int:
             print(f"{m.name:<16} {m.param_count() / 1e6:>10,.1f}M  L={m.n_layer} d={m.d_model} h={m.n_head} "
                   f"ctx={m.max_seq}  {m.note}{built}")
     elif args.command == "columns":
+        from trainbench.findings import metrics
         from trainbench.tables import COLUMNS
 
+        width = max(len(c.header) for c in COLUMNS.values())
         for name, column in COLUMNS.items():
-            print(f"{name:<22} {column.header:<28} {column.description}")
+            print(f"{name:<23} {column.header:<{width}} {column.description}")
+        searched = [m for name, m in metrics().items() if name not in COLUMNS]
+        print("findings also compare: " + ", ".join(f"{m.name} ({m.header})" for m in searched))
     return 0
 
 

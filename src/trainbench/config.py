@@ -145,6 +145,21 @@ def _unknown_report_columns(studies: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _finding_problems(specs: dict[str, Any], studies: dict[str, Study]) -> list[str]:
+    """What is wrong in each study's findings (a metric, relation or pattern that says nothing), before any
+    job runs; each expanded study gets its findings."""
+    from trainbench.findings import problems as finding_problems
+
+    out = []
+    for name, study in studies.items():
+        declared = specs[name].get("findings") or []
+        found = finding_problems(name, declared, [c.params for c in study.cells], study.id_keys)
+        out += found
+        if not found:
+            study.findings = declared
+    return out
+
+
 def load_config(source: dict[str, Any] | str | Path) -> Config:
     """Validate a config (a mapping, or a YAML file's path) and expand all its studies."""
     if isinstance(source, (str, Path)):
@@ -159,6 +174,7 @@ def load_config(source: dict[str, Any] | str | Path) -> Config:
         except ConfigError as e:
             problems.extend(e.problems)
     problems += _unknown_report_columns(data["studies"])
+    problems += _finding_problems(data["studies"], studies)
     for machine, names in data["default_studies"].items():
         for name in names:
             if name not in data["studies"]:

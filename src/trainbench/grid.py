@@ -117,6 +117,7 @@ class Study:
     plan_for: dict[str, Any] | None = None  # the hardware planned cells are judged against
     searched: tuple[str, ...] = ()  # ids of the cells whose max-batch search the table reports
     plot_panels: tuple[str, ...] = ()  # keys whose values split the plots into panels
+    findings: list[dict[str, Any]] = field(default_factory=list)  # config.py checks them (findings.py)
 
     def cell(self, cell_id: str) -> Cell:
         for c in self.cells:

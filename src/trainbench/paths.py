@@ -16,6 +16,7 @@ SEARCH = "results/search/{study}/{cell}/max_batch.json"
 SEARCH_LOG = "results/search/{study}/{cell}/max_batch.log"
 TABLE_MD = "results/tables/{study}.md"
 TABLE_CSV = "results/tables/{study}.csv"
+TABLE_FINDINGS = "results/tables/{study}.findings.csv"
 TABLE_LOG = "results/logs/tables/{study}.log"
 PLOT_MEMORY = "results/plots/{study}_memory.png"
 PLOT_THROUGHPUT = "results/plots/{study}_throughput.png"
@@ -32,10 +33,10 @@ def path(pattern: str, **wildcards) -> str:
 
 
 def study_outputs(study: str) -> list[str]:
-    """What a study's `rule all` target is made of: its table (both forms), its plots and its page (the
-    report's)."""
-    return [path(pattern, study=study)
-            for pattern in (TABLE_MD, TABLE_CSV, PLOT_MEMORY, PLOT_THROUGHPUT, STUDY_PAGE)]
+    """What a study's `rule all` target is made of: its table (both forms, and its findings), its plots
+    and its page (the report's)."""
+    return [path(pattern, study=study) for pattern in (TABLE_MD, TABLE_CSV, TABLE_FINDINGS, PLOT_MEMORY,
+                                                        PLOT_THROUGHPUT, STUDY_PAGE)]
 
 
 def probe_id(cell_id: str, micro_batch: int) -> str:

@@ -1,5 +1,9 @@
 """Per-study plots: peak memory of every GPU (or CPU rank) by cell, and throughput by cell.
 
+The memory plot draws, for every GPU in rank order, the device memory in use as nvidia-smi shows it
+(NVML 'used': the caching allocator's reserve, the CUDA context, NCCL) as the whole bar, and torch's
+peak allocated memory (the tensors a strategy controls) as its solid part.
+
 Cells that did not run to the end keep their place on the x axis with their status written in, so
 a plot shows the same cells as the table. Planned cells (and cells this machine could not run) are
 drawn as hatched outlines at the memory and time models' predictions, where there are few enough of
@@ -134,9 +138,14 @@ def _draw_memory(ax, docs: list[Doc], keys: list[str], kind: str) -> None:
         if not values:
             _status_mark(ax, x, doc)
             continue
+        allocated = (doc.get("metrics") or {}).get("torch_peak_allocated_mib") if kind == "GPU" else None
         for i, value in enumerate(values):
-            ax.bar(x - 0.4 + bar * (i + 0.5), value, width=bar, color=f"C{i % 10}",
+            where = x - 0.4 + bar * (i + 0.5)
+            # the whole bar: what nvidia-smi shows; its solid part: the tensors torch allocated
+            ax.bar(where, value, width=bar, color=f"C{i % 10}", alpha=0.4 if allocated else 1.0,
                    label=None if i in labelled else f"{kind} {i}")
+            if allocated and i < len(allocated) and allocated[i] is not None:
+                ax.bar(where, allocated[i], width=bar, color=f"C{i % 10}")
             labelled.add(i)
         if doc["status"] != "ok":
             ax.text(x, max(values), doc["status"], ha="center", va="bottom", fontsize=8, color="firebrick")
@@ -149,7 +158,7 @@ def _draw_memory(ax, docs: list[Doc], keys: list[str], kind: str) -> None:
             labelled.add(-1)
     _cell_ticks(ax, docs, keys)
     ax.set_ylim(top=ax.get_ylim()[1] * 1.12)  # room for the legend above the tallest bar
-    ax.set_ylabel("MiB")
+    ax.set_ylabel("MiB (nvidia-smi used; solid: torch allocated)" if kind == "GPU" else "MiB")
     if labelled:
         ax.legend(fontsize=7, ncols=min(8, width_per_cell + 1))
 
@@ -163,9 +172,10 @@ def memory_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path,
     kind = _memory_kind(docs, [_memory_series(d) for d in docs])
     groups = panels(docs, list(panel_keys))
     keys, shared = label_keys(docs, id_keys, list(panel_keys))
-    what = "peak NVML 'used' memory per GPU" if kind == "GPU" else "peak resident memory per CPU rank"
-    fig, axes = _panel_figure(groups, 0.9, f"{_titled(title, shared)}: {what} (bars) and predicted (black; hatched: not measured)"
-                                           f"{note}")
+    what = ("peak memory per GPU in rank order: nvidia-smi 'used' (whole bar), torch peak allocated (solid)"
+            if kind == "GPU" else "peak resident memory per CPU rank")
+    fig, axes = _panel_figure(groups, 0.9, f"{_titled(title, shared)}: {what}; the memory model's "
+                                           f"prediction in black (hatched: not measured){note}")
     for ax, (name, members) in zip(axes, groups):
         _draw_memory(ax, members, keys, kind)
         if name:

@@ -43,7 +43,7 @@ SEARCH: dict[str, dict[str, Any]] = {
 }
 
 REPORT_COLUMNS_DEFAULT = ["step_time_ms", "samples_per_s", "tokens_per_s", "tflops_per_gpu", "mfu",
-                          "gpu_mem_mib", "host_mem_mib", "loss"]
+                          "gpu_mem_max_mib", "host_mem_mib", "loss"]
 
 
 def _param_object() -> dict[str, Any]:
@@ -69,6 +69,66 @@ def _param_selector() -> dict[str, Any]:
         props[p.name] = {"anyOf": [item, {"type": "array", "minItems": 1, "items": item}], "default": None,
                          "description": f"The {p.name} of measured cells: a value, or a list of values."}
     return {"type": "object", "additionalProperties": False, "properties": props}
+
+
+def _cells(description: str) -> dict[str, Any]:
+    return {**_param_selector(), "default": None, "description": description}
+
+
+def _findings() -> dict[str, Any]:
+    """A study's findings (src/trainbench/findings.py): a claim and one relation between its cells."""
+    keys = [p.name for p in PARAMS]
+    compare = {
+        "type": "object", "additionalProperties": False, "required": ["metric"], "default": None,
+        "description": "A metric of some cells against others: one of less, more (with than), same (with as "
+                       "and within), rises_with, falls_with; pairs are cells that agree on every other key "
+                       "telling the study's cells apart.",
+        "properties": {
+            "metric": {"type": "string", "default": None,
+                       "description": "A number of the table (`trainbench columns`), or the max-batch "
+                                      "search's max_micro_batch or max_global_batch."},
+            "less": _cells("Cells whose figure is below that of the cells `than` names."),
+            "more": _cells("Cells whose figure is above that of the cells `than` names."),
+            "than": _cells("The cells `less` or `more` are held against."),
+            "same": _cells("Cells whose figure is within `within` of that of the cells `as` names."),
+            "as": _cells("The cells `same` is held against."),
+            "within": {"type": "number", "minimum": 0, "default": None,
+                       "description": "How far apart `same` allows the two figures, in the metric's unit."},
+            "factor": {"type": "object", "additionalProperties": False, "default": None,
+                       "description": "With less or more: the larger figure over the smaller lies in this "
+                                      "range.",
+                       "properties": {
+                           "min": {"type": "number", "exclusiveMinimum": 0, "default": None,
+                                   "description": "The smallest factor that holds."},
+                           "max": {"type": "number", "exclusiveMinimum": 0, "default": None,
+                                   "description": "The largest factor that holds (absent: no limit)."}}},
+            "rises_with": {"enum": keys, "default": None,
+                           "description": "A key telling cells apart: the figure rises as its value grows "
+                                          "(every two cells that differ in it alone)."},
+            "falls_with": {"enum": keys, "default": None,
+                           "description": "A key telling cells apart: the figure falls as its value grows."},
+            "where": _cells("Only cells matching this take part."),
+        },
+    }
+    return {
+        "type": "array", "default": [],
+        "description": "The conclusions the study exists to test, judged on every table build and shown "
+                       "under the table: reproduced, partly, not reproduced or not yet measured (README, "
+                       "\"Findings\").",
+        "items": {
+            "type": "object", "additionalProperties": False, "required": ["claim"],
+            "properties": {
+                "claim": {"type": "string", "minLength": 1, "default": None,
+                          "description": "The conclusion, in the campaign's words."},
+                "note": {"type": "string", "default": "",
+                         "description": "How the claim is checked: assumptions, and what this version "
+                                        "cannot check."},
+                "compare": compare,
+                "fits": _cells("Every matching cell trains (status ok)."),
+                "oom": _cells("Every matching cell runs out of memory."),
+            },
+        },
+    }
 
 
 def build_schema() -> dict[str, Any]:
@@ -158,6 +218,7 @@ def build_schema() -> dict[str, Any]:
                             "description": "Cell keys that split the study's plots into panels, one per "
                                            "combination of their values with its own y axis (the other keys "
                                            "label the bars); empty: one panel."},
+            "findings": _findings(),
             "report": {"type": "array", "items": {"type": "string"}, "default": REPORT_COLUMNS_DEFAULT,
                        "description": "Metric columns of the study's markdown table, in order "
                                       "(`trainbench columns` lists them)."},

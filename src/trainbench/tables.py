@@ -56,6 +56,7 @@ class Column:
     needs_ok: bool = True  # only meaningful for a run that finished
     # a timed figure's 95% interval (low, high) in the column's unit, None where the run has none
     interval: Callable[[Doc], tuple[float, float] | None] | None = None
+    comparable: bool = True  # a measured number that findings can compare (not text, not a prediction)
 
 
 def _ci(key: str, scale: float = 1.0) -> Callable[[Doc], tuple[float, float] | None]:
@@ -85,6 +86,24 @@ def _per_gpu(doc: Doc) -> str | None:
     return ", ".join(f"{u:,.0f} / {t:,.0f}" for u, t in zip(used, total or [None] * len(used)))
 
 
+def _rank0_mib(key: str) -> Callable[[Doc], float | None]:
+    """Rank 0's figure of a per-rank (per-GPU, in rank order) metric."""
+    return lambda doc: (_metric(doc, key) or [None])[0]
+
+
+def _max_mib(key: str) -> Callable[[Doc], float | None]:
+    """The worst rank's figure of a per-rank metric."""
+    return lambda doc: _max(_metric(doc, key))
+
+
+def _gib(mib: Callable[[Doc], float | None]) -> Callable[[Doc], float | None]:
+    def value(doc: Doc):
+        figure = mib(doc)
+        return figure / 1024 if figure is not None else None
+
+    return value
+
+
 def _ms_per_sample(doc: Doc):
     batch = doc["params"].get("global_batch")
     return 1e3 / batch if batch else None
@@ -108,6 +127,11 @@ def _timed_total_s(doc: Doc):
 def _steps_of_run(doc: Doc):
     step, projected = _metric(doc, "step_time_s"), _metric(doc, "projected_run_s")
     return projected / step if step and projected else None
+
+
+def _params_held_rank0(doc: Doc):
+    counts = _metric(doc, "params_per_module_rank0")
+    return sum(counts.values()) if counts else None
 
 
 def _loss(doc: Doc):
@@ -254,17 +278,35 @@ COLUMNS: dict[str, Column] = {
                              "model TFLOP/s per GPU (6N + 12LHQT per token)", interval=_ci("tflops_per_gpu")),
     "mfu": Column("MFU", lambda d: _metric(d, "mfu"), lambda v: f"{v:.1%}",
                   "model FLOPs utilisation against the GPU's dense peak", interval=_ci("mfu")),
-    "gpu_mem_mib": Column("GPU mem (MiB)", lambda d: _max(_metric(d, "gpu_mem_used_mib")), _fmt(0),
-                          "peak NVML 'used' memory of the busiest GPU (as nvidia-smi shows it)",
-                          needs_ok=False),
-    "gpu_mem_gib": Column("GPU mem (GiB)", lambda d: _max(_metric(d, "gpu_mem_used_mib")) and
-                          _max(_metric(d, "gpu_mem_used_mib")) / 1024, _fmt(1),
-                          "peak NVML 'used' memory of the busiest GPU, GiB", needs_ok=False),
-    "gpu_mem_each": Column("GPU mem used / total (MiB), each GPU", _per_gpu, str,
-                           "peak NVML 'used' and total memory of every GPU", needs_ok=False),
-    "torch_alloc_mib": Column("torch peak alloc (MiB)",
-                              lambda d: _max(_metric(d, "torch_peak_allocated_mib")),
-                              _fmt(0), "largest torch peak allocated over ranks", needs_ok=False),
+    # Device memory as nvidia-smi shows it (NVML 'used': the caching allocator's reserve, the CUDA context,
+    # NCCL) and the tensors torch allocated (what a strategy controls), for rank 0 (the figure
+    # campaigns that read one nvidia-smi line reported) and for the worst rank: they differ where ranks
+    # hold different things (ZeRO-1/2's rank 0, pipeline stages, tensor parallelism's first rank).
+    "gpu_mem_rank0_mib": Column("GPU mem, rank 0 (MiB, nvidia-smi)", _rank0_mib("gpu_mem_used_mib"), _fmt(0),
+                                "peak NVML 'used' memory of rank 0's GPU", needs_ok=False),
+    "gpu_mem_rank0_gib": Column("GPU mem, rank 0 (GiB, nvidia-smi)", _gib(_rank0_mib("gpu_mem_used_mib")),
+                                _fmt(2), "peak NVML 'used' memory of rank 0's GPU, GiB", needs_ok=False),
+    "gpu_mem_max_mib": Column("GPU mem, worst rank (MiB, nvidia-smi)", _max_mib("gpu_mem_used_mib"), _fmt(0),
+                              "peak NVML 'used' memory of the busiest GPU", needs_ok=False),
+    "gpu_mem_max_gib": Column("GPU mem, worst rank (GiB, nvidia-smi)", _gib(_max_mib("gpu_mem_used_mib")),
+                              _fmt(2), "peak NVML 'used' memory of the busiest GPU, GiB", needs_ok=False),
+    "gpu_mem_each": Column("GPU mem used / total (MiB, nvidia-smi), each GPU", _per_gpu, str,
+                           "peak NVML 'used' and total memory of every GPU, in rank order", needs_ok=False,
+                           comparable=False),
+    "torch_alloc_rank0_mib": Column("torch peak alloc, rank 0 (MiB)", _rank0_mib("torch_peak_allocated_mib"),
+                                    _fmt(0), "torch's peak allocated memory on rank 0 (tensors only)",
+                                    needs_ok=False),
+    "torch_alloc_rank0_gib": Column("torch peak alloc, rank 0 (GiB)",
+                                    _gib(_rank0_mib("torch_peak_allocated_mib")), _fmt(2),
+                                    "torch's peak allocated memory on rank 0 (tensors only), GiB",
+                                    needs_ok=False),
+    "torch_alloc_max_mib": Column("torch peak alloc, worst rank (MiB)", _max_mib("torch_peak_allocated_mib"),
+                                  _fmt(0), "the largest torch peak allocated memory of a rank (tensors only)",
+                                  needs_ok=False),
+    "torch_alloc_max_gib": Column("torch peak alloc, worst rank (GiB)",
+                                  _gib(_max_mib("torch_peak_allocated_mib")), _fmt(2),
+                                  "the largest torch peak allocated memory over ranks (tensors only), GiB",
+                                  needs_ok=False),
     "host_mem_mib": Column("host mem (MiB)", lambda d: _metric(d, "host_mem_peak_mib"), _fmt(0),
                            "peak resident memory of the busiest node's ranks together"),
     "host_mem_pct": Column("host mem %", lambda d: _metric(d, "host_mem_percent_peak"), _fmt(1),
@@ -280,25 +322,32 @@ COLUMNS: dict[str, Column] = {
                             interval=_per_step(lambda d: _steps_of_run(d) and _steps_of_run(d) / 60)),
     "test_accuracy": Column("test acc.", lambda d: _metric(d, "test_accuracy"), lambda v: f"{v:.1%}",
                             "accuracy on held-out data"),
-    "loss": Column("loss first → last", _loss, str, "training loss at the first and last step"),
+    "loss": Column("loss first → last", _loss, str, "training loss at the first and last step",
+                   comparable=False),
     "params_total": Column("params", lambda d: _metric(d, "params_total"), si, "parameters in the model"),
     "params_rank0": Column("params held by rank 0, by module", _params_rank0, str,
-                           "parameter elements rank 0 holds, by module class (ZeRO-3 shards them)"),
-    "predicted_gpu_mem_gib": Column("predicted GPU mem (GiB)", _predicted_gib, _fmt(1),
+                           "parameter elements rank 0 holds, by module class (ZeRO-3 shards them)",
+                           comparable=False),
+    "params_held_rank0": Column("params held by rank 0", _params_held_rank0, si,
+                                "parameter elements rank 0 holds, all modules together"),
+    "predicted_gpu_mem_gib": Column("predicted GPU mem, worst rank (GiB, nvidia-smi)", _predicted_gib,
+                                    _fmt(1),
                                     "the memory model's prediction of the busiest GPU's NVML 'used' memory",
-                                    needs_ok=False),
+                                    needs_ok=False, comparable=False),
     "predicted_host_mem_gib": Column("predicted host mem (GiB)", _predicted_host_gib, _fmt(1),
                                      "the memory model's prediction of the busiest node's ranks' memory",
-                                     needs_ok=False),
+                                     needs_ok=False, comparable=False),
     "predicted_step_time_ms": Column("predicted step (ms)", _predicted_time("step_time_s", 1e3), _fmt(1),
                                      "the time model's optimizer-step time (README, \"The time model\")",
-                                     needs_ok=False),
+                                     needs_ok=False, comparable=False),
     "predicted_samples_per_s": Column("predicted samples/s", _predicted_time("samples_per_s"), _fmt(1),
-                                      "global batch / the time model's step time", needs_ok=False),
+                                      "global batch / the time model's step time", needs_ok=False,
+                                      comparable=False),
     "predicted_mfu": Column("predicted MFU", _predicted_time("mfu"), lambda v: f"{v:.1%}",
-                            "MFU at the time model's step time", needs_ok=False),
+                            "MFU at the time model's step time", needs_ok=False, comparable=False),
     "step_time_error_pct": Column("time model error", _step_time_error_pct, lambda v: f"{v:+.0f}%",
-                                  "predicted step time against the measured median", needs_ok=True),
+                                  "predicted step time against the measured median", needs_ok=True,
+                                  comparable=False),
 }
 
 
@@ -538,7 +587,11 @@ def _time_model_note(docs: list[Doc]) -> list[str]:
 
 
 def study_markdown(study: str, description: str, docs: list[Doc], *, id_keys: list[str], report: list[str],
-                   plan_for: dict[str, Any] | None = None) -> str:
+                   plan_for: dict[str, Any] | None = None, judged: list | None = None) -> str:
+    """The study's markdown: its table, notes, the largest-batch searches, and its findings as `judged`
+    (findings.evaluate)."""
+    from trainbench.findings import markdown as findings_markdown
+
     report = with_predictions(report, docs)
     docs = with_current_predictions(docs)
     statuses = Counter(d["status"] for d in docs)
@@ -562,6 +615,7 @@ def study_markdown(study: str, description: str, docs: list[Doc], *, id_keys: li
         "Columns: " + "; ".join(f"{COLUMNS[c].header}: {COLUMNS[c].description}" for c in report) + ".",
         "",
         *search_markdown(docs, id_keys=id_keys),
+        *findings_markdown(judged or []),
     ]
     return "\n".join(parts)
 
@@ -628,7 +682,14 @@ def with_planned(docs: list[Doc], study: Study, short_of_gpus: dict[str, str] | 
 
 
 def write_tables(docs: list[Doc], *, study: str, description: str, id_keys: list[str], report: list[str],
-                 csv_path: Path, md_path: Path, plan_for: dict[str, Any] | None = None) -> None:
+                 csv_path: Path, md_path: Path, plan_for: dict[str, Any] | None = None,
+                 findings: list[dict[str, Any]] | None = None, findings_path: Path | None = None) -> None:
+    """The study's CSV and markdown, and its findings judged once for both the markdown and their CSV."""
+    from trainbench import findings as judging
+
+    judged = judging.evaluate(findings, with_current_predictions(docs), id_keys)
     write_csv(csv_rows(docs, id_keys=id_keys, report=with_predictions(report, docs)), Path(csv_path))
     Path(md_path).write_text(study_markdown(study, description, docs, id_keys=id_keys, report=report,
-                                            plan_for=plan_for))
+                                            plan_for=plan_for, judged=judged))
+    if findings_path is not None:
+        judging.write_csv(judged, Path(findings_path))

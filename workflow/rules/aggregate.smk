@@ -1,4 +1,5 @@
-# Every cell of a study, whatever its status, into one CSV (all fields) and one markdown table.
+# Every cell of a study, whatever its status, into one CSV (all fields) and one markdown table, with the
+# study's findings judged under it (and pair by pair in the findings CSV).
 
 
 rule study_table:
@@ -20,6 +21,13 @@ rule study_table:
             category="{study}",
             subcategory="tables",
             labels={"shows": "table (markdown)"},
+        ),
+        findings=report(
+            paths.TABLE_FINDINGS,
+            caption="../report/findings_csv.rst",
+            category="{study}",
+            subcategory="tables",
+            labels={"shows": "findings, pair by pair (CSV)"},
         ),
     log:
         paths.TABLE_LOG,

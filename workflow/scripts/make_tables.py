@@ -1,4 +1,5 @@
-"""Adapter for rule study_table: read the study's metrics.json files, write its CSV and markdown."""
+"""Adapter for rule study_table: read the study's metrics.json files, write its CSV and markdown, and its
+findings judged (findings CSV, and a section of the markdown)."""
 
 import sys
 
@@ -16,4 +17,5 @@ with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
     docs = with_searches(docs, [read_search(path) for path in snakemake.input.searches])  # noqa: F821
     write_tables(docs, study=study.name, description=layout["description"], id_keys=layout["id_keys"],
                  report=layout["report"], csv_path=snakemake.output.csv, md_path=snakemake.output.md,  # noqa: F821
-                 plan_for=study.plan_for)
+                 plan_for=study.plan_for, findings=layout["findings"],
+                 findings_path=snakemake.output.findings)  # noqa: F821
