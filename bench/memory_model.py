@@ -24,7 +24,7 @@ from pathlib import Path
 
 from trainbench.compare import shorten
 from trainbench.memory_model import ALLOCATOR_SLACK, allocated_mib, engine, hardware_of_run, predict
-from trainbench.results import read_json
+from trainbench.results import current, read_json
 
 
 def error_pct(predicted, measured):
@@ -235,7 +235,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rows = []
     for path in sorted(p for folder in args.folders for p in folder.glob("**/metrics.json")):
-        doc = read_json(path)
+        doc = current(read_json(path))  # results from before an optional parameter: its default
         if doc["status"] not in ("ok", "oom"):
             continue
         m = doc["metrics"]
