@@ -81,7 +81,7 @@ class TorchRunner(StepRunner):
         if self.p["precision"] != "fp32":
             options["mp_policy"] = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
         if self.p["offload_param"]:
-            options["offload_policy"] = CPUOffloadPolicy(pin_memory=self.ctx.is_cuda)
+            options["offload_policy"] = CPUOffloadPolicy(pin_memory=self.ctx.is_cuda and self.p["pin_memory"])
         for block in model.blocks:
             if self.p["compile"]:
                 block.compile()
