@@ -45,7 +45,7 @@ AUTOTP = TensorParallel(
     "and the tied LM head whole on every rank", builds_whole_model=True, vocab_parallel=False)
 # PyTorch DTensor tensor parallel under FSDP2 on a 2-D mesh (trainbench.tensor_parallel)
 SHARDED_TP = TensorParallel(
-    "dtensor", "PyTorch DTensor tensor parallel on the meta device, each rank building only its "
+    "sharded", "PyTorch DTensor tensor parallel on the meta device, each rank building only its "
     "shard; vocabulary-parallel embedding and LM head (loss_parallel)", builds_whole_model=False,
     vocab_parallel=True)
 

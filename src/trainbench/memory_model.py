@@ -25,6 +25,13 @@ data-parallel size, Psi = parameters of the rank's model-parallel shard):
 - Offload (ZeRO-Offload/Infinity): the fp32 master copy, moments and fp32 gradient partition go to
   host memory (16 bytes per parameter of the partition, and 6 more for the staging copies of the
   CPU step, measured); offloaded parameters add their half copy.
+- Tensor parallelism (Megatron's layout; `shard_params`): Psi is one tensor-parallel rank's share.
+  AutoTP splits the blocks and leaves the embeddings and the tied LM head whole, after building the
+  whole fp32 model on every GPU (a peak of its own). The sharded implementation (DTensor under FSDP2,
+  trainbench.tensor_parallel) splits every matrix, the column-parallel biases and the vocabulary
+  (embedding, LM head and its logits) by tp, leaves the norms, row-parallel biases and positions
+  whole, and never holds more at initialisation than its shards and one parameter drawn whole.
+  Inside attention and the MLP activations are split; the residual stream and norms' outputs not.
 
 Activations follow Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
 Models" (2022), counted tensor by tensor for each block layout (trainbench's GPT-2, Hugging Face's
