@@ -117,3 +117,24 @@ def test_the_time_model_splits_the_head_and_counts_the_vocabulary_all_reduces():
     spec = get_model("bert-180b")
     per_block = 4 + 2  # two all-reduces forward, two backward, two recomputing
     assert sharded.calls - (2 + 1) * spec.n_layer == spec.n_layer * per_block + 2  # FSDP gathers aside
+
+
+def test_the_sharded_loss_scaler_unscales_local_shards_and_skips_overflowing_steps():
+    from trainbench.runners.torch_native import ShardedGradScaler
+
+    weight = torch.nn.Parameter(torch.ones(4))
+    optimizer = torch.optim.SGD([weight], lr=1.0)
+    scaler = ShardedGradScaler(torch.device("cpu"), enabled=True, init_scale=8.0, growth_interval=2)
+    scaler.scale(weight.sum()).backward()  # gradient 8 x 1
+    scaler.step(optimizer)
+    scaler.update()
+    assert not scaler.skipped and torch.equal(weight.detach(), torch.zeros(4))  # stepped on the unscaled 1
+    weight.grad = torch.tensor([1.0, float("inf"), 1.0, 1.0])
+    scaler.step(optimizer)
+    scaler.update()
+    assert scaler.skipped and torch.equal(weight.detach(), torch.zeros(4)) and scaler.scale_value == 4.0
+    for _ in range(2):
+        weight.grad = torch.zeros(4)
+        scaler.step(optimizer)
+        scaler.update()
+    assert scaler.scale_value == 8.0  # doubled after growth_interval good steps

@@ -25,6 +25,59 @@ from trainbench.runners import RunContext, StepRunner
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+class ShardedGradScaler:
+    """fp16 dynamic loss scaling (GradScaler's defaults: 2^16, halved on overflow, doubled after 2000
+    good steps) for sharded parameters wherever their shards live. torch's GradScaler hands FSDP2's
+    DTensor gradients to DTensor, which reduces the overflow flag over the mesh on the gradients'
+    device: with CPU offload that is a host tensor, which NCCL cannot reduce. Here each rank checks and
+    unscales its local shards, and one MAX all-reduce on the rank's device makes every rank skip the
+    same steps."""
+
+    def __init__(self, device: torch.device, enabled: bool, init_scale: float = 2.0 ** 16,
+                 growth_interval: int = 2000):
+        self.device, self.enabled = device, enabled
+        self.scale_value, self.growth_interval = init_scale, growth_interval
+        self.good_steps, self.skipped = 0, False
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self.scale_value if self.enabled else loss
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self.enabled:
+            optimizer.step()
+            return
+        import torch.distributed as dist
+
+        groups: dict[tuple, list[torch.Tensor]] = {}
+        for group in optimizer.param_groups:
+            for parameter in group["params"]:
+                if parameter.grad is not None:
+                    grad = parameter.grad
+                    local = grad.to_local() if hasattr(grad, "to_local") else grad
+                    groups.setdefault((local.device, local.dtype), []).append(local)
+        found = torch.zeros(1, device=self.device)
+        for (device, _), grads in groups.items():
+            flag = torch.zeros(1, device=device)
+            torch._amp_foreach_non_finite_check_and_unscale_(
+                grads, flag, torch.full((1,), 1.0 / self.scale_value, device=device))
+            found += flag.to(self.device)
+        if dist.is_initialized():
+            dist.all_reduce(found, op=dist.ReduceOp.MAX)
+        self.skipped = bool(found.item())
+        if not self.skipped:
+            optimizer.step()
+
+    def update(self) -> None:
+        if not self.enabled:
+            return
+        if self.skipped:
+            self.scale_value, self.good_steps = self.scale_value / 2, 0
+            return
+        self.good_steps += 1
+        if self.good_steps == self.growth_interval:
+            self.scale_value, self.good_steps = self.scale_value * 2, 0
+
+
 class TorchRunner(StepRunner):
     def __init__(self, context: RunContext):
         super().__init__(context)
@@ -58,7 +111,9 @@ class TorchRunner(StepRunner):
         self.optimizer = torch.optim.AdamW(self.inner.parameters(), lr=self.p["lr"],
                                            weight_decay=self.p["weight_decay"], fused=on_device or None)
         # Only fp16 needs loss scaling; the scaler is a no-op pass-through when disabled.
-        self.scaler = torch.amp.GradScaler(device.type, enabled=self.p["precision"] == "fp16")
+        fp16 = self.p["precision"] == "fp16"
+        self.scaler = (ShardedGradScaler(device, fp16) if self.sharded
+                       else torch.amp.GradScaler(device.type, enabled=fp16))
         # the ranks of a tensor-parallel group (adjacent ranks) compute on the same batch
         self.batches = self.ctx.batches(rank=self.ctx.rank // self.tp)
 
@@ -150,7 +205,8 @@ class TorchRunner(StepRunner):
                   "compile": bool(self.p["compile"]), "autocast": None if self.sharded else
                   (None if self.p["precision"] == "fp32" else str(self.dtype)),
                   "optimizer": {"type": "AdamW", "lr": self.p["lr"], "weight_decay": self.p["weight_decay"],
-                                "fused": on_device}, "grad_scaler": self.p["precision"] == "fp16"}
+                                "fused": on_device},
+                  "grad_scaler": None if self.p["precision"] != "fp16" else type(self.scaler).__name__}
         if self.sharded and self.tp > 1:
             from trainbench.tensor_parallel import COLUMN_PARALLEL, ROW_PARALLEL
 
