@@ -63,6 +63,19 @@ def test_include_entries_add_cells_named_by_their_keys():
             and offload["gpus"] == 2)
 
 
+def test_an_include_entry_with_lists_makes_one_cell_per_combination_named_by_its_keys():
+    s = load_config(config_with(study(
+        axes={"strategy": ["ddp"]},
+        include=[{"strategy": "fsdp", "micro_batch": [1, 2], "grad_accum": [1, 4]}],
+    ))).study("s")
+    assert [c.cell_id for c in s.cells] == [
+        "strategy~ddp", "strategy~fsdp__micro_batch~1__grad_accum~1", "strategy~fsdp__micro_batch~1__grad_accum~4",
+        "strategy~fsdp__micro_batch~2__grad_accum~1", "strategy~fsdp__micro_batch~2__grad_accum~4"]
+    assert [c.params["global_batch"] for c in s.cells[1:]] == [2, 8, 4, 16]
+    repeated = problems(config_with(study(include=[{"micro_batch": [1, 1]}])))
+    assert any("two entries make the same cell" in p for p in repeated)
+
+
 def test_variants_cross_bundles_of_parameters_with_the_axes():
     s = load_config(config_with(study(
         settings={"model": "gpt2-tiny", "device": "cpu", "framework": "deepspeed", "strategy": "zero3"},

@@ -93,6 +93,7 @@ HOW: dict[str, How] = {
     "python bench/memory_model.py": How("run"),
     "python bench/time_model.py": How("run"),
     "trainbench predict megatron --gpu a100-80g --gpus-per-node 8 --host-mem-gib 1024": How("run"),
+    "trainbench predict zero3_pipeline --gpu a100-40g --gpus-per-node 8 --host-mem-gib 1024": How("run"),
     "python bench/time_model.py --write": How("elsewhere", "rewrites the package's constants; "
                                                            "tests/test_time_model.py fits on synthetic cells"),
     "trainbench compare results/runs rerun/results/runs": How("run", before=_a_rerun_tree),

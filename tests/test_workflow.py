@@ -387,6 +387,7 @@ def test_the_slurm_profile_dry_runs_multi_node_requests_without_a_cluster(workfl
     planned = load_config(REPO / "config.yaml").study("zero3_pipeline").planned  # the full-size grid
     result = workflow.snakemake("--profile", "profiles/slurm", "-n", *(c.target for c in planned))
     lines = [line for line in result.stdout.splitlines() if line.strip().startswith("resources:")]
-    assert sum("gres=gpu:8, nodes=8, tasks=8," in line for line in lines) == 76
-    assert sum("gres=gpu:8, nodes=16, tasks=16," in line for line in lines) == 75
+    # AutoTP's 75 per scale and the ZeRO-0 row, and the same 75 per scale with sharded tensor parallelism
+    assert sum("gres=gpu:8, nodes=8, tasks=8," in line for line in lines) == 76 + 75
+    assert sum("gres=gpu:8, nodes=16, tasks=16," in line for line in lines) == 75 + 75
     assert all("mpi=srun" in line for line in lines if "nodes=8," in line or "nodes=16," in line)

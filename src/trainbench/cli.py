@@ -276,7 +276,10 @@ def cmd_vocabulary(args) -> int:
 
         for framework in registry().values():
             for s in framework.strategies:
-                note = f"unsupported: {s.unsupported}" if s.unsupported else ""
+                splits = ([f"tp: {s.tensor_parallel.name}"] if s.tensor_parallel else []) + (
+                    ["pp"] if s.pipeline_parallel else [])
+                note = f"[{', '.join(splits)}] " if splits else ""
+                note += f"unsupported: {s.unsupported}" if s.unsupported else ""
                 print(f"{framework.name:<11} {s.name:<27} {s.description} {note}".rstrip())
     elif args.command == "models":
         from trainbench.frameworks import registry

@@ -27,6 +27,30 @@ OPTIONAL_SETTINGS = ("overlap_comm", "dataset_path", "pretrained_path")
 
 
 @dataclass(frozen=True)
+class TensorParallel:
+    """How a strategy splits a model over its tensor-parallel ranks (tp > 1): what the memory and
+    time models need to know of it. Both put the blocks in Megatron's layout (qkv and the MLP's
+    first layer column-parallel, the output projections row-parallel, the residual stream and the
+    norms whole on every rank)."""
+
+    name: str
+    description: str
+    builds_whole_model: bool  # each GPU first builds every fp32 weight, then splits the blocks
+    vocab_parallel: bool  # the token embedding and the tied LM head split over the vocabulary
+
+
+# DeepSpeed AutoTP: splits a model built whole; the embeddings and the tied LM head stay whole
+AUTOTP = TensorParallel(
+    "autotp", "DeepSpeed AutoTP: the model built whole on each GPU, then its blocks split; embeddings "
+    "and the tied LM head whole on every rank", builds_whole_model=True, vocab_parallel=False)
+# PyTorch DTensor tensor parallel under FSDP2 on a 2-D mesh (trainbench.tensor_parallel)
+SHARDED_TP = TensorParallel(
+    "sharded", "PyTorch DTensor tensor parallel on the meta device, each rank building only its "
+    "shard; vocabulary-parallel embedding and LM head (loss_parallel)", builds_whole_model=False,
+    vocab_parallel=True)
+
+
+@dataclass(frozen=True)
 class Strategy:
     name: str
     description: str
@@ -36,7 +60,8 @@ class Strategy:
     # NO, OPTIONAL (the cell's offload_optimizer says), ALWAYS (the strategy does)
     offload_optimizer: str = NO
     offload_param: str = NO
-    parallel_dims: bool = False  # accepts tp/pp > 1
+    tensor_parallel: TensorParallel | None = None  # accepts tp > 1, split this way
+    pipeline_parallel: bool = False  # accepts pp > 1
     single_rank: bool = False  # exactly one rank
     unsupported: str | None = None  # the stack cannot run it at all
     needs_cuda: str | None = None  # why it cannot run on CPU ranks, if it cannot
@@ -50,7 +75,9 @@ class MemoryFacts:
     host_extra_mib: dict[str, float] = field(default_factory=lambda: {"cpu": 0.0, "cuda": 0.0})  # per rank
     reduce_bucket_elements: Callable[[ModelSpec], float] = lambda spec: 5e8  # DeepSpeed's default bucket
     fsdp_accumulates_unsharded: bool = False  # FSDP1 under no_sync keeps every unit's unsharded gradient
-    tp_builds_whole_model: bool = False  # tensor parallelism splits a model first built whole on each GPU
+    # FSDP's mixed precision casts the parameters: the whole model computes in half precision, the
+    # residual stream included (no autocast keeping it fp32)
+    fsdp_casts_parameters: bool = False
     eager_attention_when_deterministic: bool = False  # deterministic runs use eager attention (s x s scores)
 
 
@@ -134,25 +161,26 @@ register(Framework(
     "trainbench.runners.torch_native:TorchRunner", ("gpt",), (
         Strategy("single", "one process, no distributed wrapper", single_rank=True),
         Strategy("ddp", "torch DistributedDataParallel"),
-        Strategy("fsdp", "torch FSDP2 (fully_shard) of every transformer block, then the root", layout="fsdp",
-                 offload_param=OPTIONAL),
-    )))
+        Strategy("fsdp", "torch FSDP2 (fully_shard) of every transformer block, then the root; with tp > 1 "
+                 "on a 2-D mesh (data x tensor parallel), the blocks and the vocabulary split by DTensor tensor "
+                 "parallel", layout="fsdp", offload_param=OPTIONAL, tensor_parallel=SHARDED_TP),
+    ),
+    MemoryFacts(fsdp_casts_parameters=True)))
 
 register(Framework(
     "deepspeed", "the DeepSpeed engine: ZeRO stages 0-3, offload, AutoTP tensor and pipeline parallelism",
     "trainbench.runners.deepspeed_engine:DeepSpeedRunner", ("gpt",), (
         Strategy("zero0", "DeepSpeed engine, ZeRO disabled (data parallel)", layout="zero", zero_stage=0,
-                 parallel_dims=True),
+                 tensor_parallel=AUTOTP, pipeline_parallel=True),
         Strategy("zero1", "DeepSpeed ZeRO stage 1: optimizer states partitioned", layout="zero", zero_stage=1,
-                 offload_optimizer=OPTIONAL, parallel_dims=True),
+                 offload_optimizer=OPTIONAL, tensor_parallel=AUTOTP, pipeline_parallel=True),
         Strategy("zero2", "DeepSpeed ZeRO stage 2: optimizer states and gradients partitioned", layout="zero",
-                 zero_stage=2, offload_optimizer=OPTIONAL, parallel_dims=True),
+                 zero_stage=2, offload_optimizer=OPTIONAL, tensor_parallel=AUTOTP, pipeline_parallel=True),
         Strategy("zero3", "DeepSpeed ZeRO stage 3: optimizer states, gradients and parameters partitioned",
                  layout="zero", zero_stage=3, offload_optimizer=OPTIONAL, offload_param=OPTIONAL,
-                 parallel_dims=True),
+                 tensor_parallel=AUTOTP, pipeline_parallel=True),
     ),
-    # AutoTP splits a model built whole: each GPU first holds every fp32 weight
-    MemoryFacts(tp_builds_whole_model=True), honours=("overlap_comm",),
+    honours=("overlap_comm",),
     launchers=("python", "torchrun", "deepspeed")))
 
 register(Framework(
@@ -223,12 +251,12 @@ def check(params: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
         if params[key] and getattr(strategy, key) != OPTIONAL:
             errors.append((key, f"means nothing for {framework.name} strategy {name!r}; it applies to "
                                 f"{_offload_where(params, key)}"))
-    if (params["tp"] > 1 or params["pp"] > 1) and not strategy.parallel_dims:
-        splitters = [f"{f.name} {s.name}" for f in registry().values() for s in f.strategies
-                     if s.parallel_dims]
-        errors.append(("tp" if params["tp"] > 1 else "pp",
-                       f"{framework.name} strategy {name!r} has no tensor or pipeline parallelism; "
-                       f"strategies with it: {', '.join(splitters)}"))
+    for key, kind, has in (("tp", "tensor", lambda s: s.tensor_parallel is not None),
+                           ("pp", "pipeline", lambda s: s.pipeline_parallel)):
+        if params[key] > 1 and not has(strategy):
+            splitters = [f"{f.name} {s.name}" for f in registry().values() for s in f.strategies if has(s)]
+            errors.append((key, f"{framework.name} strategy {name!r} has no {kind} parallelism; "
+                                f"strategies with it: {', '.join(splitters)}"))
     if params["tp"] > 1 and params["model"] in MODELS:
         spec = MODELS[params["model"]]
         if spec.n_head % params["tp"] or spec.ffn % params["tp"]:

@@ -143,8 +143,13 @@ class GPT(nn.Module):
         weight = module.weight
         generator = None
         if type(weight) is nn.Parameter or type(weight) is torch.Tensor:
-            generator = torch.Generator(device=weight.device).manual_seed(seed * 1_000_003 + index)
+            generator = torch.Generator(device=weight.device).manual_seed(self.init_seed(seed, index))
         init_gpt_module(module, name, self.spec.n_layer, generator)
+
+    @staticmethod
+    def init_seed(seed: int, index: int) -> int:
+        """The seed of the generator of the module at `index` of init_targets()."""
+        return seed * 1_000_003 + index
 
     def init_weights(self, seed: int) -> None:
         for index, name, module in self.init_targets():
@@ -163,6 +168,21 @@ class GPT(nn.Module):
         x = self.ln_f(x)
         if self.classifier is not None:
             return F.cross_entropy(self.classifier(pool(x, self.spec.causal)).float(), targets)
-        return lm_loss(F.linear(x, self.wte.weight), targets)
+        return lm_loss(self.lm_logits(x), targets)
+
+    def lm_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The LM head: the token embedding's weight, tied. Under sharded tensor parallelism
+        (trainbench.tensor_parallel) that weight is vocabulary-parallel, a DTensor of vocab / tp rows
+        per rank: each rank computes its columns of the logits (a DTensor sharded on the last
+        dimension), and the loss is computed under loss_parallel without gathering them."""
+        weight = self.wte.weight
+        if type(weight) in (torch.Tensor, nn.Parameter):  # whole (or DeepSpeed's): no DTensor here
+            return F.linear(x, weight)
+        from torch.distributed.tensor import DTensor, Replicate
+
+        if isinstance(weight, DTensor) and not isinstance(x, DTensor):
+            # the input is whole on every rank (its gradient is all-reduced in backward)
+            x = DTensor.from_local(x, weight.device_mesh, [Replicate()], run_check=False)
+        return F.linear(x, weight)
 
 

@@ -272,7 +272,10 @@ def expand_study(name: str, spec: dict[str, Any]) -> Study:
     elif spec.get("exclude"):
         problems.append(f"studies.{name}.exclude: there are no axes to exclude combinations from")
     for entry in spec.get("include") or []:
-        entries.append((entry, tuple(entry)))
+        # an entry with list values is a small grid of its own: one cell per combination of them
+        listed = [key for key, value in entry.items() if isinstance(value, list)]
+        for values in itertools.product(*(entry[key] for key in listed)):
+            entries.append(({**entry, **dict(zip(listed, values))}, tuple(entry)))
     if not entries and not problems:
         problems.append(f"studies.{name}: no cells; give it axes, variants or include entries")
 

@@ -25,6 +25,13 @@ data-parallel size, Psi = parameters of the rank's model-parallel shard):
 - Offload (ZeRO-Offload/Infinity): the fp32 master copy, moments and fp32 gradient partition go to
   host memory (16 bytes per parameter of the partition, and 6 more for the staging copies of the
   CPU step, measured); offloaded parameters add their half copy.
+- Tensor parallelism (Megatron's layout; `shard_params`): Psi is one tensor-parallel rank's share.
+  AutoTP splits the blocks and leaves the embeddings and the tied LM head whole, after building the
+  whole fp32 model on every GPU (a peak of its own). The sharded implementation (DTensor under FSDP2,
+  trainbench.tensor_parallel) splits every matrix, the column-parallel biases and the vocabulary
+  (embedding, LM head and its logits) by tp, leaves the norms, row-parallel biases and positions
+  whole, and never holds more at initialisation than its shards and one parameter drawn whole.
+  Inside attention and the MLP activations are split; the residual stream and norms' outputs not.
 
 Activations follow Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
 Models" (2022), counted tensor by tensor for each block layout (trainbench's GPT-2, Hugging Face's
@@ -115,13 +122,40 @@ def engine(params: dict[str, Any]) -> tuple[str, int | None]:
     return strategy.layout, strategy.zero_stage
 
 
+def vocab_parallel(params: dict[str, Any]) -> bool:
+    """Whether the cell's tensor parallelism splits the token embedding and the tied LM head."""
+    split = strategy_of(params).tensor_parallel
+    return params["tp"] > 1 and split is not None and split.vocab_parallel
+
+
+def block_shard_params(params: dict[str, Any], spec: ModelSpec) -> float:
+    """Parameters of one block on one tensor-parallel rank."""
+    if vocab_parallel(params):  # sharded: the norms and row-parallel biases stay whole
+        whole = spec.block_whole_params()
+        return (spec.block_params() - whole) / params["tp"] + whole
+    return spec.block_params() / params["tp"]  # AutoTP, counted as splitting the whole block
+
+
+def shard_params(params: dict[str, Any], spec: ModelSpec) -> float:
+    """Psi: parameters of the model-parallel shard one rank holds before data-parallel sharding
+    (rank 0's, which holds the larger part of an uneven vocabulary split).
+
+    Tensor parallelism splits the blocks in Megatron's layout: sharded (DTensor) splits every
+    matrix and the column-parallel biases, leaves the norms and row-parallel biases whole, and splits
+    the token embedding (and the tied LM head) over the vocabulary; AutoTP splits the blocks and
+    leaves the embeddings whole. Pipeline stages split the layers.
+    """
+    total = spec.param_count(params["head"], params["num_classes"])
+    blocks = spec.n_layer * spec.block_params()
+    psi = total - blocks + spec.n_layer * block_shard_params(params, spec)
+    if vocab_parallel(params):
+        psi -= (spec.vocab_size - -(-spec.vocab_size // params["tp"])) * spec.d_model
+    return psi / params["pp"]
+
+
 def model_states(params: dict[str, Any], spec: ModelSpec) -> tuple[dict[str, float], dict[str, float]]:
     """Bytes of weights, gradients, optimizer states and buffers: (on the device, on the host) per rank."""
-    # Tensor parallelism (DeepSpeed AutoTP in Megatron's layout) splits the blocks, not the embeddings;
-    # pipeline stages split the layers.
-    blocks = spec.n_layer * spec.block_params()
-    psi = ((spec.param_count(params["head"], params["num_classes"]) - blocks + blocks / params["tp"])
-           / params["pp"])
+    psi = shard_params(params, spec)
     n = params["dp"]
     mixed = params["precision"] != "fp32"
     kind, stage = engine(params)
@@ -138,7 +172,7 @@ def model_states(params: dict[str, Any], spec: ModelSpec) -> tuple[dict[str, flo
         if mixed:
             device["buffers"] = device.get("buffers", 0) + 2 * psi  # autocast's cached half weights
     elif kind == "fsdp":
-        block = spec.block_params() / params["tp"]
+        block = block_shard_params(params, spec)
         compute = 2 if mixed else 4
         in_flight = 2 * block * (compute + compute)  # current and prefetched unit, weights and gradients
         states = {"weights": 4 * psi / n, "gradients": 4 * psi / n, "optimizer": 8 * psi / n}
@@ -234,7 +268,10 @@ def _dtype_bytes(params: dict[str, Any]) -> tuple[int, int]:
     """(compute dtype, residual-stream dtype) bytes of a cell's activations."""
     mixed = params["precision"] != "fp32"
     kind, _ = engine(params)
-    half_engine = mixed and kind == "zero"  # DeepSpeed runs the model itself in half precision
+    # DeepSpeed runs the model itself in half precision; so does FSDP where its mixed precision casts
+    # the parameters (torch's FSDP2)
+    half_engine = mixed and (kind == "zero" or (kind == "fsdp"
+                                                and framework_of(params).memory.fsdp_casts_parameters))
     return (2 if mixed else 4), (2 if half_engine else 4)
 
 
@@ -278,9 +315,11 @@ def activations(params: dict[str, Any], spec: ModelSpec) -> float:
     else:
         total = layers * block * in_flight
     if params["head"] == "lm":
-        # logits in the compute dtype, their fp32 copy for the loss, and its gradient (whole on every
-        # tensor-parallel rank: AutoTP leaves the tied LM head unsplit)
-        total += tokens * spec.vocab_size * _logit_bytes(params, spec, compute)
+        # logits in the compute dtype, their fp32 copy for the loss, and its gradient: whole on every
+        # tensor-parallel rank where AutoTP leaves the tied LM head unsplit, a vocabulary shard each
+        # where tensor parallelism is vocabulary-parallel
+        vocab = -(-spec.vocab_size // tp) if vocab_parallel(params) else spec.vocab_size
+        total += tokens * vocab * _logit_bytes(params, spec, compute)
     return total
 
 
@@ -307,12 +346,23 @@ def predict(params: dict[str, Any], hardware: Hardware | None = None) -> Predict
         parts["allocator_slack"] = allocated * (ALLOCATOR_SLACK - 1)
         parts["cuda_context"] = CUDA_CONTEXT_MIB + (NCCL_MIB if params["gpus"] > 1 else 0)
         gpu = sum(parts.values())
-        if params["tp"] > 1 and memory.tp_builds_whole_model:
+        split = strategy_of(params).tensor_parallel if params["tp"] > 1 else None
+        if split is not None and split.builds_whole_model:
             # AutoTP splits a model built whole: each GPU first holds every fp32 weight (measured:
             # bert-180b-l4 at tp 4 peaks at its 29 GiB of fp32 weights, whatever ZeRO does after)
             whole = 4 * spec.param_count(params["head"], params["num_classes"]) / MIB
             if whole * ALLOCATOR_SLACK + parts["cuda_context"] > gpu:
                 parts = {"whole_model_before_autotp": whole, "allocator_slack": whole * (ALLOCATOR_SLACK - 1),
+                         "cuda_context": parts["cuda_context"]}
+                gpu = sum(parts.values())
+        elif split is not None:
+            # built sharded: at initialisation a rank holds its fp32 shards (on the host when
+            # offloaded) and one parameter drawn whole (trainbench.tensor_parallel.materialise)
+            at_init = {"weights_at_init": on_device.get("weights", 0.0) / MIB,
+                       "whole_parameter_at_init": 4 * spec.largest_param() / MIB}
+            init_allocated = sum(at_init.values())
+            if init_allocated * ALLOCATOR_SLACK + parts["cuda_context"] > gpu:
+                parts = {**at_init, "allocator_slack": init_allocated * (ALLOCATOR_SLACK - 1),
                          "cuda_context": parts["cuda_context"]}
                 gpu = sum(parts.values())
         host = ranks_per_node * (base + sum(on_host.values()) / MIB)

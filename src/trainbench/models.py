@@ -43,6 +43,18 @@ class ModelSpec:
         # GPT-2 and DistilBERT: qkv and out projections and a 2-layer MLP, all with bias; two LayerNorms
         return 4 * d * d + 4 * d + 2 * d * f + f + d + 4 * d
 
+    def block_whole_params(self) -> int:
+        """Parameters of a block that tensor parallelism in Megatron's layout leaves whole on every rank:
+        the norms, and the biases of the row-parallel output projections (added after their all-reduce)."""
+        if self.family == "llama":
+            return 2 * self.d_model  # two RMSNorm weights; no biases
+        return 6 * self.d_model  # two LayerNorms (weight and bias), the two output projections' biases
+
+    def largest_param(self) -> int:
+        """Elements of the model's largest single parameter (token embedding, qkv or MLP weight)."""
+        qkv = 3 * self.d_model * self.d_model
+        return max(self.vocab_size * self.d_model, self.d_model * self.ffn, qkv)
+
     def embedding_params(self) -> int:
         tokens = self.vocab_size * self.d_model
         positions = self.max_seq * self.d_model if self.learned_positions else 0

@@ -61,13 +61,14 @@ def _param_lists() -> dict[str, Any]:
     return {"type": "object", "additionalProperties": False, "properties": props}
 
 
-def _param_selector() -> dict[str, Any]:
-    """A cell pattern whose values may be lists (any of them matches)."""
+def _param_selector(description: str = "The {name} of measured cells: a value, or a list of values."
+                    ) -> dict[str, Any]:
+    """A cell pattern whose values may be lists (any of them matches; in `include`, each makes cells)."""
     props = {}
     for p in PARAMS:
         item = {k: v for k, v in p.json_schema().items() if k not in ("description", "default")}
         props[p.name] = {"anyOf": [item, {"type": "array", "minItems": 1, "items": item}], "default": None,
-                         "description": f"The {p.name} of measured cells: a value, or a list of values."}
+                         "description": description.format(name=p.name)}
     return {"type": "object", "additionalProperties": False, "properties": props}
 
 
@@ -152,9 +153,12 @@ def build_schema() -> dict[str, Any]:
                          "description": "Named axes whose values are sets of parameters that go together "
                                         "(e.g. {nodes: 8, gpus: 64}); crossed with `axes` like one more "
                                         "axis. The keys a value sets name its cells."},
-            "include": {"type": "array", "items": param_object, "default": [],
-                        "description": "Extra cells, one per entry: settings updated with the entry. The "
-                                       "entry's keys name the cell."},
+            "include": {"type": "array", "default": [],
+                        "items": _param_selector("The {name} of the entry's cells: a value, or a list of "
+                                                 "values (one cell per combination of the entry's lists)."),
+                        "description": "Extra cells: settings updated with the entry, one cell per entry, or "
+                                       "where some of its values are lists one per combination of them (a "
+                                       "small grid of its own). The entry's keys name its cells."},
             "exclude": {"type": "array", "items": param_object, "default": [],
                         "description": "Combinations removed from the product of the axes: a cell is "
                                        "dropped when it matches every key of an entry."},

@@ -18,7 +18,7 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
 - F, the matmul and attention FLOPs of the step on the GPU: per token 6 x the block parameters of the
   GPU's shard (tensor parallelism divides them, pipeline stages split the layers) plus 12 L d S / tp
   for attention (PaLM's count), plus 6 x the head (AutoTP leaves it whole on every tensor-parallel
-  rank), and with activation checkpointing the blocks' forward again (2N + 4 L d S per token); times
+  rank; vocabulary-parallel tensor parallelism divides it by tp), and with activation checkpointing the blocks' forward again (2N + 4 L d S per token); times
   micro batch x sequence x accumulation. peak: the GPU's dense peak at the cell's compute type.
 - elem_bytes: what the blocks read and write outside matmuls (norms, activations, residual adds), in
   proportion to the tensors a block saves for backward (the memory model's count, per family and
@@ -28,7 +28,7 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
 - layer_passes: each block's forward and backward per micro batch (3, 4 with recomputation): the
   kernel launches and Python of a block. calls: framework-level collective calls the host makes: the
   tensor-parallel all-reduces (2 forward and 2 backward per block and micro batch, 2 more when
-  recomputing), ZeRO-3's parameter fetches (one per linear layer for forward, backward and
+  recomputing, and 2 per micro batch for a vocabulary-parallel embedding and LM head), ZeRO-3's parameter fetches (one per linear layer for forward, backward and
   recomputation; two calls where the weights are partitioned over several ranks: the bookkeeping and
   the all-gather) and FSDP's unit gathers. The host's time bounds the small cells (a ZeRO-3 step of
   GPT-2.5B takes as long at micro batch 4 as at 16); where the GPU's work is longer it hides it.
@@ -69,7 +69,7 @@ import numpy as np
 
 from trainbench.frameworks import offloads, strategy_of
 from trainbench.hardware import GpuType, peak_flops
-from trainbench.memory_model import block_bytes_per_token
+from trainbench.memory_model import block_bytes_per_token, shard_params, vocab_parallel
 from trainbench.models import ModelSpec, get_model
 
 # DeepSpeed's CPU Adam and torch's optimizer threads per rank where a cell does not say (the
@@ -204,6 +204,9 @@ def work(params: dict[str, Any], gpu: GpuType, cpu_threads: int = DEFAULT_CPU_TH
     d = spec.d_model
     block = spec.block_params()
     head = spec.matmul_params(params["head"], params["num_classes"]) - spec.n_layer * block
+    split_vocabulary = vocab_parallel(params)
+    if split_vocabulary:  # the LM head's columns split over the tensor-parallel ranks
+        head /= tp
     per_token = 6 * block * layers / tp + 12 * layers * d * seq / tp + 6 * head
     if ac:
         per_token += 2 * block * layers / tp + 4 * layers * d * seq / tp
@@ -213,8 +216,7 @@ def work(params: dict[str, Any], gpu: GpuType, cpu_threads: int = DEFAULT_CPU_TH
 
     # --- collectives ---
     weight_bytes = 2 if mixed else 4
-    psi = (spec.param_count(params["head"], params["num_classes"]) - spec.n_layer * block
-           + spec.n_layer * block / tp) / pp  # parameters of one GPU's model-parallel shard
+    psi = shard_params(params, spec)  # parameters of one GPU's model-parallel shard
     dp_link = _link_gb_s(gpu, _spans_nodes(dp, tp * pp, params)) * 1e9
     tp_link = _link_gb_s(gpu, _spans_nodes(tp, 1, params)) * 1e9
     pp_link = _link_gb_s(gpu, params["nodes"] > 1) * 1e9
@@ -223,7 +225,9 @@ def work(params: dict[str, Any], gpu: GpuType, cpu_threads: int = DEFAULT_CPU_TH
     calls = 0.0
     micro_link = 0.0
     if tp > 1:
-        reductions = ga * layers * (4 + 2 * ac)
+        # per block 2 all-reduces forward and 2 backward (2 more recomputing); a vocabulary-parallel
+        # embedding all-reduces its output, and the LM head's input gradient is all-reduced
+        reductions = ga * (layers * (4 + 2 * ac) + 2 * split_vocabulary)
         calls += reductions
         micro_link += reductions * 2 * (tp - 1) / tp * mb * seq * d * weight_bytes / tp_link
     if pp > 1:  # activations forward and their gradients backward, into and out of a middle stage
