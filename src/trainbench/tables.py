@@ -253,6 +253,17 @@ def _predicted_time(key: str, scale: float = 1.0) -> Callable[[Doc], float | Non
     return value
 
 
+def _memory_columns(name: str, key: str, what: str, source: str, meaning: dict[str, str]) -> dict[str, Column]:
+    """One per-rank memory figure as four columns: rank 0's and the worst rank's, in MiB and in GiB."""
+    columns = {}
+    for who, pick, whose in (("rank0", _rank0_mib, "rank 0"), ("max", _max_mib, "worst rank")):
+        for unit, value, digits, said in (("mib", pick(key), 0, meaning[who]),
+                                           ("gib", _gib(pick(key)), 2, f"{meaning[who]}, GiB")):
+            columns[f"{name}_{who}_{unit}"] = Column(f"{what}, {whose} ({unit[0].upper()}i{unit[2].upper()}"
+                                                     f"{source})", value, _fmt(digits), said, needs_ok=False)
+    return columns
+
+
 def _step_time_error_pct(doc: Doc):
     predicted, measured = time_prediction(doc).get("step_time_s"), _metric(doc, "step_time_s")
     return 100 * (predicted - measured) / measured if predicted and measured else None
@@ -282,31 +293,15 @@ COLUMNS: dict[str, Column] = {
     # NCCL) and the tensors torch allocated (what a strategy controls), for rank 0 (the figure
     # campaigns that read one nvidia-smi line reported) and for the worst rank: they differ where ranks
     # hold different things (ZeRO-1/2's rank 0, pipeline stages, tensor parallelism's first rank).
-    "gpu_mem_rank0_mib": Column("GPU mem, rank 0 (MiB, nvidia-smi)", _rank0_mib("gpu_mem_used_mib"), _fmt(0),
-                                "peak NVML 'used' memory of rank 0's GPU", needs_ok=False),
-    "gpu_mem_rank0_gib": Column("GPU mem, rank 0 (GiB, nvidia-smi)", _gib(_rank0_mib("gpu_mem_used_mib")),
-                                _fmt(2), "peak NVML 'used' memory of rank 0's GPU, GiB", needs_ok=False),
-    "gpu_mem_max_mib": Column("GPU mem, worst rank (MiB, nvidia-smi)", _max_mib("gpu_mem_used_mib"), _fmt(0),
-                              "peak NVML 'used' memory of the busiest GPU", needs_ok=False),
-    "gpu_mem_max_gib": Column("GPU mem, worst rank (GiB, nvidia-smi)", _gib(_max_mib("gpu_mem_used_mib")),
-                              _fmt(2), "peak NVML 'used' memory of the busiest GPU, GiB", needs_ok=False),
+    **_memory_columns("gpu_mem", "gpu_mem_used_mib", "GPU mem", ", nvidia-smi",
+                      {"rank0": "peak NVML 'used' memory of rank 0's GPU",
+                       "max": "peak NVML 'used' memory of the busiest GPU"}),
     "gpu_mem_each": Column("GPU mem used / total (MiB, nvidia-smi), each GPU", _per_gpu, str,
                            "peak NVML 'used' and total memory of every GPU, in rank order", needs_ok=False,
                            comparable=False),
-    "torch_alloc_rank0_mib": Column("torch peak alloc, rank 0 (MiB)", _rank0_mib("torch_peak_allocated_mib"),
-                                    _fmt(0), "torch's peak allocated memory on rank 0 (tensors only)",
-                                    needs_ok=False),
-    "torch_alloc_rank0_gib": Column("torch peak alloc, rank 0 (GiB)",
-                                    _gib(_rank0_mib("torch_peak_allocated_mib")), _fmt(2),
-                                    "torch's peak allocated memory on rank 0 (tensors only), GiB",
-                                    needs_ok=False),
-    "torch_alloc_max_mib": Column("torch peak alloc, worst rank (MiB)", _max_mib("torch_peak_allocated_mib"),
-                                  _fmt(0), "the largest torch peak allocated memory of a rank (tensors only)",
-                                  needs_ok=False),
-    "torch_alloc_max_gib": Column("torch peak alloc, worst rank (GiB)",
-                                  _gib(_max_mib("torch_peak_allocated_mib")), _fmt(2),
-                                  "the largest torch peak allocated memory over ranks (tensors only), GiB",
-                                  needs_ok=False),
+    **_memory_columns("torch_alloc", "torch_peak_allocated_mib", "torch peak alloc", "",
+                      {"rank0": "torch's peak allocated memory on rank 0 (tensors only)",
+                       "max": "the largest torch peak allocated memory over ranks (tensors only)"}),
     "host_mem_mib": Column("host mem (MiB)", lambda d: _metric(d, "host_mem_peak_mib"), _fmt(0),
                            "peak resident memory of the busiest node's ranks together"),
     "host_mem_pct": Column("host mem %", lambda d: _metric(d, "host_mem_percent_peak"), _fmt(1),
