@@ -206,8 +206,12 @@ def get_study_grid(wildcards):
 def get_study_layout(wildcards):
     """What the table shows (a params change reruns the table alone)."""
     study = get_study(wildcards)
-    return {"description": study.description, "id_keys": study.id_keys, "report": study.report,
-            "findings": study.findings}
+    return {
+        "description": study.description,
+        "id_keys": study.id_keys,
+        "report": study.report,
+        "findings": study.findings,
+    }
 
 
 def get_plot_layout(wildcards):
