@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -12,6 +13,7 @@ from trainbench.config import load_config
 from trainbench.errors import ConfigError
 from trainbench.grid import canonical_json, params_hash
 from trainbench.frameworks import ORT_UNSUPPORTED
+from trainbench.params import identity
 
 from conftest import REPO
 
@@ -309,3 +311,75 @@ def test_plot_panels_must_be_keys_that_tell_cells_apart():
     assert problems(config_with(study(axes=axes, plot_panels=["lr"]))) == [
         "studies.s.plot_panels: 'lr' is not a key that tells the study's cells apart "
         "(those are: strategy, micro_batch)"]
+
+
+# --- large grids: what each job asks of its cell costs the same whatever the grid's size -------------
+
+def large_grid(cells_per_axis: int = 100):
+    """A study of cells_per_axis² CPU cells: 10,000 by default, as in bench/plan_scaling.py."""
+    axes = {"micro_batch": list(range(1, cells_per_axis + 1)), "seed": list(range(cells_per_axis))}
+    return load_config(config_with(study(axes=axes, settings={"model": "gpt2-tiny", "device": "cpu", "gpus": 2,
+                                                              "strategy": "ddp"}))).study("s")
+
+
+def test_a_cell_jobs_lookups_scan_no_cells_and_compute_each_string_once(monkeypatch):
+    import trainbench.grid as grid_module
+
+    grid = large_grid()
+    ids = [c.cell_id for c in grid.cells]
+    scans = []
+
+    class CountedCells(list):  # the study's cells, counting every pass over them
+        def __iter__(self):
+            scans.append(1)
+            return super().__iter__()
+
+    grid.cells = CountedCells(grid.cells)
+    real_canonical_json = grid_module.canonical_json
+    encoded = []
+    monkeypatch.setattr(grid_module, "canonical_json",
+                        lambda params: encoded.append(1) or real_canonical_json(params))
+    resources = list(grid.cell(ids[0]).resources())
+    # what common.smk asks for each cell job, several times over as Snakemake does: its cell by id,
+    # its parameter string (params), each resource, and the hash the freshness checks compare
+    for _ in range(3):
+        for cell_id in ids:
+            cell = grid.cell(cell_id)
+            assert cell.cell_id == cell_id
+            assert cell.canonical and cell.params_hash
+            assert all(name in cell.resources() for name in resources)
+    assert not scans, "a cell lookup went through the study's cells: planning is quadratic in its size"
+    assert len(encoded) == len(ids), "a cell's parameter string was encoded more than once"
+    # what is cached is what was computed: the same string, hash and resources as from scratch
+    cell = grid.cell(ids[-1])
+    assert cell.canonical == real_canonical_json(identity(cell.params)) and cell.params_hash == params_hash(cell.params)
+    copy_of_cell = dataclasses.replace(cell)
+    assert copy_of_cell.resources() == cell.resources()
+    cell.resources()["gpu"] = 99  # a caller's copy: the cell's own resources stay
+    assert cell.resources()["gpu"] == 0
+
+
+def test_freshness_reads_only_the_results_that_exist(tmp_path, monkeypatch):
+    from trainbench import freshness, results
+
+    grid = large_grid()
+    stale, invalid = grid.cells[5], grid.cells[7]
+    other = {**stale.params, "lr": 0.5}
+    document = {"schema": 1, "study": "s", "cell_id": stale.cell_id, "params": other,
+                "params_hash": params_hash(other), "status": "unsupported", "reason": "made with lr 0.5",
+                "metrics": results.empty_metrics(), "predicted": results.empty_predicted(),
+                "provenance": {**{k: None for k in results.PROVENANCE_KEYS},
+                               "versions": {k: None for k in results.VERSION_KEYS}}}
+    for cell, text in ((stale, json.dumps(document)), (invalid, '{"status": "ok"}')):
+        (tmp_path / cell.target).parent.mkdir(parents=True)
+        (tmp_path / cell.target).write_text(text)
+    read = []
+    real_set_aside_invalid = freshness.set_aside_invalid
+    monkeypatch.setattr(freshness, "set_aside_invalid",
+                        lambda path, **kw: read.append(path) or real_set_aside_invalid(path, **kw))
+
+    assert freshness.prepare(grid, tmp_path) == {stale.cell_id}
+    assert (tmp_path / f"{invalid.target}.invalid").exists() and not (tmp_path / invalid.target).exists()
+    assert len(read) == 2, "freshness looked at cells without a result"
+    stamp = json.loads((tmp_path / freshness.stamp_path("s")).read_text())
+    assert len(stamp) == len(grid.cells) and stamp[stale.cell_id] == stale.params_hash

@@ -104,3 +104,15 @@ def test_a_rank_killed_mid_step_stops_its_peers_and_the_cell_is_failed(workflow)
         assert doc["status"] == "failed"
     finally:
         kill_tree(proc)
+
+
+def test_the_cell_runner_notices_its_launchers_exit_when_it_happens():
+    # the runner waits on its launchers in steps (to check its deadline): a step must end at the exit,
+    # not run its length out, or every cell pays half a step after its launcher is done
+    from trainbench.lifetime import wait_for_an_exit
+
+    launcher = subprocess.Popen(["sleep", "0.2"])
+    started = time.monotonic()
+    wait_for_an_exit([launcher.pid], timeout=60)
+    assert time.monotonic() - started < 30, "waited for the step's end, not for the exit"
+    assert launcher.poll() == 0

@@ -27,7 +27,7 @@ import psutil
 from trainbench import frameworks, memory_model, provenance
 from trainbench.grid import Cell, params_hash
 from trainbench.gpus import NotEnoughGpus, devices_for_cell, machine_devices, under_slurm
-from trainbench.lifetime import driver_pid, runner_environment, when_gone
+from trainbench.lifetime import driver_pid, runner_environment, wait_for_an_exit, when_gone
 from trainbench.launch import (Rendezvous, free_port, launch_environment, multinode_command, node_command,
                               srun_command, worker_args)
 from trainbench.metrics import MIB
@@ -320,7 +320,7 @@ class CellRun:
                 self._say("a node's launcher failed and the others did not stop; stopping them")
                 self.stop_children()
                 return first_failure, False
-            time.sleep(0.1)
+            wait_for_an_exit([child.pid for child, code in zip(self._children, codes) if code is None], 0.1)
 
     def stop_children(self) -> None:
         for child in self._children:

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from trainbench.grid import Cell, Study
-from trainbench.paths import GRID_STAMP, path
+from trainbench.paths import GRID_STAMP, RUNS, path
 from trainbench.results import result_problem, write_json_atomic
 
 def stamp_path(study: str) -> str:
@@ -58,12 +58,25 @@ def prepare(study: Study, root: Path | str = ".") -> set[str]:
     """Refresh the study's stamp, set invalid results aside (they run again); return the ids of its
     stale cells, after making sure the stamp is newer than each of their results."""
     stamp = refresh_stamp(study, root)
-    set_aside = [cell for cell in study.cells if set_aside_invalid(Path(root) / cell.target)]
-    stale = {cell.cell_id for cell in study.cells if is_stale(cell, root)}
+    results = existing_results(study, root)
+    set_aside = [cell for cell in results if set_aside_invalid(Path(root) / cell.target)]
+    stale = {cell.cell_id for cell in results if is_stale(cell, root)}
     newest = max((os.stat(Path(root) / study.cell(i).target).st_mtime for i in stale), default=None)
     if set_aside or (newest is not None and stamp.stat().st_mtime <= newest):
         os.utime(stamp)  # without Snakemake's metadata, a newer stamp is what reruns the table
     return stale
+
+
+def existing_results(study: Study, root: Path | str = ".") -> list[Cell]:
+    """The study's cells that have a result file, in grid order. The study's results folder is listed
+    once, so a grid of many cells without results costs one listing, not a file check per cell."""
+    try:
+        folders = {entry.name for entry in os.scandir(Path(root) / path(RUNS, study=study.name))
+                   if entry.is_dir()}
+    except FileNotFoundError:
+        return []
+    # a cell's result lies in the folder named by its id (paths.RUN)
+    return [cell for cell in study.cells if cell.cell_id in folders and (Path(root) / cell.target).exists()]
 
 
 def is_stale(cell: Cell, root: Path | str = ".") -> bool:

@@ -14,6 +14,7 @@ import itertools
 import json
 import re
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from trainbench import frameworks, paths
@@ -42,7 +43,11 @@ def canonical_json(params: dict[str, Any]) -> str:
 
 
 def params_hash(params: dict[str, Any]) -> str:
-    return hashlib.sha256(canonical_json(identity(params)).encode()).hexdigest()[:12]
+    return hash_of_canonical(canonical_json(identity(params)))
+
+
+def hash_of_canonical(canonical: str) -> str:
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -56,13 +61,16 @@ class Cell:
     unsupported: str | None = None
     measured: bool = True  # False: a planned cell (see Study.planned), in the table without a run
 
-    @property
+    # A cell's parameters never change once it is made, so what is computed from them is computed
+    # once: Snakemake asks for them many times per job (params, each resource), and the grid stamp,
+    # freshness checks and tables once per cell each.
+    @cached_property
     def canonical(self) -> str:
         return canonical_json(identity(self.params))
 
-    @property
+    @cached_property
     def params_hash(self) -> str:
-        return params_hash(self.params)
+        return hash_of_canonical(self.canonical)
 
     @property
     def target(self) -> str:
@@ -77,6 +85,10 @@ class Cell:
         and `mpi`: the plugin then runs the job's command without a step of its own, and the cell
         runner starts one launcher per node with srun. None drops a resource from the job.
         """
+        return dict(self._resources)  # a copy: the cell's own stays as computed
+
+    @cached_property
+    def _resources(self) -> dict[str, int | str | None]:
         p, ex = self.params, self.execution
         if self.unsupported is not None:  # recorded without launching anything
             return {"gpu": 0, "gres": None, "nodes": 1, "tasks": None, "tasks_per_gpu": None, "mpi": None,
@@ -119,12 +131,18 @@ class Study:
     plot_panels: tuple[str, ...] = ()  # keys whose values split the plots into panels
     findings: list[dict[str, Any]] = field(default_factory=list)  # config.py checks them (findings.py)
 
+    def __post_init__(self) -> None:
+        # Every job of the workflow looks its cell up by id, several times (params, resources, the
+        # grid stamp): a scan of the cells each time made planning quadratic in the grid's size.
+        # A study's cells are fixed once it is made.
+        self._cells_by_id = {c.cell_id: c for c in self.cells}
+
     def cell(self, cell_id: str) -> Cell:
-        for c in self.cells:
-            if c.cell_id == cell_id:
-                return c
-        raise ConfigError(f"study {self.name!r} has no cell {cell_id!r}; "
-                          f"`trainbench cells {self.name}` lists its cells")
+        try:
+            return self._cells_by_id[cell_id]
+        except KeyError:
+            raise ConfigError(f"study {self.name!r} has no cell {cell_id!r}; "
+                              f"`trainbench cells {self.name}` lists its cells") from None
 
     @property
     def targets(self) -> list[str]:
@@ -262,12 +280,13 @@ def expand_study(name: str, spec: dict[str, Any]) -> Study:
             combo = {k: v for part, _ in choice for k, v in part.items()}
             product.append((combo, tuple(k for _, keys in choice for k in keys)))
         excludes = spec.get("exclude") or []
+        # each combination resolved once, and only where there is something to exclude
+        resolved = [resolve({**settings, **combo}) for combo, _ in product] if excludes else []
         for i, pattern in enumerate(excludes):
-            if not any(_matches(resolve({**settings, **combo}), pattern) for combo, _ in product):
+            if not any(_matches(full, pattern) for full in resolved):
                 problems.append(f"studies.{name}.exclude[{i}]: {pattern!r} matches no cell of the axes")
-        for combo, keys in product:
-            full = resolve({**settings, **combo})
-            if not any(_matches(full, pattern) for pattern in excludes):
+        for index, (combo, keys) in enumerate(product):
+            if not (excludes and any(_matches(resolved[index], pattern) for pattern in excludes)):
                 entries.append((combo, keys))
     elif spec.get("exclude"):
         problems.append(f"studies.{name}.exclude: there are no axes to exclude combinations from")

@@ -61,6 +61,26 @@ def when_gone(pid: int, then: Callable[[], None], name: str = "watch") -> thread
     return thread
 
 
+def wait_for_an_exit(pids: list[int], timeout: float) -> None:
+    """Return as soon as one of the processes `pids` (children not yet reaped) exits, or after
+    `timeout` seconds: a waiter that sleeps in steps instead notices an exit half a step late on
+    average, in every cell. Sleeps the whole timeout where pidfds are missing."""
+    fds: list[int] = []
+    try:
+        for pid in pids:
+            fds.append(os.pidfd_open(pid))
+    except (AttributeError, OSError):
+        for fd in fds:
+            os.close(fd)
+        time.sleep(timeout)
+        return
+    try:
+        select.select(fds, [], [], timeout)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def driver_pid() -> int:
     """The process whose end must end this cell: the nearest ancestor running Snakemake (past the job's
     shell), or this process's parent when nothing above is Snakemake (a cell run by hand)."""

@@ -8,7 +8,8 @@ that its results sit under the cell's search folder.
 
 from __future__ import annotations
 
-RUN = "results/runs/{study}/{cell}/metrics.json"
+RUNS = "results/runs/{study}"  # a study's cells, one folder each
+RUN = RUNS + "/{cell}/metrics.json"
 RUN_LOG = "results/runs/{study}/{cell}/log"
 PROBE = "results/search/{study}/{cell}/mb~{micro_batch}/metrics.json"
 PROBE_LOG = "results/search/{study}/{cell}/mb~{micro_batch}/log"

@@ -63,6 +63,30 @@ wildcard_constraints:
     micro_batch=r"[0-9]+",
 
 
+def signature_once(function):
+    """Give Snakemake an input function's signature once. Snakemake inspects the signature
+    (inspect.signature) of every input function two or three times per call; a cell's job calls
+    fifteen (params, the grid stamp, each resource), so on a grid of 10,000 cells that was a third of
+    a dry run. Snakemake's own wrappers of input functions (snakemake.ioutils) hand it theirs so."""
+    try:
+        from snakemake.common import get_function_params, overwrite_function_params
+    except ImportError:  # another Snakemake: it inspects as before
+        return function
+    overwrite_function_params(function, get_function_params(function))
+    return function
+
+
+# Snakemake calls every callable resource through its own Resource.evaluate(self, *args, **kwargs),
+# whose signature it inspects the same way, for every resource of every job. It takes any keyword, so
+# Snakemake passes it the same arguments whether it inspects it each time or was told once.
+try:
+    from snakemake.resources import Resource
+
+    signature_once(Resource.evaluate)
+except ImportError:
+    pass
+
+
 def get_study(wildcards):
     try:
         return CONFIG.study(wildcards.study)
@@ -77,6 +101,7 @@ def get_cell(wildcards):
         sys.exit(f"error: target names {error}")
 
 
+@signature_once
 def get_cell_params(wildcards):
     """The cell's parameters as one canonical string: reruns follow exactly its changes."""
     return get_cell(wildcards).canonical
@@ -89,7 +114,7 @@ def cell_resource(name):
         return get_cell(wildcards).resources()[name]
 
     get_cell_resource.__name__ = f"get_cell_{name}"
-    return get_cell_resource
+    return signature_once(get_cell_resource)
 
 
 # A cell job's resources (the train_cell and search_probe rules): how it runs, not what it measures,
@@ -113,6 +138,7 @@ CELL_RESOURCES = {
 }
 
 
+@signature_once
 def get_cell_grid(wildcards):
     """The study's grid stamp: a trigger if the cell's result was made with other parameters,
     ancient (never a trigger) otherwise."""
@@ -126,10 +152,12 @@ def get_probe(wildcards):
     return probe_cell(get_study(wildcards), get_cell(wildcards), int(wildcards.micro_batch))
 
 
+@signature_once
 def get_probe_params(wildcards):
     return get_probe(wildcards).canonical
 
 
+@signature_once
 def get_probe_id(wildcards):
     return get_probe(wildcards).cell_id
 

@@ -1,0 +1,559 @@
+"""How the pipeline scales with its grid: planning against a bare Snakefile, the scheduler with many
+ready jobs, and what each executed cell costs beyond its training.
+
+    python bench/plan_scaling.py [--sizes 1000 10000 40000] [--repeats 3] [--out DIR]
+
+**Planning.** For each size N, in a scratch directory: a copy of the workflow (Snakefile, workflow/,
+profiles/, envs/, as the tests copy it) whose config.yaml holds one study of N CPU cells (smoke's
+settings, torch DDP on 2 ranks, and two axes, micro_batch x seed, whose product is N); a bare
+Snakefile of N jobs of one wildcard rule (`touch {output}`) under a rule that asks for them all, with
+the same cell ids; and the bare Snakefile again with its rule shaped like train_cell (the same
+input, log, params, threads, thirteen resources given as functions, conda and shell command, each
+function returning a constant), which tells what Snakemake itself spends on a job of that shape.
+Times `snakemake <target> -n` (the README's plan command) and the same with `-q`, each a fresh
+process, on one machine, interleaved: every repeat runs every size and every tree in turn, in an
+order that alternates from repeat to repeat. Each repeat gives the ratio workflow/bare of the runs it
+made side by side; a size's figure is the median ratio with the lowest and highest. Growth is linear
+when the time per added cell stays the same from size to size (ms per added cell). CPU time (user +
+system) is recorded beside the wall time: on a shared machine it is the steadier of the two.
+
+**Scheduler** (--ready R): the bare Snakefile of R `touch` jobs really run on 2 cores with each of
+Snakemake's schedulers for --window seconds: the jobs each finished.
+
+**Execution** (--cells M): what a cell costs that is neither its launcher nor its training:
+- Snakemake alone: the bare Snakefile really run, `touch` jobs, one at a time (-c 1), per job;
+- the pipeline: a study of `unsupported` cells really run (`trainbench run-cell` writes their result
+  and launches nothing), one at a time, per cell: Snakemake's job set-up plus run-cell's process;
+  both per-job figures are slopes between M/5 and M jobs, so the workflow's start and planning cancel;
+- `trainbench run-cell` alone on such a cell, and `python -c pass` (the interpreter's start);
+- run-cell around a launched cell (the smallest CPU cell, 1 rank and 2 ranks): the process's wall
+  time less its launcher's lifetime (from its start to its exit, which a pidfd reports at once);
+- the launcher's start-up apart: `python` and `torchrun --nproc-per-node 2` running a script that
+  only imports torch and trainbench.worker, as every rank does before it trains.
+
+Writes DIR/plan_scaling.json (every time measured) and DIR/plan_scaling.txt (the summary printed,
+headed by the command, the machine and the versions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import platform
+import resource
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOW_FILES = ("Snakefile", "workflow", "profiles", "envs")  # what tests/conftest.py copies
+STUDY = "scale"
+TARGET = f"results/tables/{STUDY}.md"
+KINDS = ("workflow", "bare", "shaped")
+
+# smoke's settings (config.yaml), one of its strategies: cheap to plan, never run here (a dry run)
+SMOKE_SETTINGS = {"model": "gpt2-tiny", "device": "cpu", "gpus": 2, "seq_len": 64, "lr": 1.0e-3,
+                  "warmup_steps": 3, "timed_steps": 10, "strategy": "ddp"}
+SMOKE_EXECUTION = {"runtime_min": 10, "cpus_per_rank": 1, "mem_mb_per_rank": 2000}
+
+BARE_SNAKEFILE = '''\
+# N jobs of one wildcard rule, with the ids and targets of the workflow's cells
+configfile: "config.yaml"
+
+CELLS = [f"micro_batch~{{mb}}__seed~{{seed}}" for mb in range(1, config["micro_batch"] + 1)
+         for seed in range(config["seed"])]
+
+
+rule all:
+    input:
+        expand("results/runs/{study}/{{cell}}/metrics.json", cell=CELLS),
+
+
+rule cell:
+    output:
+        "results/runs/{study}/{{cell}}/metrics.json",
+    shell:
+        "touch {{output}}"
+'''.format(study=STUDY)
+
+# The bare rule shaped like train_cell (workflow/rules/train.smk): its directives, with functions that
+# return what a cell's would, and its shell command's text.
+SHAPED_RULE = '''
+PARAMS = {params!r}
+RESOURCES = {resources!r}
+
+
+def resource(name):
+    return lambda wildcards: RESOURCES[name]
+
+
+rule cell:
+    input:
+        grid=lambda wildcards: "grid.json",
+    output:
+        metrics="results/runs/{{study}}/{{cell}}/metrics.json",
+    log:
+        "results/runs/{{study}}/{{cell}}/log",
+    params:
+        cell=lambda wildcards: PARAMS,
+    threads: resource("threads")
+    resources:
+        **{{key: resource(name) for key, name in (("gpu", "gpu"), ("gres", "gres"), ("nodes", "nodes"),
+           ("tasks", "tasks"), ("tasks_per_gpu", "tasks_per_gpu"), ("mpi", "mpi"),
+           ("cpus_per_task", "cpus_per_task"), ("cpus_per_rank", "cpus_per_rank"), ("mem_mb", "mem_mb"),
+           ("runtime", "runtime"), ("cell_retries", "retries"), ("timing", "timing"))}},
+    conda:
+        "env.yaml"
+    shell:
+        "trainbench run-cell --study {{wildcards.study}} --cell {{wildcards.cell}} --params {{params.cell:q}}"
+        " --retries {{resources.cell_retries}} --cpus-per-rank {{resources.cpus_per_rank}}"
+        " --runtime-min {{resources.runtime}} --timing {{resources.timing}} --output {{output.metrics}} > {{log}} 2>&1"
+'''
+
+
+def axes_for(cells: int) -> tuple[int, int]:
+    """Two axis lengths whose product is `cells`, as near a square as the number allows."""
+    side = math.isqrt(cells)
+    while cells % side:
+        side -= 1
+    return cells // side, side
+
+
+def study_spec(cells: int, settings: dict, description: str) -> dict:
+    micro_batches, seeds = axes_for(cells)
+    return {"description": description, "settings": settings, "execution": SMOKE_EXECUTION,
+            "axes": {"micro_batch": list(range(1, micro_batches + 1)), "seed": list(range(seeds))}}
+
+
+def make_workflow(root: Path, spec: dict) -> Path:
+    root.mkdir(parents=True)
+    for name in WORKFLOW_FILES:
+        source = REPO / name
+        if source.is_dir():
+            shutil.copytree(source, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(source, root / name)
+    (root / "config.yaml").write_text(yaml.safe_dump({"studies": {STUDY: spec}}, sort_keys=False))
+    return root
+
+
+def make_bare(root: Path, cells: int, shaped: bool = False) -> Path:
+    root.mkdir(parents=True)
+    micro_batches, seeds = axes_for(cells)
+    text = BARE_SNAKEFILE
+    if shaped:
+        from trainbench.config import load_config
+
+        cell = load_config({"studies": {STUDY: study_spec(1, SMOKE_SETTINGS, "one")}}).study(STUDY).cells[0]
+        rule_cell = text.index("\nrule cell:")
+        text = text[:rule_cell] + SHAPED_RULE.format(params=cell.canonical, resources=cell.resources(),
+                                                     study=STUDY)
+        (root / "grid.json").write_text("{}\n")
+        shutil.copy(REPO / "envs" / "train.yaml", root / "env.yaml")
+    (root / "Snakefile").write_text(text)
+    (root / "config.yaml").write_text(yaml.safe_dump({"micro_batch": micro_batches, "seed": seeds}))
+    return root
+
+
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def snakemake(root: Path, *args: str, log: Path) -> tuple[float, float]:
+    """Wall and CPU time of one Snakemake process in `root` (its output to `log`); stops if it fails."""
+    command = [sys.executable, "-m", "snakemake", *args]
+    cpu = children_cpu_s()
+    started = time.perf_counter()
+    with open(log, "w") as out:
+        done = subprocess.run(command, cwd=root, stdout=out, stderr=subprocess.STDOUT)
+    took = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"`{shlex.join(command)}` in {root} failed ({done.returncode}); see {log}")
+    return took, children_cpu_s() - cpu
+
+
+def planned_jobs(log: Path) -> int:
+    """The total of a dry run's job stats table."""
+    for line in log.read_text().splitlines():
+        if line.startswith("total"):
+            return int(line.split()[1])
+    raise SystemExit(f"{log}: no job stats in the dry run's output")
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "low": min(values), "high": max(values), "values": values}
+
+
+def bench_planning(work: Path, sizes: list[int], repeats: int) -> dict:
+    modes = {"plan": ("-n",), "plan quiet": ("-n", "-q")}
+    trees = {}
+    for n in sizes:
+        trees[n] = {"workflow": make_workflow(work / f"workflow-{n}",
+                                              study_spec(n, SMOKE_SETTINGS, "planning benchmark")),
+                    "bare": make_bare(work / f"bare-{n}", n), "shaped": make_bare(work / f"shaped-{n}", n, True)}
+    runs = {n: {mode: {kind: {"wall": [], "cpu": []} for kind in KINDS} for mode in modes} for n in sizes}
+    for repeat in range(repeats):
+        order = KINDS if repeat % 2 == 0 else tuple(reversed(KINDS))
+        for n in sizes:
+            for mode, flags in modes.items():
+                for kind in order:
+                    root = trees[n][kind]
+                    log = root / f"{mode.replace(' ', '-')}.log"
+                    wall, cpu = snakemake(root, TARGET if kind == "workflow" else "all", *flags, log=log)
+                    runs[n][mode][kind]["wall"].append(wall)
+                    runs[n][mode][kind]["cpu"].append(cpu)
+                    if mode == "plan":
+                        jobs = planned_jobs(log)
+                        if jobs != n + 1:  # the cells and the table, or rule all
+                            raise SystemExit(f"{log}: {jobs} jobs planned, expected {n + 1}")
+                    print(f"  repeat {repeat + 1}, {n} cells, {mode}, {kind}: {wall:.2f} s (cpu {cpu:.2f} s)",
+                          flush=True)
+    report = {}
+    for n in sizes:
+        report[n] = {}
+        for mode in modes:
+            r = runs[n][mode]
+            report[n][mode] = {f"{kind}_{clock}_s": spread(r[kind][clock]) for kind in KINDS
+                               for clock in ("wall", "cpu")}
+            for clock in ("wall", "cpu"):
+                report[n][mode][f"ratio_{clock}"] = spread(
+                    [w / b for w, b in zip(r["workflow"][clock], r["bare"][clock])])
+                report[n][mode][f"shaped_ratio_{clock}"] = spread(
+                    [s / b for s, b in zip(r["shaped"][clock], r["bare"][clock])])
+    return report
+
+
+# --- scheduler -------------------------------------------------------------------------------------
+
+def bench_scheduler(work: Path, ready: int, window_s: float) -> dict:
+    """Jobs each scheduler finishes in `window_s` seconds of a real run of `ready` ready jobs."""
+    report = {}
+    for scheduler in ("greedy", "ilp"):
+        root = make_bare(work / f"scheduler-{scheduler}", ready)
+        command = [sys.executable, "-m", "snakemake", "all", "-c", "2", "--scheduler", scheduler, "-q"]
+        started = time.perf_counter()
+        with open(root / "run.log", "w") as out:
+            run = subprocess.Popen(command, cwd=root, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                run.wait(timeout=window_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(run.pid, signal.SIGKILL)  # Snakemake answers SIGTERM by finishing what it runs
+                run.wait()
+        took = min(time.perf_counter() - started, window_s)
+        done = len(list((root / "results" / "runs" / STUDY).glob("*/metrics.json")))
+        report[scheduler] = {"ready": ready, "window_s": window_s, "seconds": took, "done": done,
+                             "jobs_per_s": done / took}
+        print(f"  {scheduler}: {done} of {ready} jobs in {took:.0f} s", flush=True)
+    return report
+
+
+# --- execution -------------------------------------------------------------------------------------
+
+UNSUPPORTED_SETTINGS = {"framework": "lightning", "strategy": "colossalai", "model": "gpt2-tiny", "device": "cpu"}
+# the smallest cell that trains: one CPU rank (launcher python) or two (torchrun), a few tiny steps
+TINY_CELL = {"model": "gpt2-tiny", "device": "cpu", "seq_len": 16, "micro_batch": 2, "warmup_steps": 1,
+             "timed_steps": 2}
+TINY_TIMING = {"target_ci": 1.0, "min_window_s": 0}
+
+TIMED_RUN_CELL = "--timed-run-cell"  # this script, run as `trainbench run-cell` with its launcher timed
+RANK_IMPORTS = "import torch\nimport trainbench.worker\n"
+
+
+def timed_run_cell(times_file: str, argv: list[str]) -> int:
+    """`trainbench run-cell argv`, writing to `times_file` each launcher's lifetime (from its start to
+    its exit, reported by a pidfd the moment it happens) and the time the runner spent in
+    CellRun._launch (starting the launchers, waiting for them, noticing their exit)."""
+    from trainbench import cellrun, cli
+    from trainbench.lifetime import when_gone
+
+    launch = cellrun.CellRun._launch
+    times: dict[str, list[float]] = {"launch_s": [], "launcher_s": []}
+
+    class TimedPopen(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            started = time.perf_counter()
+            super().__init__(*args, **kwargs)
+            when_gone(self.pid, lambda: times["launcher_s"].append(time.perf_counter() - started))
+
+    def timed_launch(self, *args, **kwargs):
+        started = time.perf_counter()
+        popen, cellrun.subprocess.Popen = cellrun.subprocess.Popen, TimedPopen
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            cellrun.subprocess.Popen = popen
+            times["launch_s"].append(time.perf_counter() - started)
+
+    cellrun.CellRun._launch = timed_launch
+    try:
+        return cli.main(["run-cell", *argv])
+    finally:
+        Path(times_file).write_text(json.dumps(times))
+
+
+def wall(command: list[str], *, cwd: Path) -> float:
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    took = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"`{shlex.join(command)}` failed ({done.returncode}):\n{done.stdout[-2000:]}"
+                         f"{done.stderr[-2000:]}")
+    return took
+
+
+def run_cell_argv(cell, output: Path) -> list[str]:
+    """The arguments the train_cell rule gives run-cell for `cell`."""
+    r = cell.resources()
+    return ["--study", cell.study, "--cell", cell.cell_id, "--params", cell.canonical,
+            "--retries", str(r["retries"]), "--cpus-per-rank", str(r["cpus_per_rank"]),
+            "--runtime-min", str(r["runtime"]), "--timing", r["timing"], "--output", str(output)]
+
+
+def slope(few: tuple[int, float], many: tuple[int, float]) -> float:
+    return (many[1] - few[1]) / (many[0] - few[0])
+
+
+def bench_execution(work: Path, cells: int, repeats: int) -> dict:
+    from trainbench.config import load_config
+
+    few = max(cells // 5, 1)
+    report: dict = {"cells": [few, cells]}
+
+    # Snakemake alone, and the pipeline's unsupported cells: each really run, one job at a time
+    per_job: dict[str, list[float]] = {"bare": [], "workflow": []}
+    for repeat in range(repeats):
+        runs = {}
+        for kind in ("bare", "workflow"):
+            for n in (few, cells):
+                root = work / f"run-{kind}-{n}-{repeat}"
+                if kind == "bare":
+                    make_bare(root, n)
+                else:
+                    make_workflow(root, study_spec(n, UNSUPPORTED_SETTINGS, "unsupported cells"))
+                runs[kind, n] = snakemake(root, TARGET if kind == "workflow" else "all", "-c", "1",
+                                          log=root / "run.log")[0]
+                done = len(list((root / "results" / "runs" / STUDY).glob("*/metrics.json")))
+                if done != n:
+                    raise SystemExit(f"{root}: {done} of {n} cells ran")
+            per_job[kind].append(slope((few, runs[kind, few]), (cells, runs[kind, cells])))
+            print(f"  repeat {repeat + 1}, {kind}: {few} jobs {runs[kind, few]:.1f} s, {cells} jobs "
+                  f"{runs[kind, cells]:.1f} s: {1000 * per_job[kind][-1]:.1f} ms per job", flush=True)
+    report["snakemake_bare_per_job_s"] = spread(per_job["bare"])
+    report["workflow_unsupported_per_cell_s"] = spread(per_job["workflow"])
+
+    # run-cell's own process, and the interpreter's start, outside Snakemake
+    [unsupported] = load_config({"studies": {STUDY: study_spec(1, UNSUPPORTED_SETTINGS, "one")}}).study(
+        STUDY).cells
+    scratch = work / "run-cell"
+    scratch.mkdir()
+    processes: dict[str, list[float]] = {"python -c pass": [], "run-cell, unsupported cell": []}
+    for _ in range(max(5, 3 * repeats)):
+        processes["python -c pass"].append(wall([sys.executable, "-c", "pass"], cwd=scratch))
+        output = scratch / "unsupported" / "metrics.json"
+        processes["run-cell, unsupported cell"].append(
+            wall([sys.executable, "-m", "trainbench", "run-cell", *run_cell_argv(unsupported, output)], cwd=scratch))
+        output.unlink()
+    report["processes_s"] = {name: spread(values) for name, values in processes.items()}
+
+    # run-cell around a launched cell, and the launcher's own start-up
+    rank_script = scratch / "rank_imports.py"
+    rank_script.write_text(RANK_IMPORTS)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    launched = {}
+    for ranks in (1, 2):
+        spec = {"description": "one tiny cell", "settings": {**TINY_CELL, "gpus": ranks,
+                                                             "strategy": "single" if ranks == 1 else "ddp"},
+                "include": [{}], "timing": TINY_TIMING, "execution": {"runtime_min": 5, "cpus_per_rank": 1}}
+        [cell] = load_config({"studies": {STUDY: spec}}).study(STUDY).cells
+        figures: dict[str, list[float]] = {"run_cell_s": [], "launcher_s": [], "noticed_exit_after_s": []}
+        for _ in range(repeats):
+            output = scratch / f"ranks-{ranks}" / "metrics.json"
+            times_file = scratch / f"ranks-{ranks}.times.json"
+            total = wall([sys.executable, __file__, TIMED_RUN_CELL, str(times_file), "--",
+                          *run_cell_argv(cell, output)], cwd=scratch)
+            times = json.loads(times_file.read_text())
+            [launch_s], [launcher_s] = times["launch_s"], times["launcher_s"]
+            figures["run_cell_s"].append(total)
+            figures["launcher_s"].append(launcher_s)
+            figures["noticed_exit_after_s"].append(launch_s - launcher_s)
+            status = json.loads(output.read_text())["status"]
+            if status != "ok":
+                raise SystemExit(f"the tiny {ranks}-rank cell did not train: {status}")
+            output.unlink()
+        figures["run_cell_own_s"] = [t - launcher for t, launcher in zip(figures["run_cell_s"],
+                                                                         figures["launcher_s"])]
+        figures["launcher_start_s"] = [
+            wall([sys.executable, str(rank_script)] if ranks == 1 else [*torchrun, str(rank_script)], cwd=scratch)
+            for _ in range(repeats)]
+        launched[ranks] = {name: spread(values) for name, values in figures.items()}
+    report["launched"] = launched
+    return report
+
+
+# --- report ----------------------------------------------------------------------------------------
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{os.cpu_count()} cores ({cpu}), {memory_gib:.0f} GiB, {platform.system()} {platform.release()}"
+
+
+def versions() -> str:
+    import importlib.metadata as metadata
+
+    found = [f"python {platform.python_version()}"]
+    for name in ("snakemake", "torch"):
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return ", ".join(found)
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def ms(seconds: float) -> str:
+    return f"{1000 * seconds:.0f} ms"
+
+
+def ratio_text(r: dict) -> str:
+    return f"{r['median']:.2f}x [{r['low']:.2f}, {r['high']:.2f}]"
+
+
+def planning_summary(planning: dict) -> list[str]:
+    lines = []
+    sizes = sorted(planning, key=int)
+    for mode in ("plan", "plan quiet"):
+        flags = "-n" if mode == "plan" else "-n -q"
+        lines += ["", f"planning: `snakemake {TARGET} {flags}` against a bare Snakefile of as many jobs; medians "
+                      "of the repeats, ratios as median [lowest, highest] of the repeats' ratios",
+                  f"{'cells':>6}  {'workflow':>9}  {'bare':>8}  {'wall: workflow/bare':>21}  "
+                  f"{'cpu: workflow/bare':>21}  {'ms per added cell (bare)':>24}  {'shaped/bare (wall)':>20}"]
+        previous = None
+        for n in sizes:
+            r = planning[n][mode]
+            w, b = r["workflow_wall_s"]["median"], r["bare_wall_s"]["median"]
+            marginal = ""
+            if previous is not None:
+                added = int(n) - int(previous[0])
+                marginal = f"{1000 * (w - previous[1]) / added:.2f} ({1000 * (b - previous[2]) / added:.2f})"
+            lines.append(f"{int(n):>6}  {w:>8.2f}s  {b:>7.2f}s  {ratio_text(r['ratio_wall']):>21}  "
+                         f"{ratio_text(r['ratio_cpu']):>21}  {marginal:>24}  "
+                         f"{ratio_text(r['shaped_ratio_wall']):>20}")
+            previous = (n, w, b)
+    return lines
+
+
+def scheduler_summary(scheduler: dict) -> list[str]:
+    lines = ["", "scheduler: a real run of the bare Snakefile's `touch` jobs on 2 cores (-c 2), all ready at once"]
+    for name, r in scheduler.items():
+        lines.append(f"  --scheduler {name:6}  {r['done']:>5} of {r['ready']} jobs in {r['seconds']:.0f} s "
+                     f"({r['jobs_per_s']:.1f} jobs/s)")
+    return lines
+
+
+def execution_summary(execution: dict) -> list[str]:
+    few, many = execution["cells"]
+    bare = execution["snakemake_bare_per_job_s"]["median"]
+    workflow = execution["workflow_unsupported_per_cell_s"]["median"]
+    processes = execution["processes_s"]
+    run_cell = processes["run-cell, unsupported cell"]["median"]
+    lines = ["", f"execution, per cell (medians; one job at a time, -c 1; per-job figures are the slope "
+                 f"between {few} and {many} jobs):",
+             f"  Snakemake alone (bare Snakefile, `touch` jobs)                       {ms(bare)}",
+             f"  the pipeline, unsupported cells (Snakemake + run-cell, no launcher)   {ms(workflow)}",
+             f"    of which Snakemake's job set-up for train_cell                    {ms(workflow - run_cell)}",
+             f"    of which `trainbench run-cell` (its process, alone)               {ms(run_cell)}",
+             f"      of which the interpreter's start (`python -c pass`)           "
+             f"{ms(processes['python -c pass']['median'])}"]
+    for ranks, r in sorted(execution["launched"].items(), key=lambda item: int(item[0])):
+        launcher = "python" if int(ranks) == 1 else "torchrun"
+        own = r["run_cell_own_s"]["median"]
+        lines += [f"  a launched cell, {ranks} CPU rank(s) ({launcher}): run-cell {ms(r['run_cell_s']['median'])}, "
+                  f"its launcher {ms(r['launcher_s']['median'])}, run-cell's own {ms(own)} "
+                  f"(it noticed the launcher's exit {1000 * r['noticed_exit_after_s']['median']:.1f} ms after it)",
+                  f"    the pipeline's own share: Snakemake's job set-up + run-cell's own = "
+                  f"{ms(workflow - run_cell + own)} (goal <= 20 ms)",
+                  f"    the launcher's start-up, apart ({launcher}, ranks that import torch and "
+                  f"trainbench.worker, then exit): {ms(r['launcher_start_s']['median'])}"]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [TIMED_RUN_CELL]:
+        return timed_run_cell(argv[1], argv[3:])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 40000], help="cells per study")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ready", type=int, default=2000, help="ready jobs for the scheduler figures")
+    parser.add_argument("--window", type=float, default=60, help="seconds each scheduler runs")
+    parser.add_argument("--cells", type=int, default=300, help="cells really run for the execution figures")
+    parser.add_argument("--skip", nargs="+", default=[], choices=["planning", "scheduler", "execution"])
+    parser.add_argument("--out", type=Path, help="where to write plan_scaling.{json,txt}")
+    parser.add_argument("--work", type=Path, help="scratch directory (default: a temporary one, removed)")
+    args = parser.parse_args(argv)
+
+    # Python caches compiled modules (__pycache__) unless told not to; the runs here cache them as a
+    # user's environment does, or every process would compile trainbench again (50 ms per cell).
+    bytecode = "on" if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is None else "on (it was off here)"
+    header = [f"bench/plan_scaling.py on {machine()}; {versions()}; commit {commit()}, "
+              f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M:%S} UTC; bytecode caching {bytecode}",
+              f"command: {shlex.join([Path(sys.executable).name, 'bench/plan_scaling.py', *argv])}"]
+    print("\n".join(header), flush=True)
+    work = args.work or Path(tempfile.mkdtemp(prefix="plan_scaling-"))
+    work.mkdir(parents=True, exist_ok=True)
+    report: dict = {"header": header}
+    try:
+        if "planning" not in args.skip:
+            report["planning"] = bench_planning(work / "plan", args.sizes, args.repeats)
+        if "scheduler" not in args.skip:
+            report["scheduler"] = bench_scheduler(work / "schedule", args.ready, args.window)
+        if "execution" not in args.skip:
+            report["execution"] = bench_execution(work / "execute", args.cells, args.repeats)
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    lines = list(header)
+    if "planning" in report:
+        lines += planning_summary(report["planning"])
+    if "scheduler" in report:
+        lines += scheduler_summary(report["scheduler"])
+    if "execution" in report:
+        lines += execution_summary(report["execution"])
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "plan_scaling.json").write_text(json.dumps(report, indent=2) + "\n")
+        (args.out / "plan_scaling.txt").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
