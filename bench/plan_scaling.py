@@ -466,6 +466,9 @@ def planning_summary(planning: dict) -> list[str]:
                          f"{ratio_text(r['ratio_cpu']):>21}  {marginal:>24}  "
                          f"{ratio_text(r['shaped_ratio_wall']):>20}")
             previous = (n, w, b)
+        if "10000" in map(str, sizes):
+            ratio = planning[next(n for n in sizes if str(n) == "10000")][mode]["ratio_wall"]["median"]
+            lines.append(f"  goal at 10,000 cells: <= 1.2x the bare Snakefile; measured {ratio:.2f}x")
     return lines
 
 
@@ -496,12 +499,24 @@ def execution_summary(execution: dict) -> list[str]:
         own = r["run_cell_own_s"]["median"]
         lines += [f"  a launched cell, {ranks} CPU rank(s) ({launcher}): run-cell {ms(r['run_cell_s']['median'])}, "
                   f"its launcher {ms(r['launcher_s']['median'])}, run-cell's own {ms(own)} "
-                  f"(it noticed the launcher's exit {1000 * r['noticed_exit_after_s']['median']:.1f} ms after it)",
+                  f"(from the launcher's exit to the runner going on: {1000 * r['noticed_exit_after_s']['median']:+.1f} "
+                  "ms, two threads woken by one exit)",
                   f"    the pipeline's own share: Snakemake's job set-up + run-cell's own = "
                   f"{ms(workflow - run_cell + own)} (goal <= 20 ms)",
                   f"    the launcher's start-up, apart ({launcher}, ranks that import torch and "
                   f"trainbench.worker, then exit): {ms(r['launcher_start_s']['median'])}"]
     return lines
+
+
+def summary(report: dict) -> str:
+    lines = list(report["header"])
+    if "planning" in report:
+        lines += planning_summary(report["planning"])
+    if "scheduler" in report:
+        lines += scheduler_summary(report["scheduler"])
+    if "execution" in report:
+        lines += execution_summary(report["execution"])
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -517,7 +532,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", nargs="+", default=[], choices=["planning", "scheduler", "execution"])
     parser.add_argument("--out", type=Path, help="where to write plan_scaling.{json,txt}")
     parser.add_argument("--work", type=Path, help="scratch directory (default: a temporary one, removed)")
+    parser.add_argument("--report", type=Path, metavar="JSON",
+                        help="measure nothing: print the summary of a plan_scaling.json written before")
     args = parser.parse_args(argv)
+    if args.report:
+        print(summary(json.loads(args.report.read_text())), end="")
+        print(f"(this summary: `python bench/plan_scaling.py --report {args.report}`, from the run above's figures)")
+        return 0
 
     # Python caches compiled modules (__pycache__) unless told not to; the runs here cache them as a
     # user's environment does, or every process would compile trainbench again (50 ms per cell).
@@ -539,14 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
-    lines = list(header)
-    if "planning" in report:
-        lines += planning_summary(report["planning"])
-    if "scheduler" in report:
-        lines += scheduler_summary(report["scheduler"])
-    if "execution" in report:
-        lines += execution_summary(report["execution"])
-    text = "\n".join(lines) + "\n"
+    text = summary(report)
     print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from conftest import FAST_TIMING, REPO
@@ -37,3 +38,29 @@ def test_the_overhead_benchmark_holds_the_pipelines_cell_against_a_bare_loop(tmp
     assert "cell/bare" in summary and "strategy~single__gpus~1" in summary and "command:" in summary
     # each round's cell is a metrics.json that `trainbench compare` reads as a rerun of the others
     assert (out / "round-2" / "runs" / "baseline" / "strategy~single__gpus~1" / "metrics.json").exists()
+
+
+@pytest.mark.slow
+def test_the_scaling_benchmark_plans_runs_and_times_cells_against_bare_snakemake(tmp_path):
+    # tiny sizes: the benchmark's code paths (its figures come from results/bench/plan_scaling)
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "bench/plan_scaling.py", "--sizes", "4", "9", "--repeats", "1",
+                           "--ready", "6", "--window", "60", "--cells", "5", "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((out / "plan_scaling.json").read_text())
+    # each size planned by the workflow, the bare Snakefile and the bare one shaped like train_cell,
+    # quiet and not (the benchmark itself checks each dry run planned every cell)
+    for size in ("4", "9"):
+        for mode in ("plan", "plan quiet"):
+            figures = report["planning"][size][mode]
+            assert all(len(figures[f"{kind}_wall_s"]["values"]) == 1 for kind in ("workflow", "bare", "shaped"))
+            assert figures["ratio_wall"]["median"] == (figures["workflow_wall_s"]["median"]
+                                                       / figures["bare_wall_s"]["median"])
+    assert {s: r["done"] for s, r in report["scheduler"].items()} == {"greedy": 6, "ilp": 6}
+    execution = report["execution"]
+    for ranks in ("1", "2"):  # a launched cell: its launcher's lifetime is inside run-cell's
+        launched = execution["launched"][ranks]
+        assert 0 < launched["launcher_s"]["median"] < launched["run_cell_s"]["median"]
+    summary = (out / "plan_scaling.txt").read_text()
+    assert "command:" in summary and "workflow/bare" in summary and "goal <= 20 ms" in summary

@@ -145,6 +145,11 @@ HOW: dict[str, How] = {
     "python3 bench/overhead.py --rounds 2": How("elsewhere", "as above"),
     "trainbench cost": How("run"),
     "trainbench progress": How("name", "the command's name; its full forms are run"),
+    "python bench/plan_scaling.py --out results/bench/plan_scaling":
+        How("elsewhere", "plans grids of up to 40,000 cells for about 40 minutes; tests/test_bench.py runs it "
+                         "on a small grid; its output: results/bench/plan_scaling"),
+    "snakemake -n -q": How("run"),
+    "snakemake -n -q results/tables/<study>.md": How("run", line="snakemake -n -q results/tables/llama.md"),
     "sudo tools/local-slurm-cluster.sh install && sudo tools/local-slurm-cluster.sh start":
         How("elsewhere", "root; CI's .ci/run starts the cluster this way (as root, without sudo)"),
 }
