@@ -72,8 +72,13 @@ def _param_selector(description: str = "The {name} of measured cells: a value, o
     return {"type": "object", "additionalProperties": False, "properties": props}
 
 
+# A cell pattern (values or lists of values per parameter) is written out once, under the schema's
+# $defs, and referred to wherever a study names cells: measure, search, findings.
+CELL_PATTERN = {"$ref": "#/$defs/cell_pattern"}
+
+
 def _cells(description: str) -> dict[str, Any]:
-    return {**_param_selector(), "default": None, "description": description}
+    return {**CELL_PATTERN, "default": None, "description": description}
 
 
 def _findings() -> dict[str, Any]:
@@ -186,7 +191,7 @@ def build_schema() -> dict[str, Any]:
                                "bisect the cell's micro batch, each a cached run.",
                 "properties": {
                     **SEARCH,
-                    "cells": {"type": ["array", "null"], "minItems": 1, "items": _param_selector(),
+                    "cells": {"type": ["array", "null"], "minItems": 1, "items": CELL_PATTERN,
                               "default": None,
                               "description": "The measured cells whose search the study table reports "
                                              "(patterns as in measure.cells); null: every measured cell."},
@@ -198,7 +203,7 @@ def build_schema() -> dict[str, Any]:
                                "memory model's verdict for `plan_for` and no run. Absent: every cell is "
                                "measured.",
                 "properties": {
-                    "cells": {"type": "array", "minItems": 1, "items": _param_selector(), "default": [],
+                    "cells": {"type": "array", "minItems": 1, "items": CELL_PATTERN, "default": [],
                               "description": "Patterns: a cell is measured when it matches every key of one "
                                              "(a list matches any of its values)."},
                     "plan_for": {
@@ -230,6 +235,7 @@ def build_schema() -> dict[str, Any]:
     }
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$defs": {"cell_pattern": _param_selector()},
         "title": "trainbench config.yaml",
         "description": "Benchmark studies: each a grid of training-run cells.",
         "type": "object",
