@@ -149,7 +149,7 @@ HOW: dict[str, How] = {
         How("elsewhere", "plans grids of up to 40,000 cells for about 40 minutes; tests/test_bench.py runs it "
                          "on a small grid; its output: results/bench/plan_scaling"),
     "snakemake -n -q": How("run"),
-    "snakemake -n -q results/tables/<study>.md": How("run", line="snakemake -n -q results/tables/llama.md"),
+    "snakemake results/tables/<study>.md -n -q": How("run", line="snakemake results/tables/llama.md -n -q"),
     "sudo tools/local-slurm-cluster.sh install && sudo tools/local-slurm-cluster.sh start":
         How("elsewhere", "root; CI's .ci/run starts the cluster this way (as root, without sudo)"),
 }
