@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -86,3 +88,25 @@ def test_compiled_graphs_are_cached_per_environment_where_the_user_did_not_say(t
     mine = launch_environment(params(), cpus_per_rank=1, devices=None,
                               base={"TRAINBENCH_CACHE_DIR": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": "/x"})
     assert mine["TORCHINDUCTOR_CACHE_DIR"] == "/x"
+
+
+def test_ranks_cache_bytecode_where_the_environment_says_not_to_write_it(tmp_path):
+    """The GPU hosts' images set PYTHONDONTWRITEBYTECODE and ship torch without .pyc files, so every
+    rank compiled torch's sources again; the ranks keep bytecode in the cache folder instead."""
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "probe_module.py").write_text("VALUE = 1\n")
+    base = {"TRAINBENCH_CACHE_DIR": str(tmp_path / "cache"), "PYTHONDONTWRITEBYTECODE": "1",
+            "PATH": os.environ["PATH"]}
+    env = launch_environment(params(), cpus_per_rank=1, devices=None, base=base)
+    prefix = Path(env["PYTHONPYCACHEPREFIX"])
+    assert prefix.parent == Path(env["TORCHINDUCTOR_CACHE_DIR"]).parent and prefix.name == "bytecode"
+    subprocess.run([sys.executable, "-c", "import probe_module"], cwd=source, env=env, check=True)
+    assert list(prefix.rglob("probe_module.*.pyc")), "the rank wrote no bytecode into the cache"
+    assert not (source / "__pycache__").exists()  # the environment's own folders stay as they were
+    # nothing changes where bytecode is written anyway, or where the caller chose its folder
+    assert "PYTHONPYCACHEPREFIX" not in launch_environment(params(), cpus_per_rank=1, devices=None,
+                                                          base={"TRAINBENCH_CACHE_DIR": str(tmp_path)})
+    chosen = launch_environment(params(), cpus_per_rank=1, devices=None,
+                                base={**base, "PYTHONPYCACHEPREFIX": "/mine"})
+    assert chosen["PYTHONPYCACHEPREFIX"] == "/mine" and chosen["PYTHONDONTWRITEBYTECODE"] == "1"

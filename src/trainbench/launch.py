@@ -97,20 +97,34 @@ CACHE_DIR_ENV = "TRAINBENCH_CACHE_DIR"
 
 
 def cache_environment(base: Mapping[str, str]) -> dict[str, str]:
-    """Where torch.compile keeps its compiled graphs and kernels (inductor's FX-graph and autograd
-    caches): one folder per Python environment, shared by every cell and rank that runs in it.
-    Inductor's default is /tmp, which a compute node or a freshly lent host does not keep, so each
-    cell there compiles again (20-35 s of a GPT-2 cell's 40-60 s on an H200). The cache writes
-    atomically and locks while compiling: concurrent ranks share it safely. Triton's kernels
-    (~/.triton) and DeepSpeed's op builds (~/.cache/torch_extensions) already persist by default.
-    A TORCHINDUCTOR_CACHE_DIR the caller set is left alone."""
-    if base.get("TORCHINDUCTOR_CACHE_DIR"):
-        return {}
+    """Where the ranks keep work that every cell would otherwise redo: one folder per Python
+    environment, shared by every cell and rank that runs in it.
+
+    - torch.compile's compiled graphs and kernels (inductor's FX-graph and autograd caches).
+      Inductor's default is /tmp, which a compute node or a freshly lent host does not keep, so each
+      cell there compiles again (20-35 s of a GPT-2 cell's 40-60 s on an H200). The cache writes
+      atomically and locks while compiling: concurrent ranks share it safely. A
+      TORCHINDUCTOR_CACHE_DIR the caller set is left alone.
+    - Python's bytecode, where the environment says not to write it (PYTHONDONTWRITEBYTECODE, as
+      the GPU hosts' images do, whose torch has no .pyc files): every rank then compiles torch's
+      sources again, 6-7 s of each GPT-2 cell's set-up on an H200 (tools/gpu-runs/bytecode-1.txt).
+      The bytecode goes to the cache folder (PYTHONPYCACHEPREFIX), not into the environment, which
+      is what not writing it was for; Python writes each file atomically. A PYTHONPYCACHEPREFIX the
+      caller set is left alone.
+
+    Triton's kernels (~/.triton) and DeepSpeed's op builds (~/.cache/torch_extensions) already
+    persist by default."""
     root = base.get(CACHE_DIR_ENV) or str(Path(base.get("XDG_CACHE_HOME") or Path.home() / ".cache")
                                           / "trainbench")
     prefix = sys.prefix  # one per environment: its torch and Triton versions
-    environment = f"{Path(prefix).name}-{hashlib.sha256(prefix.encode()).hexdigest()[:8]}"
-    return {"TORCHINDUCTOR_CACHE_DIR": str(Path(root) / environment / "inductor")}
+    folder = Path(root) / f"{Path(prefix).name}-{hashlib.sha256(prefix.encode()).hexdigest()[:8]}"
+    env = {}
+    if not base.get("TORCHINDUCTOR_CACHE_DIR"):
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(folder / "inductor")
+    if base.get("PYTHONDONTWRITEBYTECODE") and not base.get("PYTHONPYCACHEPREFIX"):
+        env["PYTHONDONTWRITEBYTECODE"] = ""  # empty is unset to Python
+        env["PYTHONPYCACHEPREFIX"] = str(folder / "bytecode")
+    return env
 
 
 def launch_environment(params: dict[str, Any], *, cpus_per_rank: int, devices: list[str] | None,

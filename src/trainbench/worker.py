@@ -37,6 +37,9 @@ FAIL_AT_STEP_ENV = "TRAINBENCH_FAIL_AT_STEP"
 # Testing aid: a memory boundary, "B:k" = any micro batch above B runs out of memory at step k
 # (0 = while initialising), through the same real allocation as inject_oom_at_step.
 OOM_ABOVE_BATCH_ENV = "TRAINBENCH_OOM_ABOVE_MICRO_BATCH"
+# "fast" (the default): a rank that finished leaves without the interpreter's shutdown; "interpreter":
+# the usual exit, to measure the difference (tools/gpu-runs/startup-1.sh)
+WORKER_EXIT_ENV = "TRAINBENCH_WORKER_EXIT"
 OOM_EXIT_CODE = 75  # distinct from Python's 1 so a reader of the launcher's log can tell
 IMPOSSIBLE_ALLOCATION = 1 << 60  # 1 EiB: more than any machine has, so the allocator must refuse
 
@@ -158,8 +161,11 @@ class Worker:
             if config is not None:  # kept beside metrics.json: the framework's own config as this run used it
                 result["framework_config"] = {"file": runner.CONFIG_FILE, "config": config}
             write_json_atomic(self.work_dir / "result.json", result)
+        written = time.time()
         dist.barrier()
         dist.destroy_process_group()
+        self._say(f"teardown: results gathered and written in {written - self.marks.get('timed', written):.2f} s, "
+                  f"process group closed in {time.time() - written:.2f} s")
 
     def record_failure(self, error: BaseException) -> None:
         oom = is_oom(error)
@@ -316,6 +322,14 @@ def main(argv: list[str] | None = None) -> int:
     worker = Worker(cell, args.work_dir, imported)
     try:
         worker.run()
+        if os.environ.get(WORKER_EXIT_ENV, "fast") == "fast":
+            # Everything the run produced is written and its process group closed: skip the
+            # interpreter's shutdown, whose exit handlers (torch.compile's worker pool, the CUDA
+            # context's teardown) cost a GPU cell seconds of its teardown phase (README: "Where a
+            # cell's time goes"). WORKER_EXIT_ENV=interpreter keeps them, to measure what this saves.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
     except BaseException as error:  # noqa: BLE001 - every failure is recorded before the rank exits
         worker.record_failure(error)
         if is_oom(error):
