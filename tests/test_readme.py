@@ -142,7 +142,6 @@ HOW: dict[str, How] = {
     "python3 bench/overhead.py --ablation --out results/bench/overhead/gpt2-124m --cells "
     "'strategy~single__model~gpt2-124m__gpus~1__micro_batch~32'": How("elsewhere", "as above"),
     "bash bench/rerun_compare.sh": How("run"),
-    "python3 bench/overhead.py --rounds 2": How("elsewhere", "as above"),
     "python3 bench/overhead.py --rounds 3": How("elsewhere", "as above"),
     "trainbench cost": How("run"),
     "trainbench progress": How("name", "the command's name; its full forms are run"),
