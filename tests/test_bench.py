@@ -64,3 +64,40 @@ def test_the_scaling_benchmark_plans_runs_and_times_cells_against_bare_snakemake
         assert 0 < launched["launcher_s"]["median"] < launched["run_cell_s"]["median"]
     summary = (out / "plan_scaling.txt").read_text()
     assert "command:" in summary and "workflow/bare" in summary and "goal <= 20 ms" in summary
+
+
+def test_predictions_made_before_a_run_are_held_against_its_results(tmp_path):
+    """bench/predicted_then_run.py: the verdict of each cell against its outcome (an OOM result is a
+    right 'does not fit' only where that was predicted), and the errors of the cells that ran."""
+    import shutil
+
+    from trainbench.results import partial_metrics
+
+    predictions = tmp_path / "baseline-h200.csv"
+    with open(predictions, "w") as out:
+        subprocess.run(["trainbench", "predict", "baseline", "--gpu", "h200", "--gpus-per-node", "1",
+                        "--host-mem-gib", "128"], stdout=out, check=True, cwd=REPO)
+    rows = predictions.read_text().splitlines()
+    small, medium = (next(r for r in rows if f"single__model~{m}" in r) for m in ("gpt2-124m", "gpt2-350m"))
+    runs = tmp_path / "runs" / "baseline"
+    for row in (small, medium):
+        cell = row.split(",")[1]
+        shutil.copytree(REPO / "results" / "runs" / "baseline" / cell, runs / cell)
+    # the 350M cell as if it had run out of memory: predicted to fit, so a wrong verdict
+    oom_file = runs / medium.split(",")[1] / "metrics.json"
+    doc = json.loads(oom_file.read_text())
+    doc.update(status="oom", reason="OOM at step 1 (warm-up) on rank 0", metrics=partial_metrics([], 12.0))
+    oom_file.write_text(json.dumps(doc))
+    report = tmp_path / "check.json"
+    run = subprocess.run([sys.executable, "bench/predicted_then_run.py", str(predictions), "--runs",
+                          str(tmp_path / "runs"), "--json", str(report)], cwd=REPO, capture_output=True,
+                         text=True, check=True)
+    assert "fit/OOM verdicts right: 1 of 2" in run.stdout and "and 8 more" in run.stdout
+    result = json.loads(report.read_text())
+    entries = {e["cell"]: e for e in result["entries"]}
+    ran = entries[small.split(",")[1]]
+    measured = json.loads((runs / ran["cell"] / "metrics.json").read_text())["metrics"]
+    assert ran["verdict_right"] and ran["measured_step_s"] == measured["step_time_s"]
+    assert ran["gpu_error"] == pytest.approx(ran["predicted_gpu_gib"] * 1024 / max(measured["gpu_mem_used_mib"]) - 1)
+    assert entries[medium.split(",")[1]]["verdict_right"] is False
+    assert result["summary"]["judged"] == 2 and len(result["summary"]["not_judged"]) == 12
