@@ -17,7 +17,8 @@ targets=("$@")
 started=$(date +%s)
 TRAINBENCH_FORCE_INFEASIBLE=1 timeout -s INT "${LIMIT:-480}" snakemake -c all --keep-going "${targets[@]}" \
   > bench-out/snakemake.log 2>&1
-echo "== snakemake: $(( $(date +%s) - started )) s, exit $?"
+rc=$?
+echo "== snakemake: $(( $(date +%s) - started )) s, exit status $rc"
 grep -E "^\[holdout/|trainbench:" bench-out/snakemake.log | grep -vE "window|warm-up" | tail -40
 python3 bench/predicted_then_run.py results/predictions/holdout-h200.csv
 tar czf "$out/holdout-1.tgz" bench-out results/runs/holdout results/tables/holdout.* results/plots/holdout_* \
