@@ -55,6 +55,10 @@ def test_launch_environment_keeps_multicast_off_and_hides_gpus_from_cpu_cells():
     assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and env["OMP_NUM_THREADS"] == "4"
     assert env["TORCH_CUDA_ARCH_LIST"] == "9.0"  # DeepSpeed's op builder cannot parse "9.0a"
+    # Snakemake exports the job's threads (one per GPU rank) as OMP_NUM_THREADS: the rank gets its own
+    mine = launch_environment(params(), cpus_per_rank=16, devices=["0"],
+                              base={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    assert mine["OMP_NUM_THREADS"] == mine["MKL_NUM_THREADS"] == mine["OPENBLAS_NUM_THREADS"] == "16"
     cpu = launch_environment(params(device="cpu"), cpus_per_rank=1, devices=None, base={})
     assert cpu["CUDA_VISIBLE_DEVICES"] == "" and cpu["DS_ACCELERATOR"] == "cpu"
 

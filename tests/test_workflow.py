@@ -372,6 +372,9 @@ def test_the_default_study_runs_on_a_cpu_machine_and_a_second_run_does_nothing(s
     for cell in smoke.cells:
         doc = json.loads(workflow.path(cell.target).read_text())
         assert doc["status"] == "ok", (cell.cell_id, doc["reason"])
+        # each rank had its cpus_per_rank threads, not the job's threads Snakemake exported (2 here)
+        threads = doc["provenance"]["environment"]["OMP_NUM_THREADS"]
+        assert threads == str(cell.execution["cpus_per_rank"]), (cell.cell_id, threads)
     for name in ("tables/smoke.md", "tables/smoke.csv", "plots/smoke_memory.png",
                  "plots/smoke_throughput.png"):
         assert workflow.path(f"results/{name}").stat().st_size > 0

@@ -92,6 +92,10 @@ def srun_command(params: dict[str, Any], node_argv: list[str], *, cpus_per_task:
             f"--cpus-per-task={cpus_per_task}", *gres, "--kill-on-bad-exit=1", "--export=ALL", *node_argv]
 
 
+# The variables by which OpenMP and the math libraries size their thread pools (Snakemake sets each
+# to the job's threads)
+CPU_THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
 # Where compiled work is kept between cells (see cache_environment); the default is under ~/.cache.
 CACHE_DIR_ENV = "TRAINBENCH_CACHE_DIR"
 
@@ -137,7 +141,12 @@ def launch_environment(params: dict[str, Any], *, cpus_per_rank: int, devices: l
     bin_dir = os.path.dirname(sys.executable)
     env["PATH"] = os.pathsep.join([bin_dir, *(p for p in env.get("PATH", "").split(os.pathsep)
                                               if p and p != bin_dir)])
-    env.setdefault("OMP_NUM_THREADS", str(cpus_per_rank))
+    # Each rank's CPU threads (torch's intra-op pool, DeepSpeed's CPU Adam, OpenMP) are the cell's
+    # cpus_per_rank, whatever the caller's environment says: Snakemake exports OMP_NUM_THREADS as the
+    # job's threads, which for a GPU cell is one per rank, so an offloaded optimizer stepped on one
+    # thread where it was given 8-16 (README, "CPU threads of a rank").
+    for variable in CPU_THREAD_VARIABLES:
+        env[variable] = str(cpus_per_rank)
     if params["device"] == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU cell must not touch (or be measured on) a GPU
         env["DS_ACCELERATOR"] = "cpu"
