@@ -78,6 +78,9 @@ class MemoryFacts:
     # FSDP's mixed precision casts the parameters: the whole model computes in half precision, the
     # residual stream included (no autocast keeping it fp32)
     fsdp_casts_parameters: bool = False
+    # The loop frees the gradients after each optimizer step (zero_grad(set_to_none=True)): without
+    # accumulation, a replicated model's gradients are made in backward as its activations are freed
+    replicated_gradients_freed: bool = False
     eager_attention_when_deterministic: bool = False  # deterministic runs use eager attention (s x s scores)
 
 
@@ -165,7 +168,7 @@ register(Framework(
                  "on a 2-D mesh (data x tensor parallel), the blocks and the vocabulary split by DTensor tensor "
                  "parallel", layout="fsdp", offload_param=OPTIONAL, tensor_parallel=SHARDED_TP),
     ),
-    MemoryFacts(fsdp_casts_parameters=True)))
+    MemoryFacts(fsdp_casts_parameters=True, replicated_gradients_freed=True)))
 
 register(Framework(
     "deepspeed", "the DeepSpeed engine: ZeRO stages 0-3, offload, AutoTP tensor and pipeline parallelism",
