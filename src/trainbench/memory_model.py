@@ -348,7 +348,9 @@ def predict(params: dict[str, Any], hardware: Hardware | None = None) -> Predict
         # gradients as it frees that layer's activations, so the peak is the larger of the two, not
         # their sum (the holdout study's torch cells: measured peaks are weights, optimizer states
         # and activations; the 9.4 GiB of GPT-2.5B's gradients were not on top)
-        parts["gradients"] = max(0.0, parts["gradients"] - parts["activations"])
+        beyond = parts.pop("gradients") - parts["activations"]
+        if beyond > 0:
+            parts["gradients_beyond_activations"] = beyond
     allocated = allocated_mib(parts)
     if params["device"] == "cuda":
         parts["allocator_slack"] = allocated * (ALLOCATOR_SLACK - 1)

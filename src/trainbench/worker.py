@@ -325,8 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get(WORKER_EXIT_ENV, "fast") == "fast":
             # Everything the run produced is written and its process group closed: skip the
             # interpreter's shutdown, whose exit handlers (torch.compile's worker pool, the CUDA
-            # context's teardown) cost a GPU cell seconds of its teardown phase (README: "Where a
-            # cell's time goes"). WORKER_EXIT_ENV=interpreter keeps them, to measure what this saves.
+            # context's teardown) cost a GPU cell seconds of its teardown phase (README, "What a
+            # study costs"). WORKER_EXIT_ENV=interpreter keeps them, to measure what this saves.
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)
