@@ -10,7 +10,9 @@ that saw it). Prints one line per cell (measured, predicted leave-one-out, its e
 all-cells fit's prediction), the error distribution (median and worst absolute error, by study),
 how often the predictions rank the strategies of a group of cells that differ only in strategy
 (and, second, in strategy and its offload settings) the way the measurements do, and the constants
-fitted on all the cells. `--write` stores those constants in src/trainbench/time_model_constants.json,
+fitted on all the cells. `--held-out FOLDER ...`: cells the fits never see, predicted by the all-cells
+fit (results/bench/threads: one offloaded cell at 1 to 16 CPU threads, a curve no fit is given).
+`--write` stores those constants in src/trainbench/time_model_constants.json,
 which `trainbench predict`, the tables and the plots read.
 
 Every fit starts from the same starting values (time_model.Constants()), which are not data, so the
@@ -60,7 +62,7 @@ def measured_cells(folders: list[Path]) -> list[dict]:
             print(f"skipped {doc['study']}/{doc['cell_id']}: {error}", file=sys.stderr)
             continue
         cells.append({"doc": doc, "gpu": gpu.key, "work": work, "measured_s": step,
-                      "search": "search" in path.parts})
+                      "search": "search" in path.parts, "threads": time_model.threads_of_run(doc), "path": path})
     return cells
 
 
@@ -164,7 +166,7 @@ def report(cells: list[dict], gpu: str) -> tuple[time_model.Constants, dict]:
         right, total, wrong = ranking(docs, measured, predicted, keys)
         big_right, big_total, _ = ranking(docs, measured, predicted, keys, apart_by(0.10))
         sure_right, sure_total, _ = ranking(docs, measured, predicted, keys, told_apart)
-        print(f"ranking, cells that {what}: {right} of {total} pairs right ({100 * right / total:.0f}%; goal "
+        print(f"ranking, cells that {what}: {right} of {total} pairs right ({100 * right / max(total, 1):.0f}%; goal "
               f">= 90%); of the {big_total} pairs measured more than 10% apart: {big_right} "
               f"({100 * big_right / max(big_total, 1):.0f}%); of the {sure_total} whose 95% intervals do not "
               f"overlap: {sure_right} ({100 * sure_right / max(sure_total, 1):.0f}%)")
@@ -188,9 +190,27 @@ def report(cells: list[dict], gpu: str) -> tuple[time_model.Constants, dict]:
     return constants, summary
 
 
+def held_out_report(cells: list[dict], constants: time_model.Constants) -> None:
+    """Cells no fit saw, predicted by the all-cells fit: what the model says beyond its data."""
+    print("\nheld out (never fitted), predicted by the all-cells fit:")
+    print(f"{'cell':<52} {'threads':>7} {'measured':>10} {'95% interval':>17} {'predicted':>10} {'error':>7}  file")
+    errors = []
+    for c in sorted(cells, key=lambda c: (label(c["doc"]), c["threads"], str(c["path"]))):
+        predicted = float(time_model.step_time(c["work"], constants))
+        measured, interval = c["measured_s"], c["doc"]["metrics"].get("step_time_s_ci")
+        error = 100 * (predicted - measured) / measured
+        shown = f"[{interval[0]:.3f}, {interval[1]:.3f}] s" if interval else "-"
+        print(f"{shorten(label(c['doc']), 52):<52} {c['threads']:>7} {measured:>8.3f} s {shown:>17} {predicted:>8.3f} s "
+              f"{error:>+6.1f}%  {c['path']}")
+        errors.append(abs(error))
+    print(f"held out: {len(errors)} cells, |error| median {statistics.median(errors):.1f}%, worst {max(errors):.1f}%")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="*", type=Path, default=[Path("results/runs"), Path("results/search")])
+    parser.add_argument("--held-out", nargs="+", type=Path, default=[], metavar="FOLDER",
+                        help="cells to predict with the all-cells fit without fitting on them")
     parser.add_argument("--csv", type=Path, help="also write the per-cell comparison here")
     parser.add_argument("--write", action="store_true",
                         help=f"store the all-cells fit in {time_model.CONSTANTS_FILE.name}")
@@ -199,10 +219,13 @@ def main(argv=None) -> int:
     if not cells:
         print(f"no measured GPU cells under {', '.join(map(str, args.folders))}", file=sys.stderr)
         return 1
+    held_out = measured_cells(args.held_out) if args.held_out else []
     table, rows = {}, []
     for gpu in sorted({c["gpu"] for c in cells}):
         chosen = [c for c in cells if c["gpu"] == gpu]
         constants, summary = report(chosen, gpu)
+        if any(c["gpu"] == gpu for c in held_out):
+            held_out_report([c for c in held_out if c["gpu"] == gpu], constants)
         constants.fitted_on = (f"{len(chosen)} cells ({', '.join(sorted({c['doc']['study'] for c in chosen}))}), "
                                "by bench/time_model.py")
         table[gpu] = constants.as_dict()

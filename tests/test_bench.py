@@ -101,3 +101,17 @@ def test_predictions_made_before_a_run_are_held_against_its_results(tmp_path):
     assert ran["gpu_error"] == pytest.approx(ran["predicted_gpu_gib"] * 1024 / max(measured["gpu_mem_used_mib"]) - 1)
     assert entries[medium.split(",")[1]]["verdict_right"] is False
     assert result["summary"]["judged"] == 2 and len(result["summary"]["not_judged"]) == 12
+
+
+def test_the_time_models_held_out_cells_are_predicted_and_never_fitted():
+    """bench/time_model.py --held-out: the threads curve (one cell at 1 to 16 CPU threads) is predicted
+    by the fit on the other folders' cells, and not one of them enters that fit."""
+    run = subprocess.run([sys.executable, "bench/time_model.py", "results/runs/holdout", "--held-out",
+                          "results/bench/threads"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    assert "h200: 10 cells, leave-one-out" in out  # the holdout study's 10 cells that trained, alone
+    held = out[out.index("held out (never fitted)"):].splitlines()
+    rows = [line.split() for line in held if "offload optimizer 1g mb16x1" in line]
+    assert sorted({int(r[7]) for r in rows}) == [1, 2, 4, 8, 16]  # the threads column
+    assert "held out: 8 cells" in out

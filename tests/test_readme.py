@@ -91,7 +91,7 @@ HOW: dict[str, How] = {
         How("run", trains=True),
     "trainbench predict llama --gpu h200 --gpus-per-node 8 --host-mem-gib 2048": How("run"),
     "python bench/memory_model.py": How("run"),
-    "python bench/time_model.py": How("run"),
+    "python bench/time_model.py --held-out results/bench/threads": How("run"),
     "trainbench predict megatron --gpu a100-80g --gpus-per-node 8 --host-mem-gib 1024": How("run"),
     "trainbench predict zero3_pipeline --gpu a100-40g --gpus-per-node 8 --host-mem-gib 1024": How("run"),
     "python bench/time_model.py --write": How("elsewhere", "rewrites the package's constants; "

@@ -109,6 +109,29 @@ def test_more_offload_is_slower_and_checkpointing_costs_a_forward():
     assert 1.2 < recomputed.matmul_s / plain.matmul_s < 4 / 3  # blocks once more forward, not the head
 
 
+def test_cpu_threads_shorten_only_their_share_of_an_offloaded_step():
+    constants = time_model.Constants()
+    offloaded = cell(model="gpt-2.5b", strategy="zero2", offload_optimizer=True, gpus=1, precision="bf16")
+    one, sixteen = (time_model.predict(offloaded, H200, constants, cpu_threads=t).step_time_s for t in (1, 16))
+    assert one - sixteen == pytest.approx(psi("gpt-2.5b") * (1 - 1 / 16) / constants.cpu_adam_per_thread)
+    # what threads cannot shorten: the host's memory, which every rank of the node steps through at once
+    w = time_model.work(offloaded, H200, cpu_threads=16)
+    assert w.cpu_host_params == psi("gpt-2.5b") and w.cpu_adam_params == psi("gpt-2.5b") / 16
+    four = time_model.work({**cell(model="gpt-2.5b", strategy="zero2", offload_optimizer=True)}, H200)
+    assert four.cpu_host_params == pytest.approx(psi("gpt-2.5b"))  # 4 partitions of a quarter, at once
+    assert time_model.work(cell(model="gpt-2.5b", strategy="zero2"), H200).cpu_host_params == 0  # on the GPU
+
+
+def test_a_runs_cpu_threads_come_from_its_provenance_or_from_the_rule_it_ran_under():
+    params = cell(gpus=4)
+    assert time_model.threads_of_run({"params": params, "provenance": {"environment": {"OMP_NUM_THREADS": "16"}}}) == 16
+    # recorded without OMP_NUM_THREADS: the studies' default
+    assert time_model.threads_of_run({"params": params, "provenance": {"environment": {}}}) == 8
+    # not recorded at all (before b222dfd): Snakemake's export of the job's threads, one per GPU rank on the node
+    assert time_model.threads_of_run({"params": params, "provenance": {"gpu_name": "NVIDIA H200"}}) == 4
+    assert time_model.threads_of_run({"params": cell(gpus=8, nodes=2), "provenance": {}}) == 4
+
+
 def test_a100s_are_slower_than_h200s_and_say_whose_efficiencies_they_use():
     params = cell(model="gpt-2.5b", micro_batch=16)
     h200 = time_model.predict(params, H200)
@@ -125,10 +148,12 @@ def test_the_fit_recovers_the_constants_that_made_the_times():
     cells = [c.params for name in ("megatron", "zero3_pipeline", "lightning", "gpt2_zero", "baseline")
              for c in config.study(name).cells if not c.unsupported and c.params["model"] != "bert-180b"]
     llama = [c.params for c in config.study("llama").cells if c.params["model"] == "llama-7b"]
-    works = time_model.stack([time_model.work(p, H200) for p in cells + llama[::7]])
+    # CPU threads per rank as the measured cells had them: from 1 to 16, so threads and host are told apart
+    works = time_model.stack([time_model.work(p, H200, cpu_threads=(1, 2, 4, 8, 16)[i % 5])
+                              for i, p in enumerate(cells + llama[::7])])
     truth = time_model.Constants(eta_matmul=0.55, elementwise_passes=2.5, layer_pass_s=4e-4, call_s=7e-4,
                                  eta_link=0.8, eta_optimizer=0.2, eta_pcie=0.6, cpu_adam_per_thread=9e7,
-                                 cpu_torch_per_thread=3e7, cpu_unscale_per_thread=5e7,
+                                 cpu_torch_per_thread=3e7, cpu_unscale_per_thread=5e7, cpu_host_rate=2e9,
                                  step_s={"torch": 0.01, "lightning": 0.03, "hf_trainer": 0.5, "ZeRO-0": 0.01,
                                          "ZeRO-1/2": 0.02, "ZeRO-3": 0.04})
     times = time_model.step_time(works, truth)

@@ -10,6 +10,7 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
       + sync_bytes / (e_link x B_link)                              gradient and weight synchronisation
       + opt_bytes / (e_opt x B_hbm)                                               optimizer on the GPU
       + offload_bytes / (e_pcie x B_pcie) + params / (threads x r_cpu)            or offloaded to the CPU
+      + node_params / R_host                         the node's CPU optimizers share its host memory
 
     busy = (H^4 + D^4)^(1/4)      the host queues work while the GPU runs it: the slower sets the pace
     D = F / (e_mm x peak) + k_elem x elem_bytes / B_hbm                          the device's compute
@@ -44,13 +45,17 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
   two moments read, three written, the half copy); offloaded (DeepSpeed's CPU Adam, or torch's Adam
   on the host for FSDP's offload), the partition's gradients cross PCIe down and its half-precision
   weights up, and the CPU steps the partition with the rank's threads (under fp16, ZeRO-3 also
-  unscales and checks the gradients there). Offloaded parameters cross PCIe at every fetch: FSDP's
-  prefetched behind compute like its gathers, ZeRO-Infinity's on the critical path.
+  unscales and checks the gradients there). More threads help less than in proportion: Adam on the
+  host streams ~30 bytes per parameter through memory that all the node's ranks share, so the step
+  is the threads' share plus the node's parameters at the rate the host's memory sustains, the one
+  term threads do not shorten (one offloaded cell at 1, 2, 4, 8 and 16 threads: results/bench/threads).
+  Offloaded parameters cross PCIe at every fetch: FSDP's prefetched behind compute like its gathers,
+  ZeRO-Infinity's on the critical path.
 
 The constants (`Constants`) are efficiencies, not properties of a cell: the fraction of peak matmuls
 reach, the passes of elementwise traffic, a block's launch cost, a collective call's cost, the
 fraction of link, PCIe and memory bandwidth collectives, copies and the optimizer reach, the CPU
-optimizer's parameters per second per thread, and the fixed cost per step of each training loop and
+optimizer's parameters per second per thread and per host, and the fixed cost per step of each training loop and
 of DeepSpeed's engine at each ZeRO stage. They are fitted by least squares on log step time over the
 measured cells of one GPU type (`fit`; bench/time_model.py reports the error leave-one-out). A GPU type without measurements is predicted
 with the constants of the measured one (H200): peaks and bandwidths come from the hardware table,
@@ -109,6 +114,7 @@ class Work:
     cpu_adam_params: float  # parameters DeepSpeed's CPU Adam steps per thread
     cpu_torch_params: float  # parameters torch's optimizer steps on the host per thread
     cpu_unscale_params: float  # fp16 gradients ZeRO-3's offload unscales and checks on the host, per thread
+    cpu_host_params: float  # parameters the host's CPU optimizers step at once, all its ranks together
     pipeline_factor: float  # (ga + pp - 1) / ga: the pipeline's bubble
 
     def as_dict(self) -> dict[str, Any]:
@@ -129,6 +135,7 @@ class Constants:
     cpu_adam_per_thread: float = 1e8  # parameters per second per thread, DeepSpeed's CPU Adam
     cpu_torch_per_thread: float = 2e7  # parameters per second per thread, torch's Adam on the host
     cpu_unscale_per_thread: float = 1e8  # gradient elements per second per thread, ZeRO-3 offload's checks
+    cpu_host_rate: float = 4e9  # parameters per second the host's memory lets its CPU optimizers step
     # fixed cost per step of each training loop and of DeepSpeed's engine at each ZeRO stage
     step_s: dict[str, float] = field(default_factory=lambda: {
         "torch": 0.005, "lightning": 0.02, "hf_trainer": 0.05, "ZeRO-0": 0.02, "ZeRO-1/2": 0.02, "ZeRO-3": 0.02})
@@ -136,7 +143,8 @@ class Constants:
     fitted_on: str = ""  # what they were fitted on (cells, command)
 
     SCALARS = ("eta_matmul", "elementwise_passes", "layer_pass_s", "call_s", "eta_link", "eta_optimizer",
-               "eta_pcie", "cpu_adam_per_thread", "cpu_torch_per_thread", "cpu_unscale_per_thread")
+               "eta_pcie", "cpu_adam_per_thread", "cpu_torch_per_thread", "cpu_unscale_per_thread",
+               "cpu_host_rate")
 
     def vector(self) -> np.ndarray:
         return np.array([getattr(self, k) for k in self.SCALARS] + list(self.step_s.values()))
@@ -165,9 +173,13 @@ def load_constants(path: Path = CONSTANTS_FILE) -> dict[str, Constants]:
 
 
 def threads_of_run(doc: dict[str, Any]) -> int:
-    """The threads a measured rank's CPU optimizer had: OMP_NUM_THREADS as the ranks ran (provenance),
-    or DEFAULT_CPU_THREADS where the run did not record it."""
-    environment = (doc.get("provenance") or {}).get("environment") or {}
+    """The threads a measured rank's CPU optimizer had: OMP_NUM_THREADS as the ranks ran (provenance).
+    Runs that did not record their environment are older than the fix of b222dfd, and their ranks had
+    the job's threads, which Snakemake exports as OMP_NUM_THREADS and the launcher kept: one per GPU
+    rank on the node (Cell.resources' "threads"). Holdout cells made then recorded exactly that."""
+    environment = (doc.get("provenance") or {}).get("environment")
+    if environment is None:
+        return int((doc.get("params") or {}).get("gpus_per_node") or DEFAULT_CPU_THREADS)
     try:
         return int(environment.get("OMP_NUM_THREADS", DEFAULT_CPU_THREADS))
     except ValueError:
@@ -270,17 +282,21 @@ def work(params: dict[str, Any], gpu: GpuType, cpu_threads: int = DEFAULT_CPU_TH
     # --- optimizer: on the GPU, or offloaded ---
     sharded = layout == "fsdp" or (layout == "zero" and stage >= 1)
     stepped = psi / dp if sharded else psi
-    optimizer_hbm = offload_pcie = overlapped_pcie = cpu_adam = cpu_torch = cpu_unscale = 0.0
+    optimizer_hbm = offload_pcie = overlapped_pcie = cpu_adam = cpu_torch = cpu_unscale = cpu_host = 0.0
+    # the node's ranks step their partitions at the same time, through the same host memory
+    on_host = stepped * params["gpus_per_node"]
     if layout == "fsdp" and offload_param:
         # FSDP's CPU offload: fp32 shards on the host, copied in for every gather, gradients copied
         # out once per step, torch's optimizer on the host
         overlapped_pcie = 2 * ga * 4 * stepped / pcie
         offload_pcie = 4 * stepped / pcie
         cpu_torch = stepped / cpu_threads
+        cpu_host = on_host
     elif offload_optimizer:
         reductions = ga if stage in (2, 3) else 1
         offload_pcie = (reductions * weight_bytes + weight_bytes) * stepped / pcie
         cpu_adam = stepped / cpu_threads
+        cpu_host = on_host
         if stage == 3 and params["precision"] == "fp16":
             # ZeRO-3 unscales the offloaded fp16 gradients and checks them for overflow on the host
             # (stages 1 and 2 check them on the GPU; bf16 and fp32 have no loss scale)
@@ -297,7 +313,7 @@ def work(params: dict[str, Any], gpu: GpuType, cpu_threads: int = DEFAULT_CPU_TH
         layer_passes=ga * layers * passes, calls=calls, micro_link_s=micro_link,
         overlapped_link_s=overlapped, overlapped_pcie_s=overlapped_pcie, overlap_budget=budget,
         sync_link_s=sync, optimizer_hbm_s=optimizer_hbm, offload_pcie_s=offload_pcie,
-        cpu_adam_params=cpu_adam, cpu_torch_params=cpu_torch, cpu_unscale_params=cpu_unscale, pipeline_factor=(ga + pp - 1) / ga)
+        cpu_adam_params=cpu_adam, cpu_torch_params=cpu_torch, cpu_unscale_params=cpu_unscale, cpu_host_params=cpu_host, pipeline_factor=(ga + pp - 1) / ga)
 
 
 FIELDS = [f for f in Work.__dataclass_fields__ if f not in ("loop", "engine")]
@@ -328,7 +344,7 @@ def parts(w, c: Constants) -> dict[str, Any]:
     exposed = np.maximum(0.0, hidden_traffic - g("overlap_budget") * device)
     optimizer = (g("optimizer_hbm_s") / c.eta_optimizer + g("offload_pcie_s") / c.eta_pcie
                  + g("cpu_adam_params") / c.cpu_adam_per_thread + g("cpu_torch_params") / c.cpu_torch_per_thread
-                 + g("cpu_unscale_params") / c.cpu_unscale_per_thread)
+                 + g("cpu_unscale_params") / c.cpu_unscale_per_thread + g("cpu_host_params") / c.cpu_host_rate)
     return {"compute": g("pipeline_factor") * busy, "communication": micro - g("pipeline_factor") * busy
             + exposed + g("sync_link_s") / c.eta_link, "optimizer": optimizer, "framework": step}
 
