@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One GPU host, in the checkout: a study whose predictions are committed in
+# results/predictions/<study>-<gpu>.csv, every cell run even where the memory model says it will not fit
+# (TRAINBENCH_FORCE_INFEASIBLE=1: the verdict is what is tested), then held against the predictions
+# (bench/predicted_then_run.py). --keep-going; Snakemake is stopped at LIMIT seconds so that what
+# finished still comes back. Writes OUT/<study>.tgz only.
+#   TRAINBENCH_GIT_COMMIT=<sha> OUT=<dir> LIMIT=480 GPU=h200 bash tools/gpu-runs/predicted-then-run.sh STUDY [TARGET ...]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:?OUT}
+study=${1:?STUDY}
+shift
+mkdir -p bench-out
+bash tools/install_offline.sh .whl > bench-out/install.log 2>&1 || { tail bench-out/install.log; exit 1; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+free -g | head -2; nproc
+targets=("$@")
+[ ${#targets[@]} -eq 0 ] && targets=("results/tables/$study.md")
+started=$(date +%s)
+TRAINBENCH_FORCE_INFEASIBLE=1 timeout -s INT "${LIMIT:-480}" snakemake -c all --keep-going "${targets[@]}" \
+  > bench-out/snakemake.log 2>&1
+echo "== snakemake: $(( $(date +%s) - started )) s, exit status $?"
+grep -E "^\[$study/|trainbench:" bench-out/snakemake.log | grep -vE "window|warm-up" | tail -40
+python3 bench/predicted_then_run.py "results/predictions/$study-${GPU:-h200}.csv"
+tar czf "$out/$study.tgz" bench-out "results/runs/$study" results/tables/"$study".* .snakemake/log 2>/dev/null
+echo "packed $(tar tzf "$out/$study.tgz" | wc -l) files"
