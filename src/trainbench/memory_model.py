@@ -298,18 +298,34 @@ def _logit_bytes(params: dict[str, Any], spec: ModelSpec, compute: int) -> int:
     return compute + compute + (0 if spec.vocab_size % 64 == 0 else 4)
 
 
+def eager_score_bytes_per_token(params: dict[str, Any], spec: ModelSpec) -> float:
+    """Bytes eager attention saves for backward per token and block on one rank: its score matrices
+    (seq x seq per head); 0 with a fused kernel (SDPA), which saves none. The time model counts them as
+    elementwise traffic too."""
+    eager = params["attention"] == "eager" or (
+        framework_of(params).memory.eager_attention_when_deterministic and params["deterministic"])
+    if not eager:
+        return 0.0
+    compute, residual = _dtype_bytes(params)
+    # Saved per score element: the softmax's output (fp32 where the model asks for it or autocast runs
+    # it), the probabilities in the compute dtype that multiply V (the softmax's own output where the
+    # dtypes agree and no dropout comes between), and the dropout's mask. 6 bytes at bf16 without
+    # dropout: measured 5.9 on GPT-5.8B (holdout_5b: eager at micro batches 1 and 2, less SDPA's bytes
+    # per sample).
+    softmax_bytes = 4 if spec.softmax_fp32 else residual
+    dropout = spec.attention_dropout > 0
+    cast = compute if (dropout or compute != softmax_bytes) else 0
+    scores_per_token = spec.n_head / params["tp"] * (params["seq_len"] or spec.max_seq)
+    return scores_per_token * (softmax_bytes + cast + dropout)
+
+
 def activations(params: dict[str, Any], spec: ModelSpec) -> float:
     """Bytes of activations saved for backward at the end of the forward pass, per rank."""
     compute, residual = _dtype_bytes(params)
     seq, batch, tp = params["seq_len"] or spec.max_seq, params["micro_batch"], params["tp"]
     tokens = seq * batch
     block = tokens * block_bytes_per_token(params, spec)
-    eager = params["attention"] == "eager" or (
-        framework_of(params).memory.eager_attention_when_deterministic and params["deterministic"])
-    if eager:
-        scores = spec.n_head / tp * seq * seq * batch
-        softmax_dtype = residual  # autocast runs softmax in fp32
-        block += scores * (softmax_dtype + 1 + softmax_dtype)  # softmax output, dropout mask, dropout output
+    block += tokens * eager_score_bytes_per_token(params, spec)
     layers = spec.n_layer / params["pp"]
     in_flight = min(params["pp"], params["grad_accum"]) if params["pp"] > 1 else 1
     if params["activation_checkpointing"]:

@@ -25,6 +25,10 @@ class ModelSpec:
     learned_positions: bool = True
     causal: bool = True
     block_class: str = "Block"  # the repeated layer: unit of FSDP wrapping and checkpointing
+    attention_dropout: float = 0.0  # dropout on the attention probabilities (Hugging Face DistilBERT's 0.1)
+    # whether eager attention computes its softmax in fp32 whatever the model's dtype (trainbench's GPT
+    # and Hugging Face's LLaMA do; DistilBERT's follows the dtype: fp32 under autocast, half under DeepSpeed)
+    softmax_fp32: bool = True
     note: str = ""
 
     @property
@@ -128,9 +132,9 @@ MODELS: dict[str, ModelSpec] = {
         _llama("llama-30b", 60, 6656, 52, 17920),
         _llama("llama-65b", 80, 8192, 64, 22016),
         ModelSpec("distilbert-base", "distilbert", 6, 768, 12, 30522, 512, causal=False,
-                  block_class="TransformerBlock", note="DistilBERT-base sized classifier"),
+                  block_class="TransformerBlock", attention_dropout=0.1, softmax_fp32=False, note="DistilBERT-base sized classifier"),
         ModelSpec("distilbert-tiny", "distilbert", 2, 64, 2, 2048, 128, causal=False,
-                  block_class="TransformerBlock", note="DistilBERT layout for CPU tests"),
+                  block_class="TransformerBlock", attention_dropout=0.1, softmax_fp32=False, note="DistilBERT layout for CPU tests"),
     )
 }
 

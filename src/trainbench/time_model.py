@@ -74,7 +74,7 @@ import numpy as np
 
 from trainbench.frameworks import offloads, strategy_of
 from trainbench.hardware import GpuType, peak_flops
-from trainbench.memory_model import block_bytes_per_token, shard_params, vocab_parallel
+from trainbench.memory_model import block_bytes_per_token, eager_score_bytes_per_token, shard_params, vocab_parallel
 from trainbench.models import ModelSpec, get_model
 
 # DeepSpeed's CPU Adam and torch's optimizer threads per rank where a cell does not say (the
@@ -130,7 +130,8 @@ class Constants:
     layer_pass_s: float = 1e-4  # launch and Python cost of one block's forward or backward
     call_s: float = 5e-4  # one framework-level collective call, on the host
     eta_link: float = 0.7  # fraction of NVLink / network bandwidth collectives reach
-    eta_optimizer: float = 0.3  # fraction of HBM bandwidth the optimizer step reaches
+    eta_optimizer: float = 0.3  # fraction of HBM bandwidth DeepSpeed's ZeRO optimizer step reaches
+    eta_optimizer_torch: float = 0.3  # the same for a torch optimizer stepping the module's parameters
     eta_pcie: float = 0.7  # fraction of PCIe bandwidth offload copies reach
     cpu_adam_per_thread: float = 1e8  # parameters per second per thread, DeepSpeed's CPU Adam
     cpu_torch_per_thread: float = 2e7  # parameters per second per thread, torch's Adam on the host
@@ -143,6 +144,7 @@ class Constants:
     fitted_on: str = ""  # what they were fitted on (cells, command)
 
     SCALARS = ("eta_matmul", "elementwise_passes", "layer_pass_s", "call_s", "eta_link", "eta_optimizer",
+               "eta_optimizer_torch",
                "eta_pcie", "cpu_adam_per_thread", "cpu_torch_per_thread", "cpu_unscale_per_thread",
                "cpu_host_rate")
 
@@ -224,7 +226,9 @@ def work(params: dict[str, Any], gpu: GpuType, cpu_threads: int = DEFAULT_CPU_TH
         per_token += 2 * block * layers / tp + 4 * layers * d * seq / tp
     tokens = mb * seq * ga
     passes = 3 + ac
-    elementwise = tokens * layers * block_bytes_per_token(params, spec) * passes
+    # eager attention's score matrices are elementwise work too (scale, mask, softmax, casts)
+    saved = block_bytes_per_token(params, spec) + eager_score_bytes_per_token(params, spec)
+    elementwise = tokens * layers * saved * passes
 
     # --- collectives ---
     weight_bytes = 2 if mixed else 4
@@ -342,7 +346,11 @@ def parts(w, c: Constants) -> dict[str, Any]:
     micro = g("pipeline_factor") * (busy + g("micro_link_s") / c.eta_link)
     hidden_traffic = g("overlapped_link_s") / c.eta_link + g("overlapped_pcie_s") / c.eta_pcie
     exposed = np.maximum(0.0, hidden_traffic - g("overlap_budget") * device)
-    optimizer = (g("optimizer_hbm_s") / c.eta_optimizer + g("offload_pcie_s") / c.eta_pcie
+    # DeepSpeed's engine steps flattened fp32 partitions with its own casts, clipping and checks; a torch
+    # optimizer (fused or foreach AdamW) steps the module's own tensors: two efficiencies
+    engine = w["engine"] if isinstance(w, dict) else np.array(w.engine)
+    eta_optimizer = np.where(engine != "", c.eta_optimizer, c.eta_optimizer_torch)
+    optimizer = (g("optimizer_hbm_s") / eta_optimizer + g("offload_pcie_s") / c.eta_pcie
                  + g("cpu_adam_params") / c.cpu_adam_per_thread + g("cpu_torch_params") / c.cpu_torch_per_thread
                  + g("cpu_unscale_params") / c.cpu_unscale_per_thread + g("cpu_host_params") / c.cpu_host_rate)
     return {"compute": g("pipeline_factor") * busy, "communication": micro - g("pipeline_factor") * busy
@@ -415,7 +423,7 @@ def predict(params: dict[str, Any], gpu: GpuType | None, constants: Constants | 
 
 # Efficiencies are fractions of a hardware figure: fitted within (0, 1], so that a fit cannot explain a
 # cell by a link faster than the hardware table's
-BOUNDED = ("eta_matmul", "eta_link", "eta_optimizer", "eta_pcie")
+BOUNDED = ("eta_matmul", "eta_link", "eta_optimizer", "eta_optimizer_torch", "eta_pcie")
 
 
 def _to_free(values: np.ndarray, names: list[str]) -> np.ndarray:
