@@ -147,6 +147,8 @@ HOW: dict[str, How] = {
     "trainbench predict holdout --gpu h200 --gpus-per-node 1 --host-mem-gib 128 > "
     "results/predictions/holdout-h200.csv": How("run"),
     "python bench/predicted_then_run.py results/predictions/holdout-h200.csv": How("run"),
+    "trainbench predict <study> --gpu h200 --gpus-per-node 1 --host-mem-gib 128":
+        How("run", line="trainbench predict holdout_mix --gpu h200 --gpus-per-node 1 --host-mem-gib 128"),
     "trainbench progress": How("name", "the command's name; its full forms are run"),
     "python bench/plan_scaling.py --out results/bench/plan_scaling":
         How("elsewhere", "plans grids of up to 40,000 cells for about 40 minutes; tests/test_bench.py runs it "
