@@ -30,7 +30,8 @@ def test_the_overhead_benchmark_holds_the_pipelines_cell_against_a_bare_loop(tmp
     assert [r["order"] for r in cell["rounds"]] == [["bare", "cell"], ["cell", "bare"]]  # drift cancels
     for r in cell["rounds"]:
         assert r["ratio"] == r["cell"]["tokens_per_s_per_gpu"] / r["bare"]["tokens_per_s_per_gpu"]
-        assert r["bare"]["steps"] == 6 and r["cell"]["windows"] == 6
+        # the cell times at least its 6 windows; more where a loaded machine widened the interval
+        assert r["bare"]["steps"] == 6 and r["cell"]["windows"] >= 6
     assert cell["ratio_half_width"] is not None
     assert set(report["ablation"]["strategy~single__gpus~1"]) == {
         "bare", "sync and read the loss every step", "sampler thread (50 ms)", "sampler process (50 ms)"}
