@@ -109,7 +109,8 @@ class Work:
     overlapped_pcie_s: float  # FSDP's offloaded parameters' traffic, prefetched / PCIe bandwidth
     overlap_budget: float  # share of the compute time that can hide it
     sync_link_s: float  # gradient and weight synchronisation after backward, exposed / link bandwidth
-    optimizer_hbm_s: float  # the optimizer step on the GPU / HBM bandwidth
+    optimizer_hbm_s: float  # DeepSpeed's ZeRO optimizer step on the GPU / HBM bandwidth
+    torch_optimizer_hbm_s: float  # or a torch optimizer's (fused AdamW over the module's tensors)
     offload_pcie_s: float  # offload traffic on the critical path (gradients down, weights up) / PCIe
     cpu_adam_params: float  # parameters DeepSpeed's CPU Adam steps per thread
     cpu_torch_params: float  # parameters torch's optimizer steps on the host per thread
@@ -286,7 +287,8 @@ def work(params: dict[str, Any], gpu: GpuType, cpu_threads: int = DEFAULT_CPU_TH
     # --- optimizer: on the GPU, or offloaded ---
     sharded = layout == "fsdp" or (layout == "zero" and stage >= 1)
     stepped = psi / dp if sharded else psi
-    optimizer_hbm = offload_pcie = overlapped_pcie = cpu_adam = cpu_torch = cpu_unscale = cpu_host = 0.0
+    optimizer_hbm = torch_optimizer_hbm = offload_pcie = overlapped_pcie = 0.0
+    cpu_adam = cpu_torch = cpu_unscale = cpu_host = 0.0
     # the node's ranks step their partitions at the same time, through the same host memory
     on_host = stepped * params["gpus_per_node"]
     if layout == "fsdp" and offload_param:
@@ -308,15 +310,18 @@ def work(params: dict[str, Any], gpu: GpuType, cpu_threads: int = DEFAULT_CPU_TH
         if offload_param:
             # ZeRO-Infinity copies a module's partition in just before gathering it: on the critical path
             offload_pcie += ga * (2 + ac) * weight_bytes * stepped / pcie
-    else:
+    elif layout == "zero":  # DeepSpeed's engine steps flat fp32 partitions, with its casts and checks
         optimizer_hbm = OPTIMIZER_BYTES * stepped / hbm
+    else:
+        torch_optimizer_hbm = OPTIMIZER_BYTES * stepped / hbm
 
     return Work(
         loop="" if params["framework"] == "deepspeed" else params["framework"],
         engine="" if layout != "zero" else f"ZeRO-{'1/2' if stage in (1, 2) else stage}", matmul_s=tokens * per_token / peak, elementwise_s=elementwise / hbm,
         layer_passes=ga * layers * passes, calls=calls, micro_link_s=micro_link,
         overlapped_link_s=overlapped, overlapped_pcie_s=overlapped_pcie, overlap_budget=budget,
-        sync_link_s=sync, optimizer_hbm_s=optimizer_hbm, offload_pcie_s=offload_pcie,
+        sync_link_s=sync, optimizer_hbm_s=optimizer_hbm, torch_optimizer_hbm_s=torch_optimizer_hbm,
+        offload_pcie_s=offload_pcie,
         cpu_adam_params=cpu_adam, cpu_torch_params=cpu_torch, cpu_unscale_params=cpu_unscale, cpu_host_params=cpu_host, pipeline_factor=(ga + pp - 1) / ga)
 
 
@@ -346,11 +351,8 @@ def parts(w, c: Constants) -> dict[str, Any]:
     micro = g("pipeline_factor") * (busy + g("micro_link_s") / c.eta_link)
     hidden_traffic = g("overlapped_link_s") / c.eta_link + g("overlapped_pcie_s") / c.eta_pcie
     exposed = np.maximum(0.0, hidden_traffic - g("overlap_budget") * device)
-    # DeepSpeed's engine steps flattened fp32 partitions with its own casts, clipping and checks; a torch
-    # optimizer (fused or foreach AdamW) steps the module's own tensors: two efficiencies
-    engine = w["engine"] if isinstance(w, dict) else np.array(w.engine)
-    eta_optimizer = np.where(engine != "", c.eta_optimizer, c.eta_optimizer_torch)
-    optimizer = (g("optimizer_hbm_s") / eta_optimizer + g("offload_pcie_s") / c.eta_pcie
+    optimizer = (g("optimizer_hbm_s") / c.eta_optimizer + g("torch_optimizer_hbm_s") / c.eta_optimizer_torch
+                 + g("offload_pcie_s") / c.eta_pcie
                  + g("cpu_adam_params") / c.cpu_adam_per_thread + g("cpu_torch_params") / c.cpu_torch_per_thread
                  + g("cpu_unscale_params") / c.cpu_unscale_per_thread + g("cpu_host_params") / c.cpu_host_rate)
     return {"compute": g("pipeline_factor") * busy, "communication": micro - g("pipeline_factor") * busy
