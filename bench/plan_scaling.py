@@ -31,6 +31,22 @@ Snakemake's schedulers for --window seconds: the jobs each finished.
 - the launcher's start-up apart: `python` and `torchrun --nproc-per-node 2` running a script that
   only imports torch and trainbench.worker, as every rank does before it trains.
 
+**A measured grid** (the common case: re-planning a study whose cells have results). The same study
+with a result in every cell (one real result, an unsupported cell's that `trainbench run-cell` wrote,
+copied into each cell with its id and parameters), against the bare Snakefile with every output
+present: `snakemake <target> -n` the first time the workflow reads those results (a fresh clone; cold)
+and again (warm: it knows what each unchanged file is), and what a SLURM job's own Snakemake does
+before its cell (`--mode remote --target-jobs <one cell>`, as the SLURM executor runs it, with -n:
+parsing the workflow and planning that one job).
+
+**Before and after** (--before REF): the workflow of commit REF (its Snakefile, workflow/ and package,
+taken with `git archive`, its package first on PYTHONPATH) planned beside today's in the same
+repeats, so a change's effect is a ratio taken side by side.
+
+Snakemake's fixed start (a one-job Snakefile's dry run) is timed first: it is in every figure, and on
+a machine with SLURM's commands installed but no controller to answer them, the SLURM executor
+plugin's probes at import make it seconds (9 s measured), which would flatten every ratio here.
+
 Writes DIR/plan_scaling.json (every time measured) and DIR/plan_scaling.txt (the summary printed,
 headed by the command, the machine and the versions).
 """
@@ -61,6 +77,7 @@ WORKFLOW_FILES = ("Snakefile", "workflow", "profiles", "envs")  # what tests/con
 STUDY = "scale"
 TARGET = f"results/tables/{STUDY}.md"
 KINDS = ("workflow", "bare", "shaped")
+BEFORE = "before"  # the workflow at --before REF
 
 # smoke's settings (config.yaml), one of its strategies: cheap to plan, never run here (a dry run)
 SMOKE_SETTINGS = {"model": "gpt2-tiny", "device": "cpu", "gpus": 2, "seq_len": 64, "lr": 1.0e-3,
@@ -136,10 +153,10 @@ def study_spec(cells: int, settings: dict, description: str) -> dict:
             "axes": {"micro_batch": list(range(1, micro_batches + 1)), "seed": list(range(seeds))}}
 
 
-def make_workflow(root: Path, spec: dict) -> Path:
+def make_workflow(root: Path, spec: dict, source_root: Path = REPO) -> Path:
     root.mkdir(parents=True)
     for name in WORKFLOW_FILES:
-        source = REPO / name
+        source = source_root / name
         if source.is_dir():
             shutil.copytree(source, root / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
@@ -171,13 +188,31 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def snakemake(root: Path, *args: str, log: Path) -> tuple[float, float]:
+def checkout(ref: str, work: Path) -> Path:
+    """The workflow and package of commit `ref`, as files (git archive), for the `before` kind."""
+    root = work / f"checkout-{ref}"
+    root.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", ref, *WORKFLOW_FILES, "src"], cwd=REPO, capture_output=True,
+                             check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+    return root
+
+
+def kind_environment(kind: str, before: Path | None) -> dict[str, str] | None:
+    """The `before` kind imports its own commit's package first."""
+    if kind != BEFORE:
+        return None
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(before / "src"),
+                                                                      os.environ.get("PYTHONPATH")]))}
+
+
+def snakemake(root: Path, *args: str, log: Path, env: dict[str, str] | None = None) -> tuple[float, float]:
     """Wall and CPU time of one Snakemake process in `root` (its output to `log`); stops if it fails."""
     command = [sys.executable, "-m", "snakemake", *args]
     cpu = children_cpu_s()
     started = time.perf_counter()
     with open(log, "w") as out:
-        done = subprocess.run(command, cwd=root, stdout=out, stderr=subprocess.STDOUT)
+        done = subprocess.run(command, cwd=root, stdout=out, stderr=subprocess.STDOUT, env=env)
     took = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"`{shlex.join(command)}` in {root} failed ({done.returncode}); see {log}")
@@ -196,22 +231,26 @@ def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "low": min(values), "high": max(values), "values": values}
 
 
-def bench_planning(work: Path, sizes: list[int], repeats: int) -> dict:
+def bench_planning(work: Path, sizes: list[int], repeats: int, before: Path | None = None) -> dict:
     modes = {"plan": ("-n",), "plan quiet": ("-n", "-q")}
+    kinds = KINDS + ((BEFORE,) if before else ())
     trees = {}
     for n in sizes:
-        trees[n] = {"workflow": make_workflow(work / f"workflow-{n}",
-                                              study_spec(n, SMOKE_SETTINGS, "planning benchmark")),
+        spec = study_spec(n, SMOKE_SETTINGS, "planning benchmark")
+        trees[n] = {"workflow": make_workflow(work / f"workflow-{n}", spec),
                     "bare": make_bare(work / f"bare-{n}", n), "shaped": make_bare(work / f"shaped-{n}", n, True)}
-    runs = {n: {mode: {kind: {"wall": [], "cpu": []} for kind in KINDS} for mode in modes} for n in sizes}
+        if before:
+            trees[n][BEFORE] = make_workflow(work / f"before-{n}", spec, before)
+    runs = {n: {mode: {kind: {"wall": [], "cpu": []} for kind in kinds} for mode in modes} for n in sizes}
     for repeat in range(repeats):
-        order = KINDS if repeat % 2 == 0 else tuple(reversed(KINDS))
+        order = kinds if repeat % 2 == 0 else tuple(reversed(kinds))
         for n in sizes:
             for mode, flags in modes.items():
                 for kind in order:
                     root = trees[n][kind]
                     log = root / f"{mode.replace(' ', '-')}.log"
-                    wall, cpu = snakemake(root, TARGET if kind == "workflow" else "all", *flags, log=log)
+                    wall, cpu = snakemake(root, "all" if kind in ("bare", "shaped") else TARGET, *flags, log=log,
+                                          env=kind_environment(kind, before))
                     runs[n][mode][kind]["wall"].append(wall)
                     runs[n][mode][kind]["cpu"].append(cpu)
                     if mode == "plan":
@@ -225,13 +264,107 @@ def bench_planning(work: Path, sizes: list[int], repeats: int) -> dict:
         report[n] = {}
         for mode in modes:
             r = runs[n][mode]
-            report[n][mode] = {f"{kind}_{clock}_s": spread(r[kind][clock]) for kind in KINDS
+            report[n][mode] = {f"{kind}_{clock}_s": spread(r[kind][clock]) for kind in kinds
                                for clock in ("wall", "cpu")}
             for clock in ("wall", "cpu"):
                 report[n][mode][f"ratio_{clock}"] = spread(
                     [w / b for w, b in zip(r["workflow"][clock], r["bare"][clock])])
                 report[n][mode][f"shaped_ratio_{clock}"] = spread(
                     [s / b for s, b in zip(r["shaped"][clock], r["bare"][clock])])
+                if before:
+                    report[n][mode][f"before_ratio_{clock}"] = spread(
+                        [w / b for w, b in zip(r[BEFORE][clock], r["bare"][clock])])
+    return report
+
+
+def snakemake_start(work: Path, repeats: int) -> dict:
+    """A one-job Snakefile's dry run: what every Snakemake process costs before any job."""
+    root = make_bare(work / "start", 1)
+    return spread([snakemake(root, "all", "-n", log=root / "start.log")[0] for _ in range(repeats)])
+
+
+# --- a measured grid -------------------------------------------------------------------------------
+
+def unsupported_result(work: Path) -> dict:
+    """One real result: what `trainbench run-cell` writes for an unsupported cell (it launches nothing)."""
+    from trainbench.config import load_config
+
+    [cell] = load_config({"studies": {STUDY: study_spec(1, UNSUPPORTED_SETTINGS, "one")}}).study(STUDY).cells
+    output = work / "unsupported" / "metrics.json"
+    wall([sys.executable, "-m", "trainbench", "run-cell", *run_cell_argv(cell, output)], cwd=work)
+    return json.loads(output.read_text())
+
+
+def fill_results(root: Path, cells, result: dict) -> None:
+    """A result in every cell: `result` with each cell's study, id, parameters and their hash."""
+    for cell in cells:
+        target = root / cell.target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps({**result, "study": cell.study, "cell_id": cell.cell_id, "params": cell.params,
+                                      "params_hash": cell.params_hash}))
+
+
+def fill_outputs(root: Path) -> None:
+    """Every output of a bare Snakefile's jobs, empty, as `touch` makes them."""
+    micro_batches, seeds = (yaml.safe_load((root / "config.yaml").read_text())[k] for k in ("micro_batch", "seed"))
+    for mb in range(1, micro_batches + 1):
+        for seed in range(seeds):
+            target = root / "results" / "runs" / STUDY / f"micro_batch~{mb}__seed~{seed}" / "metrics.json"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.touch()
+
+
+def bench_measured(work: Path, sizes: list[int], repeats: int, before: Path | None = None) -> dict:
+    """Re-planning a study whose every cell has a result, and a remote job's start in it."""
+    from trainbench.config import load_config
+
+    work.mkdir(parents=True, exist_ok=True)
+    result = unsupported_result(work)
+    kinds = ("workflow", "bare") + ((BEFORE,) if before else ())
+    trees = {}
+    for n in sizes:
+        spec = study_spec(n, SMOKE_SETTINGS, "planning benchmark")
+        cells = load_config({"studies": {STUDY: spec}}).study(STUDY).cells
+        trees[n] = {"workflow": make_workflow(work / f"workflow-{n}", spec), "bare": make_bare(work / f"bare-{n}", n)}
+        if before:
+            trees[n][BEFORE] = make_workflow(work / f"before-{n}", spec, before)
+        for kind, root in trees[n].items():
+            fill_outputs(root) if kind == "bare" else fill_results(root, cells, result)
+        trees[n]["remote cell"] = cells[len(cells) // 2].cell_id
+    # per size and kind: the plan when the results are new to the workflow (cold), the plan again (warm),
+    # and a remote job's start
+    figures = {n: {f"{kind} {what}": [] for kind in kinds for what in ("cold", "warm", "remote")} for n in sizes}
+    for repeat in range(repeats):
+        order = kinds if repeat % 2 == 0 else tuple(reversed(kinds))
+        for n in sizes:
+            for kind in order:
+                root, env = trees[n][kind], kind_environment(kind, before)
+                target = "all" if kind == "bare" else TARGET
+                shutil.rmtree(root / ".snakemake", ignore_errors=True)  # what a fresh clone has
+                for what in ("cold", "warm"):
+                    log = root / f"{what}.log"
+                    figures[n][f"{kind} {what}"].append(snakemake(root, target, "-n", log=log, env=env)[0])
+                    planned = 0 if kind == "bare" else 1  # the table alone; the bare Snakefile has nothing to do
+                    if planned and planned_jobs(log) != planned:
+                        raise SystemExit(f"{log}: expected the table alone to be planned")
+                cell = trees[n]["remote cell"]
+                job = f"cell:cell={cell}" if kind == "bare" else f"train_cell:study={STUDY},cell={cell}"
+                figures[n][f"{kind} remote"].append(snakemake(
+                    root, "--target-jobs", job, "--allowed-rules", job.split(":")[0], "--force", "--nolock",
+                    "--mode", "remote", "-n", "-c", "1", log=root / "remote.log", env=env)[0])
+                print(f"  repeat {repeat + 1}, {n} cells measured, {kind}: "
+                      + ", ".join(f"{what} {figures[n][f'{kind} {what}'][-1]:.2f} s" for what in ("cold", "warm", "remote")),
+                      flush=True)
+    report = {}
+    for n in sizes:
+        f = figures[n]
+        report[n] = {f"{name}_s": spread(values) for name, values in f.items() if values}
+        for kind in kinds:
+            if kind == "bare":
+                continue
+            for what in ("cold", "warm", "remote"):
+                report[n][f"{kind}_{what}_ratio"] = spread([w / b for w, b in zip(f[f"{kind} {what}"],
+                                                                                   f[f"bare {'remote' if what == 'remote' else 'warm'}"])])
     return report
 
 
@@ -453,7 +586,8 @@ def planning_summary(planning: dict) -> list[str]:
         lines += ["", f"planning: `snakemake {TARGET} {flags}` against a bare Snakefile of as many jobs; medians "
                       "of the repeats, ratios as median [lowest, highest] of the repeats' ratios",
                   f"{'cells':>6}  {'workflow':>9}  {'bare':>8}  {'wall: workflow/bare':>21}  "
-                  f"{'cpu: workflow/bare':>21}  {'ms per added cell (bare)':>24}  {'shaped/bare (wall)':>20}"]
+                  f"{'cpu: workflow/bare':>21}  {'ms per added cell (bare)':>24}  {'shaped/bare (wall)':>20}"
+                  + (f"  {'before/bare (wall)':>20}" if "before_ratio_wall" in planning[sizes[0]][mode] else "")]
         previous = None
         for n in sizes:
             r = planning[n][mode]
@@ -464,11 +598,33 @@ def planning_summary(planning: dict) -> list[str]:
                 marginal = f"{1000 * (w - previous[1]) / added:.2f} ({1000 * (b - previous[2]) / added:.2f})"
             lines.append(f"{int(n):>6}  {w:>8.2f}s  {b:>7.2f}s  {ratio_text(r['ratio_wall']):>21}  "
                          f"{ratio_text(r['ratio_cpu']):>21}  {marginal:>24}  "
-                         f"{ratio_text(r['shaped_ratio_wall']):>20}")
+                         f"{ratio_text(r['shaped_ratio_wall']):>20}"
+                         + (f"  {ratio_text(r['before_ratio_wall']):>20}" if "before_ratio_wall" in r else ""))
             previous = (n, w, b)
         if "10000" in map(str, sizes):
             ratio = planning[next(n for n in sizes if str(n) == "10000")][mode]["ratio_wall"]["median"]
             lines.append(f"  goal at 10,000 cells: <= 1.2x the bare Snakefile; measured {ratio:.2f}x")
+    return lines
+
+
+def measured_summary(measured: dict, before: str | None) -> list[str]:
+    sizes = sorted(measured, key=int)
+    kinds = ["workflow"] + ([BEFORE] if f"{BEFORE} warm_s" in measured[sizes[0]] else [])
+    label = {"workflow": "workflow", BEFORE: f"before ({before})"}
+    lines = ["", f"a measured grid: every cell has a result; `snakemake {TARGET} -n` the first time the workflow "
+                 "reads them (cold) and again (warm), and a SLURM job's own Snakemake before its cell (--mode remote "
+                 "-n, one target job); against the bare Snakefile with every output present; medians, ratios as "
+                 "median [lowest, highest] of the repeats'",
+             f"{'cells':>6}  {'':<22}  {'cold':>7}  {'warm':>7}  {'remote job':>10}  {'warm/bare':>20}  "
+             f"{'remote/bare':>20}"]
+    for n in sizes:
+        r = measured[n]
+        lines.append(f"{int(n):>6}  {'bare':<22}  {r['bare cold_s']['median']:>6.2f}s  {r['bare warm_s']['median']:>6.2f}s  "
+                     f"{r['bare remote_s']['median']:>9.2f}s")
+        for kind in kinds:
+            lines.append(f"{'':>6}  {label[kind]:<22}  {r[f'{kind} cold_s']['median']:>6.2f}s  "
+                         f"{r[f'{kind} warm_s']['median']:>6.2f}s  {r[f'{kind} remote_s']['median']:>9.2f}s  "
+                         f"{ratio_text(r[f'{kind}_warm_ratio']):>20}  {ratio_text(r[f'{kind}_remote_ratio']):>20}")
     return lines
 
 
@@ -508,10 +664,24 @@ def execution_summary(execution: dict) -> list[str]:
     return lines
 
 
+def start_summary(start: dict) -> list[str]:
+    lines = ["", f"Snakemake's start (a one-job Snakefile, -n): {start['median']:.2f} s [{start['low']:.2f}, "
+                 f"{start['high']:.2f}], in every figure below"]
+    if start["median"] > 5:
+        lines.append("  WARNING: more than 5 s. On a machine with SLURM's commands but no controller answering them, "
+                     "the SLURM executor plugin probes them when Snakemake starts; start the cluster "
+                     "(tools/local-slurm-cluster.sh start) or measure where they are absent.")
+    return lines
+
+
 def summary(report: dict) -> str:
     lines = list(report["header"])
+    if "start" in report:
+        lines += start_summary(report["start"])
     if "planning" in report:
         lines += planning_summary(report["planning"])
+    if "measured" in report:
+        lines += measured_summary(report["measured"], report.get("before"))
     if "scheduler" in report:
         lines += scheduler_summary(report["scheduler"])
     if "execution" in report:
@@ -529,7 +699,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ready", type=int, default=2000, help="ready jobs for the scheduler figures")
     parser.add_argument("--window", type=float, default=60, help="seconds each scheduler runs")
     parser.add_argument("--cells", type=int, default=300, help="cells really run for the execution figures")
-    parser.add_argument("--skip", nargs="+", default=[], choices=["planning", "scheduler", "execution"])
+    parser.add_argument("--skip", nargs="+", default=[], choices=["planning", "measured", "scheduler", "execution"])
+    parser.add_argument("--before", metavar="REF", help="plan the workflow of commit REF beside today's")
     parser.add_argument("--out", type=Path, help="where to write plan_scaling.{json,txt}")
     parser.add_argument("--work", type=Path, help="scratch directory (default: a temporary one, removed)")
     parser.add_argument("--report", type=Path, metavar="JSON",
@@ -551,8 +722,16 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     report: dict = {"header": header}
     try:
+        before = None
+        if args.before:
+            before = checkout(args.before, work)
+            report["before"] = args.before
+        report["start"] = snakemake_start(work, args.repeats)
+        print("\n".join(start_summary(report["start"])), flush=True)
         if "planning" not in args.skip:
-            report["planning"] = bench_planning(work / "plan", args.sizes, args.repeats)
+            report["planning"] = bench_planning(work / "plan", args.sizes, args.repeats, before)
+        if "measured" not in args.skip:
+            report["measured"] = bench_measured(work / "measured", args.sizes, args.repeats, before)
         if "scheduler" not in args.skip:
             report["scheduler"] = bench_scheduler(work / "schedule", args.ready, args.window)
         if "execution" not in args.skip:

@@ -46,7 +46,7 @@ def test_the_scaling_benchmark_plans_runs_and_times_cells_against_bare_snakemake
     # tiny sizes: the benchmark's code paths (its figures come from results/bench/plan_scaling)
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, "bench/plan_scaling.py", "--sizes", "4", "9", "--repeats", "1",
-                           "--ready", "6", "--window", "60", "--cells", "5", "--out", str(out)],
+                           "--ready", "6", "--window", "60", "--cells", "5", "--before", "HEAD", "--out", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((out / "plan_scaling.json").read_text())
@@ -58,6 +58,13 @@ def test_the_scaling_benchmark_plans_runs_and_times_cells_against_bare_snakemake
             assert all(len(figures[f"{kind}_wall_s"]["values"]) == 1 for kind in ("workflow", "bare", "shaped"))
             assert figures["ratio_wall"]["median"] == (figures["workflow_wall_s"]["median"]
                                                        / figures["bare_wall_s"]["median"])
+            assert len(figures["before_wall_s"]["values"]) == 1  # the workflow of --before REF, beside it
+        # a grid whose every cell has a result: planned cold, warm, and a remote job's start, each kind
+        measured = report["measured"][size]
+        for kind in ("workflow", "before"):
+            for what in ("cold", "warm", "remote"):
+                assert measured[f"{kind} {what}_s"]["median"] > 0 and f"{kind}_{what}_ratio" in measured
+    assert report["start"]["median"] > 0 and report["before"] == "HEAD"
     assert {s: r["done"] for s, r in report["scheduler"].items()} == {"greedy": 6, "ilp": 6}
     execution = report["execution"]
     for ranks in ("1", "2"):  # a launched cell: its launcher's lifetime is inside run-cell's

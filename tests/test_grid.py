@@ -374,12 +374,17 @@ def test_freshness_reads_only_the_results_that_exist(tmp_path, monkeypatch):
         (tmp_path / cell.target).parent.mkdir(parents=True)
         (tmp_path / cell.target).write_text(text)
     read = []
-    real_set_aside_invalid = freshness.set_aside_invalid
-    monkeypatch.setattr(freshness, "set_aside_invalid",
-                        lambda path, **kw: read.append(path) or real_set_aside_invalid(path, **kw))
+    real_check_result = freshness.check_result
+    monkeypatch.setattr(freshness, "check_result", lambda path: read.append(path) or real_check_result(path))
 
     assert freshness.prepare(grid, tmp_path) == {stale.cell_id}
     assert (tmp_path / f"{invalid.target}.invalid").exists() and not (tmp_path / invalid.target).exists()
     assert len(read) == 2, "freshness looked at cells without a result"
+    # the next plan reads no result that did not change since: it knows what each one is
+    assert freshness.prepare(grid, tmp_path) == {stale.cell_id} and len(read) == 2
+    # one rewritten (here: made with the config's parameters) is read again, and no longer stale
+    (tmp_path / stale.target).write_text(json.dumps({**document, "params": stale.params,
+                                                     "params_hash": stale.params_hash}))
+    assert freshness.prepare(grid, tmp_path) == set() and len(read) == 3
     stamp = json.loads((tmp_path / freshness.stamp_path("s")).read_text())
     assert len(stamp) == len(grid.cells) and stamp[stale.cell_id] == stale.params_hash

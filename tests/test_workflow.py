@@ -358,6 +358,24 @@ def test_a_result_that_is_not_one_is_listed_unreadable_rerun_and_never_reaches_a
     assert "| 1 | ok" in workflow.path("results/tables/t.md").read_text()
 
 
+def test_a_job_run_remotely_runs_its_cell_and_reads_no_other_result(workflow):
+    # What a SLURM job runs (its own Snakemake, --mode remote, one target job): the Snakemake that
+    # submitted it judged every result; this one only runs its cell, in its allocation's time.
+    t = tiny_study(strategy="single")
+    t["axes"] = {"micro_batch": [1, 2]}
+    workflow.write_config({"studies": {"t": t}})
+    workflow.snakemake("-n", "results/tables/t.md")  # the submitting Snakemake's plan (it writes the stamp)
+    other = workflow.path("results/runs/t/micro_batch~2/metrics.json")
+    other.parent.mkdir(parents=True)
+    other.write_text('{"status": "ok"}')  # not a result: a plan would set it aside
+    workflow.snakemake("--target-jobs", "train_cell:study=t,cell=micro_batch~1", "--allowed-rules", "train_cell",
+                       "--force", "--nolock", "--mode", "remote", "--jobs", "1")
+    assert json.loads(workflow.path("results/runs/t/micro_batch~1/metrics.json").read_text())["status"] == "ok"
+    assert other.read_text() == '{"status": "ok"}' and not other.with_name("metrics.json.invalid").exists()
+    dry = workflow.snakemake("-n", "results/tables/t.md")  # the next plan does
+    assert "is not a valid result" in dry.stderr and other.with_name("metrics.json.invalid").exists()
+
+
 def test_lint_reports_nothing(workflow):
     workflow.write_config((REPO / "config.yaml").read_text())
     result = workflow.snakemake("--lint")

@@ -17,18 +17,28 @@ mapping its cell ids to their parameter hashes:
 
 Results cloned from git all get checkout times; decisions here read file contents, not times,
 except that a stale cell's stamp is made newer than its result.
+
+Every plan reads what each result says (is it a result? which parameters made it?), so each file is
+read, and checked against the schema, once per version of it: the verdicts are kept in
+.snakemake/trainbench/checked/<study>.json by the file's size and modification time, and a plan of a
+measured grid costs a stat per result (a study of 10,000 results: 5 s of schema checks in every
+Snakemake run before). A result changed in any way (rewritten, edited, checked out) is read again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from trainbench.grid import Cell, Study
-from trainbench.paths import GRID_STAMP, RUNS, path
-from trainbench.results import result_problem, write_json_atomic
+from trainbench.paths import GRID_STAMP, RESULTS_CHECKED, RUNS, path
+from trainbench.results import (SCHEMA_VERSION, InvalidResult, metrics_json_schema, read_result, result_problem,
+                                write_json_atomic)
 
 def stamp_path(study: str) -> str:
     return path(GRID_STAMP, study=study)
@@ -54,15 +64,72 @@ def recorded_hash(cell: Cell, root: Path | str = ".") -> str | None:
         return None
 
 
+@dataclass(frozen=True)
+class Checked:
+    """What one result file was found to be: why it is not a result (None if it is one), and the
+    parameters' hash it records."""
+    problem: str | None
+    params_hash: str | None
+
+
+@cache
+def checker_version() -> str:
+    """Verdicts hold for the checks that made them: the schema version and the schema itself."""
+    schema = json.dumps(metrics_json_schema(), sort_keys=True, default=str)
+    return f"{SCHEMA_VERSION}-{hashlib.sha256(schema.encode()).hexdigest()[:16]}"
+
+
+def check_result(target: Path) -> Checked:
+    try:
+        doc = read_result(target)
+    except InvalidResult as error:
+        return Checked(str(error).split(": ", 1)[1], None)
+    return Checked(None, doc.get("params_hash"))
+
+
+def checked_results(study: Study, root: Path | str = ".") -> dict[str, Checked]:
+    """Each of the study's cells that has a result file, by id, in grid order: what its file is. A file
+    is read only if it changed since the last plan read it (size or modification time); the verdicts
+    are kept for the next plan."""
+    verdicts_path = Path(root) / path(RESULTS_CHECKED, study=study.name)
+    try:
+        kept = json.loads(verdicts_path.read_text())
+        verdicts = kept["verdicts"] if kept.get("checker") == checker_version() else {}
+    except (OSError, ValueError, AttributeError, KeyError):
+        verdicts = {}
+    found, now = {}, {}
+    for cell in existing_results(study, root):
+        target = Path(root) / cell.target
+        try:
+            stat = target.stat()
+        except FileNotFoundError:
+            continue
+        version = [stat.st_mtime_ns, stat.st_size]
+        seen = verdicts.get(cell.cell_id)
+        if seen and seen[:2] == version:
+            found[cell.cell_id] = Checked(seen[2], seen[3])
+        else:
+            found[cell.cell_id] = check_result(target)
+        now[cell.cell_id] = [*version, found[cell.cell_id].problem, found[cell.cell_id].params_hash]
+    if now != verdicts:
+        try:
+            write_json_atomic(verdicts_path, {"checker": checker_version(), "verdicts": now})
+        except OSError:
+            pass  # a read-only checkout plans as before, reading every result each time
+    return found
+
+
 def prepare(study: Study, root: Path | str = ".") -> set[str]:
     """Refresh the study's stamp, set invalid results aside (they run again); return the ids of its
     stale cells, after making sure the stamp is newer than each of their results."""
     stamp = refresh_stamp(study, root)
-    results = existing_results(study, root)
-    set_aside = [cell for cell in results if set_aside_invalid(Path(root) / cell.target)]
-    stale = {cell.cell_id for cell in results if is_stale(cell, root)}
+    results = checked_results(study, root)
+    moved = [cell_id for cell_id, checked in results.items() if checked.problem
+             and set_aside(Path(root) / study.cell(cell_id).target, checked.problem)]
+    stale = {cell_id for cell_id, checked in results.items()
+             if not checked.problem and checked.params_hash != study.cell(cell_id).params_hash}
     newest = max((os.stat(Path(root) / study.cell(i).target).st_mtime for i in stale), default=None)
-    if set_aside or (newest is not None and stamp.stat().st_mtime <= newest):
+    if moved or (newest is not None and stamp.stat().st_mtime <= newest):
         os.utime(stamp)  # without Snakemake's metadata, a newer stamp is what reruns the table
     return stale
 
@@ -79,13 +146,6 @@ def existing_results(study: Study, root: Path | str = ".") -> list[Cell]:
     return [cell for cell in study.cells if cell.cell_id in folders and (Path(root) / cell.target).exists()]
 
 
-def is_stale(cell: Cell, root: Path | str = ".") -> bool:
-    """The cell has a result, made with other parameters than the config now gives it."""
-    if not (Path(root) / cell.target).exists():
-        return False
-    return recorded_hash(cell, root) != cell.params_hash
-
-
 def _to_stderr(text: str) -> None:
     print(text, file=sys.stderr)
 
@@ -96,9 +156,12 @@ def set_aside_invalid(path: Path | str, say=_to_stderr) -> bool:
     and what was there is kept for a look. True if it was moved."""
     path = Path(path)
     problem = result_problem(path) if path.exists() else None
-    if problem:
-        aside = path.with_name(path.name + ".invalid")
-        os.replace(path, aside)
-        say(f"trainbench: {path} is not a valid result ({problem}); moved to {aside.name}, "
-            "it will be made again")
-    return bool(problem)
+    return bool(problem) and set_aside(path, problem, say)
+
+
+def set_aside(path: Path, problem: str, say=_to_stderr) -> bool:
+    """Move a result found invalid (`problem`, why) aside to <name>.invalid; True."""
+    aside = path.with_name(path.name + ".invalid")
+    os.replace(path, aside)
+    say(f"trainbench: {path} is not a valid result ({problem}); moved to {aside.name}, it will be made again")
+    return True

@@ -25,6 +25,8 @@ PLOTS_LOG = "results/logs/plots/{study}.log"
 STUDY_PAGE = "results/report/{study}.html"
 STUDY_PAGE_LOG = "results/logs/report/{study}.log"
 GRID_STAMP = "results/.grid/{study}.json"
+# what the workflow found each result file to be when it last read it (freshness.py): local, not a result
+RESULTS_CHECKED = ".snakemake/trainbench/checked/{study}.json"
 
 PROBE_SEPARATOR = "/mb~"
 

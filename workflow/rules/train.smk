@@ -5,7 +5,7 @@
 rule train_cell:
     input:
         # the study's grid stamp, a trigger only when the cell's result is stale: see freshness.py
-        grid=get_cell_grid,
+        grid=CELL_GRID_INPUT,
     output:
         metrics=paths.RUN,
     log:
