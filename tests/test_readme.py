@@ -150,10 +150,9 @@ HOW: dict[str, How] = {
     "trainbench predict <study> --gpu h200 --gpus-per-node 1 --host-mem-gib 128":
         How("run", line="trainbench predict holdout_mix --gpu h200 --gpus-per-node 1 --host-mem-gib 128"),
     "trainbench progress": How("name", "the command's name; its full forms are run"),
-    "python bench/plan_scaling.py --out results/bench/plan_scaling":
-        How("elsewhere", "plans grids of up to 40,000 cells for about 40 minutes; tests/test_bench.py runs it "
-                         "on a small grid; its output: results/bench/plan_scaling"),
-    "snakemake -n -q": How("run"),
+    "python bench/plan_scaling.py --before c565396 --out results/bench/plan_scaling":
+        How("elsewhere", "plans grids of up to 40,000 cells for about 60 minutes; tests/test_bench.py runs it "
+                         "on a small grid, with --before; its output: results/bench/plan_scaling"),
     "snakemake results/tables/<study>.md -n -q": How("run", line="snakemake results/tables/llama.md -n -q"),
     "sudo tools/local-slurm-cluster.sh install && sudo tools/local-slurm-cluster.sh start":
         How("elsewhere", "root; CI's .ci/run starts the cluster this way (as root, without sudo)"),
