@@ -47,12 +47,12 @@ def test_gpu_run_lists_name_cells_of_the_config():
 def test_published_studies_have_a_current_result_for_every_measured_cell(study):
     """A fresh clone's `snakemake results/tables/<study>.md` runs nothing on a machine without GPUs."""
     from trainbench.config import load_config
-    from trainbench.freshness import recorded_hash
+    from trainbench.freshness import check_result
 
     cells = [c for c in load_config(REPO / "config.yaml").study(study).cells if c.measured]
     missing = [c.cell_id for c in cells if not (REPO / c.target).exists()]
     stale = [c.cell_id for c in cells
-             if (REPO / c.target).exists() and recorded_hash(c, REPO) != c.params_hash]
+             if (REPO / c.target).exists() and check_result(REPO / c.target).params_hash != c.params_hash]
     assert not missing and not stale, (missing[:3], stale[:3])
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from trainbench.grid import Cell, Study
 from trainbench.paths import GRID_STAMP, RESULTS_CHECKED, RUNS, path
 from trainbench.results import (SCHEMA_VERSION, InvalidResult, metrics_json_schema, read_result, result_problem,
-                                write_json_atomic)
+                                why_invalid, write_json_atomic)
 
 def stamp_path(study: str) -> str:
     return path(GRID_STAMP, study=study)
@@ -55,13 +55,6 @@ def refresh_stamp(study: Study, root: Path | str = ".") -> Path:
         pass
     write_json_atomic(path, grid)
     return path
-
-
-def recorded_hash(cell: Cell, root: Path | str = ".") -> str | None:
-    try:
-        return json.loads((Path(root) / cell.target).read_text()).get("params_hash")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 @dataclass(frozen=True)
@@ -83,7 +76,7 @@ def check_result(target: Path) -> Checked:
     try:
         doc = read_result(target)
     except InvalidResult as error:
-        return Checked(str(error).split(": ", 1)[1], None)
+        return Checked(why_invalid(error), None)
     return Checked(None, doc.get("params_hash"))
 
 
@@ -98,11 +91,11 @@ def checked_results(study: Study, root: Path | str = ".") -> dict[str, Checked]:
     except (OSError, ValueError, AttributeError, KeyError):
         verdicts = {}
     found, now = {}, {}
-    for cell in existing_results(study, root):
+    for cell in cells_with_a_folder(study, root):
         target = Path(root) / cell.target
         try:
             stat = target.stat()
-        except FileNotFoundError:
+        except FileNotFoundError:  # a folder without a result (a cell that never finished)
             continue
         version = [stat.st_mtime_ns, stat.st_size]
         seen = verdicts.get(cell.cell_id)
@@ -134,16 +127,17 @@ def prepare(study: Study, root: Path | str = ".") -> set[str]:
     return stale
 
 
-def existing_results(study: Study, root: Path | str = ".") -> list[Cell]:
-    """The study's cells that have a result file, in grid order. The study's results folder is listed
-    once, so a grid of many cells without results costs one listing, not a file check per cell."""
+def cells_with_a_folder(study: Study, root: Path | str = ".") -> list[Cell]:
+    """The study's cells that have a folder under its results, in grid order: those that may have a
+    result. The folder is listed once, so a grid of many cells without results costs one listing,
+    not a file check per cell."""
     try:
         folders = {entry.name for entry in os.scandir(Path(root) / path(RUNS, study=study.name))
                    if entry.is_dir()}
     except FileNotFoundError:
         return []
     # a cell's result lies in the folder named by its id (paths.RUN)
-    return [cell for cell in study.cells if cell.cell_id in folders and (Path(root) / cell.target).exists()]
+    return [cell for cell in study.cells if cell.cell_id in folders]
 
 
 def _to_stderr(text: str) -> None:

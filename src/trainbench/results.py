@@ -389,13 +389,18 @@ def read_search(path: str | Path) -> dict[str, Any]:
     return doc
 
 
+def why_invalid(error: InvalidResult) -> str:
+    """An InvalidResult's reason, without the path it starts with."""
+    return str(error).split(": ", 1)[1]
+
+
 def result_problem(path: str | Path) -> str | None:
     """Why an existing result file cannot be used (None when it can): for `trainbench cells` and for the
     workflow, which runs such a cell again rather than let it reach a table."""
     try:
         (read_search if Path(path).name == "max_batch.json" else read_result)(path)
     except InvalidResult as error:
-        return str(error).split(": ", 1)[1]
+        return why_invalid(error)
     return None
 
 
