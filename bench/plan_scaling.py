@@ -67,6 +67,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -189,7 +190,11 @@ def children_cpu_s() -> float:
 
 
 def checkout(ref: str, work: Path) -> Path:
-    """The workflow and package of commit `ref`, as files (git archive), for the `before` kind."""
+    """The workflow and package of commit `ref`, as files (git archive), for the `before` kind; or, where
+    `ref` is a folder, the files git archive made there before (for a copy of the tree without .git,
+    as a GPU host gets: `git archive REF workflow Snakefile src | tar -x -C FOLDER`)."""
+    if Path(ref).is_dir():
+        return Path(ref).resolve()
     root = work / f"checkout-{ref}"
     root.mkdir(parents=True)
     archive = subprocess.run(["git", "archive", ref, *WORKFLOW_FILES, "src"], cwd=REPO, capture_output=True,
@@ -400,6 +405,7 @@ TINY_CELL = {"model": "gpt2-tiny", "device": "cpu", "seq_len": 16, "micro_batch"
              "timed_steps": 2}
 TINY_TIMING = {"target_ci": 1.0, "min_window_s": 0}
 
+GPU_CELL = "1-gpu"  # the launched cell on one GPU, where there is one: run-cell also asks NVML and takes a GPU
 TIMED_RUN_CELL = "--timed-run-cell"  # this script, run as `trainbench run-cell` with its launcher timed
 RANK_IMPORTS = "import torch\nimport trainbench.worker\n"
 
@@ -413,14 +419,19 @@ def timed_run_cell(times_file: str, argv: list[str]) -> int:
 
     launch = cellrun.CellRun._launch
     times: dict[str, list[float]] = {"launch_s": [], "launcher_s": []}
+    launching_thread = None
 
     class TimedPopen(subprocess.Popen):
         def __init__(self, *args, **kwargs):
             started = time.perf_counter()
             super().__init__(*args, **kwargs)
-            when_gone(self.pid, lambda: times["launcher_s"].append(time.perf_counter() - started))
+            # the launchers only: not what other threads start meanwhile (git, for the provenance)
+            if threading.get_ident() == launching_thread:
+                when_gone(self.pid, lambda: times["launcher_s"].append(time.perf_counter() - started))
 
     def timed_launch(self, *args, **kwargs):
+        nonlocal launching_thread
+        launching_thread = threading.get_ident()
         started = time.perf_counter()
         popen, cellrun.subprocess.Popen = cellrun.subprocess.Popen, TimedPopen
         try:
@@ -436,9 +447,15 @@ def timed_run_cell(times_file: str, argv: list[str]) -> int:
         Path(times_file).write_text(json.dumps(times))
 
 
-def wall(command: list[str], *, cwd: Path) -> float:
+def gpu_here() -> bool:
+    from trainbench.gpus import local_gpu_count
+
+    return local_gpu_count() > 0
+
+
+def wall(command: list[str], *, cwd: Path, env: dict[str, str] | None = None) -> float:
     started = time.perf_counter()
-    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env)
     took = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"`{shlex.join(command)}` failed ({done.returncode}):\n{done.stdout[-2000:]}"
@@ -458,25 +475,31 @@ def slope(few: tuple[int, float], many: tuple[int, float]) -> float:
     return (many[1] - few[1]) / (many[0] - few[0])
 
 
-def bench_execution(work: Path, cells: int, repeats: int) -> dict:
+def bench_execution(work: Path, cells: int, repeats: int, before: Path | None = None) -> dict:
+    """Per-cell figures of today's workflow and, with `before`, of the workflow at --before REF, their
+    runs interleaved (the same repeat of each kind back to back). Today's figures are at the top level;
+    the other kind's, with the same keys, under "before"."""
     from trainbench.config import load_config
 
+    kinds = ("workflow",) + ((BEFORE,) if before else ())
     few = max(cells // 5, 1)
     report: dict = {"cells": [few, cells]}
+    figures: dict[str, dict] = {kind: {} for kind in kinds}
 
     # Snakemake alone, and the pipeline's unsupported cells: each really run, one job at a time
-    per_job: dict[str, list[float]] = {"bare": [], "workflow": []}
+    per_job: dict[str, list[float]] = {kind: [] for kind in ("bare", *kinds)}
     for repeat in range(repeats):
         runs = {}
-        for kind in ("bare", "workflow"):
+        for kind in ("bare", *kinds):
             for n in (few, cells):
                 root = work / f"run-{kind}-{n}-{repeat}"
                 if kind == "bare":
                     make_bare(root, n)
                 else:
-                    make_workflow(root, study_spec(n, UNSUPPORTED_SETTINGS, "unsupported cells"))
-                runs[kind, n] = snakemake(root, TARGET if kind == "workflow" else "all", "-c", "1",
-                                          log=root / "run.log")[0]
+                    make_workflow(root, study_spec(n, UNSUPPORTED_SETTINGS, "unsupported cells"),
+                                  before if kind == BEFORE else REPO)
+                runs[kind, n] = snakemake(root, "all" if kind == "bare" else TARGET, "-c", "1",
+                                          log=root / "run.log", env=kind_environment(kind, before))[0]
                 done = len(list((root / "results" / "runs" / STUDY).glob("*/metrics.json")))
                 if done != n:
                     raise SystemExit(f"{root}: {done} of {n} cells ran")
@@ -484,54 +507,67 @@ def bench_execution(work: Path, cells: int, repeats: int) -> dict:
             print(f"  repeat {repeat + 1}, {kind}: {few} jobs {runs[kind, few]:.1f} s, {cells} jobs "
                   f"{runs[kind, cells]:.1f} s: {1000 * per_job[kind][-1]:.1f} ms per job", flush=True)
     report["snakemake_bare_per_job_s"] = spread(per_job["bare"])
-    report["workflow_unsupported_per_cell_s"] = spread(per_job["workflow"])
+    for kind in kinds:
+        figures[kind]["workflow_unsupported_per_cell_s"] = spread(per_job[kind])
 
     # run-cell's own process, and the interpreter's start, outside Snakemake
     [unsupported] = load_config({"studies": {STUDY: study_spec(1, UNSUPPORTED_SETTINGS, "one")}}).study(
         STUDY).cells
     scratch = work / "run-cell"
     scratch.mkdir()
-    processes: dict[str, list[float]] = {"python -c pass": [], "run-cell, unsupported cell": []}
+    interpreter: list[float] = []
+    alone: dict[str, list[float]] = {kind: [] for kind in kinds}
     for _ in range(max(5, 3 * repeats)):
-        processes["python -c pass"].append(wall([sys.executable, "-c", "pass"], cwd=scratch))
-        output = scratch / "unsupported" / "metrics.json"
-        processes["run-cell, unsupported cell"].append(
-            wall([sys.executable, "-m", "trainbench", "run-cell", *run_cell_argv(unsupported, output)], cwd=scratch))
-        output.unlink()
-    report["processes_s"] = {name: spread(values) for name, values in processes.items()}
+        interpreter.append(wall([sys.executable, "-c", "pass"], cwd=scratch))
+        for kind in kinds:
+            output = scratch / "unsupported" / "metrics.json"
+            alone[kind].append(wall([sys.executable, "-m", "trainbench", "run-cell",
+                                     *run_cell_argv(unsupported, output)], cwd=scratch,
+                                    env=kind_environment(kind, before)))
+            output.unlink()
+    for kind in kinds:
+        figures[kind]["processes_s"] = {"python -c pass": spread(interpreter),
+                                        "run-cell, unsupported cell": spread(alone[kind])}
 
     # run-cell around a launched cell, and the launcher's own start-up
     rank_script = scratch / "rank_imports.py"
     rank_script.write_text(RANK_IMPORTS)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    launched = {}
-    for ranks in (1, 2):
-        spec = {"description": "one tiny cell", "settings": {**TINY_CELL, "gpus": ranks,
-                                                             "strategy": "single" if ranks == 1 else "ddp"},
+    for kind in kinds:
+        figures[kind]["launched"] = {}
+    for ranks in (1, 2, *((GPU_CELL,) if gpu_here() else ())):
+        device = "cuda" if ranks == GPU_CELL else "cpu"
+        gpus = 1 if ranks == GPU_CELL else ranks
+        spec = {"description": "one tiny cell", "settings": {**TINY_CELL, "device": device, "gpus": gpus,
+                                                             "strategy": "single" if gpus == 1 else "ddp"},
                 "include": [{}], "timing": TINY_TIMING, "execution": {"runtime_min": 5, "cpus_per_rank": 1}}
         [cell] = load_config({"studies": {STUDY: spec}}).study(STUDY).cells
-        figures: dict[str, list[float]] = {"run_cell_s": [], "launcher_s": [], "noticed_exit_after_s": []}
+        launched = {kind: {"run_cell_s": [], "launcher_s": [], "noticed_exit_after_s": []} for kind in kinds}
         for _ in range(repeats):
-            output = scratch / f"ranks-{ranks}" / "metrics.json"
-            times_file = scratch / f"ranks-{ranks}.times.json"
-            total = wall([sys.executable, __file__, TIMED_RUN_CELL, str(times_file), "--",
-                          *run_cell_argv(cell, output)], cwd=scratch)
-            times = json.loads(times_file.read_text())
-            [launch_s], [launcher_s] = times["launch_s"], times["launcher_s"]
-            figures["run_cell_s"].append(total)
-            figures["launcher_s"].append(launcher_s)
-            figures["noticed_exit_after_s"].append(launch_s - launcher_s)
-            status = json.loads(output.read_text())["status"]
-            if status != "ok":
-                raise SystemExit(f"the tiny {ranks}-rank cell did not train: {status}")
-            output.unlink()
-        figures["run_cell_own_s"] = [t - launcher for t, launcher in zip(figures["run_cell_s"],
-                                                                         figures["launcher_s"])]
-        figures["launcher_start_s"] = [
-            wall([sys.executable, str(rank_script)] if ranks == 1 else [*torchrun, str(rank_script)], cwd=scratch)
-            for _ in range(repeats)]
-        launched[ranks] = {name: spread(values) for name, values in figures.items()}
-    report["launched"] = launched
+            for kind in kinds:
+                output = scratch / f"ranks-{ranks}" / "metrics.json"
+                times_file = scratch / f"ranks-{ranks}.times.json"
+                total = wall([sys.executable, __file__, TIMED_RUN_CELL, str(times_file), "--",
+                              *run_cell_argv(cell, output)], cwd=scratch, env=kind_environment(kind, before))
+                times = json.loads(times_file.read_text())
+                [launch_s], [launcher_s] = times["launch_s"], times["launcher_s"]
+                launched[kind]["run_cell_s"].append(total)
+                launched[kind]["launcher_s"].append(launcher_s)
+                launched[kind]["noticed_exit_after_s"].append(launch_s - launcher_s)
+                status = json.loads(output.read_text())["status"]
+                if status != "ok":
+                    raise SystemExit(f"the tiny {ranks}-rank cell did not train ({kind}): {status}")
+                output.unlink()
+        start_up = [wall([sys.executable, str(rank_script)] if gpus == 1 else [*torchrun, str(rank_script)],
+                         cwd=scratch) for _ in range(repeats)]
+        for kind in kinds:
+            f = launched[kind]
+            f["run_cell_own_s"] = [t - launcher for t, launcher in zip(f["run_cell_s"], f["launcher_s"])]
+            f["launcher_start_s"] = start_up
+            figures[kind]["launched"][str(ranks)] = {name: spread(values) for name, values in f.items()}
+    report.update(figures["workflow"])
+    if before:
+        report[BEFORE] = figures[BEFORE]
     return report
 
 
@@ -636,29 +672,45 @@ def scheduler_summary(scheduler: dict) -> list[str]:
     return lines
 
 
-def execution_summary(execution: dict) -> list[str]:
+def execution_summary(execution: dict, before: str | None = None) -> list[str]:
+    """Today's per-cell figures; where the run measured the workflow of --before REF beside it, that
+    kind's figure follows each of today's, in brackets."""
     few, many = execution["cells"]
-    bare = execution["snakemake_bare_per_job_s"]["median"]
-    workflow = execution["workflow_unsupported_per_cell_s"]["median"]
-    processes = execution["processes_s"]
-    run_cell = processes["run-cell, unsupported cell"]["median"]
+    kinds = {"now": execution, **({BEFORE: execution[BEFORE]} if BEFORE in execution else {})}
+
+    def both(figure) -> str:
+        text = ms(figure(kinds["now"]))
+        return text + (f" (at {before}: {ms(figure(kinds[BEFORE]))})" if BEFORE in kinds else "")
+
+    def alone(k: dict) -> float:
+        return k["processes_s"]["run-cell, unsupported cell"]["median"]
+
+    def workflow(k: dict) -> float:
+        return k["workflow_unsupported_per_cell_s"]["median"]
+
     lines = ["", f"execution, per cell (medians; one job at a time, -c 1; per-job figures are the slope "
                  f"between {few} and {many} jobs):",
-             f"  Snakemake alone (bare Snakefile, `touch` jobs)                       {ms(bare)}",
-             f"  the pipeline, unsupported cells (Snakemake + run-cell, no launcher)   {ms(workflow)}",
-             f"    of which Snakemake's job set-up for train_cell                    {ms(workflow - run_cell)}",
-             f"    of which `trainbench run-cell` (its process, alone)               {ms(run_cell)}",
+             f"  Snakemake alone (bare Snakefile, `touch` jobs)                       "
+             f"{ms(execution['snakemake_bare_per_job_s']['median'])}",
+             f"  the pipeline, unsupported cells (Snakemake + run-cell, no launcher)   {both(workflow)}",
+             f"    of which Snakemake's job set-up for train_cell                    "
+             f"{both(lambda k: workflow(k) - alone(k))}",
+             f"    of which `trainbench run-cell` (its process, alone)               {both(alone)}",
              f"      of which the interpreter's start (`python -c pass`)           "
-             f"{ms(processes['python -c pass']['median'])}"]
-    for ranks, r in sorted(execution["launched"].items(), key=lambda item: int(item[0])):
-        launcher = "python" if int(ranks) == 1 else "torchrun"
-        own = r["run_cell_own_s"]["median"]
-        lines += [f"  a launched cell, {ranks} CPU rank(s) ({launcher}): run-cell {ms(r['run_cell_s']['median'])}, "
-                  f"its launcher {ms(r['launcher_s']['median'])}, run-cell's own {ms(own)} "
+             f"{ms(execution['processes_s']['python -c pass']['median'])}"]
+    for ranks, r in execution["launched"].items():
+        launcher = "torchrun" if ranks == "2" else "python"
+        what = "1 GPU rank" if ranks == GPU_CELL else f"{ranks} CPU rank(s)"
+
+        def own(k: dict) -> float:
+            return k["launched"][ranks]["run_cell_own_s"]["median"]
+
+        lines += [f"  a launched cell, {what} ({launcher}): run-cell {ms(r['run_cell_s']['median'])}, "
+                  f"its launcher {ms(r['launcher_s']['median'])}, run-cell's own {both(own)} "
                   f"(from the launcher's exit to the runner going on: {1000 * r['noticed_exit_after_s']['median']:+.1f} "
                   "ms, two threads woken by one exit)",
                   f"    the pipeline's own share: Snakemake's job set-up + run-cell's own = "
-                  f"{ms(workflow - run_cell + own)} (goal <= 20 ms)",
+                  f"{both(lambda k: workflow(k) - alone(k) + own(k))} (goal <= 20 ms)",
                   f"    the launcher's start-up, apart ({launcher}, ranks that import torch and "
                   f"trainbench.worker, then exit): {ms(r['launcher_start_s']['median'])}"]
     return lines
@@ -685,7 +737,7 @@ def summary(report: dict) -> str:
     if "scheduler" in report:
         lines += scheduler_summary(report["scheduler"])
     if "execution" in report:
-        lines += execution_summary(report["execution"])
+        lines += execution_summary(report["execution"], report.get("before"))
     return "\n".join(lines) + "\n"
 
 
@@ -700,7 +752,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=60, help="seconds each scheduler runs")
     parser.add_argument("--cells", type=int, default=300, help="cells really run for the execution figures")
     parser.add_argument("--skip", nargs="+", default=[], choices=["planning", "measured", "scheduler", "execution"])
-    parser.add_argument("--before", metavar="REF", help="plan the workflow of commit REF beside today's")
+    parser.add_argument("--before", metavar="REF", help="run the workflow of commit REF beside today's (or of a "
+                        "folder holding its files: see checkout)")
     parser.add_argument("--out", type=Path, help="where to write plan_scaling.{json,txt}")
     parser.add_argument("--work", type=Path, help="scratch directory (default: a temporary one, removed)")
     parser.add_argument("--report", type=Path, metavar="JSON",
@@ -735,7 +788,7 @@ def main(argv: list[str] | None = None) -> int:
         if "scheduler" not in args.skip:
             report["scheduler"] = bench_scheduler(work / "schedule", args.ready, args.window)
         if "execution" not in args.skip:
-            report["execution"] = bench_execution(work / "execute", args.cells, args.repeats)
+            report["execution"] = bench_execution(work / "execute", args.cells, args.repeats, before)
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -41,6 +41,29 @@ def test_provenance_reads_each_packages_name_and_version_as_importlib_metadata_d
     assert installed_packages()["torch"] == package_versions()["torch"] == importlib.metadata.version("torch")
 
 
+
+def test_host_memory_is_what_psutil_says_without_importing_it():
+    from trainbench.hardware import host_memory_mib
+
+    assert host_memory_mib() == psutil.virtual_memory().total / 2**20
+
+
+def test_host_facts_come_from_their_own_thread_and_its_errors_are_not_lost():
+    import threading
+
+    from trainbench.provenance import HostFacts
+
+    facts = HostFacts(lambda: {"read_on": threading.current_thread().name})
+    facts.start()
+    assert facts.get() == {"read_on": "host-facts"} and facts.get() is facts.get()
+    assert HostFacts(lambda: {"x": 1}).get() == {"x": 1}  # taken without a start: read then
+
+    def broken():
+        raise OSError("no metadata")
+
+    with pytest.raises(OSError, match="no metadata"):
+        HostFacts(broken).get()
+
 def make_cell(**params) -> Cell:
     p = resolve({**TINY, **params})
     errors, unsupported = check_cell(p)
@@ -106,6 +129,25 @@ def test_single_rank_cell_measures_and_records_everything(tmp_path):
     assert phases["imports"] > 0.1 and phases["launch"] < 1  # torch's import; plain python starts the rank
     assert m["timed_share"] == pytest.approx(phases["timed"] / m["wall_time_s"], abs=1e-3)
 
+
+
+def test_the_host_facts_are_read_while_the_ranks_start(tmp_path):
+    # reading every package's metadata and asking git is 35-50 ms of each cell: done while the launcher
+    # starts, not before it nor after it exits
+    from trainbench.provenance import HostFacts, host_facts
+
+    cell = make_cell(strategy="single")
+    run_ = CellRun(cell, tmp_path / "results/runs/t/c/metrics.json", runtime_min=5, retries=0)
+    seen = {}
+
+    def read() -> dict:
+        seen["launchers_running"] = [child.poll() is None for child in run_._children]
+        return {**host_facts(), "hostname": "read-while-launching"}
+
+    run_.host_facts = HostFacts(read)
+    doc = run_.run()
+    assert doc["status"] == "ok" and seen["launchers_running"] == [True]
+    assert doc["provenance"]["hostname"] == "read-while-launching" and "torch" in doc["provenance"]["packages"]
 
 def test_ddp_on_two_ranks_reports_every_rank(tmp_path):
     doc = run(make_cell(strategy="ddp", gpus=2), tmp_path)

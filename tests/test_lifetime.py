@@ -116,3 +116,18 @@ def test_the_cell_runner_notices_its_launchers_exit_when_it_happens():
     wait_for_an_exit([launcher.pid], timeout=60)
     assert time.monotonic() - started < 30, "waited for the step's end, not for the exit"
     assert launcher.poll() == 0
+
+
+def test_the_driver_is_the_nearest_snakemake_above_the_cell_runner(tmp_path):
+    # read from /proc (psutil's import is 10 ms of every cell): the parent of a process whose name holds
+    # spaces and parentheses, and the command line of a process that calls itself snakemake
+    middle = ("import ctypes, subprocess, sys\n"
+              "ctypes.CDLL(None).prctl(15, b'a) b (c', 0, 0, 0)  # PR_SET_NAME: this process's comm\n"
+              "sys.exit(subprocess.call([sys.executable, '-c', 'from trainbench.lifetime import driver_pid; "
+              "print(driver_pid())']))\n")
+    script = tmp_path / "middle.py"
+    script.write_text(middle)
+    top = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; sys.exit(subprocess.call(sys.argv[2:]))",
+                            "--snakemake-lookalike", sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    out, _ = top.communicate(timeout=60)
+    assert top.returncode == 0 and int(out) == top.pid

@@ -22,10 +22,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import psutil
-
 from trainbench.paths import cell_of_probe
-from trainbench.memory_model import MIB, Hardware, hardware_of_run, predict
+from trainbench.hardware import host_memory_mib
+from trainbench.memory_model import Hardware, hardware_of_run, predict
 
 
 def next_probe(outcomes: dict[int, str], start: int, upper: int, tolerance: float = 0.0) -> int | None:
@@ -82,7 +81,7 @@ def bounds_for(search: dict[str, Any], params: dict[str, Any]) -> tuple[int, int
     """A study's search settings and a cell: the memory model's seed and bound on the machine the
     study describes (its `gpu_mem_gib`), or on this host for CPU cells."""
     if params["device"] == "cpu":
-        hardware = Hardware(None, psutil.virtual_memory().total / MIB, params["gpus_per_node"])
+        hardware = Hardware(None, host_memory_mib(), params["gpus_per_node"])
     elif search.get("gpu_mem_gib"):
         hardware = Hardware(search["gpu_mem_gib"] * 1024, float("inf"), params["gpus_per_node"])
     else:

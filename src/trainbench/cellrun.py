@@ -22,15 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from trainbench import frameworks, memory_model, provenance
 from trainbench.grid import Cell, params_hash
 from trainbench.gpus import NotEnoughGpus, devices_for_cell, machine_devices, under_slurm
 from trainbench.lifetime import driver_pid, runner_environment, wait_for_an_exit, when_gone
 from trainbench.launch import (Rendezvous, free_port, launch_environment, multinode_command, node_command,
                               srun_command, worker_args)
-from trainbench.metrics import MIB
+from trainbench.hardware import host_memory_mib
 from trainbench.results import (SCHEMA_VERSION, empty_metrics, empty_predicted, node_memory, partial_metrics,
                                 summarize, write_json_atomic)
 
@@ -73,7 +71,7 @@ def hardware_here(gpu: dict[str, Any], device_type: str) -> memory_model.Hardwar
     gpu_mib, name, gpus = None, "CPU", 0
     if device_type == "cuda":
         gpu_mib, name, gpus = gpu["gpu_memory_mib"], gpu["gpu_name"] or "GPU", len(gpu["devices"])
-    host_mib = psutil.virtual_memory().total / MIB
+    host_mib = host_memory_mib()
     limits = memory_limits_override()
     if "gpu" in limits and device_type == "cuda":
         gpu_mib = min(gpu_mib, limits["gpu"]) if gpu_mib else limits["gpu"]
@@ -157,6 +155,7 @@ class CellRun:
         self.finishing = threading.RLock()  # held while a result is written: a stop waits for it
         self.launch_environment: dict[str, str] | None = None  # the ranks' environment, for provenance
         self.predicted: dict[str, Any] | None = None  # the memory model's, once: see _prediction
+        self.host_facts = provenance.HostFacts()  # read while the ranks start: see _launch
 
     def _say(self, text: str) -> None:
         print(f"[trainbench {self.cell.study}/{self.cell.cell_id}] {text}", flush=True)
@@ -184,7 +183,7 @@ class CellRun:
             gpus_total=gpus_total, cuda=result.get("torch_cuda"), nccl=result.get("nccl"),
             started=started, ended=provenance.now_iso(),
             command=command, run_gpus=node_memory([r.get("node_memory") for r in ranks or []]),
-            environment=self.launch_environment)
+            environment=self.launch_environment, host=self.host_facts.get())
         if asked is not None:
             doc["provenance"]["asked"] = asked  # when the cell asked for its devices (it may have waited)
         with self.finishing:
@@ -303,6 +302,7 @@ class CellRun:
         # Each in a session of its own, so a launcher's whole tree can be stopped together.
         self._children = [subprocess.Popen(c, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
                           for c in commands]
+        self.host_facts.start()  # the provenance the result will need, read while the launchers start
         first_failure: int | None = None
         failed_at = None
         while True:

@@ -24,13 +24,13 @@ import threading
 import time
 from collections.abc import Callable
 
-import psutil
-
 CELL_PID_ENV = "TRAINBENCH_CELL_PID"
 CELL_HOST_ENV = "TRAINBENCH_CELL_HOST"
 
 
 def _alive(pid: int) -> bool:
+    import psutil  # here, not at the top: a cell runner should not wait 10 ms for it before launching
+
     try:
         process = psutil.Process(pid)
         return process.status() != psutil.STATUS_ZOMBIE
@@ -84,14 +84,40 @@ def wait_for_an_exit(pids: list[int], timeout: float) -> None:
 def driver_pid() -> int:
     """The process whose end must end this cell: the nearest ancestor running Snakemake (past the job's
     shell), or this process's parent when nothing above is Snakemake (a cell run by hand)."""
-    process = psutil.Process()
-    for ancestor in process.parents()[:6]:
+    pid = os.getpid()
+    for _ in range(6):
         try:
-            if "snakemake" in " ".join(ancestor.cmdline()):
-                return ancestor.pid
-        except (psutil.AccessDenied, psutil.NoSuchProcess):
-            continue
+            pid, cmdline = _parent_and_its_command(pid)
+        except (OSError, ValueError):
+            break
+        if pid <= 1:
+            break
+        if "snakemake" in cmdline:
+            return pid
     return os.getppid()
+
+
+def _parent_and_its_command(pid: int) -> tuple[int, str]:
+    """A process's parent and the parent's command line. From /proc where there is one: psutil's
+    import alone takes 10 ms, and a cell runner asks this before it launches anything."""
+    if not os.path.isdir("/proc/self"):
+        import psutil
+
+        parent = psutil.Process(pid).parent()
+        if parent is None:
+            raise ValueError(f"process {pid} has no parent")
+        try:
+            return parent.pid, " ".join(parent.cmdline())
+        except psutil.Error:
+            return parent.pid, ""
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split after the last ')'
+        ppid = int(stat.read().rsplit(b")", 1)[1].split()[1])
+    try:
+        with open(f"/proc/{ppid}/cmdline", "rb") as cmdline:
+            return ppid, cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:  # not ours to read, or already gone: not Snakemake as far as we can tell
+        return ppid, ""
 
 
 def runner_environment() -> dict[str, str]:
@@ -114,6 +140,8 @@ def stale_lock_hint(directory: str = ".") -> str | None:
     locks = os.path.join(directory, ".snakemake", "locks")
     if not os.path.isdir(locks) or not os.listdir(locks):
         return None
+    import psutil
+
     here, me = os.path.realpath(directory), os.getpid()
     for process in psutil.process_iter(["pid", "cmdline", "cwd"]):
         try:
@@ -136,6 +164,8 @@ def stop_cells_on_sigterm() -> None:
     a grace period. So the cells stop at once, writing no result (they run again next time), and
     Snakemake then stops as it does."""
     import signal
+
+    import psutil
 
     previous = signal.getsignal(signal.SIGTERM)
 
