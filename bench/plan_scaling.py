@@ -599,6 +599,10 @@ def versions() -> str:
 
 
 def commit() -> str:
+    """The commit measured: TRAINBENCH_GIT_COMMIT where it is set (a GPU host's copy of the tree, whose
+    .git, if any, need not be the tree's), else HEAD."""
+    if os.environ.get("TRAINBENCH_GIT_COMMIT"):
+        return os.environ["TRAINBENCH_GIT_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                               text=True, check=True).stdout.strip()

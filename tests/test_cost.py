@@ -27,7 +27,8 @@ def test_baseline_cost_is_its_cells_wall_times_and_phases():
     assert cost.cells.device_s == pytest.approx(sum(d["metrics"]["wall_time_s"] for d in docs))  # 1 GPU each
     timed = sum(d["metrics"]["phases_s"]["timed"] for d in docs)
     assert cost.cells.timed_share == pytest.approx(timed / cost.cells.device_s)
-    assert set(cost.cells.phase_device_s) == {name for name, _, _ in PHASES}
+    # every phase there was when they ran (DeepSpeed's op builds have been a phase of their own since)
+    assert set(cost.cells.phase_device_s) == {name for name, _, _ in PHASES} - {"builds"}
     assert sum(cost.cells.phase_device_s.values()) == pytest.approx(cost.cells.device_s, rel=0.01)
 
 
@@ -63,3 +64,23 @@ def test_cost_command_reports_every_study_and_refuses_unknown_ones(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "trainbench", "cost", "nosuch", "--config",
                           str(REPO / "config.yaml")], capture_output=True, text=True)
     assert bad.returncode == 2 and "nosuch" in bad.stderr and not bad.stdout
+
+
+def test_deepspeed_op_builds_are_told_apart_as_paid_once_per_environment():
+    # the first offloaded cell of a fresh environment compiles DeepSpeed's CPU Adam: its own phase, and
+    # the timed share without it is what the study costs run again there
+    from trainbench.cost import Cost, StudyCost, report
+
+    [first, second] = [json.loads(json.dumps(d)) for d in published("baseline")[:2]]
+    first["metrics"]["phases_s"]["builds"] = 60.0
+    first["metrics"]["wall_time_s"] += 60.0
+    cost = Cost()
+    for doc in (first, second):
+        cost.add(doc)
+    timed = sum(d["metrics"]["phases_s"]["timed"] for d in (first, second))
+    assert cost.timed_share == pytest.approx(timed / cost.device_s)
+    assert cost.timed_share_ops_built == pytest.approx(timed / (cost.device_s - 60.0))
+    text = report([StudyCost("s", "GPU", cost, Cost(), [])])
+    assert f"{60 / 3600:.3f} device-hours; the timed share without them {cost.timed_share_ops_built:.2f}" in text
+    assert "op builds" not in report([StudyCost("s", "GPU", study_cost(load_config(REPO / "config.yaml").study(
+        "baseline"), REPO).cells, Cost(), [])])  # none recorded, none reported

@@ -77,6 +77,13 @@ class Cost:
         return self.timed_device_s / self.device_s if self.device_s else None
 
     @property
+    def timed_share_ops_built(self) -> float | None:
+        """The timed share in an environment that has its DeepSpeed ops already (the `builds` phase is
+        paid once per environment: the first cells of a fresh host or cluster account pay it)."""
+        rest = self.device_s - self.phase_device_s.get("builds", 0.0)
+        return self.timed_device_s / rest if rest > 0 else None
+
+    @property
     def median_cell_share(self) -> float | None:
         return statistics.median(self.cell_shares) if self.cell_shares else None
 
@@ -143,6 +150,10 @@ def report(costs: list[StudyCost]) -> str:
             whole = sum(spent.values())
             lines.append(f"  {c.study}: " + ", ".join(f"{name} {spent.get(name, 0.0) / whole:.0%}"
                                                        for name, _, _ in PHASES))
+            if spent.get("builds", 0.0) >= 1:
+                lines.append(f"    of which DeepSpeed's op builds, paid once per environment: "
+                             f"{spent['builds'] / 3600:.3f} device-hours; the timed share without them "
+                             f"{_share(c.total.timed_share_ops_built)}")
     for c in costs:
         for problem in c.unreadable:
             lines.append(f"not counted: {problem}")

@@ -133,6 +133,13 @@ def offloads(params: dict[str, Any]) -> tuple[bool, bool]:
                                                   and bool(params["offload_param"]))))
 
 
+
+def deepspeed_ops(params: dict[str, Any]) -> tuple[str, ...]:
+    """The DeepSpeed ops a cell's ranks compile or load: CPU Adam, with which every framework here steps
+    an optimizer offloaded from a GPU (ZeRO-Offload takes no other; a CPU cell steps torch's Adam)."""
+    return ("cpu_adam",) if offloads(params)[0] and params["device"] == "cuda" else ()
+
+
 # --- the frameworks ------------------------------------------------------------------------------
 
 _LIGHTNING_CUDA_ONLY = "Lightning's FSDP and DeepSpeed strategies refuse a CPU accelerator"

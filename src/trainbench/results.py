@@ -36,6 +36,8 @@ PHASES = (
     ("launch", "process_start", "the launcher's start until rank 0's process exists (torchrun, "
                                 "the DeepSpeed launcher)"),
     ("imports", "imported", "rank 0's imports: Python, torch, the framework"),
+    ("builds", "ops_loaded", "DeepSpeed's ops the cell steps with (CPU Adam for an offloaded optimizer): "
+                             "compiled once per environment, loaded from its cache after"),
     ("setup", "built", "process group, memory sampler, model build, wrapping, optimizer"),
     ("first_step", "first_step", "the first warm-up step: compilation and other first-call costs"),
     ("warmup", "warmed_up", "the other warm-up steps"),
