@@ -26,8 +26,9 @@ Snakemake's schedulers for --window seconds: the jobs each finished.
   and launches nothing), one at a time, per cell: Snakemake's job set-up plus run-cell's process;
   both per-job figures are slopes between M/5 and M jobs, so the workflow's start and planning cancel;
 - `trainbench run-cell` alone on such a cell, and `python -c pass` (the interpreter's start);
-- run-cell around a launched cell (the smallest CPU cell, 1 rank and 2 ranks): the process's wall
-  time less its launcher's lifetime (from its start to its exit, which a pidfd reports at once);
+- run-cell around a launched cell (the smallest CPU cell, 1 rank and 2 ranks, and where there is a
+  GPU the same cell on one GPU): the process's wall time less its launcher's lifetime (from its
+  start to its exit, which a pidfd reports at once);
 - the launcher's start-up apart: `python` and `torchrun --nproc-per-node 2` running a script that
   only imports torch and trainbench.worker, as every rank does before it trains.
 
@@ -40,8 +41,9 @@ before its cell (`--mode remote --target-jobs <one cell>`, as the SLURM executor
 parsing the workflow and planning that one job).
 
 **Before and after** (--before REF): the workflow of commit REF (its Snakefile, workflow/ and package,
-taken with `git archive`, its package first on PYTHONPATH) planned beside today's in the same
-repeats, so a change's effect is a ratio taken side by side.
+taken with `git archive`, or from a folder REF that holds them, its package first on PYTHONPATH)
+planned, and its cells run, beside today's in the same repeats, so a change's effect is a ratio
+taken side by side.
 
 Snakemake's fixed start (a one-job Snakefile's dry run) is timed first: it is in every figure, and on
 a machine with SLURM's commands installed but no controller to answer them, the SLURM executor

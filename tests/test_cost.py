@@ -61,6 +61,8 @@ def test_cost_command_reports_every_study_and_refuses_unknown_ones(tmp_path):
     assert baseline.split()[1] == "2" and "GPU" in baseline
     assert next(line for line in lines if line.startswith("smoke")).split()[1] == "0"  # nothing ran there
     assert any(line.strip().startswith("baseline: launch") for line in lines)
+    phases = next(line for line in lines if line.strip().startswith("baseline: launch"))
+    assert "setup" in phases and "builds" not in phases  # a phase its runs did not record is not one of 0%
     bad = subprocess.run([sys.executable, "-m", "trainbench", "cost", "nosuch", "--config",
                           str(REPO / "config.yaml")], capture_output=True, text=True)
     assert bad.returncode == 2 and "nosuch" in bad.stderr and not bad.stdout
@@ -82,5 +84,6 @@ def test_deepspeed_op_builds_are_told_apart_as_paid_once_per_environment():
     assert cost.timed_share_ops_built == pytest.approx(timed / (cost.device_s - 60.0))
     text = report([StudyCost("s", "GPU", cost, Cost(), [])])
     assert f"{60 / 3600:.3f} device-hours; the timed share without them {cost.timed_share_ops_built:.2f}" in text
+    assert "op builds (compiled once per environment" in text
     assert "op builds" not in report([StudyCost("s", "GPU", study_cost(load_config(REPO / "config.yaml").study(
         "baseline"), REPO).cells, Cost(), [])])  # none recorded, none reported

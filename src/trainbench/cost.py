@@ -78,8 +78,9 @@ class Cost:
 
     @property
     def timed_share_ops_built(self) -> float | None:
-        """The timed share in an environment that has its DeepSpeed ops already (the `builds` phase is
-        paid once per environment: the first cells of a fresh host or cluster account pay it)."""
+        """The timed share with the `builds` phase left out: an upper bound on what the runs cost again in
+        an environment that has compiled its DeepSpeed ops (each cell still loads them from the cache,
+        3 s for CPU Adam on an H100 host: results/bench/op_builds)."""
         rest = self.device_s - self.phase_device_s.get("builds", 0.0)
         return self.timed_device_s / rest if rest > 0 else None
 
@@ -148,12 +149,13 @@ def report(costs: list[StudyCost]) -> str:
         for c in phased:
             spent = c.total.phase_device_s
             whole = sum(spent.values())
-            lines.append(f"  {c.study}: " + ", ".join(f"{name} {spent.get(name, 0.0) / whole:.0%}"
-                                                       for name, _, _ in PHASES))
+            # the phases its runs recorded: those made before a phase existed (builds) lack it
+            lines.append(f"  {c.study}: " + ", ".join(f"{name} {spent[name] / whole:.0%}"
+                                                       for name, _, _ in PHASES if name in spent))
             if spent.get("builds", 0.0) >= 1:
-                lines.append(f"    of which DeepSpeed's op builds, paid once per environment: "
-                             f"{spent['builds'] / 3600:.3f} device-hours; the timed share without them "
-                             f"{_share(c.total.timed_share_ops_built)}")
+                lines.append(f"    of which DeepSpeed's op builds (compiled once per environment, then loaded "
+                             f"from its cache by each cell): {spent['builds'] / 3600:.3f} device-hours; the "
+                             f"timed share without them {_share(c.total.timed_share_ops_built)}")
     for c in costs:
         for problem in c.unreadable:
             lines.append(f"not counted: {problem}")

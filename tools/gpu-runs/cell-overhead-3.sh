@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # cell-overhead-1.sh again at the session's last run-cell (its header then named a stale .git's commit), four
-# repeats. One H100 (nvidia-h100-x1), in a copy of the checkout: what each cell costs besides its training on
+# repeats. Outcome: it ran past the device's 10-minute limit (four repeats, 600 s) and returned
+# nothing but nvidia-smi's line; the figures published are cell-overhead-1's.
+# One H100 (nvidia-h100-x1), in a copy of the checkout: what each cell costs besides its training on
 # a GPU host (16 CPUs), today's run-cell beside 918ebb4's in one run (the execution section of the
 # scaling benchmark: Snakemake's per-job cost, run-cell alone, run-cell around a launched CPU cell of
 # 1 and 2 ranks and around a 1-GPU cell). The host's copy has no .git: 918ebb4's files come carried,
