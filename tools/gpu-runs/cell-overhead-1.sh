@@ -5,7 +5,9 @@
 # 1 and 2 ranks and around a 1-GPU cell). The host's copy has no .git: 918ebb4's files come carried,
 # made here with
 #   mkdir .before-918ebb4 && git archive 918ebb4 Snakefile workflow profiles envs src | tar -x -C .before-918ebb4
-# Writes only OUT/cell-overhead-1.tgz and what the caller tees.
+# Writes only OUT/cell-overhead-1.tgz and what the caller tees. (Run again at 9aafb57 with
+# --repeats 4 to have the header name its commit, it ran past the device's 10-minute limit and
+# returned nothing: the published figures are this run's, of c9c86f9.)
 #   TRAINBENCH_GIT_COMMIT=<sha> OUT=<dir> bash tools/gpu-runs/cell-overhead-1.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
