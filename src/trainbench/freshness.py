@@ -117,12 +117,13 @@ def prepare(study: Study, root: Path | str = ".") -> set[str]:
     stale cells, after making sure the stamp is newer than each of their results."""
     stamp = refresh_stamp(study, root)
     results = checked_results(study, root)
-    moved = [cell_id for cell_id, checked in results.items() if checked.problem
-             and set_aside(Path(root) / study.cell(cell_id).target, checked.problem)]
+    invalid = {cell_id: checked.problem for cell_id, checked in results.items() if checked.problem}
+    for cell_id, problem in invalid.items():
+        set_aside(Path(root) / study.cell(cell_id).target, problem)
     stale = {cell_id for cell_id, checked in results.items()
              if not checked.problem and checked.params_hash != study.cell(cell_id).params_hash}
     newest = max((os.stat(Path(root) / study.cell(i).target).st_mtime for i in stale), default=None)
-    if moved or (newest is not None and stamp.stat().st_mtime <= newest):
+    if invalid or (newest is not None and stamp.stat().st_mtime <= newest):
         os.utime(stamp)  # without Snakemake's metadata, a newer stamp is what reruns the table
     return stale
 
@@ -150,12 +151,13 @@ def set_aside_invalid(path: Path | str, say=_to_stderr) -> bool:
     and what was there is kept for a look. True if it was moved."""
     path = Path(path)
     problem = result_problem(path) if path.exists() else None
-    return bool(problem) and set_aside(path, problem, say)
+    if problem:
+        set_aside(path, problem, say)
+    return bool(problem)
 
 
-def set_aside(path: Path, problem: str, say=_to_stderr) -> bool:
-    """Move a result found invalid (`problem`, why) aside to <name>.invalid; True."""
+def set_aside(path: Path, problem: str, say=_to_stderr) -> None:
+    """Move a result found invalid (`problem`, why) aside to <name>.invalid."""
     aside = path.with_name(path.name + ".invalid")
     os.replace(path, aside)
     say(f"trainbench: {path} is not a valid result ({problem}); moved to {aside.name}, it will be made again")
-    return True
