@@ -388,3 +388,21 @@ def test_freshness_reads_only_the_results_that_exist(tmp_path, monkeypatch):
     assert freshness.prepare(grid, tmp_path) == set() and len(read) == 3
     stamp = json.loads((tmp_path / freshness.stamp_path("s")).read_text())
     assert len(stamp) == len(grid.cells) and stamp[stale.cell_id] == stale.params_hash
+
+
+def test_shared_resources_are_those_every_cell_asks_for_alike():
+    from trainbench.grid import shared_resources
+
+    grid = large_grid(3)
+    every = grid.cells[0].resources()
+    assert shared_resources(grid.cells) == every  # micro batch and seed change no resource
+    # two ranks against one: the cores, memory and threads differ, what says how a cell runs does not
+    one_rank = load_config(config_with(study(settings={"model": "gpt2-tiny", "device": "cpu", "gpus": 1,
+                                                       "strategy": "ddp"},
+                                             axes={"micro_batch": [1]}))).study("s").cells
+    shared = shared_resources([*grid.cells, *one_rank])
+    assert {"cpus_per_task", "mem_mb", "threads"}.isdisjoint(shared)
+    assert shared == {name: value for name, value in every.items()
+                      if name not in ("cpus_per_task", "mem_mb", "threads")}
+    assert shared["gres"] is None and shared["gpu"] == 0  # None is a value cells share too
+    assert shared_resources([]) == {}

@@ -61,6 +61,51 @@ def test_each_study_dry_runs_listing_its_cells_and_resources(workflow, study):
         assert any("gres=gpu:8, nodes=16, tasks=16," in line for line in resources)
 
 
+def cell_job_requests(dry_run: str) -> dict[str, str]:
+    """Each cell job of a dry run's text: its output, and its threads and resources lines."""
+    jobs, job = {}, None
+    for line in dry_run.splitlines():
+        line = line.strip()
+        if line.endswith(":") and line.split()[0] in ("rule", "localrule"):
+            job = {} if line == "rule train_cell:" else None
+        elif job is not None and line.split(":")[0] in ("output", "threads", "resources"):
+            key, value = line.split(": ", 1)
+            job[key] = value
+            if "output" in job and "threads" in job and "resources" in job:
+                jobs[job.pop("output")] = f"threads={job['threads']}, {job['resources']}"
+                job = None
+    return jobs
+
+
+def test_resources_shared_by_every_cell_ask_the_scheduler_for_the_same(workflow):
+    """A resource every cell of config.yaml asks for alike is handed to Snakemake as a value, the others
+    as a function of the job's cell (common.smk): a study's jobs ask for the same either way."""
+    t = tiny_study(strategy="ddp", gpus=2)
+    t["axes"] = {"micro_batch": [1, 2]}
+    u = tiny_study(strategy="single")
+    u["axes"] = {"micro_batch": [1]}
+    u["execution"] = {"runtime_min": 7, "cpus_per_rank": 2, "mem_mb_per_rank": 1500, "retries": 1}
+    workflow.write_config({"studies": {"t": t}})
+    alone = cell_job_requests(workflow.snakemake("-n", "results/tables/t.md").stdout)
+    workflow.write_config({"studies": {"t": t, "u": u}})  # u shares none of the resources that differ
+    beside = cell_job_requests(workflow.snakemake("-n", "results/tables/t.md", "results/tables/u.md").stdout)
+    study_t = load_config({"studies": {"t": t}}).study("t")
+    assert set(alone) == set(study_t.targets)
+    for cell in study_t.cells:
+        r = cell.resources()
+        assert alone[cell.target] == beside[cell.target], cell.cell_id
+        assert alone[cell.target].startswith(f"threads={r['threads']}, ")
+        for name in ("gpu", "nodes", "cpus_per_task", "cpus_per_rank", "runtime", "mem_mb"):
+            assert f" {name}={r[name]}," in alone[cell.target], name
+    [u_job] = [requests for target, requests in beside.items() if "/u/" in target]
+    assert u_job.startswith("threads=2, ") and " runtime=7," in u_job and " mem_mb=1500," in u_job
+    # a resource set on the command line (or by a profile) overrides a shared value as it does a function's
+    workflow.write_config({"studies": {"t": t}})
+    overridden = cell_job_requests(workflow.snakemake("-n", "results/tables/t.md", "--set-resources",
+                                                      "train_cell:runtime=77").stdout)
+    assert set(overridden) == set(alone) and all(" runtime=77," in r for r in overridden.values())
+
+
 # --- only missing or changed cells rerun ------------------------------------------------------
 
 def rerun_config() -> dict:

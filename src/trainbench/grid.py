@@ -15,7 +15,7 @@ import json
 import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any
+from typing import Any, Iterable
 
 from trainbench import frameworks, paths
 from trainbench.errors import ConfigError
@@ -159,6 +159,26 @@ class Study:
         """Cells outside the study's `measure` selection: planned by the memory model, not run for
         the table (asking for one's target still runs it)."""
         return [c for c in self.cells if not c.measured]
+
+
+def shared_resources(cells: Iterable[Cell]) -> dict[str, int | str | None]:
+    """The resources (Cell.resources) that every one of `cells` asks for alike, with their value.
+
+    The workflow hands Snakemake these as values and the others as functions of a job's cell: Snakemake
+    takes a value as it is, and calls a function through its input-function machinery for every job
+    it plans. On a grid swept over batch sizes and seeds most resources are the same in every cell.
+    No cells share nothing: there is no value to give."""
+    shared: dict[str, int | str | None] | None = None
+    for cell in cells:
+        resources = cell.resources()
+        if shared is None:
+            shared = resources
+        else:
+            shared = {name: value for name, value in shared.items()
+                      if name in resources and resources[name] == value}
+        if not shared:
+            break
+    return shared or {}
 
 
 def search_target(study: str, cell_id: str) -> str:
