@@ -7,9 +7,13 @@ ready jobs, and what each executed cell costs beyond its training.
 profiles/, envs/, as the tests copy it) whose config.yaml holds one study of N CPU cells (smoke's
 settings, torch DDP on 2 ranks, and two axes, micro_batch x seed, whose product is N); a bare
 Snakefile of N jobs of one wildcard rule (`touch {output}`) under a rule that asks for them all, with
-the same cell ids; and the bare Snakefile again with its rule shaped like train_cell (the same
-input, log, params, threads, thirteen resources given as functions, conda and shell command, each
-function returning a constant), which tells what Snakemake itself spends on a job of that shape.
+the same cell ids; the bare Snakefile again with its rule shaped like train_cell (the same input,
+log, params, threads, thirteen resources given as functions, conda and shell command, each function
+returning a constant), which tells what Snakemake itself spends on a job of that shape; the same
+shape with each of those given as a value instead of a function ("fixed": the least Snakemake spends
+on a job of train_cell's directives, whatever computes them); and the workflow again with the study
+beside this repository's config.yaml studies ("beside": cells that do not all ask for the same
+resources, so the workflow hands Snakemake functions for them; see common.smk).
 Times `snakemake <target> -n` (the README's plan command) and the same with `-q`, each a fresh
 process, on one machine, interleaved: every repeat runs every size and every tree in turn, in an
 order that alternates from repeat to repeat. Each repeat gives the ratio workflow/bare of the runs it
@@ -79,7 +83,8 @@ REPO = Path(__file__).resolve().parents[1]
 WORKFLOW_FILES = ("Snakefile", "workflow", "profiles", "envs")  # what tests/conftest.py copies
 STUDY = "scale"
 TARGET = f"results/tables/{STUDY}.md"
-KINDS = ("workflow", "bare", "shaped")
+KINDS = ("workflow", "bare", "shaped", "fixed", "beside")
+BARE_KINDS = ("bare", "shaped", "fixed")  # Snakefiles of one rule, whose target is `all`
 BEFORE = "before"  # the workflow at --before REF
 
 # smoke's settings (config.yaml), one of its strategies: cheap to plan, never run here (a dry run)
@@ -108,25 +113,30 @@ rule cell:
 '''.format(study=STUDY)
 
 # The bare rule shaped like train_cell (workflow/rules/train.smk): its directives, with functions that
-# return what a cell's would, and its shell command's text.
+# return what a cell's would (or, with VALUES, those values themselves), and its shell command's text.
 SHAPED_RULE = '''
 PARAMS = {params!r}
 RESOURCES = {resources!r}
+VALUES = {values!r}
+
+
+def value(constant):
+    return constant if VALUES else lambda wildcards: constant
 
 
 def resource(name):
-    return lambda wildcards: RESOURCES[name]
+    return value(RESOURCES[name])
 
 
 rule cell:
     input:
-        grid=lambda wildcards: "grid.json",
+        grid=value("grid.json"),
     output:
         metrics="results/runs/{{study}}/{{cell}}/metrics.json",
     log:
         "results/runs/{{study}}/{{cell}}/log",
     params:
-        cell=lambda wildcards: PARAMS,
+        cell=value(PARAMS),
     threads: resource("threads")
     resources:
         **{{key: resource(name) for key, name in (("gpu", "gpu"), ("gres", "gres"), ("nodes", "nodes"),
@@ -156,7 +166,9 @@ def study_spec(cells: int, settings: dict, description: str) -> dict:
             "axes": {"micro_batch": list(range(1, micro_batches + 1)), "seed": list(range(seeds))}}
 
 
-def make_workflow(root: Path, spec: dict, source_root: Path = REPO) -> Path:
+def make_workflow(root: Path, spec: dict, source_root: Path = REPO, beside: bool = False) -> Path:
+    """A copy of the workflow whose config.yaml holds the study of `spec`, alone or (`beside`) added
+    to this repository's config.yaml studies."""
     root.mkdir(parents=True)
     for name in WORKFLOW_FILES:
         source = source_root / name
@@ -164,11 +176,15 @@ def make_workflow(root: Path, spec: dict, source_root: Path = REPO) -> Path:
             shutil.copytree(source, root / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy(source, root / name)
-    (root / "config.yaml").write_text(yaml.safe_dump({"studies": {STUDY: spec}}, sort_keys=False))
+    config = {"studies": {STUDY: spec}}
+    if beside:
+        config = yaml.safe_load((REPO / "config.yaml").read_text())
+        config["studies"][STUDY] = spec
+    (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return root
 
 
-def make_bare(root: Path, cells: int, shaped: bool = False) -> Path:
+def make_bare(root: Path, cells: int, shaped: bool = False, values: bool = False) -> Path:
     root.mkdir(parents=True)
     micro_batches, seeds = axes_for(cells)
     text = BARE_SNAKEFILE
@@ -178,7 +194,7 @@ def make_bare(root: Path, cells: int, shaped: bool = False) -> Path:
         cell = load_config({"studies": {STUDY: study_spec(1, SMOKE_SETTINGS, "one")}}).study(STUDY).cells[0]
         rule_cell = text.index("\nrule cell:")
         text = text[:rule_cell] + SHAPED_RULE.format(params=cell.canonical, resources=cell.resources(),
-                                                     study=STUDY)
+                                                     values=values, study=STUDY)
         (root / "grid.json").write_text("{}\n")
         shutil.copy(REPO / "envs" / "train.yaml", root / "env.yaml")
     (root / "Snakefile").write_text(text)
@@ -245,7 +261,9 @@ def bench_planning(work: Path, sizes: list[int], repeats: int, before: Path | No
     for n in sizes:
         spec = study_spec(n, SMOKE_SETTINGS, "planning benchmark")
         trees[n] = {"workflow": make_workflow(work / f"workflow-{n}", spec),
-                    "bare": make_bare(work / f"bare-{n}", n), "shaped": make_bare(work / f"shaped-{n}", n, True)}
+                    "bare": make_bare(work / f"bare-{n}", n), "shaped": make_bare(work / f"shaped-{n}", n, True),
+                    "fixed": make_bare(work / f"fixed-{n}", n, True, values=True),
+                    "beside": make_workflow(work / f"beside-{n}", spec, beside=True)}
         if before:
             trees[n][BEFORE] = make_workflow(work / f"before-{n}", spec, before)
     runs = {n: {mode: {kind: {"wall": [], "cpu": []} for kind in kinds} for mode in modes} for n in sizes}
@@ -256,7 +274,7 @@ def bench_planning(work: Path, sizes: list[int], repeats: int, before: Path | No
                 for kind in order:
                     root = trees[n][kind]
                     log = root / f"{mode.replace(' ', '-')}.log"
-                    wall, cpu = snakemake(root, "all" if kind in ("bare", "shaped") else TARGET, *flags, log=log,
+                    wall, cpu = snakemake(root, "all" if kind in BARE_KINDS else TARGET, *flags, log=log,
                                           env=kind_environment(kind, before))
                     runs[n][mode][kind]["wall"].append(wall)
                     runs[n][mode][kind]["cpu"].append(cpu)
@@ -276,11 +294,10 @@ def bench_planning(work: Path, sizes: list[int], repeats: int, before: Path | No
             for clock in ("wall", "cpu"):
                 report[n][mode][f"ratio_{clock}"] = spread(
                     [w / b for w, b in zip(r["workflow"][clock], r["bare"][clock])])
-                report[n][mode][f"shaped_ratio_{clock}"] = spread(
-                    [s / b for s, b in zip(r["shaped"][clock], r["bare"][clock])])
-                if before:
-                    report[n][mode][f"before_ratio_{clock}"] = spread(
-                        [w / b for w, b in zip(r[BEFORE][clock], r["bare"][clock])])
+                for kind in kinds:
+                    if kind not in ("workflow", "bare"):
+                        report[n][mode][f"{kind}_ratio_{clock}"] = spread(
+                            [k / b for k, b in zip(r[kind][clock], r["bare"][clock])])
     return report
 
 
@@ -620,16 +637,25 @@ def ratio_text(r: dict) -> str:
     return f"{r['median']:.2f}x [{r['low']:.2f}, {r['high']:.2f}]"
 
 
+OTHER_KINDS = ("fixed", "shaped", "beside", BEFORE)  # beside the workflow's and the bare Snakefile's figures
+
+
 def planning_summary(planning: dict) -> list[str]:
-    lines = []
     sizes = sorted(planning, key=int)
+    legend = {"fixed": "one rule with train_cell's directives, each given as a value",
+              "shaped": "that rule with each given as a function",
+              "beside": "the workflow with the study beside this repository's config.yaml studies",
+              BEFORE: "the workflow at the commit named above"}
+    lines = ["", "planning, beside the workflow and the bare Snakefile: " + "; ".join(
+        f"{kind}: {legend[kind]}" for kind in OTHER_KINDS if f"{kind}_ratio_wall" in planning[sizes[0]]["plan"])]
     for mode in ("plan", "plan quiet"):
         flags = "-n" if mode == "plan" else "-n -q"
         lines += ["", f"planning: `snakemake {TARGET} {flags}` against a bare Snakefile of as many jobs; medians "
                       "of the repeats, ratios as median [lowest, highest] of the repeats' ratios",
                   f"{'cells':>6}  {'workflow':>9}  {'bare':>8}  {'wall: workflow/bare':>21}  "
-                  f"{'cpu: workflow/bare':>21}  {'ms per added cell (bare)':>24}  {'shaped/bare (wall)':>20}"
-                  + (f"  {'before/bare (wall)':>20}" if "before_ratio_wall" in planning[sizes[0]][mode] else "")]
+                  f"{'cpu: workflow/bare':>21}  {'ms per added cell (bare)':>24}"
+                  + "".join(f"  {kind + '/bare (wall)':>20}" for kind in OTHER_KINDS
+                            if f"{kind}_ratio_wall" in planning[sizes[0]][mode])]
         previous = None
         for n in sizes:
             r = planning[n][mode]
@@ -639,9 +665,9 @@ def planning_summary(planning: dict) -> list[str]:
                 added = int(n) - int(previous[0])
                 marginal = f"{1000 * (w - previous[1]) / added:.2f} ({1000 * (b - previous[2]) / added:.2f})"
             lines.append(f"{int(n):>6}  {w:>8.2f}s  {b:>7.2f}s  {ratio_text(r['ratio_wall']):>21}  "
-                         f"{ratio_text(r['ratio_cpu']):>21}  {marginal:>24}  "
-                         f"{ratio_text(r['shaped_ratio_wall']):>20}"
-                         + (f"  {ratio_text(r['before_ratio_wall']):>20}" if "before_ratio_wall" in r else ""))
+                         f"{ratio_text(r['ratio_cpu']):>21}  {marginal:>24}"
+                         + "".join(f"  {ratio_text(r[f'{kind}_ratio_wall']):>20}" for kind in OTHER_KINDS
+                                   if f"{kind}_ratio_wall" in r))
             previous = (n, w, b)
         if "10000" in map(str, sizes):
             ratio = planning[next(n for n in sizes if str(n) == "10000")][mode]["ratio_wall"]["median"]

@@ -50,14 +50,18 @@ def test_the_scaling_benchmark_plans_runs_and_times_cells_against_bare_snakemake
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((out / "plan_scaling.json").read_text())
-    # each size planned by the workflow, the bare Snakefile and the bare one shaped like train_cell,
-    # quiet and not (the benchmark itself checks each dry run planned every cell)
+    # each size planned by the workflow (alone, and beside this repository's studies), the bare
+    # Snakefile and the bare one shaped like train_cell (its values from functions, and fixed), quiet
+    # and not (the benchmark itself checks each dry run planned every cell)
     for size in ("4", "9"):
         for mode in ("plan", "plan quiet"):
             figures = report["planning"][size][mode]
-            assert all(len(figures[f"{kind}_wall_s"]["values"]) == 1 for kind in ("workflow", "bare", "shaped"))
+            assert all(len(figures[f"{kind}_wall_s"]["values"]) == 1
+                       for kind in ("workflow", "bare", "shaped", "fixed", "beside"))
             assert figures["ratio_wall"]["median"] == (figures["workflow_wall_s"]["median"]
                                                        / figures["bare_wall_s"]["median"])
+            assert figures["fixed_ratio_wall"]["median"] == (figures["fixed_wall_s"]["median"]
+                                                             / figures["bare_wall_s"]["median"])
             assert len(figures["before_wall_s"]["values"]) == 1  # the workflow of --before REF, beside it
         # a grid whose every cell has a result: planned cold, warm, and a remote job's start, each kind
         measured = report["measured"][size]
@@ -72,6 +76,7 @@ def test_the_scaling_benchmark_plans_runs_and_times_cells_against_bare_snakemake
         assert 0 < launched["launcher_s"]["median"] < launched["run_cell_s"]["median"]
     summary = (out / "plan_scaling.txt").read_text()
     assert "command:" in summary and "workflow/bare" in summary and "goal <= 20 ms" in summary
+    assert "fixed/bare (wall)" in summary and "beside/bare (wall)" in summary
 
 
 def test_predictions_made_before_a_run_are_held_against_its_results(tmp_path):
