@@ -153,6 +153,9 @@ HOW: dict[str, How] = {
     "python bench/plan_scaling.py --before c565396 --out results/bench/plan_scaling":
         How("elsewhere", "plans grids of up to 40,000 cells for about 60 minutes; tests/test_bench.py runs it "
                          "on a small grid, with --before; its output: results/bench/plan_scaling"),
+    "python bench/plan_scaling.py --skip measured scheduler execution --out results/bench/plan_values":
+        How("elsewhere", "plans grids of up to 40,000 cells for about 28 minutes; tests/test_bench.py runs its "
+                         "planning on a small grid; its output: results/bench/plan_values"),
     "python bench/plan_scaling.py --skip planning measured scheduler --cells 300 --repeats 3 --before 918ebb4 "
     "--out results/bench/cell_overhead/cpu-box":
         How("elsewhere", "runs 1,800 cells one at a time for about 12 minutes; tests/test_bench.py runs the same "
