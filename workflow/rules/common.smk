@@ -117,7 +117,11 @@ def get_cell_params(wildcards):
 # it): given to Snakemake as values, which it takes as they are. A resource given as a function costs
 # a call through Snakemake's input-function machinery for every job it plans (thirteen per cell job:
 # 2 s of a dry run of 10,000 cells).
-SHARED_RESOURCES = shared_resources(cell for study in CONFIG.studies.values() for cell in study.cells)
+# A job run remotely has one job to plan: it would gain nothing from them, and finding them means
+# every cell's resources.
+SHARED_RESOURCES = {} if workflow.remote_exec else shared_resources(
+    cell for study in CONFIG.studies.values() for cell in study.cells
+)
 
 
 def cell_resource(name):
