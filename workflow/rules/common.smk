@@ -119,9 +119,10 @@ def get_cell_params(wildcards):
 # 2 s of a dry run of 10,000 cells).
 # A job run remotely has one job to plan: it would gain nothing from them, and finding them means
 # every cell's resources.
-SHARED_RESOURCES = {} if workflow.remote_exec else shared_resources(
-    cell for study in CONFIG.studies.values() for cell in study.cells
-)
+if workflow.remote_exec:
+    SHARED_RESOURCES = {}
+else:
+    SHARED_RESOURCES = shared_resources(c for study in CONFIG.studies.values() for c in study.cells)
 
 
 def cell_resource(name):
