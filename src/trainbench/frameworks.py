@@ -316,13 +316,19 @@ def not_implemented(params: dict[str, Any]) -> str | None:
 # import: a plugin's runner may import trainbench's runners, which import this module.
 PLUGINS_ENV = "TRAINBENCH_PLUGINS"
 _plugins_loaded: set[str] = set()
+_plugins_named: str | None = None  # the variable's value when its modules were last loaded
 
 
 def _load_plugins() -> None:
     import importlib
     import os
 
-    for module in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
+    global _plugins_named
+    named = os.environ.get(PLUGINS_ENV, "")
+    if named == _plugins_named:  # every cell of a grid reads the registry: loaded once per value
+        return
+    for module in filter(None, (m.strip() for m in named.split(","))):
         if module not in _plugins_loaded:
             _plugins_loaded.add(module)
             importlib.import_module(module)
+    _plugins_named = named

@@ -14,7 +14,7 @@ import itertools
 import json
 import re
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, Iterable
 
 from trainbench import frameworks, paths
@@ -185,17 +185,34 @@ def search_target(study: str, cell_id: str) -> str:
     return paths.path(paths.SEARCH, study=study, cell=cell_id)
 
 
-def make_cell_id(params: dict[str, Any], keys) -> str:
-    return ID_SEPARATOR.join(f"{k}~{format_value(params[k])}" for k in sort_keys(keys))
+def make_cell_id(params: dict[str, Any], keys: tuple[str, ...]) -> str:
+    return ID_SEPARATOR.join(f"{k}~{format_value(params[k])}" for k in _sorted_id_keys(keys))
+
+
+@lru_cache(maxsize=None)
+def _sorted_id_keys(keys: tuple[str, ...]) -> list[str]:
+    """A study's cells share a few tuples of id keys: each sorted once."""
+    return sort_keys(keys)
+
+
+def _normalised(params: dict[str, Any]) -> dict[str, Any]:
+    """The values of float parameters given as integers (YAML's `1`), as floats."""
+    out = dict(params)
+    for name, value in params.items():
+        param = PARAMS_BY_NAME.get(name)
+        if param and param.kind == "float" and isinstance(value, int) and not isinstance(value, bool):
+            out[name] = float(value)
+    return out
+
+
+# Every cell starts from the defaults: normalised once, not per cell (a grid of 40,000 cells resolves
+# 40,000 times, in every Snakemake a run starts).
+_DEFAULTS = _normalised(defaults())
 
 
 def resolve(params: dict[str, Any]) -> dict[str, Any]:
     """Fill defaults, normalise types and add derived values. Assumes schema-valid input."""
-    p = {**defaults(), **params}
-    for name, value in p.items():
-        param = PARAMS_BY_NAME.get(name)
-        if param and param.kind == "float" and isinstance(value, int) and not isinstance(value, bool):
-            p[name] = float(value)
+    p = {**_DEFAULTS, **_normalised(params)}
     model = MODELS.get(p["model"])
     if p["seq_len"] is None and model is not None:
         p["seq_len"] = model.max_seq
