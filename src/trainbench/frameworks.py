@@ -133,7 +133,6 @@ def offloads(params: dict[str, Any]) -> tuple[bool, bool]:
                                                   and bool(params["offload_param"]))))
 
 
-
 def deepspeed_ops(params: dict[str, Any]) -> tuple[str, ...]:
     """The DeepSpeed ops a cell's ranks compile or load: CPU Adam, with which every framework here steps
     an optimizer offloaded from a GPU (ZeRO-Offload takes no other; a CPU cell steps torch's Adam)."""

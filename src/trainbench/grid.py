@@ -167,7 +167,7 @@ def shared_resources(cells: Iterable[Cell]) -> dict[str, int | str | None]:
     The workflow hands Snakemake these as values and the others as functions of a job's cell: Snakemake
     takes a value as it is, and calls a function through its input-function machinery for every job
     it plans. On a grid swept over batch sizes and seeds most resources are the same in every cell.
-    No cells share nothing: there is no value to give."""
+    Of no cells, nothing: there is no value to give."""
     shared: dict[str, int | str | None] | None = None
     for cell in cells:
         resources = cell.resources()
@@ -190,9 +190,9 @@ def make_cell_id(params: dict[str, Any], keys: tuple[str, ...]) -> str:
 
 
 @lru_cache(maxsize=None)
-def _sorted_id_keys(keys: tuple[str, ...]) -> list[str]:
-    """A study's cells share a few tuples of id keys: each sorted once."""
-    return sort_keys(keys)
+def _sorted_id_keys(keys: tuple[str, ...]) -> tuple[str, ...]:
+    """A study's cells share a few tuples of id keys: each sorted once (a tuple: the cache's, shared)."""
+    return tuple(sort_keys(keys))
 
 
 def _normalised(params: dict[str, Any]) -> dict[str, Any]:
