@@ -82,8 +82,10 @@ def bounds_for(search: dict[str, Any], params: dict[str, Any]) -> tuple[int, int
     study describes (its `gpu_mem_gib`), or on this host for CPU cells."""
     if params["device"] == "cpu":
         hardware = Hardware(None, host_memory_mib(), params["gpus_per_node"])
-    elif search.get("gpu_mem_gib"):
-        hardware = Hardware(search["gpu_mem_gib"] * 1024, float("inf"), params["gpus_per_node"])
+    elif search.get("gpu_mem_gib") or params.get("gpu_mem_limit_gib"):
+        # a cell held to a smaller GPU is searched on that GPU
+        gpu = min(g for g in (search.get("gpu_mem_gib"), params.get("gpu_mem_limit_gib")) if g)
+        hardware = Hardware(gpu * 1024, float("inf"), params["gpus_per_node"])
     else:
         hardware = None
     return model_bounds(params, hardware, search["max_micro_batch"])

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainbench import frameworks, memory_model, provenance
+from trainbench import emulation, frameworks, memory_model, provenance
 from trainbench.grid import Cell, params_hash
 from trainbench.gpus import NotEnoughGpus, devices_for_cell, machine_devices, under_slurm
 from trainbench.lifetime import driver_pid, runner_environment, wait_for_an_exit, when_gone
-from trainbench.launch import (Rendezvous, free_port, launch_environment, multinode_command, node_command,
-                              srun_command, worker_args)
+from trainbench.launch import (WORKER_MODULE, Rendezvous, free_port, launch_environment, multinode_command,
+                              node_command, srun_command, worker_args)
 from trainbench.hardware import host_memory_mib
 from trainbench.results import (SCHEMA_VERSION, empty_metrics, empty_predicted, node_memory, partial_metrics,
                                 summarize, write_json_atomic)
@@ -65,17 +65,26 @@ def gpus_here(devices: list[str] | None, device_type: str) -> dict[str, Any]:
             "devices": devices if devices is not None else machine_devices()}
 
 
-def hardware_here(gpu: dict[str, Any], device_type: str) -> memory_model.Hardware:
+def hardware_here(gpu: dict[str, Any], device_type: str,
+                  params: dict[str, Any] | None = None) -> memory_model.Hardware:
     """The memory a cell gets on this node: its GPUs' (`gpu`, from gpus_here) and this host's, less any
-    override."""
+    override or the cell's own GPU limit (`gpu_mem_limit_gib`). An emulated cell's node is the world's:
+    its ranks per node, each with this host's memory (the one rank it runs must fit here)."""
     gpu_mib, name, gpus = None, "CPU", 0
     if device_type == "cuda":
         gpu_mib, name, gpus = gpu["gpu_memory_mib"], gpu["gpu_name"] or "GPU", len(gpu["devices"])
     host_mib = host_memory_mib()
     limits = memory_limits_override()
+    if params is not None and params["gpu_mem_limit_gib"] is not None:
+        limits["gpu"] = min(limits.get("gpu", float("inf")), params["gpu_mem_limit_gib"] * 1024)
+        name = f"{name} held to {params['gpu_mem_limit_gib']:g} GiB"
     if "gpu" in limits and device_type == "cuda":
         gpu_mib = min(gpu_mib, limits["gpu"]) if gpu_mib else limits["gpu"]
     host_mib = min(host_mib, limits.get("host", host_mib))
+    if params is not None and params["emulate"]:
+        per_node = params["gpus_per_node"]
+        return memory_model.Hardware(gpu_mib, host_mib * per_node, per_node,
+                                     f"{name}, emulated node of {per_node} rank(s) with this host's memory each")
     return memory_model.Hardware(gpu_mib, host_mib, gpus, name)
 
 
@@ -161,10 +170,16 @@ class CellRun:
         print(f"[trainbench {self.cell.study}/{self.cell.cell_id}] {text}", flush=True)
 
     def _base_document(self, status: str, reason: str | None) -> dict[str, Any]:
-        return {"schema": SCHEMA_VERSION, "study": self.cell.study, "cell_id": self.cell.cell_id,
-                "params": self.params, "params_hash": params_hash(self.params), "status": status,
-                "reason": reason, "metrics": empty_metrics(), "predicted": self._prediction(),
-                "provenance": {}}
+        doc = {"schema": SCHEMA_VERSION, "study": self.cell.study, "cell_id": self.cell.cell_id,
+               "params": self.params, "params_hash": params_hash(self.params), "status": status,
+               "reason": reason, "metrics": empty_metrics(), "predicted": self._prediction(),
+               "provenance": {}}
+        if self.params["emulate"]:  # which rank it stands for, whatever became of it (account() adds more)
+            rank = emulation.rank_of(self.params)
+            doc["emulation"] = {"rank": rank.rank, "world_size": rank.world_size,
+                                "ranks_per_node": rank.ranks_per_node, "nodes": self.params["nodes"],
+                                "not_measured": emulation.NOT_MEASURED}
+        return doc
 
     def _prediction(self) -> dict[str, Any]:
         """The prediction the run was judged by (with its hardware), or, for a cell that never got
@@ -199,7 +214,7 @@ class CellRun:
         missing = frameworks.not_implemented(self.params)
         if missing:
             raise CellCannotRun(f"{missing}; this cell can be listed and dry-run, not run")
-        if self.params["nodes"] > 1:
+        if self.params["nodes"] > 1 and not self.params["emulate"]:
             if under_slurm():
                 return self._run_attempts(None, started)
             if os.environ.get(SIMULATE_NODES_ENV) == "1" and self.params["device"] == "cpu":
@@ -207,7 +222,9 @@ class CellRun:
             raise CellCannotRun(f"a {self.params['nodes']}-node cell runs inside a SLURM allocation "
                                 "(see README, 'Running on a SLURM cluster'); CPU cells can simulate nodes "
                                 f"with {SIMULATE_NODES_ENV}=1")
-        count = self.params["gpus_per_node"] if self.params["device"] == "cuda" else 0
+        # an emulated cell is one process on one device, whatever its world
+        ranks_here = 1 if self.params["emulate"] else self.params["gpus_per_node"]
+        count = ranks_here if self.params["device"] == "cuda" else 0
         try:
             if count:
                 with devices_for_cell(
@@ -223,10 +240,15 @@ class CellRun:
         if devices is not None:
             self._say(f"GPUs {','.join(devices)}")
         gpu = gpus_here(devices, self.params["device"])
-        hardware = hardware_here(gpu, self.params["device"])
+        hardware = hardware_here(gpu, self.params["device"], self.params)
         prediction = memory_model.predict(self.params, hardware)
         self.predicted = {**prediction.as_dict(), "hardware": hardware.describe()}
-        if not prediction.fits:
+        # An emulated rank runs to measure whether it fits its GPU: only a host that cannot hold the
+        # rank's share stops it (emulation.py; the hardware is the emulated node's)
+        measuring = self.params["emulate"] and "host memory" not in prediction.short_of
+        if not prediction.fits and measuring:
+            self._say(f"{prediction.why_not} ({hardware.describe()}); running the emulated rank to measure it")
+        elif not prediction.fits:
             if os.environ.get(FORCE_ENV) != "1" and not self.search_probe:
                 reason = (f"{prediction.why_not} ({self.predicted['hardware']}); not run "
                           f"(set {FORCE_ENV}=1 to run it)")
@@ -262,6 +284,13 @@ class CellRun:
                 write_json_atomic(self.output.parent / framework_config["file"], framework_config["config"])
         else:
             doc["metrics"] = partial_metrics(outcome.rank_records, wall_time_s)
+        # how the rank was measured (worker.Worker._measured_as): emulated, held to a smaller GPU
+        reports = [outcome.result] if outcome.result else outcome.rank_records
+        measured_as = next((r for r in reports if "emulated" in r or "device_limit" in r), {})
+        if measured_as.get("emulated"):
+            doc["emulation"] = emulation.account(doc["metrics"], measured_as["emulated"], self.params)
+        if self.params["gpu_mem_limit_gib"] is not None:
+            doc["device_limit"] = measured_as.get("device_limit")
         doc["attempts"] = attempt
         return self._write(doc, started=started, asked=asked, devices=devices, gpu=gpu,
                            command=" & ".join(shlex.join(c) for c in commands), result=outcome.result,
@@ -277,6 +306,8 @@ class CellRun:
                                          "params": self.params, "timing": self.cell.timing.as_dict()},
                                         indent=2))
         p = self.params
+        if p["emulate"]:  # one process joins the world as its rank (worker.py, emulation.py)
+            return [[self.python, "-m", WORKER_MODULE, *worker_args(cell_file, self.work_dir)]]
         if p["nodes"] == 1:
             return [node_command(p, cell_file, self.work_dir, python=self.python,
                                  devices_given=devices is not None)]

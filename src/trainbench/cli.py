@@ -57,8 +57,12 @@ def search_status(root: Path, study: str, cell_id: str) -> str:
 
 def ranks(params: dict) -> str:
     """A cell's ranks and what they run on: "2 (gpu)" is 2 GPUs, "2 (cpu)" 2 processes on CPU cores
-    (the table's "gpus" column counts ranks either way)."""
-    return f"{params['gpus']} ({'gpu' if params['device'] == 'cuda' else 'cpu'})"
+    (the table's "gpus" column counts ranks either way); an emulated cell's is one rank of its world,
+    "1 of 64 (gpu)"."""
+    kind = 'gpu' if params['device'] == 'cuda' else 'cpu'
+    if params.get("emulate"):
+        return f"1 of {params['gpus']} ({kind})"
+    return f"{params['gpus']} ({kind})"
 
 
 def cmd_cells(args) -> int:

@@ -3,7 +3,7 @@ change beyond the noise?
 
 Cells are matched by study and cell id (the metrics.json under `<root>/<study>/<cell>/`). For each
 cell that ran in both with the same parameters (a cell rerun with other parameters is not a repeat,
-and says so), every figure a table reports changes by some percent. A change is *significant*:
+and says so; an emulated rank is never a repeat of a real run), every figure a table reports changes by some percent. A change is *significant*:
 
 - for timed figures (step time, samples/s), when the two runs' 95% intervals do not overlap and the
   change is at least `min_change` (the measurement's own target precision: a difference smaller than
@@ -142,8 +142,10 @@ def compare(first: Path, second: Path, *, min_change: float = 0.02, patterns: li
     cells = []
     for key in sorted(a.keys() & b.keys()):
         old, new = a[key], b[key]
+        # an emulated rank is never set against a real one (their parameters differ in `emulate` too)
         row = CellComparison(old["study"], old["cell_id"], (old["status"], new["status"]),
-                             old.get("params_hash") == new.get("params_hash"))
+                             old.get("params_hash") == new.get("params_hash")
+                             and bool(old.get("emulation")) == bool(new.get("emulation")))
         if row.repeated:
             for figure in FIGURES:
                 change = _change(figure, old["metrics"], new["metrics"], min_change)

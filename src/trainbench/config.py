@@ -105,7 +105,7 @@ def _coerce_numbers(node: Any) -> Any:
         for section in ("include", "exclude"):
             for entry in study.get(section) or []:
                 fix_mapping(entry)
-        for override in study.get("execution_overrides") or []:
+        for override in [*(study.get("execution_overrides") or []), *(study.get("timing_overrides") or [])]:
             if isinstance(override, dict):
                 fix_mapping(override.get("when"))
     return node

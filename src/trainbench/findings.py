@@ -27,7 +27,9 @@ lie between the largest that trained and the smallest that failed. A finding is 
 every measured pair holds, *partly* when some do, *not reproduced* when none does, and *not yet
 measured* when no pair has both cells measured. Planned cells are not measured; where the memory and
 time models give their figures, the pairs are also judged on those, reported apart and labelled
-"predicted". Cells the stack cannot run (`unsupported`) take no part.
+"predicted". Cells the stack cannot run (`unsupported`) take no part. An emulated cell (one rank of its
+world, measured alone: emulation.py) is measured for memory, fits and oom, and says so; its timed
+figures are its rank's compute alone, so on a timed metric it counts as not measured.
 """
 
 from __future__ import annotations
@@ -404,6 +406,8 @@ def _figure(metric: Metric, doc: Doc) -> tuple[str, tuple[float, float, bool] | 
         return "measured", (math.inf, math.inf, False)
     if status != "ok":
         return "no figure", None
+    if metric.timed and doc.get("emulation"):  # one rank's compute: no measure of the whole step
+        return "not measured", None
     value, interval = metric.figure(doc)
     if value is None:  # a figure this cell lacks (no search, no accuracy): not measured yet
         return "not measured", None
@@ -440,7 +444,7 @@ def _point(doc: Doc, metric: Metric, figure: tuple[float, float, bool]) -> float
 
 def _outcome_cell(finding: Finding, doc: Doc, label: str) -> Pair:
     """fits / oom: one cell."""
-    from trainbench.tables import result_text
+    from trainbench.tables import emulated, result_text
 
     status = doc["status"]
     pair = Pair(doc["cell_id"], None, label, "measured", status=status)
@@ -459,6 +463,8 @@ def _outcome_cell(finding: Finding, doc: Doc, label: str) -> Pair:
     elif status in ("ok", "oom"):
         pair.outcome = "holds" if status == wanted else "fails"
         pair.status = "trains" if status == "ok" else result_text(doc)
+        if status == "ok" and doc.get("emulation"):
+            pair.status = f"trains ({emulated(doc)})"
     else:
         pair.basis = "no figure"
     return pair

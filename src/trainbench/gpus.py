@@ -134,6 +134,8 @@ def short_of_gpus(params: dict, gpus_here: int) -> str | None:
     such cells when it plans, rather than fail them one job at a time (SLURM places them instead)."""
     if params["device"] != "cuda":
         return None
+    if params.get("emulate"):  # one rank of its world, on one GPU
+        return "needs 1 GPU" if gpus_here < 1 else None
     if params["nodes"] > 1:
         return f"needs {params['nodes']} nodes"
     need = params["gpus_per_node"]

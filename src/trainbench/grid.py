@@ -95,14 +95,15 @@ class Cell:
                     "cpus_per_task": 1, "cpus_per_rank": 1, "mem_mb": 1000, "runtime": 5, "threads": 1,
                     "retries": 0,
                     "timing": self.timing.as_argument()}
-        ranks_per_node = p["gpus_per_node"]
+        # an emulated cell is one process of its world on one device, whatever the world's size
+        ranks_per_node = 1 if p["emulate"] else p["gpus_per_node"]
         cpus = ex["cpus_per_rank"] * ranks_per_node
         cuda = p["device"] == "cuda"
-        multinode = p["nodes"] > 1
+        multinode = p["nodes"] > 1 and not p["emulate"]
         return {
-            "gpu": p["gpus"] if cuda and not multinode else (None if multinode else 0),
+            "gpu": ranks_per_node if cuda and not multinode else (None if multinode else 0),
             "gres": f"gpu:{ranks_per_node}" if cuda and multinode else None,
-            "nodes": p["nodes"],
+            "nodes": p["nodes"] if multinode else 1,
             "tasks": p["nodes"] if multinode else None,
             "tasks_per_gpu": 0 if cuda and multinode else None,  # 0: no --ntasks-per-gpu from the plugin
             "mpi": "srun" if multinode else None,
@@ -185,6 +186,18 @@ def search_target(study: str, cell_id: str) -> str:
     return paths.path(paths.SEARCH, study=study, cell=cell_id)
 
 
+# Keys that change what a measurement is, not only its set-up: a cell that sets one is always named
+# by it, so an emulated result (or one on a smaller GPU) never takes the name, and the place, of the
+# real cell it stands for, whatever the study varies.
+ALWAYS_NAMED = ("emulate", "emulate_rank", "gpu_mem_limit_gib")
+
+
+def named_keys(params: dict[str, Any], keys: tuple[str, ...]) -> tuple[str, ...]:
+    """A cell's id keys: the ones its study varies, and any key of ALWAYS_NAMED it sets."""
+    extra = tuple(k for k in ALWAYS_NAMED if k not in keys and params.get(k) != PARAMS_BY_NAME[k].default)
+    return keys + extra
+
+
 def make_cell_id(params: dict[str, Any], keys: tuple[str, ...]) -> str:
     return ID_SEPARATOR.join(f"{k}~{format_value(params[k])}" for k in _sorted_id_keys(keys))
 
@@ -252,6 +265,16 @@ def check_cell(p: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
                                     "'sdpa' or 'eager'"))
     if p["launcher"] == "python" and p["nodes"] > 1:
         errors.append(("launcher", "'python' cannot span nodes"))
+    if p["emulate_rank"] is not None and not p["emulate"]:
+        errors.append(("emulate_rank", "names the rank an emulated cell runs; set emulate: true, or leave it "
+                                       "null"))
+    elif p["emulate_rank"] is not None and p["emulate_rank"] >= p["gpus"]:
+        errors.append(("emulate_rank", f"rank {p['emulate_rank']} is not a rank of a world of {p['gpus']}"))
+    if p["emulate"] and p["gpus"] == 1:
+        errors.append(("emulate", "a one-rank cell already runs alone on one device; emulate is for cells "
+                                  "of several ranks"))
+    if p["gpu_mem_limit_gib"] is not None and p["device"] != "cuda":
+        errors.append(("gpu_mem_limit_gib", "holds a rank to less GPU memory; a CPU cell has none"))
     strategy_errors, unsupported = frameworks.check(p)
     return errors + strategy_errors, unsupported
 
@@ -281,6 +304,16 @@ def _execution(study_spec: dict[str, Any], params: dict[str, Any]) -> dict[str, 
         if _matches(params, override["when"]):
             settings.update(override["set"])
     return settings
+
+
+def _timing(study_spec: dict[str, Any], params: dict[str, Any], base: TimingSettings) -> TimingSettings:
+    overrides = [o["set"] for o in study_spec.get("timing_overrides") or [] if _matches(params, o["when"])]
+    if not overrides:
+        return base  # shared by the study's cells
+    settings = base.as_dict()
+    for override in overrides:
+        settings.update(override)
+    return TimingSettings(**settings)
 
 
 def expand_study(name: str, spec: dict[str, Any]) -> Study:
@@ -341,6 +374,7 @@ def expand_study(name: str, spec: dict[str, Any]) -> Study:
     grouped: dict[tuple[str, str], list[str]] = {}
     for index, (entry, id_keys) in enumerate(entries):
         params = resolve({**settings, **entry})
+        id_keys = named_keys(params, id_keys)
         for key in id_keys:
             if not ID_VALUE.match(format_value(params[key])):
                 problems.append(f"studies.{name}: value {params[key]!r} of {key} cannot name a cell; "
@@ -354,8 +388,8 @@ def expand_study(name: str, spec: dict[str, Any]) -> Study:
         errors, unsupported = check_cell(params)
         for key, message in errors:
             grouped.setdefault((key, message), []).append(cell_id)
-        cells.append(Cell(name, cell_id, params, tuple(sort_keys(id_keys)), _execution(spec, params), timing,
-                          unsupported))
+        cells.append(Cell(name, cell_id, params, tuple(sort_keys(id_keys)), _execution(spec, params),
+                          _timing(spec, params, timing), unsupported))
 
     for (key, message), ids in grouped.items():
         shown = ", ".join(repr(i) for i in ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")

@@ -423,8 +423,15 @@ def hardware_of_run(doc: dict[str, Any]) -> Hardware | None:
     host = provenance.get("host_mem_total_mib") or float("inf")
     if not totals and host == float("inf"):
         return None
-    return Hardware(min(totals) if totals else None, host, len(totals or []),
-                    gpu=gpu_type_of(provenance.get("gpu_name")))
+    params = doc.get("params") or {}
+    gpu_mib, gpus = (min(totals) if totals else None), len(totals or [])
+    if params.get("gpu_mem_limit_gib") and gpu_mib is not None:  # held to a smaller GPU
+        gpu_mib = min(gpu_mib, params["gpu_mem_limit_gib"] * 1024)
+    if doc.get("emulation") or params.get("emulate"):
+        # one rank of a node of gpus_per_node ranks, each with this host's memory (cellrun.hardware_here)
+        gpus = params.get("gpus_per_node") or gpus
+        host *= gpus
+    return Hardware(gpu_mib, host, gpus, gpu=gpu_type_of(provenance.get("gpu_name")))
 
 
 def hardware_from_args(gpu: str | None, gpu_mem_gib: float | None, host_mem_gib: float,
@@ -445,3 +452,11 @@ def hardware_from_args(gpu: str | None, gpu_mem_gib: float | None, host_mem_gib:
     else:
         gpu_mib = kind.memory_mib if kind else None
     return Hardware(gpu_mib, host_mem_gib * 1024, gpus_per_node, gpu or "", kind)
+
+
+def heaviest_rank(params: dict[str, Any]) -> int:
+    """The rank whose GPU holds the most: the one an emulated cell runs by default (emulation.py).
+    Ranks hold alike, or rank 0 holds the larger part of an uneven split (a vocabulary over tensor-
+    parallel ranks, FSDP's and ZeRO's padded shards), except under pipeline parallelism, where the
+    stages differ."""
+    return 0

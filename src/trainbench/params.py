@@ -113,6 +113,18 @@ PARAMS: tuple[Param, ...] = (
           "many rows, as nanoGPT pads GPT-2's 50,257 to 50,304 (64): the head's matmul and the loss's rows "
           "then tile evenly. The padded rows are never a token of the data, and TFLOPS and MFU count the "
           "model's own vocabulary. trainbench's GPT models.", minimum=1, optional=True),
+    Param("emulate", "bool", False, "Run one rank of the cell's world alone on one device (one GPU, or a CPU "
+          "process), through PyTorch's fake process group: the framework builds, shards, computes and steps "
+          "as that rank would, and the collectives return at once. Measures the rank's memory and compute "
+          "time; communication time is not measured and NCCL's buffers are modelled (README, \"Emulated "
+          "ranks\"). An emulated cell is always named as such (`emulate~true` in its id).", optional=True),
+    Param("emulate_rank", "int", None, "Which rank an emulated cell runs; null: the heaviest by the memory "
+          "model (a pipeline's first or last stage; rank 0 where ranks hold alike).", minimum=0,
+          nullable=True, optional=True),
+    Param("gpu_mem_limit_gib", "float", None, "Hold each rank to a GPU of this many GiB (an A100's 40 or 80 "
+          "on an H200): the caching allocator may reserve what such a GPU leaves after the CUDA context and "
+          "NCCL's buffers, and runs out where it would. Null: the GPU's own memory. CUDA only; always in "
+          "the cell's id when set.", minimum=1, nullable=True, optional=True),
     Param("ort", "bool", False, "Run the model under ONNX Runtime training (ORTModule)."),
     Param("compile", "bool", False, "Compile the model with torch.compile."),
     Param("lr", "float", 1e-4, "Peak learning rate.", minimum=0),

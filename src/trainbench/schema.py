@@ -184,6 +184,17 @@ def build_schema() -> dict[str, Any]:
                               "set": {**execution, "description": "Execution settings for those cells.",
                                       "default": {}}}},
             },
+            "timing_overrides": {
+                "type": "array", "default": [],
+                "description": "Per-cell timing: `set` applies to the cells matching `when` (an emulated "
+                               "rank of a large model whose steps take a minute needs fewer windows).",
+                "items": {"type": "object", "additionalProperties": False, "required": ["when", "set"],
+                          "properties": {
+                              "when": {**param_object, "description": "Parameters a cell must match.",
+                                       "default": {}},
+                              "set": {**TimingSettings.json_schema(),
+                                      "description": "Timing settings for those cells.", "default": {}}}},
+            },
             "search": {
                 "type": "object", "additionalProperties": False, "default": {},
                 "description": "The largest micro batch search "

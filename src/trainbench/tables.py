@@ -265,6 +265,8 @@ def _memory_columns(name: str, key: str, what: str, source: str, meaning: dict[s
 
 
 def _step_time_error_pct(doc: Doc):
+    if doc.get("emulation"):  # a rank's compute alone against the model's whole step: no error to give
+        return None
     predicted, measured = time_prediction(doc).get("step_time_s"), _metric(doc, "step_time_s")
     return 100 * (predicted - measured) / measured if predicted and measured else None
 
@@ -358,6 +360,7 @@ def with_predictions(report: list[str], docs: list[Doc]) -> list[str]:
 
 
 FOOTNOTE_AFTER = 60  # reasons longer than this go under the table, once each
+COMPUTE_ONLY = "_emulated"  # a table row's flag: its timed figures are one emulated rank's compute
 
 
 def noisy_text(doc: Doc) -> str:
@@ -368,9 +371,21 @@ def noisy_text(doc: Doc) -> str:
     return f"noisy (±{half:.1%})"
 
 
+def emulated(doc: Doc) -> str | None:
+    """"emulated rank r of N" for a cell measured as one rank of its world alone (emulation.py)."""
+    section = doc.get("emulation")
+    return f"emulated rank {section['rank']} of {section['world_size']}" if section else None
+
+
 def result_text(doc: Doc, notes: list[str] | None = None) -> str:
-    """A cell's outcome for the table: "ok", "OOM at step 23 (timed)", "unsupported: why". With a notes
-    list, a long reason becomes a numbered footnote there (shared by every cell that gives it)."""
+    """A cell's outcome for the table: "ok", "OOM at step 23 (timed)", "unsupported: why"; an emulated
+    cell's starts with "emulated rank r of N: ". With a notes list, a long reason becomes a numbered
+    footnote there (shared by every cell that gives it)."""
+    text = _outcome_text(doc, notes)
+    return f"{emulated(doc)}: {text}" if emulated(doc) else text
+
+
+def _outcome_text(doc: Doc, notes: list[str] | None) -> str:
     status, reason = doc["status"], doc.get("reason")
     if status == "ok":
         return f"ok, {noisy_text(doc)}" if _metric(doc, "noisy") else "ok"
@@ -414,6 +429,7 @@ def table_rows(docs: list[Doc], *, id_keys: list[str], report: list[str]) -> lis
     rows = []
     for doc in docs:
         row: dict[str, Any] = {key: doc["params"].get(key) for key in id_keys}
+        row[COMPUTE_ONLY] = bool(doc.get("emulation"))
         for name in report:
             value, interval = column_values(doc, name)
             row[name] = value
@@ -424,13 +440,16 @@ def table_rows(docs: list[Doc], *, id_keys: list[str], report: list[str]) -> lis
 
 
 def cell_text(row: dict[str, Any], name: str) -> str:
-    """A table cell as the markdown shows it: the value, and ± half its interval's width."""
+    """A table cell as the markdown shows it: the value, and ± half its interval's width; a timed figure
+    of an emulated cell is marked as its rank's compute alone."""
     column, value = COLUMNS[name], row[name]
     if value is None:
         return "—"
     text = column.text(value)
     if row.get(f"{name}_low") is not None:
         text += f" ± {column.text((row[f'{name}_high'] - row[f'{name}_low']) / 2)}"
+    if row.get(COMPUTE_ONLY) and column.interval is not None:
+        text += " (compute)"
     return text
 
 
@@ -545,6 +564,24 @@ def _planning_note(docs: list[Doc], plan_for: dict[str, Any] | None) -> list[str
     return [" ".join(notes), ""]
 
 
+def _emulation_note(docs: list[Doc]) -> list[str]:
+    rows = [d for d in docs if d.get("emulation")]
+    if not rows:
+        return []
+    from trainbench.memory_model import NCCL_MIB
+
+    limits = sorted({d["params"]["gpu_mem_limit_gib"] for d in rows if d["params"].get("gpu_mem_limit_gib")})
+    held = (f" Where gpu_mem_limit_gib is set ({', '.join(f'{g:g}' for g in limits)} GiB), the rank was held "
+            "to a GPU of that size: its allocator could reserve what such a GPU leaves after the CUDA context "
+            "and NCCL's buffers, and an OOM is that GPU's." if limits else "")
+    return [f"Rows marked \"emulated rank r of N\" ({len(rows)} here) ran one rank of the cell's world alone on "
+            "one GPU through PyTorch's fake process group (README, \"Emulated ranks\"): the framework built, "
+            "sharded and stepped as that rank, and no collective moved data. Their memory is the rank's, "
+            f"measured, with NCCL's buffers modelled ({NCCL_MIB:.0f} MiB added to the GPU's) and the node's host "
+            "memory derived (the rank's times the ranks per node); their timed figures, marked (compute), are "
+            "the rank's compute alone, beside the time model's whole step." + held, ""]
+
+
 def _timing_note(docs: list[Doc]) -> list[str]:
     ran = [d for d in docs if d["status"] == "ok"]
     if not ran:
@@ -605,6 +642,7 @@ def study_markdown(study: str, description: str, docs: list[Doc], *, id_keys: li
         f"{paths.path(paths.TABLE_MD, study=study)}` from {paths.path(paths.RUN, study=study, cell='*')}.",
         "",
         *_planning_note(docs, plan_for),
+        *_emulation_note(docs),
         *_timing_note(docs),
         *_time_model_note(docs),
         "Columns: " + "; ".join(f"{COLUMNS[c].header}: {COLUMNS[c].description}" for c in report) + ".",
@@ -647,7 +685,8 @@ def csv_rows(docs: list[Doc], *, id_keys: list[str], report: list[str]) -> list[
                                         else {})
         document["predicted_now"] = doc["predicted_now"]
         row = flatten(document)
-        row.update({f"table.{name}": value for name, value in table.items() if name not in id_keys})
+        row.update({f"table.{name}": value for name, value in table.items()
+                    if name not in id_keys and name != COMPUTE_ONLY})
         rows.append(row)
     return rows
 

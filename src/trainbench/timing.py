@@ -37,7 +37,8 @@ class TimingSettings:
     reruns nothing (like `execution`). The config schema is built from these fields."""
 
     min_windows: int = _setting(6, "integer", "Timed windows a cell runs at least (6 is the fewest that "
-                                "give a 95% interval of the median).", minimum=MIN_WINDOWS_FOR_INTERVAL)
+                                "give a 95% interval of the median; with fewer a cell has no interval and "
+                                "is marked noisy).", minimum=1)
     target_ci: float = _setting(0.02, "number", "Keep timing windows until the 95% interval of the step time "
                                 "is within this share of its median (0.02: ±2%).",
                                 exclusiveMinimum=0, maximum=1)

@@ -22,12 +22,13 @@ import psutil
 import torch
 import torch.distributed as dist
 
+from trainbench import emulation
 from trainbench.frameworks import deepspeed_ops
 from trainbench.gpt import hold_attention_kernel
 from trainbench.launch import free_port
 from trainbench.lifetime import runner_to_watch, when_gone
 from trainbench.memory_sampler import MemorySampler
-from trainbench.metrics import MIB, process_peak_rss_mib
+from trainbench.metrics import MIB, process_peak_rss_mib, tensors_held_bytes
 from trainbench.results import write_json_atomic
 from trainbench.runners import LoopRunner, RunContext, Runner, StepRunner, make_runner, params_per_module
 from trainbench.timing import TimingSettings, fixed_step_count, steps_per_window, summarize_windows
@@ -63,6 +64,11 @@ def _single_process_environment() -> None:
 
 class Worker:
     def __init__(self, cell: dict, work_dir: Path, imported: float | None = None):
+        self.emulated = emulation.rank_of(cell["params"]) if cell["params"].get("emulate") else None
+        if self.emulated is not None:
+            # one process stands in for one rank of the world: the variables a launcher would set
+            os.environ.update(emulation.environment(self.emulated, free_port()))
+            os.environ[emulation.EMULATED_ENV] = "1"
         _single_process_environment()
         # When each phase of the run ended, in wall-clock seconds (results.PHASES names them): the
         # cell's cost beyond its timed steps, read from rank 0's.
@@ -76,6 +82,10 @@ class Worker:
         self.local_rank = int(os.environ["LOCAL_RANK"])
         self.phase, self.step = "init", 0
         self.sampler: MemorySampler | None = None
+        # the rank that reports: rank 0, or the one rank an emulated world has
+        self.reporting = self.rank == 0 or self.emulated is not None
+        self.device_limit: emulation.DeviceLimit | None = None
+        self.filled_collectives: list[str] = []
 
     def _device(self) -> torch.device:
         if self.params["device"] == "cuda":
@@ -95,7 +105,7 @@ class Worker:
             raise RuntimeError(f"injected failure at step {self.step} ({FAIL_AT_STEP_ENV})")
 
     def _say(self, text: str) -> None:
-        if self.rank == 0:
+        if self.reporting:
             print(f"[{self.label}] {text}", flush=True)
 
     def _load_deepspeed_ops(self) -> None:
@@ -121,17 +131,26 @@ class Worker:
             torch.backends.cudnn.allow_tf32 = True
         self._load_deepspeed_ops()
         device = self._device()
+        if self.params["gpu_mem_limit_gib"] is not None:
+            self.device_limit = emulation.device_limit(self.params["gpu_mem_limit_gib"],
+                                                       emulation.device_total_mib(device), self.world_size)
+            emulation.hold_to(self.device_limit, device)
         hold_attention_kernel(self.params["attention"])
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+        if self.emulated is not None:
+            self.filled_collectives = emulation.init_process_group(self.emulated)
+        else:
+            backend = "nccl" if device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
         if self.local_rank == 0:  # one sampler per node sees all of the node's GPUs
             self.sampler = MemorySampler(use_gpus=device.type == "cuda").start()
         self.marks["group_ready"] = time.time()
         context = RunContext(self.params, self.rank, self.world_size, self.local_rank, device, self.work_dir,
                              self.timing)
 
+        on = (f"as {self.emulated.describe()} (emulated)" if self.emulated is not None
+              else f"on {self.world_size} rank(s)")
         self._say(f"building {self.params['model']} with {self.params['framework']} "
-                  f"{self.params['strategy']} on {self.world_size} rank(s) ({device.type})")
+                  f"{self.params['strategy']} {on} ({device.type})")
         self._inject_faults(device)
         runner = make_runner(context)
         runner.setup()
@@ -148,9 +167,12 @@ class Worker:
                 steps.end(runner.train_step())
         self._finish(runner, device, steps)
 
-    def _rank_figures(self, device: torch.device) -> dict:
+    def _rank_figures(self, device: torch.device, runner: Runner) -> dict:
         figures = {"rank": self.rank, "local_rank": self.local_rank, "host": socket.gethostname(),
                    "host_rss_peak_mib": process_peak_rss_mib(),
+                   # what the rank keeps between steps, and the parameters it holds: compared rank for
+                   # rank between emulated and real worlds
+                   "tensors_held_bytes": tensors_held_bytes(emulation.VISIBLE_ONLY_HERE), "params_per_module": params_per_module(runner),
                    "torch_peak_allocated_mib": None, "torch_peak_reserved_mib": None, "node_memory": None}
         if device.type == "cuda":
             figures["torch_peak_allocated_mib"] = torch.cuda.max_memory_allocated(device) / MIB
@@ -160,11 +182,14 @@ class Worker:
         return figures
 
     def _finish(self, runner: Runner, device, steps: StepRecorder) -> None:
-        figures = self._rank_figures(device)
-        per_module = params_per_module(runner)
-        gathered: list = [None] * self.world_size
-        dist.all_gather_object(gathered, figures)
-        if self.rank == 0:
+        figures = self._rank_figures(device, runner)
+        per_module = figures["params_per_module"]
+        if self.emulated is not None:
+            gathered = [figures]  # a fake all-gather would hand back this rank's figures N times
+        else:
+            gathered = [None] * self.world_size
+            dist.all_gather_object(gathered, figures)
+        if self.reporting:
             result = {
                 "phase_marks": self.marks,
                 "losses": steps.losses, "step_times_s": steps.window_step_times, "ranks": gathered,
@@ -174,6 +199,7 @@ class Worker:
                 "torch_version": torch.__version__, "torch_cuda": torch.version.cuda,
                 "nccl": ".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else None,
                 **runner.results(),
+                **self._measured_as(),
             }
             config = runner.framework_config()
             if config is not None:  # kept beside metrics.json: the framework's own config as this run used it
@@ -185,6 +211,18 @@ class Worker:
         self._say(f"teardown: results gathered and written in {written - self.marks.get('timed', written):.2f} s, "
                   f"process group closed in {time.time() - written:.2f} s")
 
+    def _measured_as(self) -> dict:
+        """How the rank was measured, where not as one rank of a real world on its own GPU: the
+        emulated rank and the collectives trainbench wrote (emulation.py), the GPU it was held to."""
+        out = {}
+        if self.emulated is not None:
+            out["emulated"] = {"rank": self.emulated.rank, "world_size": self.emulated.world_size,
+                               "ranks_per_node": self.emulated.ranks_per_node,
+                               "outputs_written_by_trainbench": self.filled_collectives}
+        if self.device_limit is not None:
+            out["device_limit"] = self.device_limit.as_dict()
+        return out
+
     def record_failure(self, error: BaseException) -> None:
         oom = is_oom(error)
         record = {"rank": self.rank, "event": "oom" if oom else "error", "phase": self.phase,
@@ -194,6 +232,7 @@ class Worker:
                   "node_memory": vars(self.sampler.stop()) if self.sampler else None}
         if self.params["device"] == "cuda" and torch.cuda.is_initialized():
             record["torch_peak_allocated_mib"] = torch.cuda.max_memory_allocated() / MIB
+        record.update(self._measured_as())
         write_json_atomic(self.work_dir / f"rank{self.rank}.json", record)
 
 

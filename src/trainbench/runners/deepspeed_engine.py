@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainbench import emulation
 from trainbench.frameworks import offloads, strategy_of
 from trainbench.gpt import GPT, Block, init_gpt_module, lm_loss, pool
 from trainbench.models import ModelSpec
@@ -151,6 +152,7 @@ class DeepSpeedRunner(StepRunner):
     def setup(self) -> None:
         import deepspeed
 
+        emulation.prepare_deepspeed()
         self.config = deepspeed_config(self.p, self.ctx.device.type)
         # Wrap the process group the worker made; zero.Init reads the world size from it.
         deepspeed.init_distributed(dist_backend="nccl" if self.ctx.is_cuda else "gloo")
@@ -161,6 +163,11 @@ class DeepSpeedRunner(StepRunner):
         self.engine, _, _, _ = deepspeed.initialize(model=self.inner,
                                                     model_parameters=self.inner.parameters(),
                                                     config=self.config)
+        if emulation.in_this_process() and getattr(self.engine, "first_dataloader_check", None) is not None:
+            # AutoTP's one-off check that a tensor-parallel group reads the same batch sums a flag over
+            # the group, which a fake all-reduce leaves at one rank's: the data follows the data-parallel
+            # rank here (below), as the check would confirm on a real world
+            self.engine.first_dataloader_check.remove()
         # The ranks of one tensor-parallel group compute on the same batch: data follows the
         # data-parallel rank.
         from deepspeed.utils import groups
@@ -185,6 +192,18 @@ class DeepSpeedRunner(StepRunner):
         # the first stage reads inputs, the last targets: both from the pipeline's data-parallel shard
         batches = self.ctx.batches(rank=self.engine.grid.get_data_parallel_id())
         self.pipeline_data = iter(batches.next, None)
+        if emulation.in_this_process() and self.engine.stage_id > 0:
+            self._receive_shapes_without_a_sender(spec)
+
+    def _receive_shapes_without_a_sender(self, spec: ModelSpec) -> None:
+        """An emulated stage after the first has no stage before it to tell it what it receives (the
+        engine's first receive is the sent activations' dtype and shape, which a fake receive leaves
+        unwritten): it is what every stage but the last sends, the hidden states of a micro batch in
+        the engine's dtype. The received buffer then stays as allocated (zeros)."""
+        engine = self.engine
+        dtype = next(engine.module.parameters()).dtype
+        shape = [self.p["micro_batch"], self.p["seq_len"], spec.d_model]
+        engine._recv_tensor_meta = lambda _sender: engine._allocate_or_extend_buffers(0, shape, dtype)
 
     def _build_model(self, deepspeed) -> GPT:
         def new_model():

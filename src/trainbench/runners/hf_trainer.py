@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from trainbench import emulation
 from trainbench.frameworks import offloads, strategy_of
 from trainbench.models import ModelSpec
 from trainbench.runners import LoopRunner, RunContext
@@ -171,6 +172,8 @@ class HfTrainerRunner(LoopRunner):
         if self.deepspeed_config is not None:
             import deepspeed
 
+            emulation.prepare_deepspeed()
+
             # Wrap the process group the worker made: left alone, DeepSpeed's own view of the world
             # would be a single rank and its batch-size check fails.
             deepspeed.init_distributed(dist_backend="nccl" if self.ctx.is_cuda else "gloo")
@@ -183,9 +186,23 @@ class HfTrainerRunner(LoopRunner):
             self.hf_model = build_for_fsdp(spec, self.ctx.device, p["attention"])
         else:
             self.hf_model = LlamaForCausalLM._from_config(config)
+            if zero and emulation.in_this_process() and self.ctx.rank != 0:
+                self._initialise_own_shards()
         self._params_total = sum(getattr(q, "ds_numel", q.numel()) for q in self.hf_model.parameters())
         self.dataset = SyntheticTokens(self.max_steps * p["global_batch"], p["seq_len"], spec.vocab_size,
                                        p["seed"])
+
+    def _initialise_own_shards(self) -> None:
+        """Under ZeRO-3 transformers initialises the weights on rank 0 and broadcasts them; an emulated
+        rank r > 0 receives nothing from a fake broadcast (its shards stay zero), so it initialises
+        them itself, each module's weights drawn whole and its shard kept, as rank 0 would have sent."""
+        import deepspeed
+
+        for module in self.hf_model.modules():
+            own = list(module.parameters(recurse=False))
+            if own:
+                with deepspeed.zero.GatheredParameters(own, modifier_rank=self.ctx.rank):
+                    self.hf_model._init_weights(module)
 
     def _trainer(self, recorder):
         from transformers import Trainer, TrainerCallback
