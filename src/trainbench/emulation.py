@@ -168,31 +168,42 @@ def _leaves_unwritten(collective, emulated: EmulatedRank) -> bool:
     return not torch.equal(output, expected)
 
 
-def _fill_outputs(emulated: EmulatedRank) -> list[str]:
+def _fill_outputs(emulated: EmulatedRank, *, always: bool = False) -> list[str]:
     """Write the outputs of the collectives this torch's fake backend leaves unwritten, as newer
-    releases do: an all-gather's input in every slot, a reduce-scatter's rank-r chunk of its input.
-    Done in torch.distributed's module before any framework looks its collectives up (DeepSpeed keeps
-    the functions it finds when its backend starts)."""
+    releases do: an all-gather's input in every slot, a reduce-scatter's chunk of its input for this
+    rank's place in the group. Done in torch.distributed's module before any framework looks its
+    collectives up (DeepSpeed keeps the functions it finds when its backend starts). `always`: write
+    them whatever the backend does (the tests' way to check the writing on a release that needs none)."""
+    import inspect
+
     import torch.distributed as dist
 
-    rank = emulated.rank
-    writers = {
-        "all_gather_into_tensor": lambda output, source: output.view(-1).copy_(
-            source.reshape(-1).repeat(output.numel() // max(source.numel(), 1))),
-        "reduce_scatter_tensor": lambda output, source: output.copy_(
-            source.reshape(-1).chunk(emulated.world_size)[rank].view_as(output)),
-    }
+    def gathered(output, source, group):
+        output.view(-1).copy_(source.reshape(1, -1).expand(dist.get_world_size(group), -1).reshape(-1))
+
+    def scattered(output, source, group):
+        size, rank = dist.get_world_size(group), dist.get_rank(group)
+        output.view(-1).copy_(source.reshape(size, -1)[rank])
+
+    writers = {"all_gather_into_tensor": gathered, "reduce_scatter_tensor": scattered}
     for name, write in writers.items():
         original = getattr(dist, name)
-        if name in _filled or not _leaves_unwritten(original, emulated):
+        if name in _filled or not (always or _leaves_unwritten(original, emulated)):
             continue
+        signature = inspect.signature(original)
+        output_name, source_name = list(signature.parameters)[:2]
 
-        def filled(output, source, *args, _original=original, _write=write, **kwargs):
-            work = _original(output, source, *args, **kwargs)
-            _write(output.detach(), source.detach())
+        def filled(*args, _original=original, _write=write, _signature=signature, _names=(output_name, source_name),
+                   **kwargs):
+            work = _original(*args, **kwargs)
+            bound = _signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            arguments = bound.arguments
+            _write(arguments[_names[0]].detach(), arguments[_names[1]].detach(), arguments.get("group"))
             return work
 
         filled.__name__ = name
+        filled.__wrapped__ = original
         setattr(dist, name, filled)
         _filled.append(name)
     return list(_filled)
