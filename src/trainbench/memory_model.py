@@ -320,25 +320,34 @@ def eager_score_bytes_per_token(params: dict[str, Any], spec: ModelSpec) -> floa
 
 
 def activations(params: dict[str, Any], spec: ModelSpec) -> float:
-    """Bytes of activations saved for backward at the end of the forward pass, per rank."""
-    compute, residual = _dtype_bytes(params)
-    seq, batch, tp = params["seq_len"] or spec.max_seq, params["micro_batch"], params["tp"]
-    tokens = seq * batch
+    """Bytes of activations saved for backward at the end of the forward pass, per rank (a pipeline's
+    first stage: the micro batches in flight; heaviest_rank says when the last stage holds more)."""
+    in_flight = min(params["pp"], params["grad_accum"]) if params["pp"] > 1 else 1
+    return _block_activations(params, spec, in_flight) + _logits(params, spec)
+
+
+def _block_activations(params: dict[str, Any], spec: ModelSpec, in_flight: int) -> float:
+    """What the rank's blocks save for backward, for `in_flight` micro batches."""
+    _, residual = _dtype_bytes(params)
+    tokens = (params["seq_len"] or spec.max_seq) * params["micro_batch"]
     block = tokens * block_bytes_per_token(params, spec)
     block += tokens * eager_score_bytes_per_token(params, spec)
     layers = spec.n_layer / params["pp"]
-    in_flight = min(params["pp"], params["grad_accum"]) if params["pp"] > 1 else 1
     if params["activation_checkpointing"]:
-        total = layers * tokens * spec.d_model * residual * in_flight + block
-    else:
-        total = layers * block * in_flight
-    if params["head"] == "lm":
-        # logits in the compute dtype, their fp32 copy for the loss, and its gradient: whole on every
-        # tensor-parallel rank where AutoTP leaves the tied LM head unsplit, a vocabulary shard each
-        # where tensor parallelism is vocabulary-parallel
-        vocab = -(-spec.vocab_size // tp) if vocab_parallel(params) else spec.vocab_size
-        total += tokens * vocab * _logit_bytes(params, spec, compute)
-    return total
+        return layers * tokens * spec.d_model * residual * in_flight + block
+    return layers * block * in_flight
+
+
+def _logits(params: dict[str, Any], spec: ModelSpec) -> float:
+    """The logits in the compute dtype, their fp32 copy for the loss, and its gradient: whole on every
+    tensor-parallel rank where AutoTP leaves the tied LM head unsplit, a vocabulary shard each where
+    tensor parallelism is vocabulary-parallel (none for a classification head)."""
+    if params["head"] != "lm":
+        return 0.0
+    compute, _ = _dtype_bytes(params)
+    tokens = (params["seq_len"] or spec.max_seq) * params["micro_batch"]
+    vocab = -(-spec.vocab_size // params["tp"]) if vocab_parallel(params) else spec.vocab_size
+    return tokens * vocab * _logit_bytes(params, spec, compute)
 
 
 def allocated_mib(parts_mib: dict[str, float]) -> float:
@@ -458,5 +467,22 @@ def heaviest_rank(params: dict[str, Any]) -> int:
     """The rank whose GPU holds the most: the one an emulated cell runs by default (emulation.py).
     Ranks hold alike, or rank 0 holds the larger part of an uneven split (a vocabulary over tensor-
     parallel ranks, FSDP's and ZeRO's padded shards), except under pipeline parallelism, where the
-    stages differ."""
-    return 0
+    stages differ: the first holds the activations of every micro batch in flight (1F1B keeps up to
+    pp of them), the last one micro batch's and the logits. DeepSpeed numbers a pipeline's ranks stage
+    by stage (rank = stage x data-parallel size + data-parallel rank): the last stage's first rank is
+    (pp - 1) x dp."""
+    if params["pp"] == 1:
+        return 0
+    spec = get_model(params["model"]).with_vocab_multiple(params["vocab_multiple"])
+    # Both ends hold the token embedding (tied to the LM head on the last); the first also holds the
+    # positions, the last the final norm and a classifier head: their model states, at the bytes per
+    # parameter the rank's layout keeps on the device.
+    states, _ = model_states(params, spec)
+    per_parameter = sum(states.values()) / shard_params(params, spec)
+    positions = spec.embedding_params() - spec.vocab_size * spec.d_model
+    tail = (spec.param_count(params["head"], params["num_classes"]) - spec.embedding_params()
+            - spec.n_layer * spec.block_params())
+    first = (_block_activations(params, spec, min(params["pp"], params["grad_accum"]))
+             + positions * per_parameter)
+    last = _block_activations(params, spec, 1) + _logits(params, spec) + tail * per_parameter
+    return 0 if first >= last else (params["pp"] - 1) * params["dp"]
