@@ -99,8 +99,9 @@ def materialise(model: GPT, device: torch.device, init_device: torch.device, see
             parameter.copy_(value)
         if init_device.type == "cuda":
             # each module's whole weights are drawn in blocks of their own size, which the caching
-            # allocator would keep (13 GiB reserved for 6 allocated on rank 0 of bert-180b at tp 16,
-            # tools/gpu-runs/emulated-7.log): the next module's are other sizes
+            # allocator would keep, and the next module's are other sizes: 13 GiB stayed reserved for
+            # 6 allocated on rank 0 of bert-180b at tp 16 (tools/gpu-runs/emulated-7.log, before this
+            # release; its effect is not yet measured on a GPU)
             del whole, value
             torch.cuda.empty_cache()
 

@@ -154,12 +154,6 @@ class Worker:
         self._inject_faults(device)
         runner = make_runner(context)
         runner.setup()
-        if device.type == "cuda":
-            # What a build drew and freed (a parameter drawn whole before its shard was kept, AutoTP's
-            # whole model before its split) stays reserved by the caching allocator in blocks training
-            # seldom reuses: returned here, the GPU holds what training needs (7-9 GiB of 15 on rank 0
-            # of bert-180b's sharded tensor parallelism, tools/gpu-runs/emulated-5.log)
-            torch.cuda.empty_cache()
         self.marks["built"] = time.time()
 
         self.phase = "step"
