@@ -252,6 +252,13 @@ class CellRun:
             if os.environ.get(FORCE_ENV) != "1" and not self.search_probe:
                 reason = (f"{prediction.why_not} ({self.predicted['hardware']}); not run "
                           f"(set {FORCE_ENV}=1 to run it)")
+                if self.params["emulate"]:  # what stops it is this host, not the hardware it stands for
+                    per_node = self.params["gpus_per_node"]
+                    reason = (f"one rank's share of host memory ({prediction.host_mem_mib / per_node / 1024:.1f} "
+                              f"GiB predicted: {prediction.host_mem_mib / 1024:.1f} GiB per node of {per_node}) "
+                              f"is more than this host's {hardware.host_mem_mib / per_node / 1024:.1f} GiB; "
+                              f"the emulated rank needs a host with more memory (set {FORCE_ENV}=1 to run "
+                              "it here anyway)")
                 self._say(f"infeasible: {reason}")
                 return self._write(self._base_document("infeasible", reason), started=started, asked=asked,
                                    devices=devices, gpu=gpu)

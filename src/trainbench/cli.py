@@ -212,6 +212,12 @@ def cmd_predict(args) -> int:
     return 0
 
 
+def cmd_fit(args) -> int:
+    from trainbench import fit
+
+    return fit.main(args)
+
+
 def cmd_search_summary(args) -> int:
     """The max-batch search's result from its probes (the search_result rule)."""
     from trainbench.batch_search import summary
@@ -376,6 +382,28 @@ def parser() -> argparse.ArgumentParser:
     predict.add_argument("--host-mem-gib", type=positive(float), required=True,
                          help="host memory per node in GiB")
     predict.set_defaults(func=cmd_predict)
+
+    fit = sub.add_parser("fit", help="run one rank of a cell's world on this machine's GPU: does it fit, "
+                                     "and at what micro batch?",
+                         description="Run a cell of config.yaml as one emulated rank of its world on this "
+                                     "machine's GPU (a CPU process for a CPU cell), held to --gpu-mem-gib "
+                                     "where given, and print whether it trains, its memory per GPU and per "
+                                     "node, and the memory model's prediction beside them (README, "
+                                     "\"Emulated ranks\"). Results: results/fit/<study>/<cell>/.")
+    fit.add_argument("study")
+    fit.add_argument("cell", help="a cell id (`trainbench cells STUDY` lists them)")
+    fit.add_argument("--config", default="config.yaml")
+    fit.add_argument("--rank", type=int, help="the rank to run (default: the heaviest, by the memory model)")
+    fit.add_argument("--gpu-mem-gib", type=positive(float),
+                     help="hold the rank to a GPU of this size (40 or 80 for an A100)")
+    fit.add_argument("--search", action="store_true", help="find the largest micro batch that trains")
+    fit.add_argument("--max-micro-batch", type=positive(int), default=256, help="the search's bound")
+    fit.add_argument("--tolerance", type=float, default=0.0,
+                     help="stop bisecting within this share of the largest batch that trained")
+    fit.add_argument("--root", default="results/fit", help="where the runs' metrics.json files go")
+    fit.add_argument("--force", action="store_true", help="run again what results/fit already has")
+    fit.add_argument("--runtime-min", type=positive(float), default=60, help="each run's time limit")
+    fit.set_defaults(func=cmd_fit)
 
     search = sub.add_parser("search-summary", help="write a max-batch search's result from its probes")
     search.add_argument("--output", required=True)
