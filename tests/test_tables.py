@@ -8,7 +8,7 @@ import pandas
 import pytest
 
 from trainbench.config import load_config
-from trainbench.tables import COLUMNS, cell_text
+from trainbench.tables import COLUMNS, COMPUTE_ONLY, cell_text
 
 from conftest import REPO
 
@@ -42,6 +42,8 @@ def test_each_published_tables_csv_and_markdown_agree_column_by_column(study):
                 if column in csv:
                     value = csv[column][i]
                     values[key] = None if isinstance(value, float) and math.isnan(value) else value
+        # an emulated row's timed figures say so (tables made before emulated ranks have no such column)
+        values[COMPUTE_ONLY] = "table.emulated" in csv and bool(csv["table.emulated"][i])
         for name in report:
             assert row[header.index(COLUMNS[name].header)] == cell_text(values, name), (study, i, name)
             checked += 1
@@ -68,10 +70,14 @@ def test_run_time_and_current_predictions_are_named_apart_in_the_csv():
 
 def test_tables_give_the_time_model_for_planned_cells_and_its_error_for_measured_ones():
     csv = pandas.read_csv(REPO / "results" / "tables" / "llama.csv")
-    planned, measured = csv[csv.status == "planned"], csv[csv.status == "ok"]
+    planned, measured = csv[csv.status == "planned"], csv[(csv.status == "ok") & ~csv["table.emulated"]]
+    emulated = csv[(csv.status == "ok") & csv["table.emulated"]]
     assert planned["table.predicted_step_time_ms"].notna().all()
     assert planned["table.step_time_error_pct"].isna().all()  # nothing measured to hold it against
     assert measured["table.step_time_error_pct"].notna().all()
+    # an emulated rank's step is its compute alone: set beside the model's whole step, with no error
+    assert len(emulated) and emulated["table.predicted_step_time_ms"].notna().all()
+    assert emulated["table.step_time_error_pct"].isna().all()
     assert ((measured["table.predicted_step_time_ms"] - 1e3 * measured["predicted_time.step_time_s"]).abs()
             < 1e-3).all()
     md = (REPO / "results" / "tables" / "llama.md").read_text()
