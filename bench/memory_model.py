@@ -12,6 +12,11 @@ fit/OOM verdicts were right (a cell that ran fits; a cell that hit OOM does not)
 Where the GPU figure is wrong, the last lines say which half is: the tensors (the predicted
 allocation against torch's peak allocated) or the caching allocator's reserve over them (torch's
 peak reserved over its peak allocated, against the ALLOCATOR_SLACK the model assumes), by engine.
+
+Emulated cells (one rank of a world of 8 to 128 on one GPU, README "Emulated ranks") are the model
+checked at scale: they are listed and summarised apart (goal: median GPU error <= 10%, verdicts >=
+95%), and take no part in the figures above them nor in refitting the constants (their GPU figure
+carries the model's own NCCL constant, and their host figure is derived from one rank's).
 """
 
 from __future__ import annotations
@@ -252,7 +257,12 @@ def main(argv=None) -> int:
         for kind in ("gpu", "host"):
             p, x = row[f"{kind}_pred_mib"], row[f"{kind}_meas_mib"]
             row[f"{kind}_err_pct"] = error_pct(p, x) if p and x and doc["status"] == "ok" else None
+        row["emulated"] = bool(doc.get("emulation"))
+        row["allocated_err_pct"] = (error_pct(row["tensors_pred_mib"], row["torch_alloc_mib"])
+                                    if doc["status"] == "ok" and row["torch_alloc_mib"] else None)
         rows.append(row)
+    emulated = [r for r in rows if r["emulated"]]
+    rows = [r for r in rows if not r["emulated"]]
     if not rows:
         print(f"no measured cells under {', '.join(map(str, args.folders))}", file=sys.stderr)
         return 1
@@ -281,13 +291,47 @@ def main(argv=None) -> int:
           f"{sum(r['status'] == 'ok' for r in judged)} ran, "
           f"{sum(r['status'] == 'oom' for r in judged)} hit OOM)")
     print_out_of_sample(rows)
+    print_at_scale(emulated)
     if args.csv:
         with args.csv.open("w", newline="") as f:
             fields = [k for k in rows[0] if k not in ("terms", "hardware")]
             writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
             writer.writeheader()
-            writer.writerows(rows)
+            writer.writerows(rows + emulated)
     return 0
+
+
+def print_at_scale(rows: list[dict]) -> None:
+    """The emulated cells: each rank's GPU memory and verdict on the GPU it was held to."""
+    if not rows:
+        return
+    print()
+    print("at scale: emulated ranks (one rank of its world on one GPU, held to the GPU its cell names); the GPU "
+          "figure is NVML's 'used' with NCCL's buffers modelled, 'alloc' torch's peak allocation against the "
+          "model's tensors")
+    print(f"{'study':<15} {'cell':<62} {'status':<6} {'GPU pred':>9} {'meas':>9} {'err%':>6} {'alloc%':>7} "
+          f"{'verdict':>8}")
+    for r in rows:
+        def f(v, fmt):
+            return format(v, fmt) if v is not None else "-"
+        right = r["fits"] == (r["status"] == "ok")
+        print(f"{r['study']:<15} {shorten(r['cell'], 62):<62} {r['status']:<6} {f(r['gpu_pred_mib'], '9.0f')} "
+              f"{f(r['gpu_meas_mib'], '9.0f')} {f(r['gpu_err_pct'], '+6.1f')} {f(r['allocated_err_pct'], '+7.1f')} "
+              f"{'right' if right else 'WRONG':>8}")
+    gpu = [abs(r["gpu_err_pct"]) for r in rows if r["gpu_err_pct"] is not None]
+    allocated = [abs(r["allocated_err_pct"]) for r in rows if r["allocated_err_pct"] is not None]
+    right = sum(r["fits"] == (r["status"] == "ok") for r in rows)
+    print(f"emulated: {len(rows)} cells ({sum(r['status'] == 'ok' for r in rows)} trained, "
+          f"{sum(r['status'] == 'oom' for r in rows)} ran out of memory); GPU memory median |error| "
+          f"{statistics.median(gpu):.1f}%, worst {max(gpu):.1f}%, within 10%: {sum(e <= 10 for e in gpu)} of "
+          f"{len(gpu)}; tensors (torch's peak allocated) median {statistics.median(allocated):.1f}%, worst "
+          f"{max(allocated):.1f}%; verdicts {right} of {len(rows)} right (goal: median <= 10%, verdicts >= 95%)")
+    for study in sorted({r["study"] for r in rows}):
+        members = [r for r in rows if r["study"] == study]
+        errors = [abs(r["gpu_err_pct"]) for r in members if r["gpu_err_pct"] is not None]
+        print(f"  {study:<15} {len(members)} cells: GPU median {statistics.median(errors):.1f}%, worst "
+              f"{max(errors):.1f}%; verdicts {sum(r['fits'] == (r['status'] == 'ok') for r in members)}/"
+              f"{len(members)}")
 
 
 if __name__ == "__main__":

@@ -138,8 +138,11 @@ CASES: dict[str, tuple[Callable[[dict], Any], str]] = {
                              "'set' is a required property"),
     "timing target of zero": (study(timing={"target_ci": 0}),
                               "studies.t.timing.target_ci: 0 is less than or equal to the minimum of 0"),
-    "too few windows for an interval": (study(timing={"min_windows": 3}),
-                                        "studies.t.timing.min_windows: 3 is less than the minimum of 6"),
+    "no timed window": (study(timing={"min_windows": 0}),
+                        "studies.t.timing.min_windows: 0 is less than the minimum of 1"),
+    "unknown timing key of an override": (study(timing_overrides=[{"when": {"strategy": "ddp"},
+                                                                   "set": {"windows": 2}}]),
+                                          "unknown key 'windows'"),
     "unknown timing key": (study(timing={"windows": 8}), "unknown key 'windows'"),
     # what the tables and plots show
     "unknown report column": (study(report=["speed"]), "studies.t.report: unknown column 'speed'"),

@@ -95,6 +95,14 @@ def test_an_emulated_cell_asks_for_one_gpu_on_one_node_whatever_its_world():
     assert short_of_gpus(study.cells[0].params, gpus_here=0) == "needs 1 GPU"
 
 
+def test_timing_overrides_apply_to_the_cells_they_match_alone():
+    spec = {**tiny_study(strategy="fsdp", gpus=4), "include": [{"emulate": False}, {"emulate": True}],
+            "timing_overrides": [{"when": {"emulate": True}, "set": {"min_windows": 2, "max_timed_s": 1}}]}
+    real, emulated = expand_study("s", spec).cells
+    assert (real.timing.min_windows, emulated.timing.min_windows, emulated.timing.max_timed_s) == (6, 2, 1)
+    assert emulated.timing.target_ci == real.timing.target_ci  # the study's, where the override says nothing
+
+
 def test_cells_lists_an_emulated_cell_as_one_rank_of_its_world(capsys):
     from trainbench.cli import main
 
@@ -187,6 +195,14 @@ def _emulated_doc(status="ok", **metrics) -> dict:
             "metrics": {**base, **metrics}, "emulation": {"rank": 0, "world_size": 4}}
 
 
+def test_a_result_that_says_it_is_emulated_must_say_which_rank_of_which_world():
+    path = next(REPO.glob("results/runs/megatron/*emulate~true*/metrics.json"))
+    doc = read_json(path)
+    assert schema_problems(doc) == []
+    del doc["emulation"]["world_size"]
+    assert any("emulation" in problem and "world_size" in problem for problem in schema_problems(doc))
+
+
 def test_a_table_shows_an_emulated_row_apart_and_its_timed_figures_as_compute():
     from trainbench.tables import cell_text, result_text, table_rows
 
@@ -217,7 +233,8 @@ def test_compare_never_sets_an_emulated_rank_against_a_real_run(tmp_path):
     def write(root: Path, emulated: bool) -> None:
         doc = json.loads((REPO / "results/runs/megatron").glob("*/metrics.json").__next__().read_text())
         if emulated:
-            doc["emulation"] = {"rank": 0, "world_size": 8}
+            doc["emulation"] = {"rank": 0, "world_size": 8, "ranks_per_node": 8,
+                                "not_measured": emulation.NOT_MEASURED}
         doc["params_hash"] = params_hash(doc["params"])
         (root / "s" / "c").mkdir(parents=True)
         (root / "s" / "c" / "metrics.json").write_text(json.dumps(doc))

@@ -166,15 +166,19 @@ def test_the_five_studies_and_smoke_expand(repo):
     assert counts["lightning"] == 8  # 7 strategies on 4 GPUs and one GPU
     # (4 stages + offload at stages 1-3) x 3 precisions x ORT on/off
     assert counts["gpt2_zero"] == (4 + 3) * 3 * 2
-    assert counts["llama"] == 4 * 3 * 2 * 7 * 3
+    # the axes' grid, and the emulated cells of its include entries: 8 GPUs (4 models x 3 shardings x 2
+    # GPU sizes) and the three 4-GPU claims
+    assert counts["llama"] == 4 * 3 * 2 * 7 * 3 + 4 * 3 * 2 + 3
     zero3 = config.study("zero3_pipeline")
     full_size = [c for c in zero3.cells if c.params["model"] == "bert-180b"]
     assert {c.params["nodes"] for c in full_size} == {8, 16}
-    assert ({(c.resources()["nodes"], c.resources()["gres"]) for c in full_size}
+    assert ({(c.resources()["nodes"], c.resources()["gres"]) for c in full_size if not c.params["emulate"]}
             == {(8, "gpu:8"), (16, "gpu:8")})
-    # the scaled-down cells are the ones measured; the full-size grid is planned
-    assert {c.params["model"] for c in zero3.cells if c.measured} == {"bert-180b-l4"}
-    assert not any(c.measured for c in full_size)
+    # the scaled-down cells are the ones run for real; the full-size grid is planned, or measured as one
+    # emulated rank on one GPU
+    assert {c.params["model"] for c in zero3.cells if c.measured and not c.params["emulate"]} == {"bert-180b-l4"}
+    assert not any(c.measured for c in full_size if not c.params["emulate"])
+    assert {(c.resources()["nodes"], c.resources()["gpu"]) for c in full_size if c.params["emulate"]} == {(1, 1)}
     assert config.default_targets_studies(have_gpus=False) == ["smoke"]
 
 

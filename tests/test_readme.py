@@ -161,6 +161,11 @@ HOW: dict[str, How] = {
         How("elsewhere", "runs 1,800 cells one at a time for about 12 minutes; tests/test_bench.py runs the same "
                          "section on 5 cells, with --before; its output: results/bench/cell_overhead/cpu-box"),
     "snakemake results/tables/<study>.md -n -q": How("run", line="snakemake results/tables/llama.md -n -q"),
+    "trainbench fit llama <cell> --gpu-mem-gib 80": How(
+        "elsewhere", "a llama cell needs a GPU; tests/test_emulation.py runs `trainbench fit` on a CPU study"),
+    "trainbench fit megatron <cell> --gpu-mem-gib 40 --search": How("elsewhere", "as above, with --search"),
+    "trainbench fit STUDY CELL [--rank R] [--gpu-mem-gib G] [--search]": How("name", "the command's synopsis"),
+    "tools/gpu-runs/emulated-1.sh FILE...": How("elsewhere", GPU_HOST),
     "sudo tools/local-slurm-cluster.sh install && sudo tools/local-slurm-cluster.sh start":
         How("elsewhere", "root; CI's .ci/run starts the cluster this way (as root, without sudo)"),
 }

@@ -40,7 +40,16 @@ def test_provenance_has_one_row_per_set_up_and_counts_every_cell_that_ran(study)
     # every cell that ran is in exactly one row, the largest set-up first
     assert sum(int(row["cells"]) for row in rows) == len(ran)
     assert [int(r["cells"]) for r in rows] == sorted((int(r["cells"]) for r in rows), reverse=True)
-    # these studies ran on one host at several commits: a row per commit
+    # megatron's emulated cells ran on a one-GPU host, at several commits (those that ran out of memory
+    # recorded no CUDA and NCCL versions: rows of their own), each row saying they are emulated ranks
+    emulated = [r for r in rows if "emulated" in r["GPUs per cell"]]
+    assert {r["commit"] for r in emulated} == {d["provenance"]["git_commit"][:12] for d in ran if d.get("emulation")}
+    for row in emulated:
+        assert row["GPUs per cell"] == "1 (an emulated rank of 8)" and row["host"].startswith("vm: 16 CPUs")
+        assert row["torch"] == "2.11.0" and row["ran"].startswith("2026-11-25")
+    rows = [r for r in rows if r not in emulated]
+    ran = [d for d in ran if not d.get("emulation")]
+    # the others ran on one host at several commits: a row per commit
     assert sorted(row["commit"] for row in rows) == sorted({d["provenance"]["git_commit"][:12] for d in ran})
     for row in rows:
         assert row["GPU"] == "NVIDIA H200 (140.4 GiB)"

@@ -194,7 +194,8 @@ class CellRun:
         """Fill a document's provenance and write it, atomically, as the cell's result."""
         result = result or {}
         doc["provenance"] = provenance.collect(
-            gpu=gpu or provenance.gpu_facts(None), devices=devices, nodes=self.params["nodes"],
+            gpu=gpu or provenance.gpu_facts(None), devices=devices,
+            nodes=1 if self.params["emulate"] else self.params["nodes"],
             gpus_total=gpus_total, cuda=result.get("torch_cuda"), nccl=result.get("nccl"),
             started=started, ended=provenance.now_iso(),
             command=command, run_gpus=node_memory([r.get("node_memory") for r in ranks or []]),
@@ -302,7 +303,9 @@ class CellRun:
         return self._write(doc, started=started, asked=asked, devices=devices, gpu=gpu,
                            command=" & ".join(shlex.join(c) for c in commands), result=outcome.result,
                            ranks=outcome.result["ranks"] if outcome.result else outcome.rank_records,
-                           gpus_total=self.params["gpus"] if self.params["device"] == "cuda" else 0)
+                           # the GPUs it ran on: one for an emulated rank, whatever its world
+                           gpus_total=(1 if self.params["emulate"] else self.params["gpus"])
+                           if self.params["device"] == "cuda" else 0)
 
     def _prepare_attempt(self, devices: list[str] | None, attempt: int) -> list[list[str]]:
         """The commands to start on this machine for one attempt: one per local launcher."""

@@ -21,8 +21,10 @@ memory (NaN or Inf under fp16 loss scaling skips every step, and an optimizer wh
 its first step never allocates them). `init_process_group` probes the backend it gets and, for each
 collective whose output it leaves unwritten, writes that output the way newer releases do.
 Broadcasts and receives leave their buffers as they were on every release: each rank's own values,
-which are initialised wherever a real rank's would be overwritten (a pipeline stage's received
-activations are the one exception: trainbench.runners.deepspeed_engine gives them their shapes).
+as if rank 0 were its twin; a broadcast of Python objects likewise. Where a framework relies on what
+rank 0 sends, its adapter fills it in: a pipeline stage's received shapes and DeepSpeed's checks
+against rank 0 (trainbench.runners.deepspeed_engine), the Trainer's ZeRO-3 weights that rank 0 alone
+initialises (trainbench.runners.hf_trainer). DDP reduces through a hook of its own (_hook_ddp).
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 FAKE_BACKEND = "fake"
+EMULATED_ENV = "TRAINBENCH_EMULATED"  # set by the worker of an emulated cell, for the runners
+
+
+def in_this_process() -> bool:
+    """Whether this process is an emulated rank (frameworks' adapters ask where a real world differs)."""
+    return os.environ.get(EMULATED_ENV) == "1"
 
 
 @dataclass(frozen=True)
@@ -46,12 +54,6 @@ class EmulatedRank:
     @property
     def node(self) -> int:
         return self.rank // self.ranks_per_node
-
-    @property
-    def local_rank(self) -> int:
-        """The rank's place on its node (a real launcher's LOCAL_RANK); the process itself uses
-        device 0, the one GPU it is given."""
-        return self.rank % self.ranks_per_node
 
     def describe(self) -> str:
         return f"rank {self.rank} of {self.world_size}"
@@ -295,12 +297,6 @@ def device_total_mib(device) -> float:
     return torch.cuda.get_device_properties(device).total_memory / (1024 * 1024)
 
 
-def in_this_process() -> bool:
-    """Whether this process is an emulated rank (frameworks' adapters ask where a real world differs)."""
-    return os.environ.get(EMULATED_ENV) == "1"
-
-
-EMULATED_ENV = "TRAINBENCH_EMULATED"  # set by the worker of an emulated cell, for the runners
 
 
 # --- what a result of an emulated rank says -------------------------------------------------------

@@ -82,6 +82,10 @@ class MemoryFacts:
     # accumulation, a replicated model's gradients are made in backward as its activations are freed
     replicated_gradients_freed: bool = False
     eager_attention_when_deterministic: bool = False  # deterministic runs use eager attention (s x s scores)
+    # The bytes per element FSDP reduce-scatters gradients in, where its mixed precision reduces in another
+    # dtype than it computes (torch's FSDP2 here: MixedPrecisionPolicy(reduce_dtype=float32)); None: the
+    # compute dtype
+    fsdp_reduce_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -174,7 +178,7 @@ register(Framework(
                  "on a 2-D mesh (data x tensor parallel), the blocks and the vocabulary split by DTensor tensor "
                  "parallel", layout="fsdp", offload_param=OPTIONAL, tensor_parallel=SHARDED_TP),
     ),
-    MemoryFacts(fsdp_casts_parameters=True, replicated_gradients_freed=True)))
+    MemoryFacts(fsdp_casts_parameters=True, replicated_gradients_freed=True, fsdp_reduce_bytes=4)))
 
 register(Framework(
     "deepspeed", "the DeepSpeed engine: ZeRO stages 0-3, offload, AutoTP tensor and pipeline parallelism",

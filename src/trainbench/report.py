@@ -75,6 +75,7 @@ class SetUp:
     stack: str
     versions: tuple[tuple[str, str], ...]
     commit: str
+    emulated: bool = False  # one rank of each cell's world on one GPU (emulation.py)
 
 
 PROVENANCE_HEADERS = ("cells", "GPU", "GPUs per cell", "host", "driver, CUDA, NCCL", *VERSION_KEYS,
@@ -93,17 +94,21 @@ def provenance_rows(docs: list[Doc]) -> list[dict[str, str]]:
             continue
         versions = provenance.get("versions") or {}
         setup = SetUp(_machine(provenance), _host(provenance), _stack(provenance),
-                      tuple((key, versions.get(key) or "—") for key in VERSION_KEYS), _commit(provenance))
+                      tuple((key, versions.get(key) or "—") for key in VERSION_KEYS), _commit(provenance),
+                      bool(doc.get("emulation")))
         groups.setdefault(setup, []).append(doc)
     rows = []
     for setup, members in sorted(groups.items(), key=lambda item: -len(item[1])):
-        per_cell = sorted({d["provenance"].get("gpu_count") or 0 for d in members})
+        per_cell = [str(n) for n in sorted({d["provenance"].get("gpu_count") or 0 for d in members})]
+        if setup.emulated:
+            worlds = sorted({d["emulation"]["world_size"] for d in members})
+            per_cell = [f"{', '.join(per_cell)} (an emulated rank of {', '.join(map(str, worlds))})"]
         started = [_utc(d["provenance"].get("started")) for d in members]
         ended = [_utc(d["provenance"].get("ended")) for d in members]
         started, ended = [t for t in started if t], [t for t in ended if t]
         rows.append({
             "cells": str(len(members)), "GPU": setup.machine,
-            "GPUs per cell": "—" if setup.machine == CPU_RANKS else ", ".join(str(n) for n in per_cell),
+            "GPUs per cell": "—" if setup.machine == CPU_RANKS else ", ".join(per_cell),
             "host": setup.host, "driver, CUDA, NCCL": setup.stack, **dict(setup.versions), "commit": setup.commit,
             "ran": f"{min(started):%Y-%m-%d %H:%M} to {max(ended):%Y-%m-%d %H:%M} UTC" if started and ended
             else "?"})

@@ -167,6 +167,16 @@ def metrics_json_schema() -> dict[str, Any]:
             "metrics": _section(METRICS),
             "predicted": _section(PREDICTED),
             "provenance": _section(PROVENANCE),
+            # an emulated cell's (emulation.py): which rank of which world, and what was measured,
+            # modelled and derived rather than measured
+            "emulation": {"type": "object", "required": ["rank", "world_size", "ranks_per_node", "not_measured"],
+                          "properties": {"rank": {"type": "integer", "minimum": 0},
+                                         "world_size": {"type": "integer", "minimum": 2},
+                                         "ranks_per_node": {"type": "integer", "minimum": 1},
+                                         "measured": {"type": "object"}, "modelled": {"type": "object"},
+                                         "derived": {"type": "object"}, "not_measured": {"type": "string"}}},
+            # a cell held to a smaller GPU (gpu_mem_limit_gib): the limit and the allocator's share of it
+            "device_limit": {"type": ["object", "null"]},
         },
         # a finished run has its timed windows: everything its figures come from
         "if": {"properties": {"status": {"const": "ok"}}},

@@ -542,6 +542,8 @@ def _hardware_summary(docs: list[Doc]) -> str:
             continue
         gpu = prov.get("gpu_name")
         where = f"{prov.get('gpu_count')} x {gpu}" if gpu else f"CPU ({prov.get('cpu_count')} cores)"
+        if doc.get("emulation"):
+            where += " (emulated ranks)"
         machines[f"{where} on {prov.get('hostname')}, torch {prov.get('versions', {}).get('torch')}"] += 1
     return "; ".join(f"{m} ({n} cells)" for m, n in machines.items()) or "none ran"
 
