@@ -24,6 +24,8 @@ from trainbench.models import MODELS, ModelSpec
 NO, OPTIONAL, ALWAYS = "no", "optional", "always"
 # parameters only some runners read: a cell that sets one for a runner that ignores it is refused
 OPTIONAL_SETTINGS = ("overlap_comm", "dataset_path", "pretrained_path")
+# switches (off by default) only some runners honour: a cell may turn one on only for those
+OPTIONAL_SWITCHES = ("checkpoint_in_cpu",)
 
 
 @dataclass(frozen=True)
@@ -178,7 +180,8 @@ register(Framework(
                  "on a 2-D mesh (data x tensor parallel), the blocks and the vocabulary split by DTensor tensor "
                  "parallel", layout="fsdp", offload_param=OPTIONAL, tensor_parallel=SHARDED_TP),
     ),
-    MemoryFacts(fsdp_casts_parameters=True, replicated_gradients_freed=True, fsdp_reduce_bytes=4)))
+    MemoryFacts(fsdp_casts_parameters=True, replicated_gradients_freed=True, fsdp_reduce_bytes=4),
+    honours=("checkpoint_in_cpu",)))
 
 register(Framework(
     "deepspeed", "the DeepSpeed engine: ZeRO stages 0-3, offload, AutoTP tensor and pipeline parallelism",
@@ -193,7 +196,7 @@ register(Framework(
                  layout="zero", zero_stage=3, offload_optimizer=OPTIONAL, offload_param=OPTIONAL,
                  tensor_parallel=AUTOTP, pipeline_parallel=True),
     ),
-    honours=("overlap_comm",),
+    honours=("overlap_comm", "checkpoint_in_cpu"),
     launchers=("python", "torchrun", "deepspeed")))
 
 register(Framework(
@@ -279,11 +282,13 @@ def check(params: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
     if params["pp"] > 1 and params["model"] in MODELS and params["pp"] > MODELS[params["model"]].n_layer:
         errors.append(("pp", f"pp={params['pp']} stages need at least as many layers; "
                              f"{params['model']} has {MODELS[params['model']].n_layer}"))
-    for key in OPTIONAL_SETTINGS:
-        if params[key] is not None and key not in framework.honours:
+    for key in (*OPTIONAL_SETTINGS, *OPTIONAL_SWITCHES):
+        given = bool(params[key]) if key in OPTIONAL_SWITCHES else params[key] is not None
+        if given and key not in framework.honours:
             readers = [f.name for f in registry().values() if key in f.honours]
             errors.append((key, f"the {framework.name} runner does not read it (those that do: "
-                                f"{', '.join(readers) or 'none'}); leave it null"))
+                                f"{', '.join(readers) or 'none'}); leave it "
+                                f"{'off' if key in OPTIONAL_SWITCHES else 'null'}"))
     if params["launcher"] not in ("auto", *framework.launchers):
         errors.append(("launcher", f"{params['launcher']!r} does not start {framework.name} runs; "
                                    f"allowed: {', '.join(framework.launchers)}"))
@@ -305,6 +310,9 @@ def not_implemented(params: dict[str, Any]) -> str | None:
     """Why this version cannot run the cell although the stack could; None if it can."""
     if params["pp"] > 1 and params["tp"] > 1:
         return "pipeline and tensor parallelism together have no runner in this version"
+    if params["pp"] > 1 and params["checkpoint_in_cpu"]:
+        return ("the pipeline engine checkpoints its stages itself: checkpoint_in_cpu has no runner for it "
+                "in this version")
     family = MODELS[params["model"]].family
     if family not in framework_of(params).families:
         return (f"{params['framework']} cannot build model family {family!r} ({params['model']}) "

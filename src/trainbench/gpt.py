@@ -7,6 +7,7 @@ under ZeRO-3, and still get the same model a plain build gets.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -113,6 +114,59 @@ def init_gpt_module(module: nn.Module, name: str, n_layer: int, generator: torch
         nn.init.zeros_(module.bias)
 
 
+class CheckpointsInHostMemory:
+    """Where the checkpointed blocks' inputs wait for their backward: in host memory, each tensor-
+    parallel rank keeping its 1/tp of every one, gathered back to the device when the block is
+    recomputed (DeepSpeed's `partition_activations` with `cpu_checkpointing`, Megatron's split of
+    checkpointed activations across the model-parallel group). A block's input is the residual
+    stream, whole on every tensor-parallel rank; kept so, a model of L blocks holds L of them on the
+    device through the forward pass. Non-reentrant checkpointing saves a block's inputs through
+    autograd's saved-tensor hooks before its own hooks take over: the hooks here see those inputs
+    alone."""
+
+    def __init__(self, group=None):
+        self.group = group  # the tensor-parallel group the inputs are split across (None: kept whole)
+
+    def _place(self) -> tuple[int, int]:
+        if self.group is None:
+            return 0, 1
+        import torch.distributed as dist
+
+        return dist.get_rank(self.group), dist.get_world_size(self.group)
+
+    def pack(self, tensor: torch.Tensor):
+        if not tensor.is_floating_point() or tensor.dim() < 2:  # the checkpoint's own bookkeeping
+            return tensor
+        rank, size = self._place()
+        flat = tensor.detach().reshape(-1)
+        part = -(-flat.numel() // size)
+        if part * size != flat.numel():
+            flat = F.pad(flat, (0, part * size - flat.numel()))
+        mine = flat[rank * part:(rank + 1) * part]
+        host = torch.empty(mine.shape, dtype=mine.dtype, device="cpu", pin_memory=tensor.is_cuda)
+        host.copy_(mine, non_blocking=True)
+        return host, tensor.shape, tensor.device, tensor.requires_grad
+
+    def unpack(self, packed):
+        if isinstance(packed, torch.Tensor):
+            return packed
+        host, shape, device, requires_grad = packed
+        mine = host.to(device, non_blocking=True)
+        rank, size = self._place()
+        if size > 1:
+            import torch.distributed as dist
+
+            whole = torch.empty(mine.numel() * size, dtype=mine.dtype, device=device)
+            dist.all_gather_into_tensor(whole, mine, group=self.group)
+        else:
+            whole = mine
+        numel = math.prod(shape)
+        return whole[:numel].view(shape).requires_grad_(requires_grad)
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+
 class GPT(nn.Module):
     def __init__(self, spec: ModelSpec, head: str = "lm", num_classes: int = 2,
                  activation_checkpointing: bool = False, attention: str = "sdpa"):
@@ -120,6 +174,8 @@ class GPT(nn.Module):
         self.spec = spec
         self.head_kind = head
         self.activation_checkpointing = activation_checkpointing
+        # where checkpointed blocks keep their inputs: on the device (None), or CheckpointsInHostMemory
+        self.checkpoint_storage: CheckpointsInHostMemory | None = None
         self.wte = nn.Embedding(spec.vocab_size, spec.d_model)
         self.wpe = nn.Embedding(spec.max_seq, spec.d_model)
         self.blocks = nn.ModuleList(Block(spec, attention) for _ in range(spec.n_layer))
@@ -162,7 +218,9 @@ class GPT(nn.Module):
         x = self.wte(tokens) + self.wpe(positions)
         for block in self.blocks:
             if self.activation_checkpointing and self.training:
-                x = checkpoint(block, x, use_reentrant=False)
+                storage = self.checkpoint_storage
+                with storage.hooks() if storage else contextlib.nullcontext():
+                    x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
         x = self.ln_f(x)

@@ -273,6 +273,9 @@ def check_cell(p: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
     if p["emulate"] and p["gpus"] == 1:
         errors.append(("emulate", "a one-rank cell already runs alone on one device; emulate is for cells "
                                   "of several ranks"))
+    if p["checkpoint_in_cpu"] and not p["activation_checkpointing"]:
+        errors.append(("checkpoint_in_cpu", "keeps checkpointed activations in host memory; set "
+                                            "activation_checkpointing: true"))
     if p["gpu_mem_limit_gib"] is not None and p["device"] != "cuda":
         errors.append(("gpu_mem_limit_gib", "holds a rank to less GPU memory; a CPU cell has none"))
     strategy_errors, unsupported = frameworks.check(p)

@@ -334,15 +334,29 @@ def activations(params: dict[str, Any], spec: ModelSpec) -> float:
 
 
 def _block_activations(params: dict[str, Any], spec: ModelSpec, in_flight: int) -> float:
-    """What the rank's blocks save for backward, for `in_flight` micro batches."""
+    """What the rank's blocks save for backward on the device, for `in_flight` micro batches."""
     _, residual = _dtype_bytes(params)
     tokens = (params["seq_len"] or spec.max_seq) * params["micro_batch"]
     block = tokens * block_bytes_per_token(params, spec)
     block += tokens * eager_score_bytes_per_token(params, spec)
     layers = spec.n_layer / params["pp"]
+    if params["activation_checkpointing"] and params["checkpoint_in_cpu"]:
+        # the checkpointed inputs wait in host memory (checkpoints_in_host); on the device, the one
+        # gathered back for the block being recomputed, and that block's activations
+        return tokens * spec.d_model * residual + block
     if params["activation_checkpointing"]:
         return layers * tokens * spec.d_model * residual * in_flight + block
     return layers * block * in_flight
+
+
+def checkpoints_in_host(params: dict[str, Any], spec: ModelSpec) -> float:
+    """Bytes of checkpointed block inputs one rank keeps in host memory (checkpoint_in_cpu): its 1/tp
+    of every block's input, the residual stream."""
+    if not (params["activation_checkpointing"] and params["checkpoint_in_cpu"]):
+        return 0.0
+    _, residual = _dtype_bytes(params)
+    tokens = (params["seq_len"] or spec.max_seq) * params["micro_batch"]
+    return spec.n_layer / params["pp"] * tokens * spec.d_model * residual / params["tp"]
 
 
 def _logits(params: dict[str, Any], spec: ModelSpec) -> float:
@@ -368,6 +382,8 @@ def predict(params: dict[str, Any], hardware: Hardware | None = None) -> Predict
     spec = get_model(params["model"]).with_vocab_multiple(params["vocab_multiple"])  # as built
     on_device, on_host = model_states(params, spec)
     acts = activations(params, spec)
+    if params["checkpoint_in_cpu"]:
+        on_host["checkpointed_activations"] = checkpoints_in_host(params, spec)
     ranks_per_node = params["gpus_per_node"]
     kind, _ = engine(params)
     memory = framework_of(params).memory

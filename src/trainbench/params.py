@@ -104,6 +104,10 @@ PARAMS: tuple[Param, ...] = (
           "keeps DeepSpeed's default for the stage.", nullable=True),
     Param("activation_checkpointing", "bool", False, "Recompute each transformer block's activations in "
           "the backward pass instead of storing them."),
+    Param("checkpoint_in_cpu", "bool", False, "With activation checkpointing, keep each block's checkpointed "
+          "input in host memory, split across the tensor-parallel ranks (each keeps 1/tp), and gather it "
+          "back to the device for the block's recomputation: DeepSpeed's partition_activations with "
+          "cpu_checkpointing. trainbench's GPT (torch and deepspeed frameworks).", optional=True),
     Param("attention", "str", "sdpa", "Attention kernel: sdpa (PyTorch's scaled_dot_product_attention, "
           "which picks FlashAttention, memory-efficient or cuDNN attention itself), flash, cudnn or "
           "efficient (SDPA held to that kernel; CUDA only), or eager (softmax(QK^T)V with the seq x seq "

@@ -218,7 +218,9 @@ def planned_document(cell: Cell, plan_for: dict[str, Any] | None) -> Doc:
         return {**doc, "status": "unsupported", "reason": cell.unsupported, "predicted": {}}
     hardware = None
     if plan_for:
-        hardware = hardware_from_args(plan_for.get("name"), plan_for["gpu_mem_gib"], plan_for["host_mem_gib"],
+        # a cell held to a smaller GPU (gpu_mem_limit_gib) is planned on that GPU
+        gpu_gib = min(g for g in (plan_for["gpu_mem_gib"], cell.params.get("gpu_mem_limit_gib")) if g)
+        hardware = hardware_from_args(plan_for.get("name"), gpu_gib, plan_for["host_mem_gib"],
                                       plan_for["gpus_per_node"])
         if hardware.gpu is not None:  # the GPU type plan_for's name mentions: the time model's hardware
             doc["planned_for_gpu"] = hardware.gpu.key

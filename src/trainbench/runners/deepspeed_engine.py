@@ -177,6 +177,11 @@ class DeepSpeedRunner(StepRunner):
             raise RuntimeError(f"DeepSpeed made tensor-parallel groups of "
                                f"{groups.get_tensor_model_parallel_world_size()} ranks, "
                                f"not tp={self.p['tp']}")
+        if self.p["checkpoint_in_cpu"]:
+            from trainbench.gpt import CheckpointsInHostMemory
+
+            group = groups.get_tensor_model_parallel_group() if self.p["tp"] > 1 else None
+            self.engine.module.checkpoint_storage = CheckpointsInHostMemory(group)
         self.batches = self.ctx.batches(rank=data_rank)
 
     def _setup_pipeline(self, deepspeed) -> None:

@@ -87,6 +87,7 @@ class TorchRunner(StepRunner):
         self.data_parallel = self.strategy.layout == "replicated" and not self.strategy.single_rank
         self.inner: GPT | None = None
         self.wrapped: torch.nn.Module | None = None
+        self.tp_group = None  # the tensor-parallel process group, where tp > 1
 
     def _new_model(self) -> GPT:
         return GPT(self.ctx.built_spec, head=self.p["head"], num_classes=self.p["num_classes"],
@@ -107,6 +108,10 @@ class TorchRunner(StepRunner):
                     self.inner, device_ids=[device.index] if self.ctx.is_cuda else None)
             if self.p["compile"]:
                 self.wrapped = torch.compile(self.wrapped)
+        if self.p["checkpoint_in_cpu"]:
+            from trainbench.gpt import CheckpointsInHostMemory
+
+            self.inner.checkpoint_storage = CheckpointsInHostMemory(self.tp_group)
         on_device = self.ctx.is_cuda and not self.p["offload_param"]
         self.optimizer = torch.optim.AdamW(self.inner.parameters(), lr=self.p["lr"],
                                            weight_decay=self.p["weight_decay"], fused=on_device or None)
@@ -130,6 +135,7 @@ class TorchRunner(StepRunner):
             mesh = init_device_mesh(device.type, (self.ctx.world_size // self.tp, self.tp),
                                     mesh_dim_names=("dp", "tp"))
             parallelize(model, mesh["tp"])
+            self.tp_group = mesh["tp"].get_group()
             options = {"mesh": mesh["dp"]}
         else:
             options = {"mesh": init_device_mesh(device.type, (self.ctx.world_size,))}
