@@ -2,7 +2,7 @@
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: setup setup-test run test test-slow lint
+.PHONY: setup setup-test run test test-slow lint docs
 setup: $(VENV)/.installed
 setup-test: $(VENV)/.installed-test
 
@@ -25,3 +25,8 @@ lint: setup-test
 	$(VENV)/bin/snakemake --lint
 	$(VENV)/bin/snakefmt --check Snakefile workflow/rules
 	$(PYTHON) -m trainbench schema --check workflow/schemas/config.schema.yaml
+
+# The documentation site (docs/, mkdocs.yml) into site/, every warning an error: a broken link or anchor
+# fails the build.
+docs: setup-test
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict

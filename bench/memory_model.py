@@ -13,7 +13,7 @@ Where the GPU figure is wrong, the last lines say which half is: the tensors (th
 allocation against torch's peak allocated) or the caching allocator's reserve over them (torch's
 peak reserved over its peak allocated, against the ALLOCATOR_SLACK the model assumes), by engine.
 
-Emulated cells (one rank of a world of 8 to 128 on one GPU, README "Emulated ranks") are the model
+Emulated cells (one rank of a world of 8 to 128 on one GPU, docs/emulation.md) are the model
 checked at scale: they are listed and summarised apart (goal: median GPU error <= 10%, verdicts >=
 95%), and take no part in the figures above them nor in refitting the constants (their GPU figure
 carries the model's own NCCL constant, and their host figure is derived from one rank's).

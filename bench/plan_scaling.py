@@ -14,7 +14,7 @@ shape with each of those given as a value instead of a function ("fixed": the le
 on a job of train_cell's directives, whatever computes them); and the workflow again with the study
 beside this repository's config.yaml studies ("beside": cells that do not all ask for the same
 resources, so the workflow hands Snakemake functions for them; see common.smk).
-Times `snakemake <target> -n` (the README's plan command) and the same with `-q`, each a fresh
+Times `snakemake <target> -n` (the plan command of docs/running.md) and the same with `-q`, each a fresh
 process, on one machine, interleaved: every repeat runs every size and every tree in turn, in an
 order that alternates from repeat to repeat. Each repeat gives the ratio workflow/bare of the runs it
 made side by side; a size's figure is the median ratio with the lowest and highest. Growth is linear

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run to run on one GPU host: every pair of runs of the same cells, compared by `trainbench compare`
 # (a repeat should show no significant change). The runs are committed under results/bench, two
-# sessions on one H200 host each (commands: results/bench/overhead/*/overhead.txt, README):
+# sessions on one H200 host each (commands: results/bench/overhead/*/overhead.txt, docs/measurement.md):
 #   commit 14b960c: the overhead benchmark's three cell runs of each one-GPU baseline cell
 #     (results/bench/overhead/gpt2-*/round-N/runs) and two `snakemake` runs of the same cells, the
 #     second with --force (results/bench/rerun/snakemake-{1,2});

@@ -179,7 +179,7 @@ def report(cells: list[dict], gpu: str) -> tuple[time_model.Constants, dict]:
                       f"{docs[j]['params']['strategy']} {measured[j] * 1e3:.0f} ms; predicted "
                       f"{predicted[i] * 1e3:.0f} vs {predicted[j] * 1e3:.0f} ms")
     print()
-    print(f"constants fitted on all {len(cells)} {gpu} cells (time_model.Constants; README, \"The time model\"):")
+    print(f"constants fitted on all {len(cells)} {gpu} cells (time_model.Constants; docs/time-model.md):")
     for name, value in zip(constants.names(), constants.vector()):
         print(f"  {name:<24} {value:.4g}")
     summary["constants"] = constants.as_dict()

@@ -1,8 +1,9 @@
-"""Every command the README shows works as written, in a fresh clone on a CPU machine.
+"""Every command the README and the documentation show works as written, in a fresh clone on a CPU
+machine.
 
-The commands are read from the README itself (fenced bash blocks, and inline code that starts with
-a command), so a new command cannot go untested: each must be listed in HOW below, which says how
-this test runs it. Commands that train on GPUs are dry-run (`-n`); the few that need a GPU host,
+The commands are read from README.md, ARCHITECTURE.md and docs/*.md themselves (fenced bash blocks,
+and inline code that starts with a command), so a new command cannot go untested: each must be listed
+in HOW below, which says how this test runs it. Commands that train on GPUs are dry-run (`-n`); the few that need a GPU host,
 root or a package index are run by CI or other tests, named in the entry.
 """
 
@@ -18,6 +19,11 @@ import pytest
 from conftest import CPU_MACHINE, REPO, Workflow
 
 README = REPO / "README.md"
+DOCUMENTS = [README, REPO / "ARCHITECTURE.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def documented_commands() -> list[str]:
+    return list(dict.fromkeys(c for document in DOCUMENTS for c in readme_commands(document.read_text())))
 COMMAND_START = re.compile(r"^(?:[A-Z_]+=\S+ )*(?:sudo )?(snakemake|trainbench|python3?|make|bash|tools/)\b")
 
 
@@ -166,24 +172,26 @@ HOW: dict[str, How] = {
     "trainbench fit megatron <cell> --gpu-mem-gib 40 --search": How("elsewhere", "as above, with --search"),
     "trainbench fit STUDY CELL [--rank R] [--gpu-mem-gib G] [--search]": How("name", "the command's synopsis"),
     "tools/gpu-runs/emulated-1.sh FILE...": How("elsewhere", GPU_HOST),
+    "trainbench fit": How("name", "the command's name; tests/test_emulation.py runs it"),
+    "make docs": How("elsewhere", "CI's .ci/run builds the site with every warning an error"),
     "sudo tools/local-slurm-cluster.sh install && sudo tools/local-slurm-cluster.sh start":
         How("elsewhere", "root; CI's .ci/run starts the cluster this way (as root, without sudo)"),
 }
 
 
-def test_every_readme_command_is_known_to_this_test():
-    commands = readme_commands(README.read_text())
+def test_every_documented_command_is_known_to_this_test():
+    commands = documented_commands()
     unknown = [c for c in commands if c not in HOW]
-    assert not unknown, f"README commands this test does not know how to run (add them to HOW): {unknown}"
+    assert not unknown, f"documented commands this test does not know how to run (add them to HOW): {unknown}"
     gone = [c for c in HOW if c not in commands]
-    assert not gone, f"commands in HOW that the README no longer shows: {gone}"
+    assert not gone, f"commands in HOW that no document shows any more: {gone}"
 
 
 @pytest.mark.slow
-def test_every_readme_command_works_as_written_in_a_fresh_clone(smoke_run_locally, tmp_path):
+def test_every_documented_command_works_as_written_in_a_fresh_clone(smoke_run_locally, tmp_path):
     # a copy of the fresh clone where the quick start already ran
     clone = Workflow.at(shutil.copytree(smoke_run_locally[0].root, tmp_path / "clone", symlinks=True))
-    for command in readme_commands(README.read_text()):
+    for command in documented_commands():
         how = HOW[command]
         if how.mode in ("elsewhere", "name"):
             continue

@@ -221,7 +221,7 @@ class CellRun:
             if os.environ.get(SIMULATE_NODES_ENV) == "1" and self.params["device"] == "cpu":
                 return self._run_attempts(None, started)
             raise CellCannotRun(f"a {self.params['nodes']}-node cell runs inside a SLURM allocation "
-                                "(see README, 'Running on a SLURM cluster'); CPU cells can simulate nodes "
+                                "(see docs/slurm.md); CPU cells can simulate nodes "
                                 f"with {SIMULATE_NODES_ENV}=1")
         # an emulated cell is one process on one device, whatever its world
         ranks_here = 1 if self.params["emulate"] else self.params["gpus_per_node"]

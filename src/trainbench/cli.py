@@ -372,7 +372,7 @@ def parser() -> argparse.ArgumentParser:
                              description="Predict per-GPU and per-node host memory of every cell of the "
                                          "given studies (default: all) on the hardware described, whether "
                                          "it fits, and (with --gpu) its step time, samples/s and MFU: the "
-                                         "memory model and the time model (README).")
+                                         "memory model and the time model (docs/memory-model.md, docs/time-model.md).")
     predict.add_argument("studies", nargs="*")
     predict.add_argument("--config", default="config.yaml")
     predict.add_argument("--gpu", help=f"GPU type: {', '.join(GPUS)} (src/trainbench/hardware.py)")
@@ -388,8 +388,8 @@ def parser() -> argparse.ArgumentParser:
                          description="Run a cell of config.yaml as one emulated rank of its world on this "
                                      "machine's GPU (a CPU process for a CPU cell), held to --gpu-mem-gib "
                                      "where given, and print whether it trains, its memory per GPU and per "
-                                     "node, and the memory model's prediction beside them (README, "
-                                     "\"Emulated ranks\"). Results: results/fit/<study>/<cell>/.")
+                                     "node, and the memory model's prediction beside them "
+                                     "(docs/emulation.md). Results: results/fit/<study>/<cell>/.")
     fit.add_argument("study")
     fit.add_argument("cell", help="a cell id (`trainbench cells STUDY` lists them)")
     fit.add_argument("--config", default="config.yaml")

@@ -618,7 +618,7 @@ def markdown(results: list[Result]) -> list[str]:
     return [
         "## Findings",
         "",
-        "The campaign's conclusions, checked on this table's cells (README, \"Findings\"): each is judged "
+        "The campaign's conclusions, checked on this table's cells (docs/studies.md, \"Findings\"): each is judged "
         "pair by pair on cells that differ only in the keys it names, timed figures with their 95% "
         "intervals, memory exactly. " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".",
         "",

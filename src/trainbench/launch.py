@@ -144,7 +144,7 @@ def launch_environment(params: dict[str, Any], *, cpus_per_rank: int, devices: l
     # Each rank's CPU threads (torch's intra-op pool, DeepSpeed's CPU Adam, OpenMP) are the cell's
     # cpus_per_rank, whatever the caller's environment says: Snakemake exports OMP_NUM_THREADS as the
     # job's threads, which for a GPU cell is one per rank, so an offloaded optimizer stepped on one
-    # thread where it was given 8-16 (README, "CPU threads of a rank").
+    # thread where it was given 8-16 (docs/measurement.md, "CPU threads of a rank").
     for variable in CPU_THREAD_VARIABLES:
         env[variable] = str(cpus_per_rank)
     if params["device"] == "cpu":

@@ -120,8 +120,8 @@ PARAMS: tuple[Param, ...] = (
     Param("emulate", "bool", False, "Run one rank of the cell's world alone on one device (one GPU, or a CPU "
           "process), through PyTorch's fake process group: the framework builds, shards, computes and steps "
           "as that rank would, and the collectives return at once. Measures the rank's memory and compute "
-          "time; communication time is not measured and NCCL's buffers are modelled (README, \"Emulated "
-          "ranks\"). An emulated cell is always named as such (`emulate~true` in its id).", optional=True),
+          "time; communication time is not measured and NCCL's buffers are modelled (docs/emulation.md). "
+          "An emulated cell is always named as such (`emulate~true` in its id).", optional=True),
     Param("emulate_rank", "int", None, "Which rank an emulated cell runs; null: the heaviest by the memory "
           "model (a pipeline's first or last stage; rank 0 where ranks hold alike).", minimum=0,
           nullable=True, optional=True),

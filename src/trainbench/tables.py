@@ -337,7 +337,7 @@ COLUMNS: dict[str, Column] = {
                                      "the memory model's prediction of the busiest node's ranks' memory",
                                      needs_ok=False, comparable=False),
     "predicted_step_time_ms": Column("predicted step (ms)", _predicted_time("step_time_s", 1e3), _fmt(1),
-                                     "the time model's optimizer-step time (README, \"The time model\")",
+                                     "the time model's optimizer-step time (docs/time-model.md)",
                                      needs_ok=False, comparable=False),
     "predicted_samples_per_s": Column("predicted samples/s", _predicted_time("samples_per_s"), _fmt(1),
                                       "global batch / the time model's step time", needs_ok=False,
@@ -580,7 +580,7 @@ def _emulation_note(docs: list[Doc]) -> list[str]:
             "to a GPU of that size: its allocator could reserve what such a GPU leaves after the CUDA context "
             "and NCCL's buffers, and an OOM is that GPU's." if limits else "")
     return [f"Rows marked \"emulated rank r of N\" ({len(rows)} here) ran one rank of the cell's world alone on "
-            "one GPU through PyTorch's fake process group (README, \"Emulated ranks\"): the framework built, "
+            "one GPU through PyTorch's fake process group (docs/emulation.md): the framework built, "
             "sharded and stepped as that rank, and no collective moved data. Their memory is the rank's, "
             f"measured, with NCCL's buffers modelled ({NCCL_MIB:.0f} MiB added to the GPU's) and the node's host "
             "memory derived (the rank's times the ranks per node); their timed figures, marked (compute), are "
@@ -593,7 +593,7 @@ def _timing_note(docs: list[Doc]) -> list[str]:
         return []
     per_step = sum(1 for d in ran if (_metric(d, "timing") or {}).get("method") == PER_STEP_METHOD)
     noisy = sum(1 for d in ran if _metric(d, "noisy"))
-    text = ("Timed figures are medians over timed windows ± half their 95% interval (README, \"How a cell is "
+    text = ("Timed figures are medians over timed windows ± half their 95% interval (docs/measurement.md, \"How a cell is "
             "measured\"); a cell whose interval stayed wider than its study's target is marked noisy"
             f" ({noisy} of {len(ran)} here).")
     if per_step:
@@ -610,7 +610,7 @@ def _time_model_note(docs: list[Doc]) -> list[str]:
 
     fitted = {gpu: c.fitted_on for gpu, c in load_constants().items()}
     gpus = sorted({d["predicted_time"]["gpu"] for d in predicted})
-    text = (f"Predicted step times and samples/s are the time model's (README, \"The time model\") on "
+    text = (f"Predicted step times and samples/s are the time model's (docs/time-model.md) on "
             f"{', '.join(gpus)}: measured cells on the GPU they ran on, planned ones on the planning hardware"
             f" (or the GPU the study's measured cells ran on).")
     borrowed = sorted({d["predicted_time"]["note"] for d in predicted if d["predicted_time"].get("note")})

@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get(WORKER_EXIT_ENV, "fast") == "fast":
             # Everything the run produced is written and its process group closed: skip the
             # interpreter's shutdown, whose exit handlers (torch.compile's worker pool, the CUDA
-            # context's teardown) cost a GPU cell seconds of its teardown phase (README, "What a
+            # context's teardown) cost a GPU cell seconds of its teardown phase (docs/measurement.md, "What a
             # study costs"). WORKER_EXIT_ENV=interpreter keeps them, to measure what this saves.
             sys.stdout.flush()
             sys.stderr.flush()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 (nvidia-h200): emulated ranks of the campaigns' large rows through the pipeline
-# (README, "Emulated ranks"), the targets of the given files in order, within LIMIT seconds; then a
+# (docs/emulation.md), the targets of the given files in order, within LIMIT seconds; then a
 # summary line per result. Writes OUT/<name>.tgz (results/runs of the three studies, the logs).
 #   TRAINBENCH_GIT_COMMIT=<sha> OUT=<dir> LIMIT=540 NAME=emulated-1 bash tools/gpu-runs/emulated-1.sh FILE...
 set -uo pipefail
