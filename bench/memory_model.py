@@ -98,12 +98,14 @@ def linear_terms(doc: dict) -> dict | None:
     ranks = params["gpus_per_node"]
     staging = on_host.get("offload_staging", 0.0) / OFFLOAD_STAGING_BYTES / 2**20  # offloaded params (Mi)
     kind, _ = engine(params)
-    rest = (framework_of(params).memory.host_extra_mib["cuda"] + (DEEPSPEED_IMPORT_MIB if kind == "zero" else 0)
+    rest = (framework_of(params).memory.host_extra_mib["cuda"]
+            + (DEEPSPEED_IMPORT_MIB if kind == "zero" else 0)
             + (sum(on_host.values()) - on_host.get("offload_staging", 0.0)) / 2**20)
     assert abs(ranks * (HOST_RANK_BASE_MIB["cuda"] + rest + OFFLOAD_STAGING_BYTES * staging)
                - pred.host_mem_mib) < 1e-3 * pred.host_mem_mib
     # what the allocator holds beyond its slack (FSDP1's reserved gradient shards) is not scaled by it
-    reserved = sum(v for k, v in pred.parts_mib.items() if k.startswith("allocator_") and k != "allocator_slack")
+    reserved = sum(v for k, v in pred.parts_mib.items()
+                   if k.startswith("allocator_") and k != "allocator_slack")
     return {"alloc": allocated_mib(pred.parts_mib), "reserved": reserved, "multi": float(params["gpus"] > 1),
             "ranks": ranks, "rest": rest, "staging": staging}
 
@@ -146,16 +148,18 @@ def predict_with(row: dict, constants: dict[str, float]) -> tuple[float, float]:
     t = row["terms"]
     gpu = (constants["ALLOCATOR_SLACK"] * t["alloc"] + t["reserved"] + constants["CUDA_CONTEXT_MIB"]
            + constants["NCCL_MIB"] * t["multi"])
-    host = t["ranks"] * (constants["HOST_RANK_BASE_MIB[cuda]"] + t["rest"] + constants["OFFLOAD_STAGING_BYTES"]
-                         * t["staging"])
+    host = t["ranks"] * (constants["HOST_RANK_BASE_MIB[cuda]"] + t["rest"]
+                         + constants["OFFLOAD_STAGING_BYTES"] * t["staging"])
     return gpu, host
 
 
 def shipped_constants() -> dict[str, float]:
     from trainbench import memory_model
 
-    return {"ALLOCATOR_SLACK": memory_model.ALLOCATOR_SLACK, "CUDA_CONTEXT_MIB": memory_model.CUDA_CONTEXT_MIB,
-            "NCCL_MIB": memory_model.NCCL_MIB, "HOST_RANK_BASE_MIB[cuda]": memory_model.HOST_RANK_BASE_MIB["cuda"],
+    return {"ALLOCATOR_SLACK": memory_model.ALLOCATOR_SLACK,
+            "CUDA_CONTEXT_MIB": memory_model.CUDA_CONTEXT_MIB,
+            "NCCL_MIB": memory_model.NCCL_MIB,
+            "HOST_RANK_BASE_MIB[cuda]": memory_model.HOST_RANK_BASE_MIB["cuda"],
             "OFFLOAD_STAGING_BYTES": memory_model.OFFLOAD_STAGING_BYTES}
 
 
@@ -229,7 +233,8 @@ def print_out_of_sample(rows: list[dict]) -> None:
               f"NCCL {constants['NCCL_MIB']:.0f}, host base {constants['HOST_RANK_BASE_MIB[cuda]']:.0f}, "
               f"staging {constants['OFFLOAD_STAGING_BYTES']:.1f}")
     members, predictions = zip(*held_out)
-    print(f"    every cell predicted with its study held out: {summary_text(errors_of(members, predictions))}; "
+    print("    every cell predicted with its study held out: "
+          f"{summary_text(errors_of(members, predictions))}; "
           f"verdicts {'/'.join(map(str, verdicts_of(members, predictions)))}")
     print(f"  {NOT_REFIT}.")
 
@@ -306,17 +311,18 @@ def print_at_scale(rows: list[dict]) -> None:
     if not rows:
         return
     print()
-    print("at scale: emulated ranks (one rank of its world on one GPU, held to the GPU its cell names); the GPU "
-          "figure is NVML's 'used' with NCCL's buffers modelled, 'alloc' torch's peak allocation against the "
-          "model's tensors")
+    print("at scale: emulated ranks (one rank of its world on one GPU, held to the GPU its cell names); "
+          "the GPU figure is NVML's 'used' with NCCL's buffers modelled, 'alloc' torch's peak allocation "
+          "against the model's tensors")
     print(f"{'study':<15} {'cell':<62} {'status':<6} {'GPU pred':>9} {'meas':>9} {'err%':>6} {'alloc%':>7} "
           f"{'verdict':>8}")
     for r in rows:
         def f(v, fmt):
             return format(v, fmt) if v is not None else "-"
         right = r["fits"] == (r["status"] == "ok")
-        print(f"{r['study']:<15} {shorten(r['cell'], 62):<62} {r['status']:<6} {f(r['gpu_pred_mib'], '9.0f')} "
-              f"{f(r['gpu_meas_mib'], '9.0f')} {f(r['gpu_err_pct'], '+6.1f')} {f(r['allocated_err_pct'], '+7.1f')} "
+        print(f"{r['study']:<15} {shorten(r['cell'], 62):<62} {r['status']:<6} "
+              f"{f(r['gpu_pred_mib'], '9.0f')} {f(r['gpu_meas_mib'], '9.0f')} "
+              f"{f(r['gpu_err_pct'], '+6.1f')} {f(r['allocated_err_pct'], '+7.1f')} "
               f"{'right' if right else 'WRONG':>8}")
     gpu = [abs(r["gpu_err_pct"]) for r in rows if r["gpu_err_pct"] is not None]
     allocated = [abs(r["allocated_err_pct"]) for r in rows if r["allocated_err_pct"] is not None]
@@ -325,7 +331,8 @@ def print_at_scale(rows: list[dict]) -> None:
           f"{sum(r['status'] == 'oom' for r in rows)} ran out of memory); GPU memory median |error| "
           f"{statistics.median(gpu):.1f}%, worst {max(gpu):.1f}%, within 10%: {sum(e <= 10 for e in gpu)} of "
           f"{len(gpu)}; tensors (torch's peak allocated) median {statistics.median(allocated):.1f}%, worst "
-          f"{max(allocated):.1f}%; verdicts {right} of {len(rows)} right (goal: median <= 10%, verdicts >= 95%)")
+          f"{max(allocated):.1f}%; verdicts {right} of {len(rows)} right "
+          "(goal: median <= 10%, verdicts >= 95%)")
     for study in sorted({r["study"] for r in rows}):
         members = [r for r in rows if r["study"] == study]
         errors = [abs(r["gpu_err_pct"]) for r in members if r["gpu_err_pct"] is not None]

@@ -10,8 +10,8 @@ optimizer, ...), with the share of the step each takes and the time the GPU sat 
 Then variants, each the same bare loop with one change or a combination: the attention kernel (the
 cell parameter `attention`), the vocabulary padded to a multiple of 64 (`vocab_multiple: 64`,
 nanoGPT's 50304: the LM head's matmul tiles evenly), a larger micro batch at the same global batch,
-and the compiler's autotuning. Each variant runs in a fresh process (its own compilation, nothing carried over), one
-after another; a variant that fails or runs past --variant-timeout is reported as such. MFU counts
+and the compiler's autotuning. Each variant runs in a fresh process (its own compilation, nothing carried
+over), one after another; a variant that fails or runs past --variant-timeout is reported as such. MFU counts
 the model's own FLOPs (the unpadded vocabulary: padding is waste, not model FLOPs), against the
 GPU's dense bf16 peak (src/trainbench/metrics.py). One window of --steps steps per variant,
 synchronised at its two ends: differences under about 1% are within run-to-run noise.
@@ -156,7 +156,8 @@ def profile(variant: Variant) -> dict:
     return {"variant": variant.name, "steps": steps, "span_ms_per_step": span / 1e3 / steps,
             "gpu_idle_share": 1 - busy / span,
             "classes": {k: v / span for k, v in sorted(by_class.items(), key=lambda kv: -kv[1])},
-            "top_kernels": [{"name": name[:120], "class": classify(name), "share": t / span} for name, t in top]}
+            "top_kernels": [{"name": name[:120], "class": classify(name), "share": t / span}
+                            for name, t in top]}
 
 
 def run_variant(variant: Variant, steps: int, timeout_s: float, mode: str) -> dict:
@@ -177,7 +178,8 @@ def run_variant(variant: Variant, steps: int, timeout_s: float, mode: str) -> di
 def row_text(row: dict) -> str:
     if "error" in row:
         return f"{row['variant']:<44} failed: {row['error']}"
-    return (f"{row['variant']:<44} {row['micro_batch']:>3} x {row['grad_accum']}  {row['step_time_s'] * 1e3:7.1f} ms"
+    return (f"{row['variant']:<44} {row['micro_batch']:>3} x {row['grad_accum']}  "
+            f"{row['step_time_s'] * 1e3:7.1f} ms"
             f"  {row['tokens_per_s']:>9,.0f} tok/s  {row['tflops']:6.1f} TFLOPS  MFU {row['mfu']:6.1%}"
             f"  ({row['build_and_warmup_s']:.0f} s to warm, {row['peak_allocated_gib']:.1f} GiB)")
 

@@ -148,7 +148,8 @@ rule cell:
     shell:
         "trainbench run-cell --study {{wildcards.study}} --cell {{wildcards.cell}} --params {{params.cell:q}}"
         " --retries {{resources.cell_retries}} --cpus-per-rank {{resources.cpus_per_rank}}"
-        " --runtime-min {{resources.runtime}} --timing {{resources.timing}} --output {{output.metrics}} > {{log}} 2>&1"
+        " --runtime-min {{resources.runtime}} --timing {{resources.timing}}"
+        " --output {{output.metrics}} > {{log}} 2>&1"
 '''
 
 
@@ -261,7 +262,8 @@ def bench_planning(work: Path, sizes: list[int], repeats: int, before: Path | No
     for n in sizes:
         spec = study_spec(n, SMOKE_SETTINGS, "planning benchmark")
         trees[n] = {"workflow": make_workflow(work / f"workflow-{n}", spec),
-                    "bare": make_bare(work / f"bare-{n}", n), "shaped": make_bare(work / f"shaped-{n}", n, True),
+                    "bare": make_bare(work / f"bare-{n}", n),
+                    "shaped": make_bare(work / f"shaped-{n}", n, True),
                     "fixed": make_bare(work / f"fixed-{n}", n, True, values=True),
                     "beside": make_workflow(work / f"beside-{n}", spec, beside=True)}
         if before:
@@ -324,13 +326,14 @@ def fill_results(root: Path, cells, result: dict) -> None:
     for cell in cells:
         target = root / cell.target
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps({**result, "study": cell.study, "cell_id": cell.cell_id, "params": cell.params,
-                                      "params_hash": cell.params_hash}))
+        target.write_text(json.dumps({**result, "study": cell.study, "cell_id": cell.cell_id,
+                                      "params": cell.params, "params_hash": cell.params_hash}))
 
 
 def fill_outputs(root: Path) -> None:
     """Every output of a bare Snakefile's jobs, empty, as `touch` makes them."""
-    micro_batches, seeds = (yaml.safe_load((root / "config.yaml").read_text())[k] for k in ("micro_batch", "seed"))
+    micro_batches, seeds = (yaml.safe_load((root / "config.yaml").read_text())[k]
+                            for k in ("micro_batch", "seed"))
     for mb in range(1, micro_batches + 1):
         for seed in range(seeds):
             target = root / "results" / "runs" / STUDY / f"micro_batch~{mb}__seed~{seed}" / "metrics.json"
@@ -349,7 +352,8 @@ def bench_measured(work: Path, sizes: list[int], repeats: int, before: Path | No
     for n in sizes:
         spec = study_spec(n, SMOKE_SETTINGS, "planning benchmark")
         cells = load_config({"studies": {STUDY: spec}}).study(STUDY).cells
-        trees[n] = {"workflow": make_workflow(work / f"workflow-{n}", spec), "bare": make_bare(work / f"bare-{n}", n)}
+        trees[n] = {"workflow": make_workflow(work / f"workflow-{n}", spec),
+                    "bare": make_bare(work / f"bare-{n}", n)}
         if before:
             trees[n][BEFORE] = make_workflow(work / f"before-{n}", spec, before)
         for kind, root in trees[n].items():
@@ -357,7 +361,8 @@ def bench_measured(work: Path, sizes: list[int], repeats: int, before: Path | No
         trees[n]["remote cell"] = cells[len(cells) // 2].cell_id
     # per size and kind: the plan when the results are new to the workflow (cold), the plan again (warm),
     # and a remote job's start
-    figures = {n: {f"{kind} {what}": [] for kind in kinds for what in ("cold", "warm", "remote")} for n in sizes}
+    figures = {n: {f"{kind} {what}": [] for kind in kinds for what in ("cold", "warm", "remote")}
+               for n in sizes}
     for repeat in range(repeats):
         order = kinds if repeat % 2 == 0 else tuple(reversed(kinds))
         for n in sizes:
@@ -368,7 +373,8 @@ def bench_measured(work: Path, sizes: list[int], repeats: int, before: Path | No
                 for what in ("cold", "warm"):
                     log = root / f"{what}.log"
                     figures[n][f"{kind} {what}"].append(snakemake(root, target, "-n", log=log, env=env)[0])
-                    planned = 0 if kind == "bare" else 1  # the table alone; the bare Snakefile has nothing to do
+                    # the table alone; the bare Snakefile has nothing to do
+                    planned = 0 if kind == "bare" else 1
                     if planned and planned_jobs(log) != planned:
                         raise SystemExit(f"{log}: expected the table alone to be planned")
                 cell = trees[n]["remote cell"]
@@ -377,7 +383,8 @@ def bench_measured(work: Path, sizes: list[int], repeats: int, before: Path | No
                     root, "--target-jobs", job, "--allowed-rules", job.split(":")[0], "--force", "--nolock",
                     "--mode", "remote", "-n", "-c", "1", log=root / "remote.log", env=env)[0])
                 print(f"  repeat {repeat + 1}, {n} cells measured, {kind}: "
-                      + ", ".join(f"{what} {figures[n][f'{kind} {what}'][-1]:.2f} s" for what in ("cold", "warm", "remote")),
+                      + ", ".join(f"{what} {figures[n][f'{kind} {what}'][-1]:.2f} s"
+                                  for what in ("cold", "warm", "remote")),
                       flush=True)
     report = {}
     for n in sizes:
@@ -387,8 +394,9 @@ def bench_measured(work: Path, sizes: list[int], repeats: int, before: Path | No
             if kind == "bare":
                 continue
             for what in ("cold", "warm", "remote"):
-                report[n][f"{kind}_{what}_ratio"] = spread([w / b for w, b in zip(f[f"{kind} {what}"],
-                                                                                   f[f"bare {'remote' if what == 'remote' else 'warm'}"])])
+                report[n][f"{kind}_{what}_ratio"] = spread(
+                    [w / b for w, b in zip(f[f"{kind} {what}"],
+                                           f[f"bare {'remote' if what == 'remote' else 'warm'}"])])
     return report
 
 
@@ -402,7 +410,8 @@ def bench_scheduler(work: Path, ready: int, window_s: float) -> dict:
         command = [sys.executable, "-m", "snakemake", "all", "-c", "2", "--scheduler", scheduler, "-q"]
         started = time.perf_counter()
         with open(root / "run.log", "w") as out:
-            run = subprocess.Popen(command, cwd=root, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            run = subprocess.Popen(command, cwd=root, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
             try:
                 run.wait(timeout=window_s)
             except subprocess.TimeoutExpired:
@@ -418,13 +427,15 @@ def bench_scheduler(work: Path, ready: int, window_s: float) -> dict:
 
 # --- execution -------------------------------------------------------------------------------------
 
-UNSUPPORTED_SETTINGS = {"framework": "lightning", "strategy": "colossalai", "model": "gpt2-tiny", "device": "cpu"}
+UNSUPPORTED_SETTINGS = {"framework": "lightning", "strategy": "colossalai", "model": "gpt2-tiny",
+                        "device": "cpu"}
 # the smallest cell that trains: one CPU rank (launcher python) or two (torchrun), a few tiny steps
 TINY_CELL = {"model": "gpt2-tiny", "device": "cpu", "seq_len": 16, "micro_batch": 2, "warmup_steps": 1,
              "timed_steps": 2}
 TINY_TIMING = {"target_ci": 1.0, "min_window_s": 0}
 
-GPU_CELL = "1-gpu"  # the launched cell on one GPU, where there is one: run-cell also asks NVML and takes a GPU
+# the launched cell on one GPU, where there is one: run-cell also asks NVML and takes a GPU
+GPU_CELL = "1-gpu"
 TIMED_RUN_CELL = "--timed-run-cell"  # this script, run as `trainbench run-cell` with its launcher timed
 RANK_IMPORTS = "import torch\nimport trainbench.worker\n"
 
@@ -647,11 +658,12 @@ def planning_summary(planning: dict) -> list[str]:
               "beside": "the workflow with the study beside this repository's config.yaml studies",
               BEFORE: "the workflow at the commit named above"}
     lines = ["", "planning, beside the workflow and the bare Snakefile: " + "; ".join(
-        f"{kind}: {legend[kind]}" for kind in OTHER_KINDS if f"{kind}_ratio_wall" in planning[sizes[0]]["plan"])]
+        f"{kind}: {legend[kind]}" for kind in OTHER_KINDS
+        if f"{kind}_ratio_wall" in planning[sizes[0]]["plan"])]
     for mode in ("plan", "plan quiet"):
         flags = "-n" if mode == "plan" else "-n -q"
-        lines += ["", f"planning: `snakemake {TARGET} {flags}` against a bare Snakefile of as many jobs; medians "
-                      "of the repeats, ratios as median [lowest, highest] of the repeats' ratios",
+        lines += ["", f"planning: `snakemake {TARGET} {flags}` against a bare Snakefile of as many jobs; "
+                      "medians of the repeats, ratios as median [lowest, highest] of the repeats' ratios",
                   f"{'cells':>6}  {'workflow':>9}  {'bare':>8}  {'wall: workflow/bare':>21}  "
                   f"{'cpu: workflow/bare':>21}  {'ms per added cell (bare)':>24}"
                   + "".join(f"  {kind + '/bare (wall)':>20}" for kind in OTHER_KINDS
@@ -679,25 +691,28 @@ def measured_summary(measured: dict, before: str | None) -> list[str]:
     sizes = sorted(measured, key=int)
     kinds = ["workflow"] + ([BEFORE] if f"{BEFORE} warm_s" in measured[sizes[0]] else [])
     label = {"workflow": "workflow", BEFORE: f"before ({before})"}
-    lines = ["", f"a measured grid: every cell has a result; `snakemake {TARGET} -n` the first time the workflow "
-                 "reads them (cold) and again (warm), and a SLURM job's own Snakemake before its cell (--mode remote "
-                 "-n, one target job); against the bare Snakefile with every output present; medians, ratios as "
-                 "median [lowest, highest] of the repeats'",
+    lines = ["", f"a measured grid: every cell has a result; `snakemake {TARGET} -n` the first time the "
+                 "workflow reads them (cold) and again (warm), and a SLURM job's own Snakemake before its "
+                 "cell (--mode remote -n, one target job); against the bare Snakefile with every output "
+                 "present; medians, ratios as median [lowest, highest] of the repeats'",
              f"{'cells':>6}  {'':<22}  {'cold':>7}  {'warm':>7}  {'remote job':>10}  {'warm/bare':>20}  "
              f"{'remote/bare':>20}"]
     for n in sizes:
         r = measured[n]
-        lines.append(f"{int(n):>6}  {'bare':<22}  {r['bare cold_s']['median']:>6.2f}s  {r['bare warm_s']['median']:>6.2f}s  "
+        lines.append(f"{int(n):>6}  {'bare':<22}  {r['bare cold_s']['median']:>6.2f}s  "
+                     f"{r['bare warm_s']['median']:>6.2f}s  "
                      f"{r['bare remote_s']['median']:>9.2f}s")
         for kind in kinds:
             lines.append(f"{'':>6}  {label[kind]:<22}  {r[f'{kind} cold_s']['median']:>6.2f}s  "
                          f"{r[f'{kind} warm_s']['median']:>6.2f}s  {r[f'{kind} remote_s']['median']:>9.2f}s  "
-                         f"{ratio_text(r[f'{kind}_warm_ratio']):>20}  {ratio_text(r[f'{kind}_remote_ratio']):>20}")
+                         f"{ratio_text(r[f'{kind}_warm_ratio']):>20}  "
+                         f"{ratio_text(r[f'{kind}_remote_ratio']):>20}")
     return lines
 
 
 def scheduler_summary(scheduler: dict) -> list[str]:
-    lines = ["", "scheduler: a real run of the bare Snakefile's `touch` jobs on 2 cores (-c 2), all ready at once"]
+    lines = ["", "scheduler: a real run of the bare Snakefile's `touch` jobs on 2 cores (-c 2), "
+                 "all ready at once"]
     for name, r in scheduler.items():
         lines.append(f"  --scheduler {name:6}  {r['done']:>5} of {r['ready']} jobs in {r['seconds']:.0f} s "
                      f"({r['jobs_per_s']:.1f} jobs/s)")
@@ -739,7 +754,8 @@ def execution_summary(execution: dict, before: str | None = None) -> list[str]:
 
         lines += [f"  a launched cell, {what} ({launcher}): run-cell {ms(r['run_cell_s']['median'])}, "
                   f"its launcher {ms(r['launcher_s']['median'])}, run-cell's own {both(own)} "
-                  f"(from the launcher's exit to the runner going on: {1000 * r['noticed_exit_after_s']['median']:+.1f} "
+                  "(from the launcher's exit to the runner going on: "
+                  f"{1000 * r['noticed_exit_after_s']['median']:+.1f} "
                   "ms, two threads woken by one exit)",
                   f"    the pipeline's own share: Snakemake's job set-up + run-cell's own = "
                   f"{both(lambda k: workflow(k) - alone(k) + own(k))} (goal <= 20 ms)",
@@ -752,9 +768,10 @@ def start_summary(start: dict) -> list[str]:
     lines = ["", f"Snakemake's start (a one-job Snakefile, -n): {start['median']:.2f} s [{start['low']:.2f}, "
                  f"{start['high']:.2f}], in every figure below"]
     if start["median"] > 5:
-        lines.append("  WARNING: more than 5 s. On a machine with SLURM's commands but no controller answering them, "
-                     "the SLURM executor plugin probes them when Snakemake starts; start the cluster "
-                     "(tools/local-slurm-cluster.sh start) or measure where they are absent.")
+        lines.append("  WARNING: more than 5 s. On a machine with SLURM's commands but no controller "
+                     "answering them, the SLURM executor plugin probes them when Snakemake starts; "
+                     "start the cluster (tools/local-slurm-cluster.sh start) or measure where they "
+                     "are absent.")
     return lines
 
 
@@ -783,9 +800,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ready", type=int, default=2000, help="ready jobs for the scheduler figures")
     parser.add_argument("--window", type=float, default=60, help="seconds each scheduler runs")
     parser.add_argument("--cells", type=int, default=300, help="cells really run for the execution figures")
-    parser.add_argument("--skip", nargs="+", default=[], choices=["planning", "measured", "scheduler", "execution"])
-    parser.add_argument("--before", metavar="REF", help="run the workflow of commit REF beside today's (or of a "
-                        "folder holding its files: see checkout)")
+    parser.add_argument("--skip", nargs="+", default=[],
+                        choices=["planning", "measured", "scheduler", "execution"])
+    parser.add_argument("--before", metavar="REF", help="run the workflow of commit REF beside today's "
+                        "(or of a folder holding its files: see checkout)")
     parser.add_argument("--out", type=Path, help="where to write plan_scaling.{json,txt}")
     parser.add_argument("--work", type=Path, help="scratch directory (default: a temporary one, removed)")
     parser.add_argument("--report", type=Path, metavar="JSON",
@@ -793,7 +811,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.report:
         print(summary(json.loads(args.report.read_text())), end="")
-        print(f"(this summary: `python bench/plan_scaling.py --report {args.report}`, from the run above's figures)")
+        print(f"(this summary: `python bench/plan_scaling.py --report {args.report}`, "
+              "from the run above's figures)")
         return 0
 
     # Python caches compiled modules (__pycache__) unless told not to; the runs here cache them as a

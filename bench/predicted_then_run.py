@@ -66,12 +66,14 @@ def summarize(entries: list[dict]) -> dict:
     judged = [e for e in entries if e["verdict_right"] is not None]
     gpu = [abs(e["gpu_error"]) for e in entries if e["gpu_error"] is not None]
     step = [abs(e["step_error"]) for e in entries if e["step_error"] is not None]
-    return {"cells": len(entries), "judged": len(judged), "verdicts_right": sum(e["verdict_right"] for e in judged),
+    return {"cells": len(entries), "judged": len(judged),
+            "verdicts_right": sum(e["verdict_right"] for e in judged),
             "gpu_median_abs_error": statistics.median(gpu) if gpu else None,
             "gpu_worst_abs_error": max(gpu) if gpu else None,
             "step_median_abs_error": statistics.median(step) if step else None,
             "step_worst_abs_error": max(step) if step else None,
-            "not_judged": [f"{e['study']}/{e['cell']}: {e['status']}" for e in entries if e["verdict_right"] is None]}
+            "not_judged": [f"{e['study']}/{e['cell']}: {e['status']}" for e in entries
+                           if e["verdict_right"] is None]}
 
 
 def _pct(value: float | None) -> str:
@@ -84,15 +86,18 @@ def render(entries: list[dict], summary: dict) -> str:
              f"  {'step s pred/meas':>17} {'err':>6}"]
     for e in entries:
         verdict = ("-" if e["verdict_right"] is None else
-                   f"{'fits' if e['predicted_fits'] else 'OOM'}: {'right' if e['verdict_right'] else 'WRONG'}")
+                   f"{'fits' if e['predicted_fits'] else 'OOM'}: "
+                   f"{'right' if e['verdict_right'] else 'WRONG'}")
         gpu = (f"{e['predicted_gpu_gib']:.1f} / {e['measured_gpu_gib']:.1f}" if e["measured_gpu_gib"]
                else f"{e['predicted_gpu_gib']:.1f} / -")
         step = (f"{e['predicted_step_s']:.3f} / {e['measured_step_s']:.3f}" if e["measured_step_s"]
                 else "-")
-        lines.append(f"{e['cell']:<{width}}  {e['status'][:9]:<9} {verdict:<18} {gpu:>18} {_pct(e['gpu_error']):>6}"
+        lines.append(f"{e['cell']:<{width}}  {e['status'][:9]:<9} {verdict:<18} {gpu:>18} "
+                     f"{_pct(e['gpu_error']):>6}"
                      f"  {step:>17} {_pct(e['step_error']):>6}")
     s = summary
-    lines += ["", f"fit/OOM verdicts right: {s['verdicts_right']} of {s['judged']} cells that ran or ran out of memory",
+    lines += ["", f"fit/OOM verdicts right: {s['verdicts_right']} of {s['judged']} cells "
+                  "that ran or ran out of memory",
               f"GPU memory (cells that ran): median |error| {_pct(s['gpu_median_abs_error']).lstrip('+')}, "
               f"worst {_pct(s['gpu_worst_abs_error']).lstrip('+')}",
               f"step time (cells that ran): median |error| {_pct(s['step_median_abs_error']).lstrip('+')}, "
@@ -100,12 +105,14 @@ def render(entries: list[dict], summary: dict) -> str:
     if s["not_judged"]:
         shown = s["not_judged"][:4]
         more = len(s["not_judged"]) - len(shown)
-        lines.append(f"not judged ({len(s['not_judged'])}): " + "; ".join(shown) + (f"; and {more} more" if more else ""))
+        lines.append(f"not judged ({len(s['not_judged'])}): " + "; ".join(shown)
+                     + (f"; and {more} more" if more else ""))
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("predictions", type=Path, help="a CSV written by `trainbench predict`")
     parser.add_argument("--runs", type=Path, default=REPO / "results" / "runs", help="the results' root")
     parser.add_argument("--json", type=Path, help="also write every row and the summary here")

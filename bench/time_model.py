@@ -62,7 +62,8 @@ def measured_cells(folders: list[Path]) -> list[dict]:
             print(f"skipped {doc['study']}/{doc['cell_id']}: {error}", file=sys.stderr)
             continue
         cells.append({"doc": doc, "gpu": gpu.key, "work": work, "measured_s": step,
-                      "search": "search" in path.parts, "threads": time_model.threads_of_run(doc), "path": path})
+                      "search": "search" in path.parts, "threads": time_model.threads_of_run(doc),
+                      "path": path})
     return cells
 
 
@@ -152,8 +153,8 @@ def report(cells: list[dict], gpu: str) -> tuple[time_model.Constants, dict]:
     for study in studies:
         chosen = np.array([d["study"] == study for d in docs])
         note = f"  [{CAVEATS[study]}]" if study in CAVEATS else ""
-        print(f"  {study:<15} {int(chosen.sum()):>3} cells: median {np.median(absolute[chosen]):5.1f}%, worst "
-              f"{absolute[chosen].max():5.1f}%{note}")
+        print(f"  {study:<15} {int(chosen.sum()):>3} cells: median {np.median(absolute[chosen]):5.1f}%, "
+              f"worst {absolute[chosen].max():5.1f}%{note}")
     for framework in ("lightning", "hf_trainer"):
         if any(d["params"]["framework"] == framework for d in docs):
             print(f"  note: {CAVEATS[framework]}")
@@ -166,7 +167,8 @@ def report(cells: list[dict], gpu: str) -> tuple[time_model.Constants, dict]:
         right, total, wrong = ranking(docs, measured, predicted, keys)
         big_right, big_total, _ = ranking(docs, measured, predicted, keys, apart_by(0.10))
         sure_right, sure_total, _ = ranking(docs, measured, predicted, keys, told_apart)
-        print(f"ranking, cells that {what}: {right} of {total} pairs right ({100 * right / max(total, 1):.0f}%; goal "
+        print(f"ranking, cells that {what}: {right} of {total} pairs right "
+              f"({100 * right / max(total, 1):.0f}%; goal "
               f">= 90%); of the {big_total} pairs measured more than 10% apart: {big_right} "
               f"({100 * big_right / max(big_total, 1):.0f}%); of the {sure_total} whose 95% intervals do not "
               f"overlap: {sure_right} ({100 * sure_right / max(sure_total, 1):.0f}%)")
@@ -193,22 +195,25 @@ def report(cells: list[dict], gpu: str) -> tuple[time_model.Constants, dict]:
 def held_out_report(cells: list[dict], constants: time_model.Constants) -> None:
     """Cells no fit saw, predicted by the all-cells fit: what the model says beyond its data."""
     print("\nheld out (never fitted), predicted by the all-cells fit:")
-    print(f"{'cell':<52} {'threads':>7} {'measured':>10} {'95% interval':>17} {'predicted':>10} {'error':>7}  file")
+    print(f"{'cell':<52} {'threads':>7} {'measured':>10} {'95% interval':>17} {'predicted':>10} "
+          f"{'error':>7}  file")
     errors = []
     for c in sorted(cells, key=lambda c: (label(c["doc"]), c["threads"], str(c["path"]))):
         predicted = float(time_model.step_time(c["work"], constants))
         measured, interval = c["measured_s"], c["doc"]["metrics"].get("step_time_s_ci")
         error = 100 * (predicted - measured) / measured
         shown = f"[{interval[0]:.3f}, {interval[1]:.3f}] s" if interval else "-"
-        print(f"{shorten(label(c['doc']), 52):<52} {c['threads']:>7} {measured:>8.3f} s {shown:>17} {predicted:>8.3f} s "
-              f"{error:>+6.1f}%  {c['path']}")
+        print(f"{shorten(label(c['doc']), 52):<52} {c['threads']:>7} {measured:>8.3f} s {shown:>17} "
+              f"{predicted:>8.3f} s {error:>+6.1f}%  {c['path']}")
         errors.append(abs(error))
-    print(f"held out: {len(errors)} cells, |error| median {statistics.median(errors):.1f}%, worst {max(errors):.1f}%")
+    print(f"held out: {len(errors)} cells, |error| median {statistics.median(errors):.1f}%, "
+          f"worst {max(errors):.1f}%")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folders", nargs="*", type=Path, default=[Path("results/runs"), Path("results/search")])
+    parser.add_argument("folders", nargs="*", type=Path,
+                        default=[Path("results/runs"), Path("results/search")])
     parser.add_argument("--held-out", nargs="+", type=Path, default=[], metavar="FOLDER",
                         help="cells to predict with the all-cells fit without fitting on them")
     parser.add_argument("--csv", type=Path, help="also write the per-cell comparison here")
@@ -226,7 +231,8 @@ def main(argv=None) -> int:
         constants, summary = report(chosen, gpu)
         if any(c["gpu"] == gpu for c in held_out):
             held_out_report([c for c in held_out if c["gpu"] == gpu], constants)
-        constants.fitted_on = (f"{len(chosen)} cells ({', '.join(sorted({c['doc']['study'] for c in chosen}))}), "
+        constants.fitted_on = (f"{len(chosen)} cells "
+                               f"({', '.join(sorted({c['doc']['study'] for c in chosen}))}), "
                                "by bench/time_model.py")
         table[gpu] = constants.as_dict()
         rows += summary["per_cell"]

@@ -46,7 +46,8 @@ def test_the_scaling_benchmark_plans_runs_and_times_cells_against_bare_snakemake
     # tiny sizes: the benchmark's code paths (its figures come from results/bench/plan_scaling)
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, "bench/plan_scaling.py", "--sizes", "4", "9", "--repeats", "1",
-                           "--ready", "6", "--window", "60", "--cells", "5", "--before", "HEAD", "--out", str(out)],
+                           "--ready", "6", "--window", "60", "--cells", "5", "--before", "HEAD",
+                           "--out", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((out / "plan_scaling.json").read_text())
@@ -111,7 +112,8 @@ def test_predictions_made_before_a_run_are_held_against_its_results(tmp_path):
     ran = entries[small.split(",")[1]]
     measured = json.loads((runs / ran["cell"] / "metrics.json").read_text())["metrics"]
     assert ran["verdict_right"] and ran["measured_step_s"] == measured["step_time_s"]
-    assert ran["gpu_error"] == pytest.approx(ran["predicted_gpu_gib"] * 1024 / max(measured["gpu_mem_used_mib"]) - 1)
+    assert ran["gpu_error"] == pytest.approx(ran["predicted_gpu_gib"] * 1024
+                                             / max(measured["gpu_mem_used_mib"]) - 1)
     assert entries[medium.split(",")[1]]["verdict_right"] is False
     assert result["summary"]["judged"] == 2 and len(result["summary"]["not_judged"]) == 12
 

@@ -148,13 +148,15 @@ def test_the_host_facts_are_read_while_the_ranks_start(tmp_path):
     run_.host_facts = HostFacts(read)
     doc = run_.run()
     assert doc["status"] == "ok" and seen["launchers_running"] == [True]
-    assert doc["provenance"]["hostname"] == "read-while-launching" and "torch" in doc["provenance"]["packages"]
+    assert (doc["provenance"]["hostname"] == "read-while-launching"
+            and "torch" in doc["provenance"]["packages"])
 
 def test_ddp_on_two_ranks_reports_every_rank(tmp_path):
     doc = run(make_cell(strategy="ddp", gpus=2), tmp_path)
     assert doc["status"] == "ok"
     phases = doc["metrics"]["phases_s"]  # torchrun starts first, then the ranks
-    assert phases["launch"] > 0.2 and sum(phases.values()) == pytest.approx(doc["metrics"]["wall_time_s"], abs=0.05)
+    assert (phases["launch"] > 0.2
+            and sum(phases.values()) == pytest.approx(doc["metrics"]["wall_time_s"], abs=0.05))
     assert len(doc["metrics"]["host_rss_peak_mib_per_rank"]) == 2
     assert "torch.distributed.run --standalone --nproc-per-node=2" in doc["provenance"]["command"]
     # the memory model's prediction is recorded, and on CPU ranks it is within a quarter of what they held

@@ -17,7 +17,8 @@ from conftest import REPO
 
 
 def published(study: str) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((REPO / "results" / "runs" / study).glob("*/metrics.json"))]
+    return [json.loads(p.read_text())
+            for p in sorted((REPO / "results" / "runs" / study).glob("*/metrics.json"))]
 
 
 def test_baseline_cost_is_its_cells_wall_times_and_phases():
@@ -43,7 +44,8 @@ def test_older_results_count_their_timed_steps_and_failed_runs_cost_time_untimed
     assert sorted(zero.cells.cell_shares)[0] <= sum(first["step_times_s"]) / first["wall_time_s"]
     assert zero.total.timed_share < 0.05  # 3 timed steps of 33 ms in runs of a minute
     megatron = study_cost(config.study("megatron"), REPO)
-    probes = [json.loads(p.read_text()) for p in (REPO / "results" / "search" / "megatron").glob("*/*/metrics.json")]
+    probes = [json.loads(p.read_text())
+              for p in (REPO / "results" / "search" / "megatron").glob("*/*/metrics.json")]
     ooms = [d for d in probes if d["status"] == "oom" and d["metrics"]["wall_time_s"]]
     assert ooms and megatron.probes.runs == sum(1 for d in probes if d["metrics"]["wall_time_s"])
     untimed = sum(d["metrics"]["wall_time_s"] * d["params"]["gpus"] for d in ooms)
@@ -53,8 +55,9 @@ def test_older_results_count_their_timed_steps_and_failed_runs_cost_time_untimed
 def test_cost_command_reports_every_study_and_refuses_unknown_ones(tmp_path):
     root = tmp_path / "clone"
     shutil.copytree(REPO / "results" / "runs" / "baseline", root / "results" / "runs" / "baseline")
-    run = subprocess.run([sys.executable, "-m", "trainbench", "cost", "baseline", "smoke", "--root", str(root),
-                          "--config", str(REPO / "config.yaml")], capture_output=True, text=True, check=True)
+    run = subprocess.run([sys.executable, "-m", "trainbench", "cost", "baseline", "smoke",
+                          "--root", str(root), "--config", str(REPO / "config.yaml")],
+                         capture_output=True, text=True, check=True)
     lines = run.stdout.splitlines()
     assert lines[0].split()[:3] == ["study", "runs", "device-hours"]
     baseline = next(line for line in lines if line.startswith("baseline"))
@@ -83,7 +86,8 @@ def test_deepspeed_op_builds_are_told_apart_as_paid_once_per_environment():
     assert cost.timed_share == pytest.approx(timed / cost.device_s)
     assert cost.timed_share_ops_built == pytest.approx(timed / (cost.device_s - 60.0))
     text = report([StudyCost("s", "GPU", cost, Cost(), [])])
-    assert f"{60 / 3600:.3f} device-hours; the timed share without them {cost.timed_share_ops_built:.2f}" in text
+    assert (f"{60 / 3600:.3f} device-hours; the timed share without them "
+            f"{cost.timed_share_ops_built:.2f}") in text
     assert "op builds (compiled once per environment" in text
-    assert "op builds" not in report([StudyCost("s", "GPU", study_cost(load_config(REPO / "config.yaml").study(
-        "baseline"), REPO).cells, Cost(), [])])  # none recorded, none reported
+    assert "op builds" not in report([StudyCost("s", "GPU", study_cost(load_config(
+        REPO / "config.yaml").study("baseline"), REPO).cells, Cost(), [])])  # none recorded, none reported

@@ -60,12 +60,15 @@ def test_an_emulated_cell_is_named_as_such_whatever_its_study_varies():
     real = expand_study("s", {**tiny_study(strategy="fsdp", gpus=4), "axes": {"micro_batch": [1, 2]}})
     emulated = expand_study("s", {**tiny_study(strategy="fsdp", gpus=4, emulate=True),
                                   "axes": {"micro_batch": [1, 2]}})
-    held = expand_study("s", {**tiny_study(strategy="fsdp", gpus=4, emulate=True, emulate_rank=3, device="cuda",
-                                           gpu_mem_limit_gib=40), "axes": {"micro_batch": [1, 2]}})
+    held = expand_study("s", {**tiny_study(strategy="fsdp", gpus=4, emulate=True, emulate_rank=3,
+                                           device="cuda", gpu_mem_limit_gib=40),
+                              "axes": {"micro_batch": [1, 2]}})
     assert [c.cell_id for c in real.cells] == ["micro_batch~1", "micro_batch~2"]
-    assert [c.cell_id for c in emulated.cells] == ["micro_batch~1__emulate~true", "micro_batch~2__emulate~true"]
+    assert [c.cell_id for c in emulated.cells] == ["micro_batch~1__emulate~true",
+                                                   "micro_batch~2__emulate~true"]
     assert held.cells[0].cell_id == "micro_batch~1__emulate~true__emulate_rank~3__gpu_mem_limit_gib~40"
-    assert len({c.target for c in [*real.cells, *emulated.cells, *held.cells]}) == 6  # none takes another's place
+    # none takes another's place
+    assert len({c.target for c in [*real.cells, *emulated.cells, *held.cells]}) == 6
 
 
 @pytest.mark.parametrize("settings, key, message", [
@@ -124,7 +127,8 @@ def test_the_heaviest_rank_of_a_pipeline_is_on_the_stage_that_held_the_most(cell
     per_stage = params["dp"]
     stages = [max(allocated[s * per_stage:(s + 1) * per_stage]) for s in range(params["pp"])]
     heaviest_stage = heaviest_rank(params) // per_stage
-    assert stages[heaviest_stage] == max(stages[0], stages[-1])  # the ends differ; the model picks the right one
+    # the ends differ; the model picks the right one
+    assert stages[heaviest_stage] == max(stages[0], stages[-1])
     assert heaviest_rank({**params, "pp": 1}) == 0
 
 
@@ -134,7 +138,8 @@ def test_a_gpu_limit_leaves_the_allocator_what_the_smaller_gpu_would():
     limit = emulation.device_limit(40, device_total_mib=143771, ranks=64)
     assert limit.allocator_mib == pytest.approx(40 * 1024 - CUDA_CONTEXT_MIB - NCCL_MIB)
     assert limit.fraction == pytest.approx(limit.allocator_mib / 143771)
-    assert emulation.device_limit(40, 143771, ranks=1).allocator_mib == pytest.approx(40 * 1024 - CUDA_CONTEXT_MIB)
+    assert (emulation.device_limit(40, 143771, ranks=1).allocator_mib
+            == pytest.approx(40 * 1024 - CUDA_CONTEXT_MIB))
     with pytest.raises(ValueError, match="can only emulate a smaller GPU"):
         emulation.device_limit(200, 143771, ranks=8)
     with pytest.raises(ValueError, match="leaves nothing for tensors"):
@@ -168,8 +173,8 @@ def test_outputs_the_fake_backend_may_leave_unwritten_are_written_for_the_ranks_
 
     result = subprocess.run([sys.executable, "-c", FILL_SCRIPT], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split("\n")[-2] == ("[2.0, 3.0] [10.0, 11.0] [1.0, 2.0, 1.0, 2.0, 1.0, 2.0, 1.0, 2.0] "
-                                             "['mine']")
+    assert result.stdout.split("\n")[-2] == ("[2.0, 3.0] [10.0, 11.0] "
+                                             "[1.0, 2.0, 1.0, 2.0, 1.0, 2.0, 1.0, 2.0] ['mine']")
 
 
 # --- what an emulated result says -------------------------------------------------------------------------
@@ -188,8 +193,8 @@ def test_an_emulated_result_completes_what_one_rank_cannot_see_and_says_so():
 
 
 def _emulated_doc(status="ok", **metrics) -> dict:
-    base = {"step_time_s": 2.0, "step_time_s_ci": [1.9, 2.1], "samples_per_s": 4.0, "samples_per_s_ci": [3.8, 4.2],
-            "gpu_mem_used_mib": [2048.0]}
+    base = {"step_time_s": 2.0, "step_time_s_ci": [1.9, 2.1], "samples_per_s": 4.0,
+            "samples_per_s_ci": [3.8, 4.2], "gpu_mem_used_mib": [2048.0]}
     params = resolve({**TINY, "gpus": 4, "strategy": "fsdp", "emulate": True})
     return {"study": "t", "cell_id": "c", "params": params, "status": status, "reason": None,
             "metrics": {**base, **metrics}, "emulation": {"rank": 0, "world_size": 4}}
@@ -248,7 +253,8 @@ def test_compare_never_sets_an_emulated_rank_against_a_real_run(tmp_path):
 def test_the_memory_model_judges_an_emulated_run_on_the_node_it_stands_for():
     from trainbench.memory_model import hardware_of_run
 
-    path = next((REPO / "results/runs/llama").glob("strategy~fsdp__model~llama-13b__gpus~8*gpu_mem_limit_gib~80"))
+    path = next((REPO / "results/runs/llama").glob(
+        "strategy~fsdp__model~llama-13b__gpus~8*gpu_mem_limit_gib~80"))
     doc = read_result(path / "metrics.json")
     hardware = hardware_of_run(doc)
     assert hardware.gpu_mem_mib == 80 * 1024 and hardware.gpus_per_node == 8
@@ -266,10 +272,10 @@ RANK_FOR_RANK = [
     ({"framework": "deepspeed", "strategy": "zero2", "gpus": 2, "offload_optimizer": True}, [0, 1]),
     ({"framework": "deepspeed", "strategy": "zero3", "gpus": 4, "tp": 2}, [0, 3]),
     ({"framework": "deepspeed", "strategy": "zero1", "gpus": 4, "pp": 2, "grad_accum": 2}, [0, 3]),
-    ({"framework": "hf_trainer", "model": "llama-tiny", "strategy": "zero3", "gpus": 2, "offload_optimizer": True,
-      "offload_param": True}, [1]),
-    ({"framework": "lightning", "model": "distilbert-tiny", "head": "classifier", "strategy": "ddp", "gpus": 2},
-     [1]),
+    ({"framework": "hf_trainer", "model": "llama-tiny", "strategy": "zero3", "gpus": 2,
+      "offload_optimizer": True, "offload_param": True}, [1]),
+    ({"framework": "lightning", "model": "distilbert-tiny", "head": "classifier", "strategy": "ddp",
+      "gpus": 2}, [1]),
 ]
 
 
@@ -288,7 +294,8 @@ def test_an_emulated_rank_holds_what_the_real_rank_of_its_number_holds(case, tmp
         emulated = doc["metrics"]
         assert doc["emulation"]["rank"] == rank and doc["emulation"]["world_size"] == params["gpus"]
         assert emulated["params_held_per_rank"] == [real["params_held_per_rank"][rank]], rank
-        held, expected = emulated["tensors_held_bytes_per_rank"][0]["cpu"], real["tensors_held_bytes_per_rank"][rank]["cpu"]
+        held, expected = (emulated["tensors_held_bytes_per_rank"][0]["cpu"],
+                          real["tensors_held_bytes_per_rank"][rank]["cpu"])
         assert abs(held - expected) <= SCALAR_SLACK_BYTES, (rank, held, expected)
         assert math.isfinite(emulated["loss_first"]) and math.isfinite(emulated["loss_last"])
         assert "worker" in doc["provenance"]["command"] and "torchrun" not in doc["provenance"]["command"]
@@ -357,7 +364,8 @@ def test_one_rank_of_16_under_zero3_trains_on_its_shard(rank, tmp_path):
 def test_a_study_measures_a_cell_and_its_emulated_rank_apart_and_tabulates_both(workflow):
     study = tiny_study(strategy="fsdp", gpus=2)
     study["include"] = [{"emulate": False}, {"emulate": True}]
-    workflow.write_config({"default_studies": {"without_gpus": ["t"], "with_gpus": ["t"]}, "studies": {"t": study}})
+    workflow.write_config({"default_studies": {"without_gpus": ["t"], "with_gpus": ["t"]},
+                           "studies": {"t": study}})
     workflow.snakemake("results/tables/t.md")
     real = read_json(workflow.path("results/runs/t/emulate~false/metrics.json"))
     emulated = read_json(workflow.path("results/runs/t/emulate~true/metrics.json"))
@@ -372,7 +380,8 @@ def test_a_study_measures_a_cell_and_its_emulated_rank_apart_and_tabulates_both(
 def test_fit_runs_one_rank_of_a_configured_cell_and_says_whether_it_fits(workflow):
     study = tiny_study(gpus=4)
     study["include"] = [{"strategy": "fsdp"}]
-    workflow.write_config({"default_studies": {"without_gpus": ["t"], "with_gpus": ["t"]}, "studies": {"t": study}})
+    workflow.write_config({"default_studies": {"without_gpus": ["t"], "with_gpus": ["t"]},
+                           "studies": {"t": study}})
     result = workflow.shell("trainbench fit t strategy~fsdp --rank 3")
     assert "as rank 3 of 4 (4 per node): fits (emulated rank 3 of 4: ok)" in result.stdout
     assert "per node of 4 ranks (derived)" in result.stdout and "memory model:" in result.stdout

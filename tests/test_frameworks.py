@@ -97,10 +97,12 @@ def test_a_registered_framework_runs_a_cell_and_its_unsupported_strategy_is_a_re
 @pytest.mark.parametrize("params, ops", [
     ({"framework": "deepspeed", "strategy": "zero2", "offload_optimizer": True}, ("cpu_adam",)),
     ({"framework": "hf_trainer", "strategy": "zero3", "offload_optimizer": True}, ("cpu_adam",)),
-    ({"framework": "lightning", "strategy": "deepspeed_stage_2_offload"}, ("cpu_adam",)),  # the strategy offloads
+    # the strategy offloads
+    ({"framework": "lightning", "strategy": "deepspeed_stage_2_offload"}, ("cpu_adam",)),
     ({"framework": "deepspeed", "strategy": "zero2"}, ()),  # torch's AdamW on the GPU
     ({"framework": "deepspeed", "strategy": "zero2", "offload_optimizer": True, "device": "cpu"}, ()),
-    ({"framework": "torch", "strategy": "fsdp", "offload_param": True}, ()),  # FSDP steps torch's Adam on the host
+    # FSDP steps torch's Adam on the host
+    ({"framework": "torch", "strategy": "fsdp", "offload_param": True}, ()),
 ])
 def test_the_deepspeed_ops_a_cell_builds_are_cpu_adam_for_an_optimizer_offloaded_from_a_gpu(params, ops):
     from trainbench.frameworks import deepspeed_ops

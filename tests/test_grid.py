@@ -71,7 +71,8 @@ def test_an_include_entry_with_lists_makes_one_cell_per_combination_named_by_its
         include=[{"strategy": "fsdp", "micro_batch": [1, 2], "grad_accum": [1, 4]}],
     ))).study("s")
     assert [c.cell_id for c in s.cells] == [
-        "strategy~ddp", "strategy~fsdp__micro_batch~1__grad_accum~1", "strategy~fsdp__micro_batch~1__grad_accum~4",
+        "strategy~ddp", "strategy~fsdp__micro_batch~1__grad_accum~1",
+        "strategy~fsdp__micro_batch~1__grad_accum~4",
         "strategy~fsdp__micro_batch~2__grad_accum~1", "strategy~fsdp__micro_batch~2__grad_accum~4"]
     assert [c.params["global_batch"] for c in s.cells[1:]] == [2, 8, 4, 16]
     repeated = problems(config_with(study(include=[{"micro_batch": [1, 1]}])))
@@ -114,7 +115,8 @@ def test_canonical_string_ignores_key_order_and_hash_follows_values():
 def test_an_optional_parameter_at_its_default_leaves_the_cell_as_it_was(repo):
     """Adding a parameter (attention) must not make every published result stale: at its default it
     is not in the canonical string nor the hash; set to anything else it is."""
-    cells = load_config(config_with(study(axes={"attention": ["sdpa", "eager"], "strategy": ["ddp"]}))).study("s").cells
+    cells = load_config(config_with(study(axes={"attention": ["sdpa", "eager"],
+                                                "strategy": ["ddp"]}))).study("s").cells
     default, eager = sorted(cells, key=lambda c: c.params["attention"] != "sdpa")
     assert default.params["attention"] == "sdpa" and '"attention"' not in default.canonical
     without = {k: v for k, v in default.params.items() if k != "attention"}
@@ -176,9 +178,11 @@ def test_the_five_studies_and_smoke_expand(repo):
             == {(8, "gpu:8"), (16, "gpu:8")})
     # the scaled-down cells are the ones run for real; the full-size grid is planned, or measured as one
     # emulated rank on one GPU
-    assert {c.params["model"] for c in zero3.cells if c.measured and not c.params["emulate"]} == {"bert-180b-l4"}
+    assert ({c.params["model"] for c in zero3.cells if c.measured and not c.params["emulate"]}
+            == {"bert-180b-l4"})
     assert not any(c.measured for c in full_size if not c.params["emulate"])
-    assert {(c.resources()["nodes"], c.resources()["gpu"]) for c in full_size if c.params["emulate"]} == {(1, 1)}
+    assert ({(c.resources()["nodes"], c.resources()["gpu"]) for c in full_size if c.params["emulate"]}
+            == {(1, 1)})
     assert config.default_targets_studies(have_gpus=False) == ["smoke"]
 
 
@@ -214,7 +218,8 @@ def test_schema_errors_name_the_key_and_what_is_allowed(settings, expected):
     ({"gpus": 3, "nodes": 2}, "gpus=3 is not a multiple of nodes=2"),
     ({"strategy": "ddp", "launcher": "deepspeed"},
      "launcher: 'deepspeed' does not start torch runs; allowed: python, torchrun"),
-    ({"attention": "flash"}, "attention: 'flash' is a CUDA kernel of SDPA; a CPU cell can use 'sdpa' or 'eager'"),
+    ({"attention": "flash"},
+     "attention: 'flash' is a CUDA kernel of SDPA; a CPU cell can use 'sdpa' or 'eager'"),
 ])
 def test_semantic_errors_name_study_cell_and_key(cell, expected):
     found = problems(config_with(study(include=[cell])))
@@ -322,8 +327,8 @@ def test_plot_panels_must_be_keys_that_tell_cells_apart():
 def large_grid(cells_per_axis: int = 100):
     """A study of cells_per_axis² CPU cells: 10,000 by default, as in bench/plan_scaling.py."""
     axes = {"micro_batch": list(range(1, cells_per_axis + 1)), "seed": list(range(cells_per_axis))}
-    return load_config(config_with(study(axes=axes, settings={"model": "gpt2-tiny", "device": "cpu", "gpus": 2,
-                                                              "strategy": "ddp"}))).study("s")
+    return load_config(config_with(study(axes=axes, settings={"model": "gpt2-tiny", "device": "cpu",
+                                                              "gpus": 2, "strategy": "ddp"}))).study("s")
 
 
 def test_a_cell_jobs_lookups_scan_no_cells_and_compute_each_string_once(monkeypatch):
@@ -356,7 +361,8 @@ def test_a_cell_jobs_lookups_scan_no_cells_and_compute_each_string_once(monkeypa
     assert len(encoded) == len(ids), "a cell's parameter string was encoded more than once"
     # what is cached is what was computed: the same string, hash and resources as from scratch
     cell = grid.cell(ids[-1])
-    assert cell.canonical == real_canonical_json(identity(cell.params)) and cell.params_hash == params_hash(cell.params)
+    assert (cell.canonical == real_canonical_json(identity(cell.params))
+            and cell.params_hash == params_hash(cell.params))
     copy_of_cell = dataclasses.replace(cell)
     assert copy_of_cell.resources() == cell.resources()
     cell.resources()["gpu"] = 99  # a caller's copy: the cell's own resources stay

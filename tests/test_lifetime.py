@@ -127,7 +127,9 @@ def test_the_driver_is_the_nearest_snakemake_above_the_cell_runner(tmp_path):
               "print(driver_pid())']))\n")
     script = tmp_path / "middle.py"
     script.write_text(middle)
-    top = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; sys.exit(subprocess.call(sys.argv[2:]))",
-                            "--snakemake-lookalike", sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    top = subprocess.Popen([sys.executable, "-c",
+                            "import subprocess, sys; sys.exit(subprocess.call(sys.argv[2:]))",
+                            "--snakemake-lookalike", sys.executable, str(script)],
+                           stdout=subprocess.PIPE, text=True)
     out, _ = top.communicate(timeout=60)
     assert top.returncode == 0 and int(out) == top.pid

@@ -263,7 +263,8 @@ def test_a_torch_loop_without_accumulation_holds_the_larger_of_gradients_and_act
     assert engine.parts_mib["gradients"] > 0
 
 
-@pytest.mark.parametrize("precision, dtype, per_score", [("bf16", torch.bfloat16, 6), ("fp32", torch.float32, 4)])
+@pytest.mark.parametrize("precision, dtype, per_score",
+                         [("bf16", torch.bfloat16, 6), ("fp32", torch.float32, 4)])
 def test_eager_attention_saves_the_bytes_per_score_the_model_counts(precision, dtype, per_score):
     """trainbench's eager attention saves its fp32 softmax output and, at half precision, the
     probabilities cast back for the product with V: 6 bytes per score element (measured 5.9 on an H200,
@@ -278,7 +279,8 @@ def test_eager_attention_saves_the_bytes_per_score_the_model_counts(precision, d
     q, k, v = (torch.randn(batch, spec.n_head, seq, spec.head_dim, dtype=dtype, requires_grad=True)
                for _ in range(3))
     inputs = 3 * q.numel() * q.element_size()  # q and k for the scores, v for the product: saved too
-    measured = _saved_bytes(torch.nn.Module(), lambda: eager_attention(q * 1, k * 1, v * 1, causal=True)) - inputs
+    measured = _saved_bytes(torch.nn.Module(),
+                            lambda: eager_attention(q * 1, k * 1, v * 1, causal=True)) - inputs
     assert measured == per_score * batch * spec.n_head * seq * seq
     assert eager_score_bytes_per_token(params, spec) * batch * seq == measured
     assert eager_score_bytes_per_token({**params, "attention": "sdpa"}, spec) == 0

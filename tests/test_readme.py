@@ -3,8 +3,8 @@ machine.
 
 The commands are read from README.md, ARCHITECTURE.md and docs/*.md themselves (fenced bash blocks,
 and inline code that starts with a command), so a new command cannot go untested: each must be listed
-in HOW below, which says how this test runs it. Commands that train on GPUs are dry-run (`-n`); the few that need a GPU host,
-root or a package index are run by CI or other tests, named in the entry.
+in HOW below, which says how this test runs it. Commands that train on GPUs are dry-run (`-n`); the
+few that need a GPU host, root or a package index are run by CI or other tests, named in the entry.
 """
 
 from __future__ import annotations
@@ -100,8 +100,8 @@ HOW: dict[str, How] = {
     "python bench/time_model.py --held-out results/bench/threads": How("run"),
     "trainbench predict megatron --gpu a100-80g --gpus-per-node 8 --host-mem-gib 1024": How("run"),
     "trainbench predict zero3_pipeline --gpu a100-40g --gpus-per-node 8 --host-mem-gib 1024": How("run"),
-    "python bench/time_model.py --write": How("elsewhere", "rewrites the package's constants; "
-                                                           "tests/test_time_model.py fits on synthetic cells"),
+    "python bench/time_model.py --write": How(
+        "elsewhere", "rewrites the package's constants; tests/test_time_model.py fits on synthetic cells"),
     "trainbench compare results/runs rerun/results/runs": How("run", before=_a_rerun_tree),
     "snakemake --report report.html": How("run", "the report of the smoke study the quick start made"),
     "snakemake -c all report_all": How("run", "the published studies' pages: nothing may train"),
@@ -157,20 +157,23 @@ HOW: dict[str, How] = {
         How("run", line="trainbench predict holdout_mix --gpu h200 --gpus-per-node 1 --host-mem-gib 128"),
     "trainbench progress": How("name", "the command's name; its full forms are run"),
     "python bench/plan_scaling.py --before c565396 --out results/bench/plan_scaling":
-        How("elsewhere", "plans grids of up to 40,000 cells for about 60 minutes; tests/test_bench.py runs it "
-                         "on a small grid, with --before; its output: results/bench/plan_scaling"),
+        How("elsewhere", "plans grids of up to 40,000 cells for about 60 minutes; tests/test_bench.py "
+                         "runs it on a small grid, with --before; its output: results/bench/plan_scaling"),
     "python bench/plan_scaling.py --skip measured scheduler execution --out results/bench/plan_values":
-        How("elsewhere", "plans grids of up to 40,000 cells for about 28 minutes; tests/test_bench.py runs its "
-                         "planning on a small grid; its output: results/bench/plan_values"),
-    "python bench/plan_scaling.py --skip planning measured scheduler --cells 300 --repeats 3 --before 918ebb4 "
-    "--out results/bench/cell_overhead/cpu-box":
-        How("elsewhere", "runs 1,800 cells one at a time for about 12 minutes; tests/test_bench.py runs the same "
-                         "section on 5 cells, with --before; its output: results/bench/cell_overhead/cpu-box"),
+        How("elsewhere", "plans grids of up to 40,000 cells for about 28 minutes; tests/test_bench.py "
+                         "runs its planning on a small grid; its output: results/bench/plan_values"),
+    "python bench/plan_scaling.py --skip planning measured scheduler --cells 300 --repeats 3 "
+    "--before 918ebb4 --out results/bench/cell_overhead/cpu-box":
+        How("elsewhere", "runs 1,800 cells one at a time for about 12 minutes; tests/test_bench.py runs "
+                         "the same section on 5 cells, with --before; its output: "
+                         "results/bench/cell_overhead/cpu-box"),
     "snakemake results/tables/<study>.md -n -q": How("run", line="snakemake results/tables/llama.md -n -q"),
     "trainbench fit llama <cell> --gpu-mem-gib 80": How(
-        "elsewhere", "a llama cell needs a GPU; tests/test_emulation.py runs `trainbench fit` on a CPU study"),
+        "elsewhere",
+        "a llama cell needs a GPU; tests/test_emulation.py runs `trainbench fit` on a CPU study"),
     "trainbench fit megatron <cell> --gpu-mem-gib 40 --search": How("elsewhere", "as above, with --search"),
-    "trainbench fit STUDY CELL [--rank R] [--gpu-mem-gib G] [--search]": How("name", "the command's synopsis"),
+    "trainbench fit STUDY CELL [--rank R] [--gpu-mem-gib G] [--search]":
+        How("name", "the command's synopsis"),
     "tools/gpu-runs/emulated-1.sh FILE...": How("elsewhere", GPU_HOST),
     "trainbench fit": How("name", "the command's name; tests/test_emulation.py runs it"),
     "make docs": How("elsewhere", "CI's .ci/run builds the site with every warning an error"),

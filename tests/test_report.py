@@ -43,7 +43,8 @@ def test_provenance_has_one_row_per_set_up_and_counts_every_cell_that_ran(study)
     # megatron's emulated cells ran on a one-GPU host, at several commits (those that ran out of memory
     # recorded no CUDA and NCCL versions: rows of their own), each row saying they are emulated ranks
     emulated = [r for r in rows if "emulated" in r["GPUs per cell"]]
-    assert {r["commit"] for r in emulated} == {d["provenance"]["git_commit"][:12] for d in ran if d.get("emulation")}
+    assert ({r["commit"] for r in emulated}
+            == {d["provenance"]["git_commit"][:12] for d in ran if d.get("emulation")})
     for row in emulated:
         assert row["GPUs per cell"] == "1 (an emulated rank of 8)" and row["host"].startswith("vm: 16 CPUs")
         assert row["torch"] == "2.11.0" and row["ran"].startswith("2026-11-25")
@@ -66,7 +67,8 @@ def test_the_page_shows_the_markdown_table_file_as_it_is_with_its_plots_embedded
     study = "baseline"
     table = (REPO / "results" / "tables" / f"{study}.md").read_text()
     findings = table + "\n## Findings\n\n- <script>alert(1)</script> DDP scales | not at all\n"
-    plots = [Plot(REPO / "results" / "plots" / f"{study}_{kind}.png", kind) for kind in ("memory", "throughput")]
+    plots = [Plot(REPO / "results" / "plots" / f"{study}_{kind}.png", kind)
+             for kind in ("memory", "throughput")]
     page = study_page(study, findings, plots, _published(study))
     cells = load_config(REPO / "config.yaml").study(study).cells
     # the table: a row per cell, every cell's interval (±) as the markdown has it
@@ -81,7 +83,8 @@ def test_the_page_shows_the_markdown_table_file_as_it_is_with_its_plots_embedded
     assert page.count('src="data:image/png;base64,') == 2
     # where the cells ran: baseline's two one-GPU cells, on one host at one commit
     provenance = page.split('<table class="provenance">')[1]
-    assert provenance.count("<tr>") == 2 and "<td>2</td><td>NVIDIA H200 (140.4 GiB)</td><td>1</td>" in provenance
+    assert (provenance.count("<tr>") == 2
+            and "<td>2</td><td>NVIDIA H200 (140.4 GiB)</td><td>1</td>" in provenance)
 
 
 def test_markdown_tables_render_with_their_rows():
@@ -181,7 +184,8 @@ def test_the_report_of_the_smoke_study_renders_its_page_table_plots_and_provenan
     browser.get(report.as_uri())
     try:
         # the front page: what the report is, and the study's description from config.yaml
-        WebDriverWait(browser, 10).until(lambda d: d.find_element(By.XPATH, "//h1[contains(., 'trainbench')]"))
+        WebDriverWait(browser, 10).until(
+            lambda d: d.find_element(By.XPATH, "//h1[contains(., 'trainbench')]"))
         front = browser.find_element(By.TAG_NAME, "body").text
         assert " ".join(smoke.description.split()) in " ".join(front.split())
         # one study here: the menu names its category "Results" (several: by their names)
@@ -220,4 +224,5 @@ def test_the_report_of_the_smoke_study_renders_its_page_table_plots_and_provenan
         assert not errors, errors
     finally:
         browser.save_screenshot(str(tmp_path / "report.png"))  # what it looked like, to look at
-    print(f"report built in {built:.1f} s, checked in a browser in {time.monotonic() - started - built:.1f} s")
+    print(f"report built in {built:.1f} s, "
+          f"checked in a browser in {time.monotonic() - started - built:.1f} s")

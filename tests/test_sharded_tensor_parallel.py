@@ -94,8 +94,8 @@ def test_sharded_tp_divides_model_states_and_split_activations_by_tp():
     gpu = [predict(resolve({**FULL, "tp": tp})).gpu_mem_mib for tp in (1, 4, 8, 16, 32)]
     assert gpu == sorted(gpu, reverse=True) and gpu[0] > 2 * gpu[-1]
     # AutoTP's prediction is what it was: the whole fp32 model first, on every GPU
-    autotp = predict(resolve({**FULL, "framework": "deepspeed", "strategy": "zero3", "offload_optimizer": True,
-                              "tp": 16}))
+    autotp = predict(resolve({**FULL, "framework": "deepspeed", "strategy": "zero3",
+                              "offload_optimizer": True, "tp": 16}))
     assert "whole_model_before_autotp" in autotp.parts_mib and autotp.gpu_mem_mib > 700 * 1024
     # what a block saves is split inside attention and the MLP only (Megatron's 8 + 24/t bytes per token
     # and hidden unit in half precision, less dropout; the whole model computes in fp16 under FSDP2's

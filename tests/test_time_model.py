@@ -102,7 +102,8 @@ def test_more_offload_is_slower_and_checkpointing_costs_a_forward():
     constants = time_model.Constants()
     zero3 = cell(model="gpt-2.5b", strategy="zero3")
     times = [time_model.predict(p, H200, constants).step_time_s for p in
-             (zero3, {**zero3, "offload_optimizer": True}, {**zero3, "offload_optimizer": True, "offload_param": True})]
+             (zero3, {**zero3, "offload_optimizer": True},
+              {**zero3, "offload_optimizer": True, "offload_param": True})]
     assert times[0] < times[1] < times[2]
     plain = time_model.work(cell(model="gpt-2.5b"), H200)
     recomputed = time_model.work(cell(model="gpt-2.5b", activation_checkpointing=True), H200)
@@ -112,7 +113,8 @@ def test_more_offload_is_slower_and_checkpointing_costs_a_forward():
 def test_cpu_threads_shorten_only_their_share_of_an_offloaded_step():
     constants = time_model.Constants()
     offloaded = cell(model="gpt-2.5b", strategy="zero2", offload_optimizer=True, gpus=1, precision="bf16")
-    one, sixteen = (time_model.predict(offloaded, H200, constants, cpu_threads=t).step_time_s for t in (1, 16))
+    one, sixteen = (time_model.predict(offloaded, H200, constants, cpu_threads=t).step_time_s
+                    for t in (1, 16))
     assert one - sixteen == pytest.approx(psi("gpt-2.5b") * (1 - 1 / 16) / constants.cpu_adam_per_thread)
     # what threads cannot shorten: the host's memory, which every rank of the node steps through at once
     w = time_model.work(offloaded, H200, cpu_threads=16)
@@ -124,10 +126,12 @@ def test_cpu_threads_shorten_only_their_share_of_an_offloaded_step():
 
 def test_a_runs_cpu_threads_come_from_its_provenance_or_from_the_rule_it_ran_under():
     params = cell(gpus=4)
-    assert time_model.threads_of_run({"params": params, "provenance": {"environment": {"OMP_NUM_THREADS": "16"}}}) == 16
+    assert time_model.threads_of_run(
+        {"params": params, "provenance": {"environment": {"OMP_NUM_THREADS": "16"}}}) == 16
     # recorded without OMP_NUM_THREADS: the studies' default
     assert time_model.threads_of_run({"params": params, "provenance": {"environment": {}}}) == 8
-    # not recorded at all (before b222dfd): Snakemake's export of the job's threads, one per GPU rank on the node
+    # not recorded at all (before b222dfd): Snakemake's export of the job's threads, one per GPU rank
+    # on the node
     assert time_model.threads_of_run({"params": params, "provenance": {"gpu_name": "NVIDIA H200"}}) == 4
     assert time_model.threads_of_run({"params": cell(gpus=8, nodes=2), "provenance": {}}) == 4
 

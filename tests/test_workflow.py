@@ -182,7 +182,8 @@ def test_only_missing_or_changed_cells_rerun(workflow):
     assert "study_plots" not in jobs
     # and so does a change of the findings it judges
     changed["studies"]["t"]["findings"] = [{"claim": "steps take longer with larger batches",
-                                            "compare": {"metric": "step_time_ms", "rises_with": "micro_batch"}}]
+                                            "compare": {"metric": "step_time_ms",
+                                                        "rises_with": "micro_batch"}}]
     workflow.write_config(changed)
     jobs = workflow.planned()
     assert "train_cell" not in jobs and "study_plots" not in jobs and TABLE_FINDINGS in jobs["study_table"]
@@ -370,8 +371,8 @@ def test_cells_lists_targets_and_current_status(workflow):
 def test_cells_says_ranks_on_cpu_and_gpus_apart(capsys, tmp_path):
     from trainbench.cli import main
 
-    assert main(["cells", "smoke", "baseline", "zero3_pipeline", "--tsv", "--config", str(REPO / "config.yaml"),
-                 "--root", str(tmp_path)]) == 0
+    assert main(["cells", "smoke", "baseline", "zero3_pipeline", "--tsv",
+                 "--config", str(REPO / "config.yaml"), "--root", str(tmp_path)]) == 0
     rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
     assert rows[0][3:5] == ["ranks", "nodes"]
     listed = {(row[0], row[1]): row[3:5] for row in rows[1:]}
@@ -413,9 +414,11 @@ def test_a_job_run_remotely_runs_its_cell_and_reads_no_other_result(workflow):
     other = workflow.path("results/runs/t/micro_batch~2/metrics.json")
     other.parent.mkdir(parents=True)
     other.write_text('{"status": "ok"}')  # not a result: a plan would set it aside
-    workflow.snakemake("--target-jobs", "train_cell:study=t,cell=micro_batch~1", "--allowed-rules", "train_cell",
+    workflow.snakemake("--target-jobs", "train_cell:study=t,cell=micro_batch~1",
+                       "--allowed-rules", "train_cell",
                        "--force", "--nolock", "--mode", "remote", "--jobs", "1")
-    assert json.loads(workflow.path("results/runs/t/micro_batch~1/metrics.json").read_text())["status"] == "ok"
+    assert (json.loads(workflow.path("results/runs/t/micro_batch~1/metrics.json").read_text())["status"]
+            == "ok")
     assert other.read_text() == '{"status": "ok"}' and not other.with_name("metrics.json.invalid").exists()
     dry = workflow.snakemake("-n", "results/tables/t.md")  # the next plan does
     assert "is not a valid result" in dry.stderr and other.with_name("metrics.json.invalid").exists()

@@ -84,7 +84,8 @@ def hardware_here(gpu: dict[str, Any], device_type: str,
     if params is not None and params["emulate"]:
         per_node = params["gpus_per_node"]
         return memory_model.Hardware(gpu_mib, host_mib * per_node, per_node,
-                                     f"{name}, emulated node of {per_node} rank(s) with this host's memory each")
+                                     f"{name}, emulated node of {per_node} rank(s) "
+                                     "with this host's memory each")
     return memory_model.Hardware(gpu_mib, host_mib, gpus, name)
 
 
@@ -248,15 +249,17 @@ class CellRun:
         # rank's share stops it (emulation.py; the hardware is the emulated node's)
         measuring = self.params["emulate"] and "host memory" not in prediction.short_of
         if not prediction.fits and measuring:
-            self._say(f"{prediction.why_not} ({hardware.describe()}); running the emulated rank to measure it")
+            self._say(f"{prediction.why_not} ({hardware.describe()}); "
+                      "running the emulated rank to measure it")
         elif not prediction.fits:
             if os.environ.get(FORCE_ENV) != "1" and not self.search_probe:
                 reason = (f"{prediction.why_not} ({self.predicted['hardware']}); not run "
                           f"(set {FORCE_ENV}=1 to run it)")
                 if self.params["emulate"]:  # what stops it is this host, not the hardware it stands for
                     per_node = self.params["gpus_per_node"]
-                    reason = (f"one rank's share of host memory ({prediction.host_mem_mib / per_node / 1024:.1f} "
-                              f"GiB predicted: {prediction.host_mem_mib / 1024:.1f} GiB per node of {per_node}) "
+                    reason = ("one rank's share of host memory "
+                              f"({prediction.host_mem_mib / per_node / 1024:.1f} GiB predicted: "
+                              f"{prediction.host_mem_mib / 1024:.1f} GiB per node of {per_node}) "
                               f"is more than this host's {hardware.host_mem_mib / per_node / 1024:.1f} GiB; "
                               f"the emulated rank needs a host with more memory (set {FORCE_ENV}=1 to run "
                               "it here anyway)")

@@ -83,8 +83,8 @@ def cmd_cells(args) -> int:
                 status = f"missing: {short} (this machine has {gpus_here})"
             search = (search_status(Path(args.root), study.name, cell.cell_id)
                       if cell.cell_id in study.searched else "-")
-            rows.append((name, cell.cell_id, status, ranks(cell.params), str(cell.params["nodes"]), cell.target,
-                         search))
+            rows.append((name, cell.cell_id, status, ranks(cell.params), str(cell.params["nodes"]),
+                         cell.target, search))
     header = ("study", "cell", "status", "ranks", "nodes", "target", "search")
     if args.tsv:
         print("\t".join(header))
@@ -329,7 +329,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trainbench", description="Benchmark distributed training set-ups.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    cells = sub.add_parser("cells", help="list cells with their status, ranks (on GPUs or CPU), nodes and target")
+    cells = sub.add_parser("cells",
+                           help="list cells with their status, ranks (on GPUs or CPU), nodes and target")
     cells.add_argument("studies", nargs="*", help="studies to list (default: all)")
     cells.add_argument("--config", default="config.yaml")
     cells.add_argument("--root", default=".", help="the directory results/ lives in")
@@ -368,11 +369,13 @@ def parser() -> argparse.ArgumentParser:
                           "(the search measures it)")
     run.set_defaults(func=cmd_run_cell)
 
-    predict = sub.add_parser("predict", help="predict every cell's memory and step time on given hardware (CSV)",
+    predict = sub.add_parser("predict",
+                             help="predict every cell's memory and step time on given hardware (CSV)",
                              description="Predict per-GPU and per-node host memory of every cell of the "
                                          "given studies (default: all) on the hardware described, whether "
                                          "it fits, and (with --gpu) its step time, samples/s and MFU: the "
-                                         "memory model and the time model (docs/memory-model.md, docs/time-model.md).")
+                                         "memory model and the time model (docs/memory-model.md, "
+                                         "docs/time-model.md).")
     predict.add_argument("studies", nargs="*")
     predict.add_argument("--config", default="config.yaml")
     predict.add_argument("--gpu", help=f"GPU type: {', '.join(GPUS)} (src/trainbench/hardware.py)")

@@ -3,7 +3,8 @@ change beyond the noise?
 
 Cells are matched by study and cell id (the metrics.json under `<root>/<study>/<cell>/`). For each
 cell that ran in both with the same parameters (a cell rerun with other parameters is not a repeat,
-and says so; an emulated rank is never a repeat of a real run), every figure a table reports changes by some percent. A change is *significant*:
+and says so; an emulated rank is never a repeat of a real run), every figure a table reports changes
+by some percent. A change is *significant*:
 
 - for timed figures (step time, samples/s), when the two runs' 95% intervals do not overlap and the
   change is at least `min_change` (the measurement's own target precision: a difference smaller than

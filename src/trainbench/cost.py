@@ -153,9 +153,10 @@ def report(costs: list[StudyCost]) -> str:
             lines.append(f"  {c.study}: " + ", ".join(f"{name} {spent[name] / whole:.0%}"
                                                        for name, _, _ in PHASES if name in spent))
             if spent.get("builds", 0.0) >= 1:
-                lines.append(f"    of which DeepSpeed's op builds (compiled once per environment, then loaded "
-                             f"from its cache by each cell): {spent['builds'] / 3600:.3f} device-hours; the "
-                             f"timed share without them {_share(c.total.timed_share_ops_built)}")
+                lines.append("    of which DeepSpeed's op builds (compiled once per environment, then "
+                             f"loaded from its cache by each cell): {spent['builds'] / 3600:.3f} "
+                             "device-hours; the timed share without them "
+                             f"{_share(c.total.timed_share_ops_built)}")
     for c in costs:
         for problem in c.unreadable:
             lines.append(f"not counted: {problem}")

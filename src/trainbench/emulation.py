@@ -195,8 +195,8 @@ def _fill_outputs(emulated: EmulatedRank, *, always: bool = False) -> list[str]:
         signature = inspect.signature(original)
         output_name, source_name = list(signature.parameters)[:2]
 
-        def filled(*args, _original=original, _write=write, _signature=signature, _names=(output_name, source_name),
-                   **kwargs):
+        def filled(*args, _original=original, _write=write, _signature=signature,
+                   _names=(output_name, source_name), **kwargs):
             work = _original(*args, **kwargs)
             bound = _signature.bind(*args, **kwargs)
             bound.apply_defaults()
@@ -314,8 +314,8 @@ def account(metrics: dict[str, Any], reported: dict[str, Any], params: dict[str,
 
     ranks_per_node = reported["ranks_per_node"]
     nccl = NCCL_MIB if params["device"] == "cuda" and params["gpus"] > 1 else 0.0
-    section = {"rank": reported["rank"], "world_size": reported["world_size"], "ranks_per_node": ranks_per_node,
-               "nodes": params["nodes"], "not_measured": NOT_MEASURED,
+    section = {"rank": reported["rank"], "world_size": reported["world_size"],
+               "ranks_per_node": ranks_per_node, "nodes": params["nodes"], "not_measured": NOT_MEASURED,
                "outputs_written_by_trainbench": reported.get("outputs_written_by_trainbench", []),
                "measured": {"gpu_mem_used_mib": metrics.get("gpu_mem_used_mib"),
                             "host_rss_peak_mib": metrics.get("host_mem_peak_mib")},
@@ -328,5 +328,6 @@ def account(metrics: dict[str, Any], reported: dict[str, Any], params: dict[str,
     rss = metrics.get("host_mem_peak_mib")
     if rss is not None:
         metrics["host_mem_peak_mib"] = round(rss * ranks_per_node, 1)
-        section["derived"]["host_mem_peak_mib"] = f"the rank's peak resident memory x {ranks_per_node} ranks per node"
+        section["derived"]["host_mem_peak_mib"] = (f"the rank's peak resident memory x {ranks_per_node} "
+                                                   "ranks per node")
     return section

@@ -618,9 +618,9 @@ def markdown(results: list[Result]) -> list[str]:
     return [
         "## Findings",
         "",
-        "The campaign's conclusions, checked on this table's cells (docs/studies.md, \"Findings\"): each is judged "
-        "pair by pair on cells that differ only in the keys it names, timed figures with their 95% "
-        "intervals, memory exactly. " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".",
+        "The campaign's conclusions, checked on this table's cells (docs/studies.md, \"Findings\"): "
+        "each is judged pair by pair on cells that differ only in the keys it names, timed figures with "
+        "their 95% intervals, memory exactly. " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".",
         "",
         "\n".join(lines),
         "",

@@ -68,11 +68,12 @@ def report(doc: dict[str, Any]) -> list[str]:
                      f"buffers modelled), torch's peak allocation {_gib(allocated)}")
     rank_host = (emulated.get("measured") or {}).get("host_rss_peak_mib")
     if rank_host is not None:
-        lines.append(f"  host memory: {_gib(rank_host)} this rank, {_gib(m.get('host_mem_peak_mib'))} per node of "
-                     f"{p['gpus_per_node']} ranks (derived)")
+        lines.append(f"  host memory: {_gib(rank_host)} this rank, {_gib(m.get('host_mem_peak_mib'))} "
+                     f"per node of {p['gpus_per_node']} ranks (derived)")
     predicted = doc.get("predicted") or {}
     if predicted.get("gpu_mem_mib") is not None or predicted.get("host_mem_mib") is not None:
-        verdict = {True: "fits", False: f"does not fit ({predicted.get('why_not')})", None: "-"}[predicted.get("fits")]
+        verdict = {True: "fits", False: f"does not fit ({predicted.get('why_not')})",
+                   None: "-"}[predicted.get("fits")]
         lines.append(f"  memory model: {_gib(predicted.get('gpu_mem_mib'))} per GPU, "
                      f"{_gib(predicted.get('host_mem_mib'))} per node: {verdict}")
     if m.get("step_time_s"):
@@ -143,7 +144,8 @@ def main(args) -> int:
         doc = run(emulated, root=args.root, force=args.force, runtime_min=args.runtime_min)
         print("\n".join(report(doc)))
         return 0 if doc["status"] in ("ok", "oom") else 1
-    print(f"searching the largest micro batch of {args.study}/{emulated.cell_id} (up to {args.max_micro_batch})")
+    print(f"searching the largest micro batch of {args.study}/{emulated.cell_id} "
+          f"(up to {args.max_micro_batch})")
     found = search(emulated, max_micro_batch=args.max_micro_batch, tolerance=args.tolerance, root=args.root,
                    force=args.force, runtime_min=args.runtime_min)
     largest = found["max_micro_batch"]

@@ -177,8 +177,8 @@ register(Framework(
         Strategy("single", "one process, no distributed wrapper", single_rank=True),
         Strategy("ddp", "torch DistributedDataParallel"),
         Strategy("fsdp", "torch FSDP2 (fully_shard) of every transformer block, then the root; with tp > 1 "
-                 "on a 2-D mesh (data x tensor parallel), the blocks and the vocabulary split by DTensor tensor "
-                 "parallel", layout="fsdp", offload_param=OPTIONAL, tensor_parallel=SHARDED_TP),
+                 "on a 2-D mesh (data x tensor parallel), the blocks and the vocabulary split by DTensor "
+                 "tensor parallel", layout="fsdp", offload_param=OPTIONAL, tensor_parallel=SHARDED_TP),
     ),
     MemoryFacts(fsdp_casts_parameters=True, replicated_gradients_freed=True, fsdp_reduce_bytes=4),
     honours=("checkpoint_in_cpu",)))

@@ -37,8 +37,8 @@ from pathlib import Path
 
 from trainbench.grid import Cell, Study
 from trainbench.paths import GRID_STAMP, RESULTS_CHECKED, RUNS, path
-from trainbench.results import (SCHEMA_VERSION, InvalidResult, metrics_json_schema, read_result, result_problem,
-                                why_invalid, write_json_atomic)
+from trainbench.results import (SCHEMA_VERSION, InvalidResult, metrics_json_schema, read_result,
+                                result_problem, why_invalid, write_json_atomic)
 
 def stamp_path(study: str) -> str:
     return path(GRID_STAMP, study=study)

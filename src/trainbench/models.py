@@ -132,9 +132,11 @@ MODELS: dict[str, ModelSpec] = {
         _llama("llama-30b", 60, 6656, 52, 17920),
         _llama("llama-65b", 80, 8192, 64, 22016),
         ModelSpec("distilbert-base", "distilbert", 6, 768, 12, 30522, 512, causal=False,
-                  block_class="TransformerBlock", attention_dropout=0.1, softmax_fp32=False, note="DistilBERT-base sized classifier"),
+                  block_class="TransformerBlock", attention_dropout=0.1, softmax_fp32=False,
+                  note="DistilBERT-base sized classifier"),
         ModelSpec("distilbert-tiny", "distilbert", 2, 64, 2, 2048, 128, causal=False,
-                  block_class="TransformerBlock", attention_dropout=0.1, softmax_fp32=False, note="DistilBERT layout for CPU tests"),
+                  block_class="TransformerBlock", attention_dropout=0.1, softmax_fp32=False,
+                  note="DistilBERT layout for CPU tests"),
     )
 }
 

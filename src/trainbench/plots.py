@@ -7,9 +7,10 @@ peak allocated memory (the tensors a strategy controls) as its solid part.
 Cells that did not run to the end keep their place on the x axis with their status written in, so
 a plot shows the same cells as the table. Planned cells (and cells this machine could not run) are
 drawn as hatched outlines at the memory and time models' predictions, where there are few enough of
-them to read (PLANNED_DRAWN_UP_TO per panel); measured cells carry the predictions as black marks. A study's `plot_panels` keys split a plot into rows, one
-per combination of their values, each with its own y axis: a grid's cells differ in throughput and
-memory by orders of magnitude across models, and one row of them all is too wide to read.
+them to read (PLANNED_DRAWN_UP_TO per panel); measured cells carry the predictions as black marks. A
+study's `plot_panels` keys split a plot into rows, one per combination of their values, each with its
+own y axis: a grid's cells differ in throughput and memory by orders of magnitude across models, and
+one row of them all is too wide to read.
 """
 
 from __future__ import annotations

@@ -97,7 +97,8 @@ def survey(study: Study, root: Path, *, gpus_here: int, cluster: bool = False,
         if result is not None and result["params_hash"] == cell.params_hash:
             state = FAILED if result["status"] in FAILED_STATUSES else DONE
             text = result["status"] + (f": {result['reason']}" if result.get("reason") else "")
-            progress = CellProgress(cell.cell_id, state, text, wall_s=(result.get("metrics") or {}).get("wall_time_s"))
+            progress = CellProgress(cell.cell_id, state, text,
+                                    wall_s=(result.get("metrics") or {}).get("wall_time_s"))
         elif work_dir.is_dir():
             progress = CellProgress(cell.cell_id, RUNNING, elapsed_s=max(0.0, now - _started(work_dir)))
         elif not cluster and not cell.unsupported and (short := short_of_gpus(cell.params, gpus_here)):
@@ -141,7 +142,8 @@ def render(progress: StudyProgress, *, every_cell: bool = False):
     total = len(progress.cells)
     ended = progress.count(DONE) + progress.count(FAILED)
     head = Table.grid(padding=(0, 2))
-    head.add_row(Text(progress.study, style="bold"), ProgressBar(total=max(total, 1), completed=ended, width=40),
+    head.add_row(Text(progress.study, style="bold"),
+                 ProgressBar(total=max(total, 1), completed=ended, width=40),
                  Text(f"{ended} of {total} cells ended"))
     counts = Text()
     for state in (DONE, RUNNING, FAILED, WAITING, ELSEWHERE):

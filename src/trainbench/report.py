@@ -109,7 +109,8 @@ def provenance_rows(docs: list[Doc]) -> list[dict[str, str]]:
         rows.append({
             "cells": str(len(members)), "GPU": setup.machine,
             "GPUs per cell": "—" if setup.machine == CPU_RANKS else ", ".join(per_cell),
-            "host": setup.host, "driver, CUDA, NCCL": setup.stack, **dict(setup.versions), "commit": setup.commit,
+            "host": setup.host, "driver, CUDA, NCCL": setup.stack, **dict(setup.versions),
+            "commit": setup.commit,
             "ran": f"{min(started):%Y-%m-%d %H:%M} to {max(ended):%Y-%m-%d %H:%M} UTC" if started and ended
             else "?"})
     return rows

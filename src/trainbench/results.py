@@ -96,7 +96,8 @@ METRICS: tuple[Key, ...] = (
     Key("flops_per_token", _NUMBER, "model FLOPs per token of a training step", required=False),
     Key("host_rss_peak_mib_per_rank", _NUMBERS, "peak resident memory of each rank", required=False),
     Key("tensors_held_bytes_per_rank", {"type": "array", "items": {"type": "object"}},
-        "bytes of the tensors each rank holds at the end of its run, by device type (metrics.tensors_held_bytes)",
+        "bytes of the tensors each rank holds at the end of its run, by device type "
+        "(metrics.tensors_held_bytes)",
         required=False),
     Key("params_held_per_rank", {"type": "array", "items": {"type": "integer"}},
         "parameter elements each rank holds (its shards)", required=False),
@@ -104,7 +105,8 @@ METRICS: tuple[Key, ...] = (
     Key("host_mem_percent_peak", _NUMBER, "the same as a share of the node's memory", required=False),
     Key("phases_s", {"type": "object", "additionalProperties": {"type": "number"}},
         "where the run's wall time went, in seconds: " + ", ".join(f"{name} ({meaning})"
-                                                               for name, _, meaning in PHASES), required=False),
+                                                               for name, _, meaning in PHASES),
+        required=False),
     Key("timed_share", _NUMBER, "the timed windows' share of the run's wall time", required=False),
     Key("dataset", _TEXT, "the data accuracy was measured on", required=False),
     Key("test_samples", _INT, "held-out samples accuracy was measured on", required=False),
@@ -169,7 +171,8 @@ def metrics_json_schema() -> dict[str, Any]:
             "provenance": _section(PROVENANCE),
             # an emulated cell's (emulation.py): which rank of which world, and what was measured,
             # modelled and derived rather than measured
-            "emulation": {"type": "object", "required": ["rank", "world_size", "ranks_per_node", "not_measured"],
+            "emulation": {"type": "object",
+                          "required": ["rank", "world_size", "ranks_per_node", "not_measured"],
                           "properties": {"rank": {"type": "integer", "minimum": 0},
                                          "world_size": {"type": "integer", "minimum": 2},
                                          "ranks_per_node": {"type": "integer", "minimum": 1},
@@ -319,7 +322,8 @@ def summarize(params: dict[str, Any], result: dict[str, Any], wall_time_s: float
         host_mem_percent_peak=_round(max(memory["host_percent"]), 1) if memory["host_percent"] else None,
     )
     spent = phases({**result["phase_marks"], "launched": launched, "exited": exited})
-    metrics.update(phases_s=spent, timed_share=_round(spent["timed"] / wall_time_s, 4) if wall_time_s else None)
+    metrics.update(phases_s=spent,
+                   timed_share=_round(spent["timed"] / wall_time_s, 4) if wall_time_s else None)
     if "dataset" in result:  # where accuracy was measured: real data, or the synthetic stand-in
         metrics.update(dataset=result["dataset"], test_samples=result["test_samples"])
     return metrics

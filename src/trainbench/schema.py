@@ -119,8 +119,8 @@ def _findings() -> dict[str, Any]:
     return {
         "type": "array", "default": [],
         "description": "The conclusions the study exists to test, judged on every table build and shown "
-                       "under the table: reproduced, partly, not reproduced or not yet measured (docs/studies.md, "
-                       "\"Findings\").",
+                       "under the table: reproduced, partly, not reproduced or not yet measured "
+                       "(docs/studies.md, \"Findings\").",
         "items": {
             "type": "object", "additionalProperties": False, "required": ["claim"],
             "properties": {

@@ -255,7 +255,8 @@ def _predicted_time(key: str, scale: float = 1.0) -> Callable[[Doc], float | Non
     return value
 
 
-def _memory_columns(name: str, key: str, what: str, source: str, meaning: dict[str, str]) -> dict[str, Column]:
+def _memory_columns(name: str, key: str, what: str, source: str,
+                    meaning: dict[str, str]) -> dict[str, Column]:
     """One per-rank memory figure as four columns: rank 0's and the worst rank's, in MiB and in GiB."""
     columns = {}
     for who, pick, whose in (("rank0", _rank0_mib, "rank 0"), ("max", _max_mib, "worst rank")):
@@ -577,14 +578,14 @@ def _emulation_note(docs: list[Doc]) -> list[str]:
 
     limits = sorted({d["params"]["gpu_mem_limit_gib"] for d in rows if d["params"].get("gpu_mem_limit_gib")})
     held = (f" Where gpu_mem_limit_gib is set ({', '.join(f'{g:g}' for g in limits)} GiB), the rank was held "
-            "to a GPU of that size: its allocator could reserve what such a GPU leaves after the CUDA context "
-            "and NCCL's buffers, and an OOM is that GPU's." if limits else "")
-    return [f"Rows marked \"emulated rank r of N\" ({len(rows)} here) ran one rank of the cell's world alone on "
-            "one GPU through PyTorch's fake process group (docs/emulation.md): the framework built, "
-            "sharded and stepped as that rank, and no collective moved data. Their memory is the rank's, "
-            f"measured, with NCCL's buffers modelled ({NCCL_MIB:.0f} MiB added to the GPU's) and the node's host "
-            "memory derived (the rank's times the ranks per node); their timed figures, marked (compute), are "
-            "the rank's compute alone, beside the time model's whole step." + held, ""]
+            "to a GPU of that size: its allocator could reserve what such a GPU leaves after the CUDA "
+            "context and NCCL's buffers, and an OOM is that GPU's." if limits else "")
+    return [f"Rows marked \"emulated rank r of N\" ({len(rows)} here) ran one rank of the cell's world "
+            "alone on one GPU through PyTorch's fake process group (docs/emulation.md): the framework "
+            "built, sharded and stepped as that rank, and no collective moved data. Their memory is the "
+            f"rank's, measured, with NCCL's buffers modelled ({NCCL_MIB:.0f} MiB added to the GPU's) and "
+            "the node's host memory derived (the rank's times the ranks per node); their timed figures, "
+            "marked (compute), are the rank's compute alone, beside the time model's whole step." + held, ""]
 
 
 def _timing_note(docs: list[Doc]) -> list[str]:
@@ -593,8 +594,9 @@ def _timing_note(docs: list[Doc]) -> list[str]:
         return []
     per_step = sum(1 for d in ran if (_metric(d, "timing") or {}).get("method") == PER_STEP_METHOD)
     noisy = sum(1 for d in ran if _metric(d, "noisy"))
-    text = ("Timed figures are medians over timed windows ± half their 95% interval (docs/measurement.md, \"How a cell is "
-            "measured\"); a cell whose interval stayed wider than its study's target is marked noisy"
+    text = ("Timed figures are medians over timed windows ± half their 95% interval (docs/measurement.md, "
+            "\"How a cell is measured\"); a cell whose interval stayed wider than its study's target is "
+            "marked noisy"
             f" ({noisy} of {len(ran)} here).")
     if per_step:
         text += (f" {per_step} of them ran before timing windows: each of their steps was synchronised and "
@@ -618,8 +620,8 @@ def _time_model_note(docs: list[Doc]) -> list[str]:
     if any(d["status"] == "ok" for d in predicted):
         text += (" Its constants were fitted on measured cells, these among them"
                  + (f" ({'; '.join(f'{g}: {w}' for g, w in fitted.items())})" if fitted else "")
-                 + ", so a measured cell's error here is in sample; predicted from fits that did not see them, "
-                 "the error is in results/bench/time_model/time_model.txt.")
+                 + ", so a measured cell's error here is in sample; predicted from fits that did not "
+                 "see them, the error is in results/bench/time_model/time_model.txt.")
     return [text, ""]
 
 

@@ -19,8 +19,9 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
 - F, the matmul and attention FLOPs of the step on the GPU: per token 6 x the block parameters of the
   GPU's shard (tensor parallelism divides them, pipeline stages split the layers) plus 12 L d S / tp
   for attention (PaLM's count), plus 6 x the head (AutoTP leaves it whole on every tensor-parallel
-  rank; vocabulary-parallel tensor parallelism divides it by tp), and with activation checkpointing the blocks' forward again (2N + 4 L d S per token); times
-  micro batch x sequence x accumulation. peak: the GPU's dense peak at the cell's compute type.
+  rank; vocabulary-parallel tensor parallelism divides it by tp), and with activation checkpointing
+  the blocks' forward again (2N + 4 L d S per token); times micro batch x sequence x accumulation.
+  peak: the GPU's dense peak at the cell's compute type.
 - elem_bytes: what the blocks read and write outside matmuls (norms, activations, residual adds), in
   proportion to the tensors a block saves for backward (the memory model's count, per family and
   dtype) once forward, twice backward, once more when recomputed. This is the term that makes small
@@ -29,10 +30,11 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
 - layer_passes: each block's forward and backward per micro batch (3, 4 with recomputation): the
   kernel launches and Python of a block. calls: framework-level collective calls the host makes: the
   tensor-parallel all-reduces (2 forward and 2 backward per block and micro batch, 2 more when
-  recomputing, and 2 per micro batch for a vocabulary-parallel embedding and LM head), ZeRO-3's parameter fetches (one per linear layer for forward, backward and
-  recomputation; two calls where the weights are partitioned over several ranks: the bookkeeping and
-  the all-gather) and FSDP's unit gathers. The host's time bounds the small cells (a ZeRO-3 step of
-  GPT-2.5B takes as long at micro batch 4 as at 16); where the GPU's work is longer it hides it.
+  recomputing, and 2 per micro batch for a vocabulary-parallel embedding and LM head), ZeRO-3's
+  parameter fetches (one per linear layer for forward, backward and recomputation; two calls where
+  the weights are partitioned over several ranks: the bookkeeping and the all-gather) and FSDP's unit
+  gathers. The host's time bounds the small cells (a ZeRO-3 step of GPT-2.5B takes as long at micro
+  batch 4 as at 16); where the GPU's work is longer it hides it.
 - collective bytes per GPU (ring algorithms, n ranks): all-reduce 2(n-1)/n x size, reduce-scatter and
   all-gather (n-1)/n x size, over NVLink within a node (or PCIe where a GPU has none) and over the
   network once a group spans nodes. DDP all-reduces the gradients once per step (accumulation skips
@@ -55,11 +57,12 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
 The constants (`Constants`) are efficiencies, not properties of a cell: the fraction of peak matmuls
 reach, the passes of elementwise traffic, a block's launch cost, a collective call's cost, the
 fraction of link, PCIe and memory bandwidth collectives, copies and the optimizer reach, the CPU
-optimizer's parameters per second per thread and per host, and the fixed cost per step of each training loop and
-of DeepSpeed's engine at each ZeRO stage. They are fitted by least squares on log step time over the
-measured cells of one GPU type (`fit`; bench/time_model.py reports the error leave-one-out). A GPU type without measurements is predicted
-with the constants of the measured one (H200): peaks and bandwidths come from the hardware table,
-efficiencies are assumed to carry over, and the output says so.
+optimizer's parameters per second per thread and per host, and the fixed cost per step of each
+training loop and of DeepSpeed's engine at each ZeRO stage. They are fitted by least squares on log
+step time over the measured cells of one GPU type (`fit`; bench/time_model.py reports the error
+leave-one-out). A GPU type without measurements is predicted with the constants of the measured one
+(H200): peaks and bandwidths come from the hardware table, efficiencies are assumed to carry over,
+and the output says so.
 """
 
 from __future__ import annotations
@@ -74,7 +77,8 @@ import numpy as np
 
 from trainbench.frameworks import offloads, strategy_of
 from trainbench.hardware import GpuType, peak_flops
-from trainbench.memory_model import block_bytes_per_token, eager_score_bytes_per_token, shard_params, vocab_parallel
+from trainbench.memory_model import (block_bytes_per_token, eager_score_bytes_per_token, shard_params,
+                                     vocab_parallel)
 from trainbench.models import ModelSpec, get_model
 
 # DeepSpeed's CPU Adam and torch's optimizer threads per rank where a cell does not say (the
@@ -140,7 +144,8 @@ class Constants:
     cpu_host_rate: float = 4e9  # parameters per second the host's memory lets its CPU optimizers step
     # fixed cost per step of each training loop and of DeepSpeed's engine at each ZeRO stage
     step_s: dict[str, float] = field(default_factory=lambda: {
-        "torch": 0.005, "lightning": 0.02, "hf_trainer": 0.05, "ZeRO-0": 0.02, "ZeRO-1/2": 0.02, "ZeRO-3": 0.02})
+        "torch": 0.005, "lightning": 0.02, "hf_trainer": 0.05, "ZeRO-0": 0.02, "ZeRO-1/2": 0.02,
+        "ZeRO-3": 0.02})
     gpu: str = "h200"  # the GPU type they were fitted on
     fitted_on: str = ""  # what they were fitted on (cells, command)
 
@@ -317,12 +322,14 @@ def work(params: dict[str, Any], gpu: GpuType, cpu_threads: int = DEFAULT_CPU_TH
 
     return Work(
         loop="" if params["framework"] == "deepspeed" else params["framework"],
-        engine="" if layout != "zero" else f"ZeRO-{'1/2' if stage in (1, 2) else stage}", matmul_s=tokens * per_token / peak, elementwise_s=elementwise / hbm,
+        engine="" if layout != "zero" else f"ZeRO-{'1/2' if stage in (1, 2) else stage}",
+        matmul_s=tokens * per_token / peak, elementwise_s=elementwise / hbm,
         layer_passes=ga * layers * passes, calls=calls, micro_link_s=micro_link,
         overlapped_link_s=overlapped, overlapped_pcie_s=overlapped_pcie, overlap_budget=budget,
         sync_link_s=sync, optimizer_hbm_s=optimizer_hbm, torch_optimizer_hbm_s=torch_optimizer_hbm,
         offload_pcie_s=offload_pcie,
-        cpu_adam_params=cpu_adam, cpu_torch_params=cpu_torch, cpu_unscale_params=cpu_unscale, cpu_host_params=cpu_host, pipeline_factor=(ga + pp - 1) / ga)
+        cpu_adam_params=cpu_adam, cpu_torch_params=cpu_torch, cpu_unscale_params=cpu_unscale,
+        cpu_host_params=cpu_host, pipeline_factor=(ga + pp - 1) / ga)
 
 
 FIELDS = [f for f in Work.__dataclass_fields__ if f not in ("loop", "engine")]
@@ -353,8 +360,10 @@ def parts(w, c: Constants) -> dict[str, Any]:
     exposed = np.maximum(0.0, hidden_traffic - g("overlap_budget") * device)
     optimizer = (g("optimizer_hbm_s") / c.eta_optimizer + g("torch_optimizer_hbm_s") / c.eta_optimizer_torch
                  + g("offload_pcie_s") / c.eta_pcie
-                 + g("cpu_adam_params") / c.cpu_adam_per_thread + g("cpu_torch_params") / c.cpu_torch_per_thread
-                 + g("cpu_unscale_params") / c.cpu_unscale_per_thread + g("cpu_host_params") / c.cpu_host_rate)
+                 + g("cpu_adam_params") / c.cpu_adam_per_thread
+                 + g("cpu_torch_params") / c.cpu_torch_per_thread
+                 + g("cpu_unscale_params") / c.cpu_unscale_per_thread
+                 + g("cpu_host_params") / c.cpu_host_rate)
     return {"compute": g("pipeline_factor") * busy, "communication": micro - g("pipeline_factor") * busy
             + exposed + g("sync_link_s") / c.eta_link, "optimizer": optimizer, "framework": step}
 
@@ -393,8 +402,8 @@ def constants_for(gpu: GpuType, table: dict[str, Constants] | None = None) -> tu
         return table[gpu.key], None
     if table:
         borrowed = next(iter(table.values()))
-        return borrowed, (f"no {gpu.key} cells measured: efficiencies fitted on {borrowed.gpu}, with {gpu.key}'s "
-                          "peaks and bandwidths")
+        return borrowed, (f"no {gpu.key} cells measured: efficiencies fitted on {borrowed.gpu}, "
+                          f"with {gpu.key}'s peaks and bandwidths")
     return Constants(gpu=gpu.key), "no constants fitted: starting values"
 
 

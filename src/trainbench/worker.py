@@ -172,7 +172,8 @@ class Worker:
                    "host_rss_peak_mib": process_peak_rss_mib(),
                    # what the rank keeps between steps, and the parameters it holds: compared rank for
                    # rank between emulated and real worlds
-                   "tensors_held_bytes": tensors_held_bytes(emulation.VISIBLE_ONLY_HERE), "params_per_module": params_per_module(runner),
+                   "tensors_held_bytes": tensors_held_bytes(emulation.VISIBLE_ONLY_HERE),
+                   "params_per_module": params_per_module(runner),
                    "torch_peak_allocated_mib": None, "torch_peak_reserved_mib": None, "node_memory": None}
         if device.type == "cuda":
             figures["torch_peak_allocated_mib"] = torch.cuda.max_memory_allocated(device) / MIB
@@ -208,7 +209,8 @@ class Worker:
         written = time.time()
         dist.barrier()
         dist.destroy_process_group()
-        self._say(f"teardown: results gathered and written in {written - self.marks.get('timed', written):.2f} s, "
+        self._say("teardown: results gathered and written in "
+                  f"{written - self.marks.get('timed', written):.2f} s, "
                   f"process group closed in {time.time() - written:.2f} s")
 
     def _measured_as(self) -> dict:

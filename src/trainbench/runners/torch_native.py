@@ -220,8 +220,8 @@ class TorchRunner(StepRunner):
                 "implementation": "torch.distributed.tensor.parallel (DTensor), built on the meta device",
                 "size": self.tp, "column_parallel": list(COLUMN_PARALLEL), "row_parallel": list(ROW_PARALLEL),
                 "qkv": "rows laid out per rank [q_r; k_r; v_r]",
-                "vocabulary_parallel": ["wte (RowwiseParallel, input Replicate)", "LM head tied to wte (Shard(-1) "
-                                        "logits, loss_parallel)"],
+                "vocabulary_parallel": ["wte (RowwiseParallel, input Replicate)",
+                                        "LM head tied to wte (Shard(-1) logits, loss_parallel)"],
                 "replicated": ["wpe", "LayerNorms", "row-parallel biases"]}
         if self.sharded:
             config["fully_shard"] = {
