@@ -28,6 +28,23 @@ os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.envir
 FAST_TIMING = {"target_ci": 1.0, "min_window_s": 0}
 
 
+# A cell small enough to run on CPU ranks in seconds (tests that run cells through cellrun directly).
+TINY = {"model": "gpt2-tiny", "device": "cpu", "seq_len": 16, "micro_batch": 2, "warmup_steps": 1,
+        "timed_steps": 2}
+
+
+def make_cell(**params):
+    """A checked Cell of TINY updated with `params`, timed as briefly as a cell can be."""
+    from trainbench.grid import Cell, check_cell, resolve
+    from trainbench.timing import TimingSettings
+
+    p = resolve({**TINY, **params})
+    errors, unsupported = check_cell(p)
+    assert not errors, errors
+    return Cell("t", "c", p, execution={"cpus_per_rank": 1}, timing=TimingSettings(**FAST_TIMING),
+                unsupported=unsupported)
+
+
 def tiny_study(**settings) -> dict:
     """A study of CPU cells small enough to run in seconds."""
     base = {"model": "gpt2-tiny", "device": "cpu", "seq_len": 16, "warmup_steps": 1, "timed_steps": 2}

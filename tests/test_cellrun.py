@@ -15,16 +15,12 @@ import psutil
 import pytest
 
 from trainbench.cellrun import CellRun, classify, run_cell
-from trainbench.grid import Cell, check_cell, resolve
+from trainbench.grid import Cell
 from trainbench.models import get_model
 from trainbench.results import PHASES, read_json, schema_problems
-from trainbench.timing import TimingSettings
 from trainbench.worker import FAIL_AT_STEP_ENV
 
-from conftest import FAST_TIMING
-
-TINY = {"model": "gpt2-tiny", "device": "cpu", "seq_len": 16, "micro_batch": 2, "warmup_steps": 1,
-        "timed_steps": 2}
+from conftest import make_cell
 
 
 def test_provenance_reads_each_packages_name_and_version_as_importlib_metadata_does():
@@ -63,14 +59,6 @@ def test_host_facts_come_from_their_own_thread_and_its_errors_are_not_lost():
 
     with pytest.raises(OSError, match="no metadata"):
         HostFacts(broken).get()
-
-def make_cell(**params) -> Cell:
-    p = resolve({**TINY, **params})
-    errors, unsupported = check_cell(p)
-    assert not errors, errors
-    return Cell("t", "c", p, execution={"cpus_per_rank": 1}, timing=TimingSettings(**FAST_TIMING),
-                unsupported=unsupported)
-
 
 def run(cell: Cell, tmp_path: Path, *, retries: int = 0, runtime_min: float = 5,
         search_probe: bool = False) -> dict:

@@ -16,15 +16,13 @@ from trainbench.cellrun import run_cell
 from trainbench.errors import ConfigError
 from trainbench.frameworks import not_implemented
 from trainbench.gpt import GPT, CheckpointsInHostMemory
-from trainbench.grid import Cell, check_cell, expand_study, resolve
+from trainbench.grid import expand_study, resolve
 from trainbench.memory_model import activations, checkpoints_in_host, predict
 from trainbench.models import get_model
-from trainbench.timing import TimingSettings
 
-from conftest import FAST_TIMING, tiny_study
+from conftest import TINY, make_cell, tiny_study
 
-TINY = {"model": "gpt2-tiny", "device": "cpu", "seq_len": 16, "micro_batch": 2, "warmup_steps": 1,
-        "timed_steps": 2, "activation_checkpointing": True}
+CHECKPOINTED = {**TINY, "activation_checkpointing": True}
 
 
 class Recording(CheckpointsInHostMemory):
@@ -84,12 +82,8 @@ def test_each_tensor_parallel_rank_keeps_its_share_and_gets_the_whole_input_back
 
 
 def _run(tmp_path: Path, name: str, **params) -> dict:
-    p = resolve({**TINY, **params})
-    errors, unsupported = check_cell(p)
-    assert not errors, errors
-    cell = Cell("t", "c", p, execution={"cpus_per_rank": 1}, timing=TimingSettings(**FAST_TIMING))
     output = tmp_path / name / "metrics.json"
-    assert run_cell(cell, output, runtime_min=5, retries=0) == 0
+    assert run_cell(make_cell(activation_checkpointing=True, **params), output, runtime_min=5, retries=0) == 0
     doc = json.loads(output.read_text())
     assert doc["status"] == "ok", doc["reason"]
     return doc["metrics"]
@@ -111,7 +105,7 @@ def test_checkpoint_in_cpu_where_it_means_nothing_or_has_no_runner_says_so():
         expand_study("s", {**tiny_study(framework="lightning", model="distilbert-tiny", head="classifier",
                                         strategy="ddp", gpus=2, activation_checkpointing=True,
                                         checkpoint_in_cpu=True), "include": [{}]})
-    pipeline = resolve({**TINY, "framework": "deepspeed", "strategy": "zero1", "gpus": 2, "pp": 2,
+    pipeline = resolve({**CHECKPOINTED, "framework": "deepspeed", "strategy": "zero1", "gpus": 2, "pp": 2,
                         "checkpoint_in_cpu": True})
     assert "the pipeline engine checkpoints its stages itself" in not_implemented(pipeline)
 

@@ -19,26 +19,15 @@ import pytest
 from trainbench import emulation
 from trainbench.cellrun import run_cell
 from trainbench.errors import ConfigError
-from trainbench.grid import Cell, check_cell, expand_study, resolve
+from trainbench.grid import Cell, expand_study, resolve
 from trainbench.memory_model import heaviest_rank, predict
 from trainbench.models import get_model
 from trainbench.results import read_json, read_result, schema_problems
-from trainbench.timing import TimingSettings
 
-from conftest import FAST_TIMING, REPO, tiny_study
+from conftest import REPO, TINY, make_cell, tiny_study
 
-TINY = {"model": "gpt2-tiny", "device": "cpu", "seq_len": 16, "micro_batch": 2, "warmup_steps": 1,
-        "timed_steps": 2}
 # gloo keeps a collective's scalar (8 bytes) referenced on some ranks of a real world at the end
 SCALAR_SLACK_BYTES = 64
-
-
-def make_cell(**params) -> Cell:
-    p = resolve({**TINY, **params})
-    errors, unsupported = check_cell(p)
-    assert not errors, errors
-    return Cell("t", "c", p, execution={"cpus_per_rank": 1}, timing=TimingSettings(**FAST_TIMING),
-                unsupported=unsupported)
 
 
 def run(cell: Cell, folder: Path) -> dict:

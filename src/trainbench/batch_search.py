@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from trainbench.paths import cell_of_probe
 from trainbench.hardware import host_memory_mib
-from trainbench.memory_model import Hardware, hardware_of_run, predict
+from trainbench.memory_model import Hardware, hardware_of_run, held_gpu_mib, predict
 
 
 def next_probe(outcomes: dict[int, str], start: int, upper: int, tolerance: float = 0.0) -> int | None:
@@ -84,8 +84,8 @@ def bounds_for(search: dict[str, Any], params: dict[str, Any]) -> tuple[int, int
         hardware = Hardware(None, host_memory_mib(), params["gpus_per_node"])
     elif search.get("gpu_mem_gib") or params.get("gpu_mem_limit_gib"):
         # a cell held to a smaller GPU is searched on that GPU
-        gpu = min(g for g in (search.get("gpu_mem_gib"), params.get("gpu_mem_limit_gib")) if g)
-        hardware = Hardware(gpu * 1024, float("inf"), params["gpus_per_node"])
+        gpu = held_gpu_mib(search["gpu_mem_gib"] * 1024 if search.get("gpu_mem_gib") else None, params)
+        hardware = Hardware(gpu, float("inf"), params["gpus_per_node"])
     else:
         hardware = None
     return model_bounds(params, hardware, search["max_micro_batch"])

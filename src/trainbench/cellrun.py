@@ -75,17 +75,16 @@ def hardware_here(gpu: dict[str, Any], device_type: str,
         gpu_mib, name, gpus = gpu["gpu_memory_mib"], gpu["gpu_name"] or "GPU", len(gpu["devices"])
     host_mib = host_memory_mib()
     limits = memory_limits_override()
-    if params is not None and params["gpu_mem_limit_gib"] is not None:
-        limits["gpu"] = min(limits.get("gpu", float("inf")), params["gpu_mem_limit_gib"] * 1024)
-        name = f"{name} held to {params['gpu_mem_limit_gib']:g} GiB"
     if "gpu" in limits and device_type == "cuda":
         gpu_mib = min(gpu_mib, limits["gpu"]) if gpu_mib else limits["gpu"]
     host_mib = min(host_mib, limits.get("host", host_mib))
+    if params is not None and device_type == "cuda" and params["gpu_mem_limit_gib"] is not None:
+        gpu_mib = memory_model.held_gpu_mib(gpu_mib, params)
+        name = f"{name} held to {params['gpu_mem_limit_gib']:g} GiB"
     if params is not None and params["emulate"]:
-        per_node = params["gpus_per_node"]
-        return memory_model.Hardware(gpu_mib, host_mib * per_node, per_node,
-                                     f"{name}, emulated node of {per_node} rank(s) "
-                                     "with this host's memory each")
+        return memory_model.emulated_node(gpu_mib, host_mib, params,
+                                          f"{name}, emulated node of {params['gpus_per_node']} rank(s) "
+                                          "with this host's memory each")
     return memory_model.Hardware(gpu_mib, host_mib, gpus, name)
 
 
@@ -176,10 +175,7 @@ class CellRun:
                "reason": reason, "metrics": empty_metrics(), "predicted": self._prediction(),
                "provenance": {}}
         if self.params["emulate"]:  # which rank it stands for, whatever became of it (account() adds more)
-            rank = emulation.rank_of(self.params)
-            doc["emulation"] = {"rank": rank.rank, "world_size": rank.world_size,
-                                "ranks_per_node": rank.ranks_per_node, "nodes": self.params["nodes"],
-                                "not_measured": emulation.NOT_MEASURED}
+            doc["emulation"] = emulation.section(self.params)
         return doc
 
     def _prediction(self) -> dict[str, Any]:

@@ -215,7 +215,7 @@ def cmd_predict(args) -> int:
 def cmd_fit(args) -> int:
     from trainbench import fit
 
-    return fit.main(args)
+    return fit.main(args, _config(args.config))
 
 
 def cmd_search_summary(args) -> int:

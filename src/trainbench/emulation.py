@@ -222,21 +222,18 @@ _DEEPSPEED_RANK0_CHECKS = ("deepspeed.runtime.zero.utils", "deepspeed.runtime.ze
                            "deepspeed.runtime.zero.partitioned_param_coordinator")
 
 
-def prepare_deepspeed() -> list[str]:
+def prepare_deepspeed() -> None:
     """In an emulated rank other than rank 0, DeepSpeed's checks against rank 0 pass (they compare;
     they allocate nothing a real rank keeps). Called by the adapters that use DeepSpeed before they
-    build; returns what it changed, for the result."""
+    build."""
     import importlib
 
     if not in_this_process() or int(os.environ.get("RANK", "0")) == 0:
-        return []
-    skipped = []
+        return
     for name in _DEEPSPEED_RANK0_CHECKS:
         module = importlib.import_module(name)
         if getattr(module, "assert_ints_same_as_other_ranks", None) is not None:
             module.assert_ints_same_as_other_ranks = _agrees_with_rank0
-            skipped.append(f"{name}.assert_ints_same_as_other_ranks")
-    return skipped
 
 
 def _agrees_with_rank0(_ints) -> None:
@@ -305,6 +302,14 @@ NOT_MEASURED = ("communication time: no collective moves data, so step_time_s (a
                 "from it) is the rank's compute time alone")
 
 
+def section(params: dict[str, Any]) -> dict[str, Any]:
+    """What every emulated cell's result says, whatever became of its run: which rank of which world,
+    and what no emulated rank measures."""
+    emulated = rank_of(params)
+    return {"rank": emulated.rank, "world_size": emulated.world_size,
+            "ranks_per_node": emulated.ranks_per_node, "nodes": params["nodes"], "not_measured": NOT_MEASURED}
+
+
 def account(metrics: dict[str, Any], reported: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     """The `emulation` section of an emulated cell's metrics.json, from what its rank reported
     (worker.py's `emulated`), and its metrics completed where a real rank's would hold more: the GPU's
@@ -314,20 +319,19 @@ def account(metrics: dict[str, Any], reported: dict[str, Any], params: dict[str,
 
     ranks_per_node = reported["ranks_per_node"]
     nccl = NCCL_MIB if params["device"] == "cuda" and params["gpus"] > 1 else 0.0
-    section = {"rank": reported["rank"], "world_size": reported["world_size"],
-               "ranks_per_node": ranks_per_node, "nodes": params["nodes"], "not_measured": NOT_MEASURED,
-               "outputs_written_by_trainbench": reported.get("outputs_written_by_trainbench", []),
-               "measured": {"gpu_mem_used_mib": metrics.get("gpu_mem_used_mib"),
-                            "host_rss_peak_mib": metrics.get("host_mem_peak_mib")},
-               "modelled": {"nccl_buffers_mib": nccl},
-               "derived": {}}
+    said = {**section(params), "rank": reported["rank"], "world_size": reported["world_size"],
+            "ranks_per_node": ranks_per_node,
+            "outputs_written_by_trainbench": reported.get("outputs_written_by_trainbench", []),
+            "measured": {"gpu_mem_used_mib": metrics.get("gpu_mem_used_mib"),
+                         "host_rss_peak_mib": metrics.get("host_mem_peak_mib")},
+            "modelled": {"nccl_buffers_mib": nccl}, "derived": {}}
     used = metrics.get("gpu_mem_used_mib")
     if used and nccl:
         metrics["gpu_mem_used_mib"] = [round(u + nccl, 1) for u in used]
-        section["derived"]["gpu_mem_used_mib"] = "measured 'used' + modelled NCCL buffers"
+        said["derived"]["gpu_mem_used_mib"] = "measured 'used' + modelled NCCL buffers"
     rss = metrics.get("host_mem_peak_mib")
     if rss is not None:
         metrics["host_mem_peak_mib"] = round(rss * ranks_per_node, 1)
-        section["derived"]["host_mem_peak_mib"] = (f"the rank's peak resident memory x {ranks_per_node} "
-                                                   "ranks per node")
-    return section
+        said["derived"]["host_mem_peak_mib"] = (f"the rank's peak resident memory x {ranks_per_node} "
+                                                "ranks per node")
+    return said

@@ -106,13 +106,15 @@ def search(cell: Cell, *, max_micro_batch: int, tolerance: float, root: str = FI
     from trainbench.batch_search import model_bounds, summary, walk
     from trainbench.memory_model import Hardware
 
+    from trainbench.memory_model import held_gpu_mib
+
     p = cell.params
-    gpu = p["gpu_mem_limit_gib"] * 1024 if p["gpu_mem_limit_gib"] else None
-    if gpu is None and p["device"] == "cuda":
+    gpu = None
+    if p["device"] == "cuda":
         from trainbench.gpus import machine_devices
         from trainbench.provenance import gpu_facts
 
-        gpu = gpu_facts(machine_devices()[:1]).get("gpu_memory_mib")
+        gpu = held_gpu_mib(gpu_facts(machine_devices()[:1]).get("gpu_memory_mib"), p)
     start, upper = model_bounds(p, Hardware(gpu, float("inf"), p["gpus_per_node"]) if gpu else None,
                                 max_micro_batch)
     docs: dict[int, dict[str, Any]] = {}
@@ -133,11 +135,8 @@ def search(cell: Cell, *, max_micro_batch: int, tolerance: float, root: str = FI
     return {**summary(docs, tolerance, max_micro_batch), "documents": docs}
 
 
-def main(args) -> int:
-    """`trainbench fit STUDY CELL [--rank R] [--gpu-mem-gib G] [--search]`."""
-    from trainbench.config import load_config
-
-    config = load_config(args.config)
+def main(args, config) -> int:
+    """`trainbench fit STUDY CELL [--rank R] [--gpu-mem-gib G] [--search]`, on a loaded config."""
     cell = config.study(args.study).cell(args.cell)
     emulated = emulated_cell(cell, rank=args.rank, gpu_mem_gib=args.gpu_mem_gib)
     if not args.search:

@@ -456,14 +456,28 @@ def hardware_of_run(doc: dict[str, Any]) -> Hardware | None:
     if not totals and host == float("inf"):
         return None
     params = doc.get("params") or {}
-    gpu_mib, gpus = (min(totals) if totals else None), len(totals or [])
-    if params.get("gpu_mem_limit_gib") and gpu_mib is not None:  # held to a smaller GPU
-        gpu_mib = min(gpu_mib, params["gpu_mem_limit_gib"] * 1024)
+    gpu_mib = held_gpu_mib(min(totals) if totals else None, params)
+    kind = gpu_type_of(provenance.get("gpu_name"))
     if doc.get("emulation") or params.get("emulate"):
-        # one rank of a node of gpus_per_node ranks, each with this host's memory (cellrun.hardware_here)
-        gpus = params.get("gpus_per_node") or gpus
-        host *= gpus
-    return Hardware(gpu_mib, host, gpus, gpu=gpu_type_of(provenance.get("gpu_name")))
+        return emulated_node(gpu_mib, host, params, gpu=kind)
+    return Hardware(gpu_mib, host, len(totals or []), gpu=kind)
+
+
+def held_gpu_mib(gpu_mib: float | None, params: dict[str, Any]) -> float | None:
+    """A GPU's memory as a cell's rank sees it: at most the cell's gpu_mem_limit_gib (None: no GPU
+    known, unless the limit says)."""
+    limit = params.get("gpu_mem_limit_gib")
+    if not limit:
+        return gpu_mib
+    return min(gpu_mib, limit * 1024) if gpu_mib is not None else limit * 1024
+
+
+def emulated_node(gpu_mib: float | None, host_mib: float, params: dict[str, Any], name: str = "",
+                  gpu: GpuType | None = None) -> Hardware:
+    """The node an emulated rank stands for, seen from the host it runs on: the world's ranks per node,
+    each with that host's memory (so the one rank that runs must fit there)."""
+    per_node = params["gpus_per_node"]
+    return Hardware(gpu_mib, host_mib * per_node, per_node, name, gpu)
 
 
 def hardware_from_args(gpu: str | None, gpu_mem_gib: float | None, host_mem_gib: float,

@@ -95,9 +95,9 @@ METRICS: tuple[Key, ...] = (
         "settings", required=False),
     Key("flops_per_token", _NUMBER, "model FLOPs per token of a training step", required=False),
     Key("host_rss_peak_mib_per_rank", _NUMBERS, "peak resident memory of each rank", required=False),
-    Key("tensors_held_bytes_per_rank", {"type": "array", "items": {"type": "object"}},
-        "bytes of the tensors each rank holds at the end of its run, by device type "
-        "(metrics.tensors_held_bytes)",
+    Key("tensors_held_bytes_per_rank", {"type": "array", "items": {"type": ["object", "null"]}},
+        "bytes of the tensors each CPU rank holds at the end of its run, by device type "
+        "(metrics.tensors_held_bytes; null for GPU ranks, which have their allocator's peaks)",
         required=False),
     Key("params_held_per_rank", {"type": "array", "items": {"type": "integer"}},
         "parameter elements each rank holds (its shards)", required=False),

@@ -210,7 +210,7 @@ def with_current_predictions(docs: list[Doc]) -> list[Doc]:
 def planned_document(cell: Cell, plan_for: dict[str, Any] | None) -> Doc:
     """A table row for a cell outside the study's `measure` selection: no run, the memory model's
     verdict for the study's planning hardware (or the stack's refusal, which needs no run)."""
-    from trainbench.memory_model import hardware_from_args, predict
+    from trainbench.memory_model import hardware_from_args, held_gpu_mib, predict
 
     doc: Doc = {"study": cell.study, "cell_id": cell.cell_id, "params": cell.params, "metrics": {},
                 "provenance": {}}
@@ -219,7 +219,7 @@ def planned_document(cell: Cell, plan_for: dict[str, Any] | None) -> Doc:
     hardware = None
     if plan_for:
         # a cell held to a smaller GPU (gpu_mem_limit_gib) is planned on that GPU
-        gpu_gib = min(g for g in (plan_for["gpu_mem_gib"], cell.params.get("gpu_mem_limit_gib")) if g)
+        gpu_gib = held_gpu_mib(plan_for["gpu_mem_gib"] * 1024, cell.params) / 1024
         hardware = hardware_from_args(plan_for.get("name"), gpu_gib, plan_for["host_mem_gib"],
                                       plan_for["gpus_per_node"])
         if hardware.gpu is not None:  # the GPU type plan_for's name mentions: the time model's hardware
