@@ -1,6 +1,6 @@
 """A bare training loop: the reference the pipeline's cells are measured against (bench/overhead.py).
 
-The same model code (trainbench.gpt), synthetic data (trainbench.data), optimizer (fused AdamW),
+The same model code (trainbench.training.gpt), synthetic data (trainbench.training.data), optimizer (fused AdamW),
 precision (autocast), compile setting and, on several GPUs, torch DDP, built from a cell's
 parameters, and nothing else: no recorder, no memory sampler, no per-step synchronisation, no
 loss read. After `warmup` steps the device is synchronised once, `steps` steps run, and the device
@@ -22,9 +22,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from trainbench.data import SyntheticBatches
-from trainbench.gpt import GPT, hold_attention_kernel
-from trainbench.models import get_model
+from trainbench.training.data import SyntheticBatches
+from trainbench.training.gpt import GPT, hold_attention_kernel
+from trainbench.registry.models import get_model
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

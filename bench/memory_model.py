@@ -27,9 +27,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from trainbench.compare import shorten
-from trainbench.memory_model import ALLOCATOR_SLACK, allocated_mib, engine, hardware_of_run, predict
-from trainbench.results import read_result
+from trainbench.reporting.compare import shorten
+from trainbench.predict.memory_model import ALLOCATOR_SLACK, allocated_mib, engine, hardware_of_run, predict
+from trainbench.execute.results import read_result
 
 
 def error_pct(predicted, measured):
@@ -85,10 +85,10 @@ NOT_REFIT = (
 def linear_terms(doc: dict) -> dict | None:
     """A measured cell's predictions as linear functions of the fitted constants: GPU = slack x alloc +
     context + nccl x multi; host = ranks x (base + rest + staging x offloaded) (MiB)."""
-    from trainbench.frameworks import framework_of
-    from trainbench.memory_model import (DEEPSPEED_IMPORT_MIB, HOST_RANK_BASE_MIB, OFFLOAD_STAGING_BYTES,
+    from trainbench.registry.frameworks import framework_of
+    from trainbench.predict.memory_model import (DEEPSPEED_IMPORT_MIB, HOST_RANK_BASE_MIB, OFFLOAD_STAGING_BYTES,
                                          model_states)
-    from trainbench.models import get_model
+    from trainbench.registry.models import get_model
 
     params = doc["params"]
     if params["device"] != "cuda":
@@ -117,7 +117,7 @@ def fit_constants(rows: list[dict]) -> dict[str, float]:
     the relative error of the GPU and host figures."""
     import numpy as np
 
-    from trainbench.memory_model import CUDA_CONTEXT_MIB, NCCL_MIB, OFFLOAD_STAGING_BYTES
+    from trainbench.predict.memory_model import CUDA_CONTEXT_MIB, NCCL_MIB, OFFLOAD_STAGING_BYTES
 
     beyond = [(r["gpu_meas_mib"] - r["torch_reserved_mib"], r["terms"]["multi"]) for r in rows
               if r["gpu_meas_mib"] and r["torch_reserved_mib"]]
@@ -154,7 +154,7 @@ def predict_with(row: dict, constants: dict[str, float]) -> tuple[float, float]:
 
 
 def shipped_constants() -> dict[str, float]:
-    from trainbench import memory_model
+    from trainbench.predict import memory_model
 
     return {"ALLOCATOR_SLACK": memory_model.ALLOCATOR_SLACK,
             "CUDA_CONTEXT_MIB": memory_model.CUDA_CONTEXT_MIB,

@@ -13,7 +13,7 @@ nanoGPT's 50304: the LM head's matmul tiles evenly), a larger micro batch at the
 and the compiler's autotuning. Each variant runs in a fresh process (its own compilation, nothing carried
 over), one after another; a variant that fails or runs past --variant-timeout is reported as such. MFU counts
 the model's own FLOPs (the unpadded vocabulary: padding is waste, not model FLOPs), against the
-GPU's dense bf16 peak (src/trainbench/metrics.py). One window of --steps steps per variant,
+GPU's dense bf16 peak (src/trainbench/execute/metrics.py). One window of --steps steps per variant,
 synchronised at its two ends: differences under about 1% are within run-to-run noise.
 """
 
@@ -76,7 +76,7 @@ def classify(kernel: str) -> str:
 
 
 def cell_params(variant: Variant) -> dict:
-    from trainbench.config import load_config
+    from trainbench.study.config import load_config
 
     study = load_config(REPO / "config.yaml").study("baseline")
     return {**study.cell(CELLS[variant.cell]).params, **variant.params}
@@ -97,8 +97,8 @@ def measure(variant: Variant, steps: int) -> dict:
     """One variant, in this process: warm-up (compilation), then one window of `steps` steps."""
     import torch
 
-    from trainbench.metrics import peak_flops
-    from trainbench.models import get_model
+    from trainbench.execute.metrics import peak_flops
+    from trainbench.registry.models import get_model
 
     started = time.perf_counter()
     params, step = build(variant)

@@ -48,7 +48,7 @@ def mean_interval(values: list[float]) -> tuple[float, float | None]:
 
 
 def cache_environment(base) -> dict:
-    from trainbench.launch import cache_environment as cells_cache
+    from trainbench.execute.launch import cache_environment as cells_cache
 
     return cells_cache(base)
 
@@ -121,7 +121,7 @@ def ablation(cell, rounds: int, steps: int) -> dict:
     added around each step (rounds interleave the variants; each ratio is against the bare rounds)."""
     sys.path.insert(0, str(REPO / "bench"))
     from bare_loop import build_step, synchronize
-    from trainbench.memory_sampler import MemorySampler, PeakTracker
+    from trainbench.execute.memory_sampler import MemorySampler, PeakTracker
 
     step = build_step(cell.params)
     for _ in range(cell.params["warmup_steps"]):
@@ -241,7 +241,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "results" / "bench" / "overhead")
     args = parser.parse_args()
 
-    from trainbench.config import load_config
+    from trainbench.study.config import load_config
 
     study = load_config(args.config).study("baseline")
     gpus_here = gpu_count()

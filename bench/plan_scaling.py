@@ -34,7 +34,7 @@ Snakemake's schedulers for --window seconds: the jobs each finished.
   GPU the same cell on one GPU): the process's wall time less its launcher's lifetime (from its
   start to its exit, which a pidfd reports at once);
 - the launcher's start-up apart: `python` and `torchrun --nproc-per-node 2` running a script that
-  only imports torch and trainbench.worker, as every rank does before it trains.
+  only imports torch and trainbench.execute.worker, as every rank does before it trains.
 
 **A measured grid** (the common case: re-planning a study whose cells have results). The same study
 with a result in every cell (one real result, an unsupported cell's that `trainbench run-cell` wrote,
@@ -190,7 +190,7 @@ def make_bare(root: Path, cells: int, shaped: bool = False, values: bool = False
     micro_batches, seeds = axes_for(cells)
     text = BARE_SNAKEFILE
     if shaped:
-        from trainbench.config import load_config
+        from trainbench.study.config import load_config
 
         cell = load_config({"studies": {STUDY: study_spec(1, SMOKE_SETTINGS, "one")}}).study(STUDY).cells[0]
         rule_cell = text.index("\nrule cell:")
@@ -313,7 +313,7 @@ def snakemake_start(work: Path, repeats: int) -> dict:
 
 def unsupported_result(work: Path) -> dict:
     """One real result: what `trainbench run-cell` writes for an unsupported cell (it launches nothing)."""
-    from trainbench.config import load_config
+    from trainbench.study.config import load_config
 
     [cell] = load_config({"studies": {STUDY: study_spec(1, UNSUPPORTED_SETTINGS, "one")}}).study(STUDY).cells
     output = work / "unsupported" / "metrics.json"
@@ -343,7 +343,7 @@ def fill_outputs(root: Path) -> None:
 
 def bench_measured(work: Path, sizes: list[int], repeats: int, before: Path | None = None) -> dict:
     """Re-planning a study whose every cell has a result, and a remote job's start in it."""
-    from trainbench.config import load_config
+    from trainbench.study.config import load_config
 
     work.mkdir(parents=True, exist_ok=True)
     result = unsupported_result(work)
@@ -437,15 +437,16 @@ TINY_TIMING = {"target_ci": 1.0, "min_window_s": 0}
 # the launched cell on one GPU, where there is one: run-cell also asks NVML and takes a GPU
 GPU_CELL = "1-gpu"
 TIMED_RUN_CELL = "--timed-run-cell"  # this script, run as `trainbench run-cell` with its launcher timed
-RANK_IMPORTS = "import torch\nimport trainbench.worker\n"
+RANK_IMPORTS = "import torch\nimport trainbench.execute.worker\n"
 
 
 def timed_run_cell(times_file: str, argv: list[str]) -> int:
     """`trainbench run-cell argv`, writing to `times_file` each launcher's lifetime (from its start to
     its exit, reported by a pidfd the moment it happens) and the time the runner spent in
     CellRun._launch (starting the launchers, waiting for them, noticing their exit)."""
-    from trainbench import cellrun, cli
-    from trainbench.lifetime import when_gone
+    from trainbench.execute import cellrun
+    from trainbench import cli
+    from trainbench.execute.lifetime import when_gone
 
     launch = cellrun.CellRun._launch
     times: dict[str, list[float]] = {"launch_s": [], "launcher_s": []}
@@ -478,7 +479,7 @@ def timed_run_cell(times_file: str, argv: list[str]) -> int:
 
 
 def gpu_here() -> bool:
-    from trainbench.gpus import local_gpu_count
+    from trainbench.execute.gpus import local_gpu_count
 
     return local_gpu_count() > 0
 
@@ -509,7 +510,7 @@ def bench_execution(work: Path, cells: int, repeats: int, before: Path | None = 
     """Per-cell figures of today's workflow and, with `before`, of the workflow at --before REF, their
     runs interleaved (the same repeat of each kind back to back). Today's figures are at the top level;
     the other kind's, with the same keys, under "before"."""
-    from trainbench.config import load_config
+    from trainbench.study.config import load_config
 
     kinds = ("workflow",) + ((BEFORE,) if before else ())
     few = max(cells // 5, 1)
@@ -760,7 +761,7 @@ def execution_summary(execution: dict, before: str | None = None) -> list[str]:
                   f"    the pipeline's own share: Snakemake's job set-up + run-cell's own = "
                   f"{both(lambda k: workflow(k) - alone(k) + own(k))} (goal <= 20 ms)",
                   f"    the launcher's start-up, apart ({launcher}, ranks that import torch and "
-                  f"trainbench.worker, then exit): {ms(r['launcher_start_s']['median'])}"]
+                  f"trainbench.execute.worker, then exit): {ms(r['launcher_start_s']['median'])}"]
     return lines
 
 

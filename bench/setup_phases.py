@@ -24,10 +24,10 @@ def main() -> int:
         torch.cuda.synchronize()
         marks.append((name, time.perf_counter()))
 
-    from trainbench.data import SyntheticBatches
-    from trainbench.gpt import GPT
-    from trainbench.memory_sampler import MemorySampler
-    from trainbench.models import get_model
+    from trainbench.training.data import SyntheticBatches
+    from trainbench.training.gpt import GPT
+    from trainbench.execute.memory_sampler import MemorySampler
+    from trainbench.registry.models import get_model
     mark("trainbench imports")
     torch.cuda.set_device(0)
     torch.zeros(1, device="cuda")

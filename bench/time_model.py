@@ -12,7 +12,7 @@ how often the predictions rank the strategies of a group of cells that differ on
 (and, second, in strategy and its offload settings) the way the measurements do, and the constants
 fitted on all the cells. `--held-out FOLDER ...`: cells the fits never see, predicted by the all-cells
 fit (results/bench/threads: one offloaded cell at 1 to 16 CPU threads, a curve no fit is given).
-`--write` stores those constants in src/trainbench/time_model_constants.json,
+`--write` stores those constants in src/trainbench/predict/time_model_constants.json,
 which `trainbench predict`, the tables and the plots read.
 
 Every fit starts from the same starting values (time_model.Constants()), which are not data, so the
@@ -32,10 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
-from trainbench import time_model
-from trainbench.compare import shorten
-from trainbench.hardware import gpu_type_of
-from trainbench.results import read_result
+from trainbench.predict import time_model
+from trainbench.reporting.compare import shorten
+from trainbench.registry.hardware import gpu_type_of
+from trainbench.execute.results import read_result
 
 # Cells whose windows hold more than the step (noted in the output, fitted like the others: their
 # loop's fixed cost per step absorbs it) or that were timed too briefly to trust

@@ -35,8 +35,8 @@ TINY = {"model": "gpt2-tiny", "device": "cpu", "seq_len": 16, "micro_batch": 2, 
 
 def make_cell(**params):
     """A checked Cell of TINY updated with `params`, timed as briefly as a cell can be."""
-    from trainbench.grid import Cell, check_cell, resolve
-    from trainbench.timing import TimingSettings
+    from trainbench.study.grid import Cell, check_cell, resolve
+    from trainbench.study.timing import TimingSettings
 
     p = resolve({**TINY, **params})
     errors, unsupported = check_cell(p)

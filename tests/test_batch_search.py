@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from trainbench.batch_search import largest_fitting, model_bounds, next_probe, walk
-from trainbench.grid import resolve
-from trainbench.memory_model import Hardware, predict
+from trainbench.predict.batch_search import largest_fitting, model_bounds, next_probe, walk
+from trainbench.study.grid import resolve
+from trainbench.predict.memory_model import Hardware, predict
 from conftest import tiny_study
 
 

@@ -85,7 +85,7 @@ def test_predictions_made_before_a_run_are_held_against_its_results(tmp_path):
     right 'does not fit' only where that was predicted), and the errors of the cells that ran."""
     import shutil
 
-    from trainbench.results import partial_metrics
+    from trainbench.execute.results import partial_metrics
 
     predictions = tmp_path / "baseline-h200.csv"
     with open(predictions, "w") as out:

@@ -14,11 +14,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from trainbench.cellrun import CellRun, classify, run_cell
-from trainbench.grid import Cell
-from trainbench.models import get_model
-from trainbench.results import PHASES, read_json, schema_problems
-from trainbench.worker import FAIL_AT_STEP_ENV
+from trainbench.execute.cellrun import CellRun, classify, run_cell
+from trainbench.study.grid import Cell
+from trainbench.registry.models import get_model
+from trainbench.execute.results import PHASES, read_json, schema_problems
+from trainbench.execute.worker import FAIL_AT_STEP_ENV
 
 from conftest import make_cell
 
@@ -28,7 +28,7 @@ def test_provenance_reads_each_packages_name_and_version_as_importlib_metadata_d
     # (ten times faster) must find what importlib.metadata's full parse finds, for each one here
     import importlib.metadata
 
-    from trainbench.provenance import installed_packages, name_and_version, package_versions
+    from trainbench.execute.provenance import installed_packages, name_and_version, package_versions
 
     distributions = list(importlib.metadata.distributions())
     assert len(distributions) > 20
@@ -39,7 +39,7 @@ def test_provenance_reads_each_packages_name_and_version_as_importlib_metadata_d
 
 
 def test_host_memory_is_what_psutil_says_without_importing_it():
-    from trainbench.hardware import host_memory_mib
+    from trainbench.registry.hardware import host_memory_mib
 
     assert host_memory_mib() == psutil.virtual_memory().total / 2**20
 
@@ -47,7 +47,7 @@ def test_host_memory_is_what_psutil_says_without_importing_it():
 def test_host_facts_come_from_their_own_thread_and_its_errors_are_not_lost():
     import threading
 
-    from trainbench.provenance import HostFacts
+    from trainbench.execute.provenance import HostFacts
 
     facts = HostFacts(lambda: {"read_on": threading.current_thread().name})
     facts.start()
@@ -108,7 +108,7 @@ def test_single_rank_cell_measures_and_records_everything(tmp_path):
     assert m["host_mem_peak_mib"] > 50
     prov = doc["provenance"]
     assert prov["versions"]["torch"] and prov["hostname"] and prov["started"] <= prov["ended"]
-    assert "trainbench.worker" in prov["command"]
+    assert "trainbench.execute.worker" in prov["command"]
     # where the wall time went: phases in order that add up to it, the timed windows among them
     phases = m["phases_s"]
     assert list(phases) == [name for name, _, _ in PHASES] and min(phases.values()) >= 0
@@ -123,7 +123,7 @@ def test_single_rank_cell_measures_and_records_everything(tmp_path):
 def test_the_host_facts_are_read_while_the_ranks_start(tmp_path):
     # reading every package's metadata and asking git is 35-50 ms of each cell: done while the launcher
     # starts, not before it nor after it exits
-    from trainbench.provenance import HostFacts, host_facts
+    from trainbench.execute.provenance import HostFacts, host_facts
 
     cell = make_cell(strategy="single")
     run_ = CellRun(cell, tmp_path / "results/runs/t/c/metrics.json", runtime_min=5, retries=0)
@@ -308,7 +308,7 @@ def test_classify_reports_a_signal_when_no_rank_said_anything(tmp_path):
 
 
 def test_stop_time_leaves_room_to_write_the_result():
-    from trainbench.cellrun import stop_time_s
+    from trainbench.execute.cellrun import stop_time_s
 
     assert stop_time_s(30) == 30 * 60 - 60
     assert stop_time_s(1) == pytest.approx(54)

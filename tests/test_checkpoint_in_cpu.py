@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainbench.cellrun import run_cell
+from trainbench.execute.cellrun import run_cell
 from trainbench.errors import ConfigError
-from trainbench.frameworks import not_implemented
-from trainbench.gpt import GPT, CheckpointsInHostMemory
-from trainbench.grid import expand_study, resolve
-from trainbench.memory_model import activations, checkpoints_in_host, predict
-from trainbench.models import get_model
+from trainbench.registry.frameworks import not_implemented
+from trainbench.training.gpt import GPT, CheckpointsInHostMemory
+from trainbench.study.grid import expand_study, resolve
+from trainbench.predict.memory_model import activations, checkpoints_in_host, predict
+from trainbench.registry.models import get_model
 
 from conftest import TINY, make_cell, tiny_study
 
@@ -62,7 +62,7 @@ def test_a_block_input_waits_in_host_memory_and_the_gradients_are_the_same():
 SPLIT = """
 import torch, torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
-from trainbench.gpt import CheckpointsInHostMemory
+from trainbench.training.gpt import CheckpointsInHostMemory
 dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=4)
 group = dist.new_group([0, 1])  # this rank is the group's second
 storage = CheckpointsInHostMemory(group)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trainbench.cli import main
-from trainbench.compare import compare
+from trainbench.reporting.compare import compare
 
 RUNS = Path(__file__).resolve().parent.parent / "results" / "runs"
 CELLS = ["megatron/strategy~zero1__model~gpt-345m__gpus~4__tp~1__offload_optimizer~false",

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import pytest
 
-from trainbench.config import load_config
+from trainbench.study.config import load_config
 from trainbench.errors import ConfigError
 
 from conftest import tiny_study

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from trainbench.config import load_config
-from trainbench.cost import study_cost
-from trainbench.results import PHASES
+from trainbench.study.config import load_config
+from trainbench.reporting.cost import study_cost
+from trainbench.execute.results import PHASES
 
 from conftest import REPO
 
@@ -74,7 +74,7 @@ def test_cost_command_reports_every_study_and_refuses_unknown_ones(tmp_path):
 def test_deepspeed_op_builds_are_told_apart_as_paid_once_per_environment():
     # the first offloaded cell of a fresh environment compiles DeepSpeed's CPU Adam: its own phase, and
     # the timed share without it is what the study costs run again there
-    from trainbench.cost import Cost, StudyCost, report
+    from trainbench.reporting.cost import Cost, StudyCost, report
 
     [first, second] = [json.loads(json.dumps(d)) for d in published("baseline")[:2]]
     first["metrics"]["phases_s"]["builds"] = 60.0

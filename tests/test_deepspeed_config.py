@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainbench.grid import resolve
-from trainbench.runners.deepspeed_engine import deepspeed_config
+from trainbench.study.grid import resolve
+from trainbench.training.runners.deepspeed_engine import deepspeed_config
 
 
 def config(**params):

@@ -1,4 +1,4 @@
-"""Emulated ranks: one rank of a world of any size on one device (trainbench.emulation).
+"""Emulated ranks: one rank of a world of any size on one device (trainbench.training.emulation).
 
 The rank-for-rank tests run a real world of 2 or 4 CPU ranks (gloo) and the same cell as emulated
 ranks, and hold each emulated rank to the real rank of its number: the tensors it keeps between steps
@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from trainbench import emulation
-from trainbench.cellrun import run_cell
+from trainbench.training import emulation
+from trainbench.execute.cellrun import run_cell
 from trainbench.errors import ConfigError
-from trainbench.grid import Cell, expand_study, resolve
-from trainbench.memory_model import heaviest_rank, predict
-from trainbench.models import get_model
-from trainbench.results import read_json, read_result, schema_problems
+from trainbench.study.grid import Cell, expand_study, resolve
+from trainbench.predict.memory_model import heaviest_rank, predict
+from trainbench.registry.models import get_model
+from trainbench.execute.results import read_json, read_result, schema_problems
 
 from conftest import REPO, TINY, make_cell, tiny_study
 
@@ -81,7 +81,7 @@ def test_an_emulated_cell_asks_for_one_gpu_on_one_node_whatever_its_world():
     resources = study.cells[0].resources()
     assert (resources["gpu"], resources["nodes"], resources["gres"], resources["mpi"]) == (1, 1, None, None)
     assert (resources["cpus_per_task"], resources["threads"], resources["mem_mb"]) == (16, 1, 60000)
-    from trainbench.gpus import short_of_gpus
+    from trainbench.execute.gpus import short_of_gpus
 
     assert short_of_gpus(study.cells[0].params, gpus_here=1) is None
     assert short_of_gpus(study.cells[0].params, gpus_here=0) == "needs 1 GPU"
@@ -122,7 +122,7 @@ def test_the_heaviest_rank_of_a_pipeline_is_on_the_stage_that_held_the_most(cell
 
 
 def test_a_gpu_limit_leaves_the_allocator_what_the_smaller_gpu_would():
-    from trainbench.memory_model import CUDA_CONTEXT_MIB, NCCL_MIB
+    from trainbench.predict.memory_model import CUDA_CONTEXT_MIB, NCCL_MIB
 
     limit = emulation.device_limit(40, device_total_mib=143771, ranks=64)
     assert limit.allocator_mib == pytest.approx(40 * 1024 - CUDA_CONTEXT_MIB - NCCL_MIB)
@@ -140,7 +140,7 @@ def test_a_gpu_limit_leaves_the_allocator_what_the_smaller_gpu_would():
 FILL_SCRIPT = """
 import sys
 import torch, torch.distributed as dist
-from trainbench import emulation
+from trainbench.training import emulation
 rank = emulation.EmulatedRank(5, 8, 8)
 emulation.init_process_group(rank)  # writes what this torch's backend leaves unwritten: here, nothing
 assert emulation._fill_outputs(rank, always=True) == ["all_gather_into_tensor", "reduce_scatter_tensor"]
@@ -172,7 +172,7 @@ def test_an_emulated_result_completes_what_one_rank_cannot_see_and_says_so():
     params = resolve({**TINY, "device": "cuda", "gpus": 8, "strategy": "fsdp", "emulate": True})
     metrics = {"gpu_mem_used_mib": [1000.0], "host_mem_peak_mib": 300.0}
     section = emulation.account(metrics, {"rank": 0, "world_size": 8, "ranks_per_node": 8}, params)
-    from trainbench.memory_model import NCCL_MIB
+    from trainbench.predict.memory_model import NCCL_MIB
 
     assert metrics == {"gpu_mem_used_mib": [1000.0 + NCCL_MIB], "host_mem_peak_mib": 2400.0}
     assert section["measured"] == {"gpu_mem_used_mib": [1000.0], "host_rss_peak_mib": 300.0}
@@ -198,7 +198,7 @@ def test_a_result_that_says_it_is_emulated_must_say_which_rank_of_which_world():
 
 
 def test_a_table_shows_an_emulated_row_apart_and_its_timed_figures_as_compute():
-    from trainbench.tables import cell_text, result_text, table_rows
+    from trainbench.reporting.tables import cell_text, result_text, table_rows
 
     doc = _emulated_doc()
     assert result_text(doc) == "emulated rank 0 of 4: ok"
@@ -210,7 +210,7 @@ def test_a_table_shows_an_emulated_row_apart_and_its_timed_figures_as_compute():
 
 
 def test_findings_use_an_emulated_cell_for_memory_and_fit_never_for_time():
-    from trainbench.findings import _figure, _outcome_cell, Finding, metrics
+    from trainbench.reporting.findings import _figure, _outcome_cell, Finding, metrics
 
     known = metrics()
     doc = _emulated_doc()
@@ -221,8 +221,8 @@ def test_findings_use_an_emulated_cell_for_memory_and_fit_never_for_time():
 
 
 def test_compare_never_sets_an_emulated_rank_against_a_real_run(tmp_path):
-    from trainbench.compare import compare
-    from trainbench.grid import params_hash
+    from trainbench.reporting.compare import compare
+    from trainbench.study.grid import params_hash
 
     def write(root: Path, emulated: bool) -> None:
         doc = json.loads((REPO / "results/runs/megatron").glob("*/metrics.json").__next__().read_text())
@@ -240,7 +240,7 @@ def test_compare_never_sets_an_emulated_rank_against_a_real_run(tmp_path):
 
 
 def test_the_memory_model_judges_an_emulated_run_on_the_node_it_stands_for():
-    from trainbench.memory_model import hardware_of_run
+    from trainbench.predict.memory_model import hardware_of_run
 
     path = next((REPO / "results/runs/llama").glob(
         "strategy~fsdp__model~llama-13b__gpus~8*gpu_mem_limit_gib~80"))
@@ -301,7 +301,7 @@ def _fsdp_rows(rows: int, world: int, rank: int) -> int:
 def _expected_fsdp_shard(world: int, rank: int) -> int:
     import torch
 
-    from trainbench.gpt import GPT
+    from trainbench.training.gpt import GPT
 
     with torch.device("meta"):
         model = GPT(get_model("gpt2-tiny"))
@@ -316,7 +316,7 @@ def _expected_zero3_shard(world: int) -> int:
     """DeepSpeed ZeRO-3 pads every parameter to a multiple of the world and keeps 1/world of it."""
     import torch
 
-    from trainbench.gpt import GPT
+    from trainbench.training.gpt import GPT
 
     with torch.device("meta"):
         model = GPT(get_model("gpt2-tiny"))

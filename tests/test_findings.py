@@ -10,10 +10,10 @@ import math
 import pandas
 import pytest
 
-from trainbench.config import load_config
-from trainbench.findings import Finding, evaluate, judge, pairs
-from trainbench.results import read_result, read_search
-from trainbench.tables import write_tables
+from trainbench.study.config import load_config
+from trainbench.reporting.findings import Finding, evaluate, judge, pairs
+from trainbench.execute.results import read_result, read_search
+from trainbench.reporting.tables import write_tables
 
 from conftest import REPO
 

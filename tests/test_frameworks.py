@@ -11,12 +11,12 @@ import sys
 import pytest
 import yaml
 
-from trainbench.frameworks import REGISTRY
+from trainbench.registry.frameworks import REGISTRY
 
 TOY = '''
 """A toy framework: plain torch's single-process runner under another name, and two strategies."""
-from trainbench.frameworks import Framework, MemoryFacts, Strategy, register
-from trainbench.runners.torch_native import TorchRunner
+from trainbench.registry.frameworks import Framework, MemoryFacts, Strategy, register
+from trainbench.training.runners.torch_native import TorchRunner
 
 
 class ToyRunner(TorchRunner):
@@ -56,9 +56,9 @@ def trainbench(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_a_registered_framework_reaches_the_schema_the_checks_and_the_cli(toy):
-    from trainbench.config import load_config
+    from trainbench.study.config import load_config
     from trainbench.errors import ConfigError
-    from trainbench.schema import build_schema
+    from trainbench.study.schema import build_schema
 
     framework = build_schema()["properties"]["studies"]["additionalProperties"]["properties"]["settings"]
     assert "toy" in framework["properties"]["framework"]["enum"]
@@ -80,7 +80,7 @@ def test_a_registered_framework_reaches_the_schema_the_checks_and_the_cli(toy):
 
 
 def test_a_registered_framework_runs_a_cell_and_its_unsupported_strategy_is_a_result(toy):
-    from trainbench.config import load_config
+    from trainbench.study.config import load_config
 
     study = load_config("config.yaml").study("t")
     for cell in study.cells:
@@ -105,7 +105,7 @@ def test_a_registered_framework_runs_a_cell_and_its_unsupported_strategy_is_a_re
     ({"framework": "torch", "strategy": "fsdp", "offload_param": True}, ()),
 ])
 def test_the_deepspeed_ops_a_cell_builds_are_cpu_adam_for_an_optimizer_offloaded_from_a_gpu(params, ops):
-    from trainbench.frameworks import deepspeed_ops
-    from trainbench.grid import resolve
+    from trainbench.registry.frameworks import deepspeed_ops
+    from trainbench.study.grid import resolve
 
     assert deepspeed_ops(resolve({"model": "gpt2-tiny", "device": "cuda", "gpus": 2, **params})) == ops

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainbench.gpus import NotEnoughGpus, SlotPool, devices_for_cell, machine_devices
+from trainbench.execute.gpus import NotEnoughGpus, SlotPool, devices_for_cell, machine_devices
 
 from conftest import tiny_study
 

@@ -9,11 +9,11 @@ import json
 import pytest
 import yaml
 
-from trainbench.config import load_config
+from trainbench.study.config import load_config
 from trainbench.errors import ConfigError
-from trainbench.grid import canonical_json, params_hash
-from trainbench.frameworks import ORT_UNSUPPORTED
-from trainbench.params import identity
+from trainbench.study.grid import canonical_json, params_hash
+from trainbench.registry.frameworks import ORT_UNSUPPORTED
+from trainbench.study.params import identity
 
 from conftest import REPO
 
@@ -332,7 +332,7 @@ def large_grid(cells_per_axis: int = 100):
 
 
 def test_a_cell_jobs_lookups_scan_no_cells_and_compute_each_string_once(monkeypatch):
-    import trainbench.grid as grid_module
+    import trainbench.study.grid as grid_module
 
     grid = large_grid()
     ids = [c.cell_id for c in grid.cells]
@@ -370,7 +370,8 @@ def test_a_cell_jobs_lookups_scan_no_cells_and_compute_each_string_once(monkeypa
 
 
 def test_freshness_reads_only_the_results_that_exist(tmp_path, monkeypatch):
-    from trainbench import freshness, results
+    from trainbench.reporting import freshness
+    from trainbench.execute import results
 
     grid = large_grid()
     stale, invalid = grid.cells[5], grid.cells[7]
@@ -401,7 +402,7 @@ def test_freshness_reads_only_the_results_that_exist(tmp_path, monkeypatch):
 
 
 def test_shared_resources_are_those_every_cell_asks_for_alike():
-    from trainbench.grid import shared_resources
+    from trainbench.study.grid import shared_resources
 
     grid = large_grid(3)
     every = grid.cells[0].resources()

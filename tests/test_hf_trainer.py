@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from trainbench.grid import check_cell, resolve
-from trainbench.models import get_model
-from trainbench.runners.hf_trainer import (_initialise_on_device, build_for_fsdp, llama_config,
+from trainbench.study.grid import check_cell, resolve
+from trainbench.registry.models import get_model
+from trainbench.training.runners.hf_trainer import (_initialise_on_device, build_for_fsdp, llama_config,
                                            training_arguments)
 from test_cellrun import make_cell, run
 

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainbench.grid import Cell, resolve
-from trainbench.launch import (FIXED_ENVIRONMENT, Rendezvous, launch_environment, multinode_command,
+from trainbench.study.grid import Cell, resolve
+from trainbench.execute.launch import (FIXED_ENVIRONMENT, Rendezvous, launch_environment, multinode_command,
                                node_command, srun_command)
 
 
@@ -18,7 +18,7 @@ def params(**kw):
 
 def test_one_rank_runs_plain_python():
     argv = node_command(params(), Path("c.json"), Path("w"), python="py")
-    assert argv == ["py", "-m", "trainbench.worker", "--cell", "c.json", "--work-dir", "w"]
+    assert argv == ["py", "-m", "trainbench.execute.worker", "--cell", "c.json", "--work-dir", "w"]
 
 
 def test_several_ranks_on_one_node_use_torchrun_standalone():
@@ -32,7 +32,7 @@ def test_the_deepspeed_launcher_takes_given_devices_or_a_count():
     counted = node_command(p, Path("c.json"), Path("w"), python="py", devices_given=False)
     assert "--num_gpus" not in given  # it would make the launcher ignore CUDA_VISIBLE_DEVICES
     assert counted[3:5] == ["--num_gpus", "4"]
-    assert given[-5:] == ["trainbench.worker", "--cell", "c.json", "--work-dir", "w"]
+    assert given[-5:] == ["trainbench.execute.worker", "--cell", "c.json", "--work-dir", "w"]
 
 
 def test_a_multi_node_cell_starts_one_torchrun_per_node_through_srun():
@@ -41,7 +41,7 @@ def test_a_multi_node_cell_starts_one_torchrun_per_node_through_srun():
                                   ["--cell", "c"], python="py")
     assert node_argv == ["py", "-m", "torch.distributed.run", "--nnodes=8", "--nproc-per-node=8",
                          "--rdzv-backend=c10d", "--rdzv-endpoint=node001:29400", "--rdzv-id=run-1",
-                         "-m", "trainbench.worker", "--cell", "c"]
+                         "-m", "trainbench.execute.worker", "--cell", "c"]
     argv = srun_command(p, node_argv, cpus_per_task=64)
     assert argv[:8] == ["srun", "--nodes=8", "--ntasks=8", "--ntasks-per-node=1", "--cpus-per-task=64",
                         "--gres=gpu:8", "--kill-on-bad-exit=1", "--export=ALL"]

@@ -42,8 +42,8 @@ def start(workflow) -> tuple[subprocess.Popen, list[psutil.Process]]:
         time.sleep(0.5)
     tree = psutil.Process(proc.pid).children(recursive=True)
     commands = " ".join(" ".join(p.cmdline()) for p in tree)
-    for part in ("trainbench run-cell", "torch.distributed.run", "trainbench.worker",
-                 "trainbench.memory_sampler"):
+    for part in ("trainbench run-cell", "torch.distributed.run", "trainbench.execute.worker",
+                 "trainbench.execute.memory_sampler"):
         assert part in commands, part
     return proc, tree
 
@@ -94,7 +94,7 @@ def test_ranks_stop_when_their_cell_runner_is_killed(workflow):
 def test_a_rank_killed_mid_step_stops_its_peers_and_the_cell_is_failed(workflow):
     proc, tree = start(workflow)
     try:
-        ranks = [p for p in tree if "-m trainbench.worker" in " ".join(p.cmdline())
+        ranks = [p for p in tree if "-m trainbench.execute.worker" in " ".join(p.cmdline())
                  and "torch.distributed.run" not in " ".join(p.cmdline())]
         assert len(ranks) == 2
         ranks[1].kill()
@@ -109,7 +109,7 @@ def test_a_rank_killed_mid_step_stops_its_peers_and_the_cell_is_failed(workflow)
 def test_the_cell_runner_notices_its_launchers_exit_when_it_happens():
     # the runner waits on its launchers in steps (to check its deadline): a step must end at the exit,
     # not run its length out, or every cell pays half a step after its launcher is done
-    from trainbench.lifetime import wait_for_an_exit
+    from trainbench.execute.lifetime import wait_for_an_exit
 
     launcher = subprocess.Popen(["sleep", "0.2"])
     started = time.monotonic()
@@ -123,7 +123,7 @@ def test_the_driver_is_the_nearest_snakemake_above_the_cell_runner(tmp_path):
     # spaces and parentheses, and the command line of a process that calls itself snakemake
     middle = ("import ctypes, subprocess, sys\n"
               "ctypes.CDLL(None).prctl(15, b'a) b (c', 0, 0, 0)  # PR_SET_NAME: this process's comm\n"
-              "sys.exit(subprocess.call([sys.executable, '-c', 'from trainbench.lifetime import driver_pid; "
+              "sys.exit(subprocess.call([sys.executable, '-c', 'from trainbench.execute.lifetime import driver_pid; "
               "print(driver_pid())']))\n")
     script = tmp_path / "middle.py"
     script.write_text(middle)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainbench import sentiment
-from trainbench.config import load_config
-from trainbench.models import get_model
-from trainbench.runners.lightning_trainer import build_classifier
+from trainbench.training import sentiment
+from trainbench.study.config import load_config
+from trainbench.registry.models import get_model
+from trainbench.training.runners.lightning_trainer import build_classifier
 
 from test_cellrun import make_cell, run
 

@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 
-from trainbench.grid import resolve
-from trainbench.memory_model import Hardware, activations, model_states, predict
-from trainbench.models import get_model
+from trainbench.study.grid import resolve
+from trainbench.predict.memory_model import Hardware, activations, model_states, predict
+from trainbench.registry.models import get_model
 
 GIB = 2**30
 
@@ -88,7 +88,7 @@ def _block_only(params, spec):
 
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_gpt_block_activations_match_what_the_blocks_save(checkpointing):
-    from trainbench.gpt import GPT
+    from trainbench.training.gpt import GPT
 
     spec = get_model("gpt2-small-cpu")
     params = resolve({"model": spec.name, "device": "cpu", "seq_len": 64, "micro_batch": 3,
@@ -114,7 +114,7 @@ def test_a_tensor_parallel_rank_saves_its_slices_and_the_norms_outputs_whole():
     """What one rank of tp 2 saves: the blocks with Megatron's slices (qkv and fc column-parallel,
     both projections row-parallel), as AutoTP leaves them on a rank. The linear layers' inputs that
     come from the norms stay whole: that is the model's 'rep' class."""
-    from trainbench.gpt import GPT
+    from trainbench.training.gpt import GPT
 
     spec, tp = get_model("gpt2-small-cpu"), 2
     params = resolve({"model": spec.name, "device": "cpu", "seq_len": 64, "micro_batch": 3,
@@ -138,7 +138,7 @@ def test_a_tensor_parallel_rank_saves_its_slices_and_the_norms_outputs_whole():
 def test_llama_block_activations_match_what_hugging_face_saves():
     from transformers import LlamaForCausalLM
 
-    from trainbench.runners.hf_trainer import llama_config
+    from trainbench.training.runners.hf_trainer import llama_config
 
     spec = get_model("llama-tiny")
     model = LlamaForCausalLM(llama_config(spec)).train()  # as the Hugging Face Trainer runner builds it
@@ -220,9 +220,9 @@ def test_fsdp1_accumulation_keeps_unsharded_gradients_in_the_compute_dtype():
 def test_compiled_gpt_cells_save_less_and_keep_no_fp32_logits_at_a_padded_vocabulary(repo):
     """torch.compile recomputes the norms' outputs and the GELU, and at a vocabulary padded to 64 keeps
     no fp32 copy of the logits: the baseline's compiled cells, measured on an H200 (124M -4%, 350M -15%)."""
-    from trainbench.config import load_config
-    from trainbench.memory_model import allocated_mib
-    from trainbench.results import read_result
+    from trainbench.study.config import load_config
+    from trainbench.predict.memory_model import allocated_mib
+    from trainbench.execute.results import read_result
 
     eager = resolve({"model": "gpt2-124m", "precision": "bf16", "micro_batch": 8, "seq_len": 1024})
     compiled = {**eager, "compile": True}
@@ -269,8 +269,8 @@ def test_eager_attention_saves_the_bytes_per_score_the_model_counts(precision, d
     """trainbench's eager attention saves its fp32 softmax output and, at half precision, the
     probabilities cast back for the product with V: 6 bytes per score element (measured 5.9 on an H200,
     holdout_5b), 4 at fp32 where the two are one tensor."""
-    from trainbench.gpt import eager_attention
-    from trainbench.memory_model import eager_score_bytes_per_token
+    from trainbench.training.gpt import eager_attention
+    from trainbench.predict.memory_model import eager_score_bytes_per_token
 
     spec = get_model("gpt2-small-cpu")
     batch, seq = 2, 64

@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from trainbench.gpt import GPT
-from trainbench.metrics import peak_flops, throughput
-from trainbench.models import MODELS, get_model
-from trainbench.tables import hms, si
+from trainbench.training.gpt import GPT
+from trainbench.execute.metrics import peak_flops, throughput
+from trainbench.registry.models import MODELS, get_model
+from trainbench.reporting.tables import hms, si
 
 
 @pytest.mark.parametrize("name, published", [

@@ -9,9 +9,9 @@ import textwrap
 
 import pytest
 
-from trainbench.grid import check_cell, resolve
-from trainbench.models import get_model
-from trainbench.frameworks import PIPELINE_ZERO_UNSUPPORTED
+from trainbench.study.grid import check_cell, resolve
+from trainbench.registry.models import get_model
+from trainbench.registry.frameworks import PIPELINE_ZERO_UNSUPPORTED
 from test_cellrun import make_cell, run
 
 PP = {"framework": "deepspeed", "gpus": 2, "pp": 2, "seq_len": 32, "timed_steps": 3, "grad_accum": 2}

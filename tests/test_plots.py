@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import matplotlib.image
 
-from trainbench.plots import cell_label, label_keys, memory_plot, panels, write_plots
+from trainbench.reporting.plots import cell_label, label_keys, memory_plot, panels, write_plots
 
 
 def doc(precision: str, strategy: str, gpus: int, used_mib: float) -> dict:
@@ -69,7 +69,7 @@ def test_a_long_title_widens_the_figure(tmp_path):
 
 
 def test_planned_cells_are_drawn_unless_a_panel_would_hold_too_many():
-    from trainbench.plots import PLANNED_DRAWN_UP_TO, drawn
+    from trainbench.reporting.plots import PLANNED_DRAWN_UP_TO, drawn
 
     planned = [dict(doc("bf16", f"s{i}", 2, 0), status="planned", metrics={}) for i in range(3)]
     assert drawn(DOCS + planned, []) == (DOCS + planned, 0)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from trainbench.config import load_config
-from trainbench.progress import DONE, ELSEWHERE, FAILED, RUNNING, WAITING, duration, survey
+from trainbench.study.config import load_config
+from trainbench.reporting.progress import DONE, ELSEWHERE, FAILED, RUNNING, WAITING, duration, survey
 
 from conftest import REPO
 

@@ -1,4 +1,4 @@
-"""The report: each study's page (trainbench.report) on published results, and `snakemake --report
+"""The report: each study's page (trainbench.reporting.report) on published results, and `snakemake --report
 report.html` built from the smoke study and opened in a real headless Chromium (Selenium), where
 each of the study's items must render: the page with its table rows and images, each plot loaded."""
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from trainbench.config import load_config
-from trainbench.report import NOT_LAUNCHED, markdown_html, provenance_rows, study_page, Plot
-from trainbench.results import read_cells
+from trainbench.study.config import load_config
+from trainbench.reporting.report import NOT_LAUNCHED, markdown_html, provenance_rows, study_page, Plot
+from trainbench.execute.results import read_cells
 
 from conftest import CPU_MACHINE, REPO
 

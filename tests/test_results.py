@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-from trainbench import results
-from trainbench.grid import params_hash, resolve
-from trainbench.metrics import timed_metrics
-from trainbench.results import read_cells, schema_problems, write_json_atomic
+from trainbench.execute import results
+from trainbench.study.grid import params_hash, resolve
+from trainbench.execute.metrics import timed_metrics
+from trainbench.execute.results import read_cells, schema_problems, write_json_atomic
 
 
 class Unserialisable:
@@ -86,8 +86,8 @@ def test_reading_cells_refuses_a_malformed_file(tmp_path):
 
 
 def test_planned_rows_give_the_memory_models_verdict_in_grid_order():
-    from trainbench.config import load_config
-    from trainbench.tables import study_markdown, with_planned
+    from trainbench.study.config import load_config
+    from trainbench.reporting.tables import study_markdown, with_planned
 
     plan_for = {"name": "4 x H200", "gpu_mem_gib": 140.4, "gpus_per_node": 4, "host_mem_gib": 560}
     study = load_config({"studies": {"s": {

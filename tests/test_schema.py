@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 
 from trainbench.cli import main as trainbench
-from trainbench.schema import build_schema
+from trainbench.study.schema import build_schema
 
 
 def test_committed_schema_is_the_generated_one(repo, capsys):

@@ -8,13 +8,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from trainbench.grid import check_cell, resolve
-from trainbench.memory_model import activations, block_bytes_per_token, predict, shard_params
-from trainbench.models import get_model
-from trainbench.tensor_parallel import qkv_layout
-from trainbench.time_model import work
-from trainbench.hardware import gpu_type
-from trainbench.timing import TimingSettings
+from trainbench.study.grid import check_cell, resolve
+from trainbench.predict.memory_model import activations, block_bytes_per_token, predict, shard_params
+from trainbench.registry.models import get_model
+from trainbench.training.tensor_parallel import qkv_layout
+from trainbench.predict.time_model import work
+from trainbench.registry.hardware import gpu_type
+from trainbench.study.timing import TimingSettings
 from test_cellrun import make_cell, run
 
 # exactly the warm-up step and six timed windows of one step each: the same steps in every run
@@ -120,7 +120,7 @@ def test_the_time_model_splits_the_head_and_counts_the_vocabulary_all_reduces():
 
 
 def test_the_sharded_loss_scaler_unscales_local_shards_and_skips_overflowing_steps():
-    from trainbench.runners.torch_native import ShardedGradScaler
+    from trainbench.training.runners.torch_native import ShardedGradScaler
 
     weight = torch.nn.Parameter(torch.ones(4))
     optimizer = torch.optim.SGD([weight], lr=1.0)

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from trainbench.slurm import Probe, StatusCommandError, choose_status_command
+from trainbench.execute.slurm import Probe, StatusCommandError, choose_status_command
 
 BROKEN_SACCT = Probe(False, "sacct failed: Slurm accounting storage is disabled")
 

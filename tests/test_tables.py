@@ -7,8 +7,8 @@ import math
 import pandas
 import pytest
 
-from trainbench.config import load_config
-from trainbench.tables import COLUMNS, COMPUTE_ONLY, cell_text
+from trainbench.study.config import load_config
+from trainbench.reporting.tables import COLUMNS, COMPUTE_ONLY, cell_text
 
 from conftest import REPO
 

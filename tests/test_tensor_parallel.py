@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from trainbench.grid import check_cell, resolve
-from trainbench.models import get_model
-from trainbench.runners.deepspeed_engine import deepspeed_config
+from trainbench.study.grid import check_cell, resolve
+from trainbench.registry.models import get_model
+from trainbench.training.runners.deepspeed_engine import deepspeed_config
 from test_cellrun import make_cell, run
 
 TP = {"framework": "deepspeed", "gpus": 2, "tp": 2, "seq_len": 32, "timed_steps": 3}

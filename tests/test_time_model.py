@@ -11,12 +11,12 @@ import sys
 import numpy as np
 import pytest
 
-from trainbench import time_model
-from trainbench.config import load_config
-from trainbench.hardware import GPUS, gpu_type_named_in, gpu_type_of
-from trainbench.memory_model import hardware_from_args
-from trainbench.models import get_model
-from trainbench.params import PARAMS_BY_NAME
+from trainbench.predict import time_model
+from trainbench.study.config import load_config
+from trainbench.registry.hardware import GPUS, gpu_type_named_in, gpu_type_of
+from trainbench.predict.memory_model import hardware_from_args
+from trainbench.registry.models import get_model
+from trainbench.study.params import PARAMS_BY_NAME
 
 from conftest import REPO
 

@@ -1,4 +1,4 @@
-"""Timing windows and the intervals of their median (src/trainbench/timing.py)."""
+"""Timing windows and the intervals of their median (src/trainbench/study/timing.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from trainbench.timing import (TimingSettings, fixed_step_count, median_interval, steps_per_window,
+from trainbench.study.timing import (TimingSettings, fixed_step_count, median_interval, steps_per_window,
                                summarize_windows)
 
 

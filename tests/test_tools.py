@@ -29,8 +29,8 @@ def test_a_wheelhouse_installs_without_an_index_including_source_only_packages(t
 
 
 def test_gpu_run_lists_name_cells_of_the_config():
-    from trainbench.config import load_config
-    from trainbench.grid import search_target
+    from trainbench.study.config import load_config
+    from trainbench.study.grid import search_target
 
     config = load_config(REPO / "config.yaml")
     targets = {c.target for s in config.studies.values() for c in s.cells}
@@ -46,8 +46,8 @@ def test_gpu_run_lists_name_cells_of_the_config():
 @pytest.mark.parametrize("study", ["gpt2_zero", "lightning", "llama", "megatron", "zero3_pipeline"])
 def test_published_studies_have_a_current_result_for_every_measured_cell(study):
     """A fresh clone's `snakemake results/tables/<study>.md` runs nothing on a machine without GPUs."""
-    from trainbench.config import load_config
-    from trainbench.freshness import check_result
+    from trainbench.study.config import load_config
+    from trainbench.reporting.freshness import check_result
 
     cells = [c for c in load_config(REPO / "config.yaml").study(study).cells if c.measured]
     missing = [c.cell_id for c in cells if not (REPO / c.target).exists()]
@@ -60,10 +60,10 @@ def test_published_studies_have_a_current_result_for_every_measured_cell(study):
 def test_published_searches_are_complete_and_current(study):
     """Every search a study's table reports is on disk with the probes its config asks for, each run
     with the parameters the config gives it now: a fresh clone's table runs no probe."""
-    from trainbench.batch_search import bounds_for, walk
-    from trainbench.config import load_config
-    from trainbench.grid import probe_cell
-    from trainbench.results import read_json
+    from trainbench.predict.batch_search import bounds_for, walk
+    from trainbench.study.config import load_config
+    from trainbench.study.grid import probe_cell
+    from trainbench.execute.results import read_json
 
     config = load_config(REPO / "config.yaml").study(study)
     assert config.searched

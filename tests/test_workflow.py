@@ -12,8 +12,8 @@ import sys
 import pytest
 import yaml
 
-from trainbench.batch_search import bounds_for
-from trainbench.config import load_config
+from trainbench.predict.batch_search import bounds_for
+from trainbench.study.config import load_config
 
 from conftest import REPO, parse_dry_run, tiny_study
 

@@ -1,3 +1,20 @@
-"""trainbench: reproducible benchmarks of distributed deep-learning training set-ups."""
+"""trainbench: reproducible benchmarks of distributed deep-learning training set-ups.
+
+The package follows the pipeline, one subpackage per stage, each importing only the stages before
+it (tests/test_layers.py holds them to it, and to no import cycle):
+
+    registry   models, frameworks and GPU types, by name
+    study      parameters, schema, grid, typed cells, config.yaml
+    predict    memory and time models, the largest-batch search
+    training   trainbench's GPT, data, one runner per framework, emulated ranks
+    execute    running one cell: launch, worker, memory sampling, metrics, results
+    reporting  tables, findings, plots, report, compare, cost, progress, freshness
+
+`errors` and `paths` are shared by all; `cli`, `fit` and `workflow` (the Snakefile's side) sit on top.
+ARCHITECTURE.md draws the picture.
+"""
 
 __version__ = "0.1.0"
+
+# The stages in import order: a module of one may import the stages before it, never one after.
+LAYERS = ("registry", "study", "predict", "training", "execute", "reporting")

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 from trainbench.errors import ConfigError, UsageError
-from trainbench.hardware import GPUS
+from trainbench.registry.hardware import GPUS
 
 
 def _config(path: str):
-    from trainbench.config import load_config
+    from trainbench.study.config import load_config
 
     if not Path(path).exists():
         raise UsageError(f"{path}: no such file (run from the repository root, or pass --config)")
@@ -24,7 +24,7 @@ def cell_status(target: Path, params_hash: str) -> str:
     """A cell's state on disk: missing, unreadable (with why: the workflow runs it again), or the
     status in its metrics.json (marked stale if the cell's parameters changed since it ran, which is
     when Snakemake reruns it)."""
-    from trainbench.results import read_json, result_problem
+    from trainbench.execute.results import read_json, result_problem
 
     if not target.exists():
         return "missing"
@@ -38,9 +38,9 @@ def cell_status(target: Path, params_hash: str) -> str:
 
 def search_status(root: Path, study: str, cell_id: str) -> str:
     """Where a cell's max-batch search stands: its answer, or how many probes have run."""
-    from trainbench.grid import search_target
+    from trainbench.study.grid import search_target
     from trainbench.paths import probe_glob
-    from trainbench.results import InvalidResult, read_search
+    from trainbench.execute.results import InvalidResult, read_search
 
     result = root / search_target(study, cell_id)
     if result.exists():
@@ -66,7 +66,7 @@ def ranks(params: dict) -> str:
 
 
 def cmd_cells(args) -> int:
-    from trainbench.gpus import local_gpu_count, short_of_gpus
+    from trainbench.execute.gpus import local_gpu_count, short_of_gpus
 
     config = _config(args.config)
     gpus_here = local_gpu_count()
@@ -105,8 +105,8 @@ def cmd_progress(args) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    from trainbench.gpus import local_gpu_count
-    from trainbench.progress import render, survey
+    from trainbench.execute.gpus import local_gpu_count
+    from trainbench.reporting.progress import render, survey
 
     study = _config(args.config).study(args.study)
     root, gpus_here = Path(args.root), local_gpu_count()
@@ -132,10 +132,10 @@ def cmd_progress(args) -> int:
 
 
 def cmd_run_cell(args) -> int:
-    from trainbench.cellrun import run_cell
-    from trainbench.grid import Cell, check_cell
-    from trainbench.params import PARAMS_BY_NAME, with_optional_defaults
-    from trainbench.timing import TimingSettings
+    from trainbench.execute.cellrun import run_cell
+    from trainbench.study.grid import Cell, check_cell
+    from trainbench.study.params import PARAMS_BY_NAME, with_optional_defaults
+    from trainbench.study.timing import TimingSettings
 
     try:
         params = json.loads(args.params)
@@ -173,8 +173,8 @@ def cmd_predict(args) -> int:
     (with --gpu) its step time, samples/s and MFU on that GPU type."""
     import csv
 
-    from trainbench import time_model
-    from trainbench.memory_model import hardware_from_args, predict
+    from trainbench.predict import time_model
+    from trainbench.predict.memory_model import hardware_from_args, predict
 
     try:
         hardware = hardware_from_args(args.gpu, args.gpu_mem_gib, args.host_mem_gib, args.gpus_per_node)
@@ -220,8 +220,8 @@ def cmd_fit(args) -> int:
 
 def cmd_search_summary(args) -> int:
     """The max-batch search's result from its probes (the search_result rule)."""
-    from trainbench.batch_search import summary
-    from trainbench.results import read_cells, write_json_atomic
+    from trainbench.predict.batch_search import summary
+    from trainbench.execute.results import read_cells, write_json_atomic
 
     docs = read_cells(args.probes)
     write_json_atomic(args.output, summary({doc["params"]["micro_batch"]: doc for doc in docs},
@@ -231,7 +231,7 @@ def cmd_search_summary(args) -> int:
 
 def cmd_compare(args) -> int:
     """Two result trees cell by cell (a rerun against what was published); with --fail-on, a gate."""
-    from trainbench.compare import as_json, compare, gate_failures, parse_gate, report
+    from trainbench.reporting.compare import as_json, compare, gate_failures, parse_gate, report
 
     for root in (args.first, args.second):
         if not root.is_dir():
@@ -252,7 +252,7 @@ def cmd_compare(args) -> int:
 
 def cmd_cost(args) -> int:
     """Device hours of a study's results on disk and the timed steps' share of them."""
-    from trainbench.cost import report, study_cost
+    from trainbench.reporting.cost import report, study_cost
 
     config = _config(args.config)
     studies = [config.study(name) for name in args.studies or list(config.studies)]  # unknown ones: an error
@@ -263,9 +263,9 @@ def cmd_cost(args) -> int:
 def cmd_schema(args) -> int:
     import yaml  # here, not at the top: `run-cell`, run by every cell's job, does without it
 
-    from trainbench.schema import build_schema
+    from trainbench.study.schema import build_schema
 
-    text = ("# Generated by `trainbench schema --write`; edit src/trainbench/params.py and schema.py "
+    text = ("# Generated by `trainbench schema --write`; edit src/trainbench/study/params.py and schema.py "
             "instead.\n")
     text += yaml.safe_dump(build_schema(), sort_keys=False, width=110)
     if args.write:
@@ -282,7 +282,7 @@ def cmd_schema(args) -> int:
 
 def cmd_vocabulary(args) -> int:
     if args.command == "strategies":
-        from trainbench.frameworks import registry
+        from trainbench.registry.frameworks import registry
 
         for framework in registry().values():
             for s in framework.strategies:
@@ -292,8 +292,8 @@ def cmd_vocabulary(args) -> int:
                 note += f"unsupported: {s.unsupported}" if s.unsupported else ""
                 print(f"{framework.name:<11} {s.name:<27} {s.description} {note}".rstrip())
     elif args.command == "models":
-        from trainbench.frameworks import registry
-        from trainbench.models import MODELS
+        from trainbench.registry.frameworks import registry
+        from trainbench.registry.models import MODELS
 
         for m in MODELS.values():
             runners = [f.name for f in registry().values() if m.family in f.families]
@@ -301,8 +301,8 @@ def cmd_vocabulary(args) -> int:
             print(f"{m.name:<16} {m.param_count() / 1e6:>10,.1f}M  L={m.n_layer} d={m.d_model} h={m.n_head} "
                   f"ctx={m.max_seq}  {m.note}{built}")
     elif args.command == "columns":
-        from trainbench.findings import metrics
-        from trainbench.tables import COLUMNS
+        from trainbench.reporting.findings import metrics
+        from trainbench.reporting.tables import COLUMNS
 
         width = max(len(c.header) for c in COLUMNS.values())
         for name, column in COLUMNS.items():
@@ -378,7 +378,7 @@ def parser() -> argparse.ArgumentParser:
                                          "docs/time-model.md).")
     predict.add_argument("studies", nargs="*")
     predict.add_argument("--config", default="config.yaml")
-    predict.add_argument("--gpu", help=f"GPU type: {', '.join(GPUS)} (src/trainbench/hardware.py)")
+    predict.add_argument("--gpu", help=f"GPU type: {', '.join(GPUS)} (src/trainbench/registry/hardware.py)")
     predict.add_argument("--gpu-mem-gib", type=positive(float),
                          help="memory per GPU in GiB (instead of --gpu)")
     predict.add_argument("--gpus-per-node", type=positive(int), default=8)

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from trainbench import paths
 from trainbench.errors import UsageError
-from trainbench.grid import Cell, check_cell, make_cell_id, named_keys, resolve
+from trainbench.study.grid import Cell, check_cell, make_cell_id, named_keys, resolve
 
 FIT_ROOT = "results/fit"
 
@@ -52,7 +52,7 @@ def _gib(mib: float | None) -> str:
 
 def report(doc: dict[str, Any]) -> list[str]:
     """What a user asks of a fit: did it train, the memory per GPU and per node, the model's view."""
-    from trainbench.tables import result_text
+    from trainbench.reporting.tables import result_text
 
     m, p, emulated = doc["metrics"], doc["params"], doc.get("emulation") or {}
     limit = p.get("gpu_mem_limit_gib")
@@ -84,8 +84,8 @@ def report(doc: dict[str, Any]) -> list[str]:
 def run(cell: Cell, *, root: str = FIT_ROOT, force: bool = False, runtime_min: float = 60,
         say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run (or read, unless forced) one emulated cell's result under `root`."""
-    from trainbench.cellrun import run_cell
-    from trainbench.results import read_result, result_problem
+    from trainbench.execute.cellrun import run_cell
+    from trainbench.execute.results import read_result, result_problem
 
     output = target(cell, root)
     if output.exists() and not force and result_problem(output) is None:
@@ -103,16 +103,16 @@ def search(cell: Cell, *, max_micro_batch: int, tolerance: float, root: str = FI
            runtime_min: float = 60, say: Callable[[str], None] = print) -> dict[str, Any]:
     """The largest micro batch the emulated rank trains, each probe a run of its own; returns the
     search's summary (batch_search.summary) with the probes' documents."""
-    from trainbench.batch_search import model_bounds, summary, walk
-    from trainbench.memory_model import Hardware
+    from trainbench.predict.batch_search import model_bounds, summary, walk
+    from trainbench.predict.memory_model import Hardware
 
-    from trainbench.memory_model import held_gpu_mib
+    from trainbench.predict.memory_model import held_gpu_mib
 
     p = cell.params
     gpu = None
     if p["device"] == "cuda":
-        from trainbench.gpus import machine_devices
-        from trainbench.provenance import gpu_facts
+        from trainbench.execute.gpus import machine_devices
+        from trainbench.execute.provenance import gpu_facts
 
         gpu = held_gpu_mib(gpu_facts(machine_devices()[:1]).get("gpu_memory_mib"), p)
     start, upper = model_bounds(p, Hardware(gpu, float("inf"), p["gpus_per_node"]) if gpu else None,

@@ -27,7 +27,7 @@ import shlex, sys
 sys.path.insert(0, "bench")
 import plan_scaling as ps
 from pathlib import Path
-from trainbench.config import load_config
+from trainbench.study.config import load_config
 spec = {"description": "t", "settings": {**ps.TINY_CELL, "device": "cuda", "gpus": 1, "strategy": "single"},
         "include": [{}], "timing": ps.TINY_TIMING, "execution": {"runtime_min": 5, "cpus_per_rank": 1}}
 [gpu] = load_config({"studies": {ps.STUDY: spec}}).study(ps.STUDY).cells

@@ -58,8 +58,8 @@ for (model, variant), ms in sorted(rows.items()):
 PY
 echo "== the pipeline's own processes: importing what run-cell imports"
 for i in 1 2 3; do
-  python3 -c 'import time; t=time.perf_counter(); import trainbench.cli, trainbench.cellrun; print(f"as is      {time.perf_counter()-t:.2f} s")'
-  env PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=/tmp/cli-bytecode python3 -c 'import time; t=time.perf_counter(); import trainbench.cli, trainbench.cellrun; print(f"cached     {time.perf_counter()-t:.2f} s")'
+  python3 -c 'import time; t=time.perf_counter(); import trainbench.cli, trainbench.execute.cellrun; print(f"as is      {time.perf_counter()-t:.2f} s")'
+  env PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=/tmp/cli-bytecode python3 -c 'import time; t=time.perf_counter(); import trainbench.cli, trainbench.execute.cellrun; print(f"cached     {time.perf_counter()-t:.2f} s")'
 done
 tar czf "$out/startup-1.tgz" bench-out results/runs/baseline results/tables/baseline.* results/plots/baseline_* \
   .snakemake/log 2>/dev/null

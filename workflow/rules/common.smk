@@ -5,16 +5,16 @@ import sys
 from pathlib import Path
 
 try:
-    from trainbench.batch_search import bounds_for, walk
+    from trainbench.predict.batch_search import bounds_for, walk
     from trainbench import paths
-    from trainbench.config import load_config
+    from trainbench.study.config import load_config
     from trainbench.errors import ConfigError
-    from trainbench.freshness import prepare, set_aside_invalid, stamp_path
-    from trainbench.gpus import local_gpu_count, short_of_gpus
-    from trainbench.grid import probe_cell, shared_resources
-    from trainbench.lifetime import stale_lock_hint, stop_cells_on_sigterm
-    from trainbench.results import read_json
-    from trainbench.slurm import StatusCommandError, ensure_status_command
+    from trainbench.reporting.freshness import prepare, set_aside_invalid, stamp_path
+    from trainbench.execute.gpus import local_gpu_count, short_of_gpus
+    from trainbench.study.grid import probe_cell, shared_resources
+    from trainbench.execute.lifetime import stale_lock_hint, stop_cells_on_sigterm
+    from trainbench.execute.results import read_json
+    from trainbench.execute.slurm import StatusCommandError, ensure_status_command
 except ImportError as error:
     sys.exit(f"error: cannot import trainbench ({error}); set up the environment first: make setup")
 
@@ -31,7 +31,7 @@ except ConfigError as error:
     sys.exit(f"error: config.yaml: {error}")
 
 # Grid stamps let reruns follow config.yaml even without .snakemake metadata (a fresh clone):
-# see src/trainbench/freshness.py. Rewritten only when a study's cells or their parameters change.
+# see src/trainbench/reporting/freshness.py. Rewritten only when a study's cells or their parameters change.
 # A job run remotely (a SLURM job's own Snakemake) runs the one job it was given, whatever is stale:
 # the Snakemake that submitted it decided that, so it reads no results (on a grid of 10,000 cells,
 # seconds of every job's allocation).

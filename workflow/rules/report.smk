@@ -1,4 +1,4 @@
-# The report (`snakemake --report report.html`): each study's page (src/trainbench/report.py: its
+# The report (`snakemake --report report.html`): each study's page (src/trainbench/reporting/report.py: its
 # markdown table file rendered, its plots, where and with what its cells ran), and the tables and
 # plots themselves, each under its study's category with a caption (workflow/report/*.rst).
 

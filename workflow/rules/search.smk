@@ -1,5 +1,5 @@
 # The largest micro batch each cell trains (results/search/{study}/{cell}/max_batch.json): probes
-# double then bisect the micro batch (src/trainbench/batch_search.py). Each probe is a checkpoint
+# double then bisect the micro batch (src/trainbench/predict/batch_search.py). Each probe is a checkpoint
 # job of its own, so the next probe is chosen from the last one's result, and an interrupted search
 # resumes from the probes already on disk.
 

@@ -2,8 +2,8 @@
 
 import sys
 
-from trainbench.report import write_study_page
-from trainbench.results import read_cells
+from trainbench.reporting.report import write_study_page
+from trainbench.execute.results import read_cells
 
 with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
     sys.stderr = log

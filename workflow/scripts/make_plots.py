@@ -3,10 +3,10 @@ their predictions)."""
 
 import sys
 
-from trainbench.config import load_config
-from trainbench.plots import write_plots
-from trainbench.results import read_cells, read_search
-from trainbench.tables import with_planned, with_searches
+from trainbench.study.config import load_config
+from trainbench.reporting.plots import write_plots
+from trainbench.execute.results import read_cells, read_search
+from trainbench.reporting.tables import with_planned, with_searches
 
 with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
     sys.stderr = log

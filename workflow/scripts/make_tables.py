@@ -3,9 +3,9 @@ findings judged (findings CSV, and a section of the markdown)."""
 
 import sys
 
-from trainbench.config import load_config
-from trainbench.results import read_cells, read_search
-from trainbench.tables import with_planned, with_searches, write_tables
+from trainbench.study.config import load_config
+from trainbench.execute.results import read_cells, read_search
+from trainbench.reporting.tables import with_planned, with_searches, write_tables
 
 with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
     sys.stderr = log

@@ -1,0 +1,411 @@
+"""One rank of a cell's training run: the loop, the clock and the outcome, for every framework.
+
+Started by a launcher (plain python, torchrun, the DeepSpeed launcher) with the cell's JSON and a work
+directory. Each rank that fails writes `rank<N>.json` there saying how (an OOM at init or at step k,
+or an error with its traceback) and exits; the launcher then stops the other ranks, which would
+otherwise wait forever in a collective. On success rank 0 gathers every rank's memory figures and
+writes `result.json`. The cell runner (cellrun.py) turns these files into metrics.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import psutil
+import torch
+import torch.distributed as dist
+
+from trainbench.training import emulation
+from trainbench.registry.frameworks import deepspeed_ops
+from trainbench.training.gpt import hold_attention_kernel
+from trainbench.execute.launch import free_port
+from trainbench.execute.lifetime import runner_to_watch, when_gone
+from trainbench.execute.memory_sampler import MemorySampler
+from trainbench.registry.hardware import MIB
+from trainbench.execute.metrics import process_peak_rss_mib, tensors_held_bytes
+from trainbench.execute.results import write_json_atomic
+from trainbench.training.runners import LoopRunner, RunContext, Runner, StepRunner, make_runner, params_per_module
+from trainbench.study.timing import TimingSettings, fixed_step_count, steps_per_window, summarize_windows
+
+# Test hook: TRAINBENCH_FAIL_AT_STEP=k makes every rank raise an ordinary error at step k (0 = init),
+# to exercise the failure path (retries, 'failed' with the error) with the real launchers.
+FAIL_AT_STEP_ENV = "TRAINBENCH_FAIL_AT_STEP"
+# Testing aid: a memory boundary, "B:k" = any micro batch above B runs out of memory at step k
+# (0 = while initialising), through the same real allocation as inject_oom_at_step.
+OOM_ABOVE_BATCH_ENV = "TRAINBENCH_OOM_ABOVE_MICRO_BATCH"
+# "fast" (the default): a rank that finished leaves without the interpreter's shutdown; "interpreter":
+# the usual exit, to measure the difference (tools/gpu-runs/startup-1.sh)
+WORKER_EXIT_ENV = "TRAINBENCH_WORKER_EXIT"
+OOM_EXIT_CODE = 75  # distinct from Python's 1 so a reader of the launcher's log can tell
+IMPOSSIBLE_ALLOCATION = 1 << 60  # 1 EiB: more than any machine has, so the allocator must refuse
+
+
+def is_oom(error: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, the CPU allocator's refusal, or Python's MemoryError."""
+    if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+def _single_process_environment() -> None:
+    """A one-rank run started by plain python still gets a process group: one code path for all."""
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1"),
+                       ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+
+
+class Worker:
+    def __init__(self, cell: dict, work_dir: Path, imported: float | None = None):
+        self.emulated = emulation.rank_of(cell["params"]) if cell["params"].get("emulate") else None
+        if self.emulated is not None:
+            # one process stands in for one rank of the world: the variables a launcher would set
+            os.environ.update(emulation.environment(self.emulated, free_port()))
+            os.environ[emulation.EMULATED_ENV] = "1"
+        _single_process_environment()
+        # When each phase of the run ended, in wall-clock seconds (results.PHASES names them): the
+        # cell's cost beyond its timed steps, read from rank 0's.
+        self.marks = {"process_start": psutil.Process().create_time(), "imported": imported or time.time()}
+        self.params = cell["params"]
+        self.timing = TimingSettings(**cell.get("timing", {}))
+        self.label = f"{cell['study']}/{cell['cell_id']}"
+        self.work_dir = work_dir
+        self.rank = int(os.environ["RANK"])
+        self.world_size = int(os.environ["WORLD_SIZE"])
+        self.local_rank = int(os.environ["LOCAL_RANK"])
+        self.phase, self.step = "init", 0
+        self.sampler: MemorySampler | None = None
+        # the rank that reports: rank 0, or the one rank an emulated world has
+        self.reporting = self.rank == 0 or self.emulated is not None
+        self.device_limit: emulation.DeviceLimit | None = None
+        self.filled_collectives: list[str] = []
+
+    def _device(self) -> torch.device:
+        if self.params["device"] == "cuda":
+            torch.cuda.set_device(self.local_rank)
+            return torch.device("cuda", self.local_rank)
+        return torch.device("cpu")
+
+    def _inject_faults(self, device: torch.device) -> None:
+        boundary = os.environ.get(OOM_ABOVE_BATCH_ENV)
+        if boundary:
+            batch, _, step = boundary.partition(":")
+            if self.params["micro_batch"] > int(batch) and self.step == int(step or 1):
+                torch.empty(IMPOSSIBLE_ALLOCATION, dtype=torch.uint8, device=device)
+        if self.params["inject_oom_at_step"] == self.step:
+            torch.empty(IMPOSSIBLE_ALLOCATION, dtype=torch.uint8, device=device)
+        if os.environ.get(FAIL_AT_STEP_ENV) == str(self.step):
+            raise RuntimeError(f"injected failure at step {self.step} ({FAIL_AT_STEP_ENV})")
+
+    def _say(self, text: str) -> None:
+        if self.reporting:
+            print(f"[{self.label}] {text}", flush=True)
+
+    def _load_deepspeed_ops(self) -> None:
+        """Compile or load the DeepSpeed ops the cell steps with (frameworks.deepspeed_ops) before
+        anything else, so that the cost report tells this work apart from the cell's set-up (the
+        `builds` phase): compiled once per environment into TORCH_EXTENSIONS_DIR (CPU Adam: 55-80 s on
+        a freshly lent H200 host), loaded from there by every cell after. DeepSpeed keeps what it
+        loaded, so the optimizer's own load later is free. Concurrent ranks share one build (torch
+        locks the extension's folder while one of them compiles)."""
+        ops = deepspeed_ops(self.params)
+        if ops:
+            from deepspeed.ops.op_builder import CPUAdamBuilder
+
+            builders = {"cpu_adam": CPUAdamBuilder}
+            for op in ops:
+                builders[op]().load()
+        self.marks["ops_loaded"] = time.time()
+
+    def run(self) -> None:
+        torch.manual_seed(self.params["seed"])
+        if self.params["tf32"]:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        self._load_deepspeed_ops()
+        device = self._device()
+        if self.params["gpu_mem_limit_gib"] is not None:
+            self.device_limit = emulation.device_limit(self.params["gpu_mem_limit_gib"],
+                                                       emulation.device_total_mib(device), self.world_size)
+            emulation.hold_to(self.device_limit, device)
+        hold_attention_kernel(self.params["attention"])
+        if self.emulated is not None:
+            self.filled_collectives = emulation.init_process_group(self.emulated)
+        else:
+            backend = "nccl" if device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+        if self.local_rank == 0:  # one sampler per node sees all of the node's GPUs
+            self.sampler = MemorySampler(use_gpus=device.type == "cuda").start()
+        self.marks["group_ready"] = time.time()
+        context = RunContext(self.params, self.rank, self.world_size, self.local_rank, device, self.work_dir,
+                             self.timing)
+
+        on = (f"as {self.emulated.describe()} (emulated)" if self.emulated is not None
+              else f"on {self.world_size} rank(s)")
+        self._say(f"building {self.params['model']} with {self.params['framework']} "
+                  f"{self.params['strategy']} {on} ({device.type})")
+        self._inject_faults(device)
+        runner = make_runner(context)
+        runner.setup()
+        self.marks["built"] = time.time()
+
+        self.phase = "step"
+        # a framework that owns its loop calls the recorder around each step, for a fixed number of them
+        steps = StepRecorder(self, context.synchronize, device, adaptive=isinstance(runner, StepRunner))
+        if isinstance(runner, LoopRunner):
+            runner.train(steps)
+        else:
+            while not steps.done:
+                steps.begin()
+                steps.end(runner.train_step())
+        self._finish(runner, device, steps)
+
+    def _rank_figures(self, device: torch.device, runner: Runner) -> dict:
+        figures = {"rank": self.rank, "local_rank": self.local_rank, "host": socket.gethostname(),
+                   "host_rss_peak_mib": process_peak_rss_mib(),
+                   # what a CPU rank keeps between steps (it has no allocator statistics; the census of
+                   # live tensors, 47 ms once on a 2-core box with DeepSpeed and transformers imported,
+                   # is left out of GPU cells' teardown) and the parameters it holds: compared rank for
+                   # rank between emulated and real worlds
+                   "tensors_held_bytes": (tensors_held_bytes(emulation.VISIBLE_ONLY_HERE)
+                                          if device.type == "cpu" else None),
+                   "params_per_module": params_per_module(runner),
+                   "torch_peak_allocated_mib": None, "torch_peak_reserved_mib": None, "node_memory": None}
+        if device.type == "cuda":
+            figures["torch_peak_allocated_mib"] = torch.cuda.max_memory_allocated(device) / MIB
+            figures["torch_peak_reserved_mib"] = torch.cuda.max_memory_reserved(device) / MIB
+        if self.sampler is not None:
+            figures["node_memory"] = vars(self.sampler.stop())
+        return figures
+
+    def _finish(self, runner: Runner, device, steps: StepRecorder) -> None:
+        figures = self._rank_figures(device, runner)
+        per_module = figures["params_per_module"]
+        if self.emulated is not None:
+            gathered = [figures]  # a fake all-gather would hand back this rank's figures N times
+        else:
+            gathered = [None] * self.world_size
+            dist.all_gather_object(gathered, figures)
+        if self.reporting:
+            result = {
+                "phase_marks": self.marks,
+                "losses": steps.losses, "step_times_s": steps.window_step_times, "ranks": gathered,
+                "steps_per_window": steps.steps_per_window, "warmup_step_times_s": steps.warmup_times,
+                "timing_stopped": steps.stopped,
+                "params_total": runner.params_total(), "params_per_module_rank0": per_module,
+                "torch_version": torch.__version__, "torch_cuda": torch.version.cuda,
+                "nccl": ".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else None,
+                **runner.results(),
+                **self._measured_as(),
+            }
+            config = runner.framework_config()
+            if config is not None:  # kept beside metrics.json: the framework's own config as this run used it
+                result["framework_config"] = {"file": runner.CONFIG_FILE, "config": config}
+            write_json_atomic(self.work_dir / "result.json", result)
+        written = time.time()
+        dist.barrier()
+        dist.destroy_process_group()
+        self._say("teardown: results gathered and written in "
+                  f"{written - self.marks.get('timed', written):.2f} s, "
+                  f"process group closed in {time.time() - written:.2f} s")
+
+    def _measured_as(self) -> dict:
+        """How the rank was measured, where not as one rank of a real world on its own GPU: the
+        emulated rank and the collectives trainbench wrote (emulation.py), the GPU it was held to."""
+        out = {}
+        if self.emulated is not None:
+            out["emulated"] = {"rank": self.emulated.rank, "world_size": self.emulated.world_size,
+                               "ranks_per_node": self.emulated.ranks_per_node,
+                               "outputs_written_by_trainbench": self.filled_collectives}
+        if self.device_limit is not None:
+            out["device_limit"] = self.device_limit.as_dict()
+        return out
+
+    def record_failure(self, error: BaseException) -> None:
+        oom = is_oom(error)
+        record = {"rank": self.rank, "event": "oom" if oom else "error", "phase": self.phase,
+                  "step": self.step if self.phase == "step" else None,
+                  "message": f"{type(error).__name__}: {error}"[:2000], "traceback": traceback.format_exc(),
+                  "host_rss_peak_mib": process_peak_rss_mib(), "torch_peak_allocated_mib": None,
+                  "node_memory": vars(self.sampler.stop()) if self.sampler else None}
+        if self.params["device"] == "cuda" and torch.cuda.is_initialized():
+            record["torch_peak_allocated_mib"] = torch.cuda.max_memory_allocated() / MIB
+        record.update(self._measured_as())
+        write_json_atomic(self.work_dir / f"rank{self.rank}.json", record)
+
+
+class StepRecorder:
+    """Runs the cell's steps through warm-up and timed windows, keeps the losses, reports progress,
+    and injects test faults at the step they name (timing.py says how and why). Used by the
+    worker's own loop and, from a callback, by frameworks that run their own loop (Lightning, the
+    Hugging Face Trainer).
+
+    Warm-up steps are synchronised one by one (untimed; the last ones size the windows). A timed
+    window synchronises the device at its two ends only, and its losses stay on the device until
+    its end. Where the worker owns the loop, windows continue until the step time's interval is
+    tight or the time cap is reached (rank 0 decides, every rank follows); a framework that owns
+    its loop must be told its step count up front, so it runs `min_windows` windows.
+    """
+
+    def __init__(self, worker: Worker, synchronize, device: torch.device, *, adaptive: bool):
+        self.worker, self.device = worker, device
+        self.settings = worker.timing
+        self.adaptive = adaptive
+        self.warmup = worker.params["warmup_steps"]
+        self.timed_steps = worker.params["timed_steps"]
+        self.steps_per_window = steps_per_window(self.timed_steps, self.settings.min_windows, None,
+                                                 self.settings.min_window_s)
+        self.losses: list[float] = []
+        self.warmup_times: list[float] = []
+        self.window_step_times: list[float] = []  # each window's mean step time
+        self.stopped = ""
+        self.done = False
+        self._synchronize = synchronize
+        self._pending: list = []  # this window's losses, still on the device
+        self._started = 0.0
+        self._timed_s = 0.0
+        self._last_report = time.monotonic()
+
+    @property
+    def total(self) -> int:
+        """The step count of a loop that must know it up front (Lightning, the Trainer)."""
+        return fixed_step_count(self.warmup, self.timed_steps, self.settings)
+
+    def _in_warmup(self) -> bool:
+        return self.worker.step <= self.warmup
+
+    def _timed_index(self) -> int:
+        return self.worker.step - self.warmup  # 1 for the first timed step
+
+    def begin(self) -> None:
+        self.worker.step += 1
+        self.worker._inject_faults(self.device)
+        if self._in_warmup() or (self._timed_index() - 1) % self.steps_per_window == 0:
+            self._synchronize()
+            self._started = time.perf_counter()
+
+    def end(self, loss) -> None:
+        """`loss`: the step's mean loss, a tensor on the device (read at the window's end) or a float."""
+        self._pending.append(loss)
+        if self._in_warmup():
+            self._synchronize()
+            self.warmup_times.append(time.perf_counter() - self._started)
+            if self.worker.step == 1:  # compilation and every other first-call cost end here
+                self.worker.marks["first_step"] = time.time()
+            if self.worker.step == self.warmup:
+                self.worker.marks["warmed_up"] = time.time()
+            self._read_losses()
+            if self.worker.step == self.warmup and self.adaptive:
+                self.steps_per_window = self._agree(steps_per_window(
+                    self.timed_steps, self.settings.min_windows, self.warmup_times[-1],
+                    self.settings.min_window_s))
+            self._report(f"step {self.worker.step}/{self.warmup} (warm-up) loss {self.losses[-1]:.4f} "
+                         f"time {self.warmup_times[-1] * 1e3:.1f} ms", force=self.worker.step == self.warmup)
+            return
+        if self._timed_index() % self.steps_per_window:
+            return  # inside a window: nothing touches the device
+        self._synchronize()
+        elapsed = time.perf_counter() - self._started
+        self.window_step_times.append(elapsed / self.steps_per_window)
+        self._timed_s += elapsed
+        self._read_losses()
+        self.done = self._decide()
+        windows = len(self.window_step_times)
+        self._report(f"window {windows} ({self.steps_per_window} steps): "
+                     f"{self.window_step_times[-1] * 1e3:.2f} ms/step, "
+                     f"loss {self.losses[-1]:.4f}" + (f"; done: {self.stopped}" if self.done else ""),
+                     force=self.done or windows <= self.settings.min_windows)
+
+    def _read_losses(self) -> None:
+        values = [v for v in self._pending]
+        tensors = [v.detach().float().reshape(()) for v in values if isinstance(v, torch.Tensor)]
+        read = iter(torch.stack(tensors).tolist()) if tensors else iter(())
+        self.losses += [next(read) if isinstance(v, torch.Tensor) else float(v) for v in values]
+        self._pending = []
+
+    def _decide(self) -> bool:
+        """Whether timing is done; rank 0's answer, which every rank follows."""
+        windows = len(self.window_step_times)
+        if windows < self.settings.min_windows:
+            return False
+        summary = summarize_windows(self.window_step_times)
+        if not self.adaptive:
+            stop, why = True, f"{windows} windows (the framework's loop has a fixed length)"
+        elif summary.tight(self.settings.target_ci):
+            stop, why = True, f"interval within ±{summary.half_width:.2%} after {windows} windows"
+        elif self._timed_s >= self.settings.max_timed_s:
+            stop, why = True, f"time cap of {self.settings.max_timed_s:g} s reached after {windows} windows"
+        else:
+            stop, why = False, ""
+        if self.adaptive:
+            stop = bool(self._agree(int(stop)))
+            why = why or "rank 0's interval"
+        if stop:
+            self.stopped = why
+            self.worker.marks["timed"] = time.time()
+        return stop
+
+    def _agree(self, value: int) -> int:
+        """Rank 0's value on every rank: window sizes and stopping must match, or a collective of one
+        rank would wait for one the others never start. (Outside the timed windows.)"""
+        if self.worker.world_size == 1:
+            return value
+        box = torch.tensor([value], device=self.device if self.device.type == "cuda" else "cpu")
+        dist.broadcast(box, src=0)
+        return int(box.item())
+
+    def _report(self, text: str, force: bool = False) -> None:
+        # every window while there are few; then one line at least every 30 s
+        if force or time.monotonic() - self._last_report > 30:
+            self._last_report = time.monotonic()
+            self.worker._say(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    imported = time.time()  # this module's imports (torch's among them) are done
+    parser = argparse.ArgumentParser(prog="python -m trainbench.execute.worker", description=__doc__)
+    parser.add_argument("--cell", required=True, type=Path, help="the cell's JSON (study, cell_id, params)")
+    parser.add_argument("--work-dir", required=True, type=Path)
+    args, _ = parser.parse_known_args(argv)  # the DeepSpeed launcher adds --local_rank; LOCAL_RANK has it
+    runner = runner_to_watch()
+    if runner is not None:  # the cell runner gone (even by SIGKILL): this rank has no one to report to
+        when_gone(runner, lambda: (print(f"rank {os.environ.get('RANK', 0)}: the cell runner "
+                                         f"(pid {runner}) is gone; stopping", file=sys.stderr, flush=True),
+                                   os._exit(1)), "runner-watch")
+    with open(args.cell) as f:
+        cell = json.load(f)
+    worker = Worker(cell, args.work_dir, imported)
+    try:
+        worker.run()
+        if os.environ.get(WORKER_EXIT_ENV, "fast") == "fast":
+            # Everything the run produced is written and its process group closed: skip the
+            # interpreter's shutdown, whose exit handlers (torch.compile's worker pool, the CUDA
+            # context's teardown) cost a GPU cell seconds of its teardown phase (docs/measurement.md, "What a
+            # study costs"). WORKER_EXIT_ENV=interpreter keeps them, to measure what this saves.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+    except BaseException as error:  # noqa: BLE001 - every failure is recorded before the rank exits
+        worker.record_failure(error)
+        if is_oom(error):
+            print(f"rank {worker.rank}: out of memory during {worker.phase}"
+                  f"{f' at step {worker.step}' if worker.phase == 'step' else ''}: {error}", file=sys.stderr,
+                  flush=True)
+            # Skip interpreter shutdown: collectives with peers that did not fail could block it.
+            os._exit(OOM_EXIT_CODE)
+        traceback.print_exc()
+        sys.stdout.flush()
+        os._exit(1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

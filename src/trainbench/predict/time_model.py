@@ -1,0 +1,489 @@
+"""Predict a cell's optimizer-step time on any hardware, beside the memory model's memory.
+
+A step is what one GPU (the busiest: the last pipeline stage, which holds the LM head) must do, in
+physical quantities computed from the cell and the hardware table alone (`work`), turned into seconds
+by a handful of efficiency constants fitted on the measured cells (`step_time`, `fit`):
+
+    T = t_loop[framework] + t_engine[ZeRO stage]                  fixed costs per step (loop, engine)
+      + (ga + pp - 1) / ga x (busy + tp_bytes / (e_link x B_link))          micro batches, the bubble
+      + max(0, hidden_bytes / (e_link x B_link) + prefetch_bytes / (e_pcie x B_pcie) - budget x D)
+      + sync_bytes / (e_link x B_link)                              gradient and weight synchronisation
+      + opt_bytes / (e_opt x B_hbm)                                               optimizer on the GPU
+      + offload_bytes / (e_pcie x B_pcie) + params / (threads x r_cpu)            or offloaded to the CPU
+      + node_params / R_host                         the node's CPU optimizers share its host memory
+
+    busy = (H^4 + D^4)^(1/4)      the host queues work while the GPU runs it: the slower sets the pace
+    D = F / (e_mm x peak) + k_elem x elem_bytes / B_hbm                          the device's compute
+    H = t_layer x layer_passes + t_call x calls                                the host's launches
+
+- F, the matmul and attention FLOPs of the step on the GPU: per token 6 x the block parameters of the
+  GPU's shard (tensor parallelism divides them, pipeline stages split the layers) plus 12 L d S / tp
+  for attention (PaLM's count), plus 6 x the head (AutoTP leaves it whole on every tensor-parallel
+  rank; vocabulary-parallel tensor parallelism divides it by tp), and with activation checkpointing
+  the blocks' forward again (2N + 4 L d S per token); times micro batch x sequence x accumulation.
+  peak: the GPU's dense peak at the cell's compute type.
+- elem_bytes: what the blocks read and write outside matmuls (norms, activations, residual adds), in
+  proportion to the tensors a block saves for backward (the memory model's count, per family and
+  dtype) once forward, twice backward, once more when recomputed. This is the term that makes small
+  widths slow: per token it grows like d where the matmuls grow like d^2, so a GPU's efficiency
+  falls with d / tp, at a rate set by its peak over its memory bandwidth.
+- layer_passes: each block's forward and backward per micro batch (3, 4 with recomputation): the
+  kernel launches and Python of a block. calls: framework-level collective calls the host makes: the
+  tensor-parallel all-reduces (2 forward and 2 backward per block and micro batch, 2 more when
+  recomputing, and 2 per micro batch for a vocabulary-parallel embedding and LM head), ZeRO-3's
+  parameter fetches (one per linear layer for forward, backward and recomputation; two calls where
+  the weights are partitioned over several ranks: the bookkeeping and the all-gather) and FSDP's unit
+  gathers. The host's time bounds the small cells (a ZeRO-3 step of GPT-2.5B takes as long at micro
+  batch 4 as at 16); where the GPU's work is longer it hides it.
+- collective bytes per GPU (ring algorithms, n ranks): all-reduce 2(n-1)/n x size, reduce-scatter and
+  all-gather (n-1)/n x size, over NVLink within a node (or PCIe where a GPU has none) and over the
+  network once a group spans nodes. DDP all-reduces the gradients once per step (accumulation skips
+  it), overlapped with the last micro batch's backward; DeepSpeed ZeRO-0 all-reduces them and
+  ZeRO-1/2 reduce-scatter them (ZeRO-2 every micro batch) and all-gather the updated weights after the
+  step, not overlapped (DeepSpeed's overlap_comm is off below stage 3; Lightning turns it on);
+  ZeRO-3 and FSDP all-gather the weights for forward and backward (and recomputation, ZeRO-3) of every
+  micro batch and reduce-scatter the gradients, prefetched behind compute.
+- optimizer: 32 bytes of device memory per parameter a GPU steps (fp32 Adam: weights, gradients and
+  two moments read, three written, the half copy); offloaded (DeepSpeed's CPU Adam, or torch's Adam
+  on the host for FSDP's offload), the partition's gradients cross PCIe down and its half-precision
+  weights up, and the CPU steps the partition with the rank's threads (under fp16, ZeRO-3 also
+  unscales and checks the gradients there). More threads help less than in proportion: Adam on the
+  host streams ~30 bytes per parameter through memory that all the node's ranks share, so the step
+  is the threads' share plus the node's parameters at the rate the host's memory sustains, the one
+  term threads do not shorten (one offloaded cell at 1, 2, 4, 8 and 16 threads: results/bench/threads).
+  Offloaded parameters cross PCIe at every fetch: FSDP's prefetched behind compute like its gathers,
+  ZeRO-Infinity's on the critical path.
+
+The constants (`Constants`) are efficiencies, not properties of a cell: the fraction of peak matmuls
+reach, the passes of elementwise traffic, a block's launch cost, a collective call's cost, the
+fraction of link, PCIe and memory bandwidth collectives, copies and the optimizer reach, the CPU
+optimizer's parameters per second per thread and per host, and the fixed cost per step of each
+training loop and of DeepSpeed's engine at each ZeRO stage. They are fitted by least squares on log
+step time over the measured cells of one GPU type (`fit`; bench/time_model.py reports the error
+leave-one-out). A GPU type without measurements is predicted with the constants of the measured one
+(H200): peaks and bandwidths come from the hardware table, efficiencies are assumed to carry over,
+and the output says so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainbench.registry.frameworks import offloads, strategy_of
+from trainbench.registry.hardware import GpuType, peak_flops
+from trainbench.predict.memory_model import (block_bytes_per_token, eager_score_bytes_per_token, shard_params,
+                                     vocab_parallel)
+from trainbench.registry.models import ModelSpec, get_model
+
+# DeepSpeed's CPU Adam and torch's optimizer threads per rank where a cell does not say (the
+# studies' execution.cpus_per_rank)
+DEFAULT_CPU_THREADS = 8
+# bytes of device memory an Adam step moves per parameter: fp32 weights, gradients and two moments
+# read (16), weights and moments written (12), the half-precision copy written and its gradient read (4)
+OPTIMIZER_BYTES = 32.0
+# linear layers per block, each a ZeRO-3 parameter fetch (norms stay resident: DeepSpeed's
+# stage3_param_persistence_threshold keeps parameters of fewer than 1e5 elements on every rank)
+LINEARS_PER_BLOCK = {"gpt": 4, "llama": 7, "distilbert": 6}
+
+# how sharply the slower of host and device sets a micro batch's pace: (h^p + d^p)^(1/p)
+SHARPNESS = 4.0
+
+CONSTANTS_FILE = Path(__file__).with_name("time_model_constants.json")
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one optimizer step asks of the busiest GPU of a cell, in physical units (seconds at 100% of
+    the hardware's figure, counts): nothing here is fitted."""
+
+    loop: str  # whose training loop drives the step (a fixed cost per step; "" for the DeepSpeed runner's)
+    engine: str  # DeepSpeed's engine, by ZeRO stage ("ZeRO-0", "ZeRO-1/2", "ZeRO-3"; "" without it)
+    matmul_s: float  # FLOPs / peak
+    elementwise_s: float  # bytes a block moves outside matmuls (one pass) / HBM bandwidth
+    layer_passes: float  # block forward/backward passes
+    calls: float  # framework-level collective calls the host makes
+    micro_link_s: float  # tensor- and pipeline-parallel traffic per step, not overlapped / link bandwidth
+    overlapped_link_s: float  # ZeRO-3 / FSDP / DDP traffic that compute can hide / link bandwidth
+    overlapped_pcie_s: float  # FSDP's offloaded parameters' traffic, prefetched / PCIe bandwidth
+    overlap_budget: float  # share of the compute time that can hide it
+    sync_link_s: float  # gradient and weight synchronisation after backward, exposed / link bandwidth
+    optimizer_hbm_s: float  # DeepSpeed's ZeRO optimizer step on the GPU / HBM bandwidth
+    torch_optimizer_hbm_s: float  # or a torch optimizer's (fused AdamW over the module's tensors)
+    offload_pcie_s: float  # offload traffic on the critical path (gradients down, weights up) / PCIe
+    cpu_adam_params: float  # parameters DeepSpeed's CPU Adam steps per thread
+    cpu_torch_params: float  # parameters torch's optimizer steps on the host per thread
+    cpu_unscale_params: float  # fp16 gradients ZeRO-3's offload unscales and checks on the host, per thread
+    cpu_host_params: float  # parameters the host's CPU optimizers step at once, all its ranks together
+    pipeline_factor: float  # (ga + pp - 1) / ga: the pipeline's bubble
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Constants:
+    """The time model's efficiency constants for one GPU type (see the module's formulas)."""
+
+    eta_matmul: float = 0.6  # fraction of peak FLOP/s matmuls and attention reach
+    elementwise_passes: float = 3.0  # elementwise traffic in units of what a block saves for backward
+    layer_pass_s: float = 1e-4  # launch and Python cost of one block's forward or backward
+    call_s: float = 5e-4  # one framework-level collective call, on the host
+    eta_link: float = 0.7  # fraction of NVLink / network bandwidth collectives reach
+    eta_optimizer: float = 0.3  # fraction of HBM bandwidth DeepSpeed's ZeRO optimizer step reaches
+    eta_optimizer_torch: float = 0.3  # the same for a torch optimizer stepping the module's parameters
+    eta_pcie: float = 0.7  # fraction of PCIe bandwidth offload copies reach
+    cpu_adam_per_thread: float = 1e8  # parameters per second per thread, DeepSpeed's CPU Adam
+    cpu_torch_per_thread: float = 2e7  # parameters per second per thread, torch's Adam on the host
+    cpu_unscale_per_thread: float = 1e8  # gradient elements per second per thread, ZeRO-3 offload's checks
+    cpu_host_rate: float = 4e9  # parameters per second the host's memory lets its CPU optimizers step
+    # fixed cost per step of each training loop and of DeepSpeed's engine at each ZeRO stage
+    step_s: dict[str, float] = field(default_factory=lambda: {
+        "torch": 0.005, "lightning": 0.02, "hf_trainer": 0.05, "ZeRO-0": 0.02, "ZeRO-1/2": 0.02,
+        "ZeRO-3": 0.02})
+    gpu: str = "h200"  # the GPU type they were fitted on
+    fitted_on: str = ""  # what they were fitted on (cells, command)
+
+    SCALARS = ("eta_matmul", "elementwise_passes", "layer_pass_s", "call_s", "eta_link", "eta_optimizer",
+               "eta_optimizer_torch",
+               "eta_pcie", "cpu_adam_per_thread", "cpu_torch_per_thread", "cpu_unscale_per_thread",
+               "cpu_host_rate")
+
+    def vector(self) -> np.ndarray:
+        return np.array([getattr(self, k) for k in self.SCALARS] + list(self.step_s.values()))
+
+    def from_vector(self, values) -> Constants:
+        """These constants with new values, in vector()'s order."""
+        values = [float(v) for v in values]
+        return Constants(**dict(zip(self.SCALARS, values)),
+                         step_s=dict(zip(self.step_s, values[len(self.SCALARS):])), gpu=self.gpu,
+                         fitted_on=self.fitted_on)
+
+    def names(self) -> list[str]:
+        return [*self.SCALARS, *(f"step_s[{k}]" for k in self.step_s)]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**{k: getattr(self, k) for k in self.SCALARS}, "step_s": dict(self.step_s), "gpu": self.gpu,
+                "fitted_on": self.fitted_on}
+
+
+def load_constants(path: Path = CONSTANTS_FILE) -> dict[str, Constants]:
+    """The fitted constants by GPU type (bench/time_model.py --write writes them)."""
+    if not path.exists():
+        return {}
+    raw = json.loads(path.read_text())
+    return {gpu: Constants(**values) for gpu, values in raw.items()}
+
+
+def threads_of_run(doc: dict[str, Any]) -> int:
+    """The threads a measured rank's CPU optimizer had: OMP_NUM_THREADS as the ranks ran (provenance).
+    Runs that did not record their environment are older than the fix of b222dfd, and their ranks had
+    the job's threads, which Snakemake exports as OMP_NUM_THREADS and the launcher kept: one per GPU
+    rank on the node (Cell.resources' "threads"). Holdout cells made then recorded exactly that."""
+    environment = (doc.get("provenance") or {}).get("environment")
+    if environment is None:
+        return int((doc.get("params") or {}).get("gpus_per_node") or DEFAULT_CPU_THREADS)
+    try:
+        return int(environment.get("OMP_NUM_THREADS", DEFAULT_CPU_THREADS))
+    except ValueError:
+        return DEFAULT_CPU_THREADS
+
+
+def _spans_nodes(group: int, stride: int, params: dict[str, Any]) -> bool:
+    """Whether a process group of `group` ranks, `stride` apart, has ranks on more than one node
+    (tensor-parallel ranks are adjacent, data-parallel ranks tp x pp apart)."""
+    return group > 1 and group * stride > params["gpus_per_node"] and params["nodes"] > 1
+
+
+def _link_gb_s(gpu: GpuType, crosses_nodes: bool) -> float:
+    return gpu.network_gb_s if crosses_nodes else gpu.peer_gb_s()
+
+
+def work(params: dict[str, Any], gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREADS) -> Work:
+    """The physical work of one optimizer step of a cell on the busiest GPU of `gpu`s."""
+    spec: ModelSpec = get_model(params["model"])
+    strategy = strategy_of(params)
+    layout, stage = strategy.layout, strategy.zero_stage
+    offload_optimizer, offload_param = offloads(params)
+    tp, pp, dp, ga, mb = params["tp"], params["pp"], params["dp"], params["grad_accum"], params["micro_batch"]
+    seq = params["seq_len"] or spec.max_seq
+    ac = bool(params["activation_checkpointing"])
+    mixed = params["precision"] != "fp32"
+    peak = peak_flops(gpu, params["precision"], params["tf32"])
+    if peak is None:
+        raise ValueError(f"{gpu.key} has no {params['precision']} peak")
+    hbm, pcie = gpu.hbm_gb_s * 1e9, gpu.pcie_gb_s * 1e9
+
+    # --- compute, on the busiest GPU (the last stage: its blocks and the head) ---
+    layers = math.ceil(spec.n_layer / pp)
+    d = spec.d_model
+    block = spec.block_params()
+    head = spec.matmul_params(params["head"], params["num_classes"]) - spec.n_layer * block
+    split_vocabulary = vocab_parallel(params)
+    if split_vocabulary:  # the LM head's columns split over the tensor-parallel ranks
+        head /= tp
+    per_token = 6 * block * layers / tp + 12 * layers * d * seq / tp + 6 * head
+    if ac:
+        per_token += 2 * block * layers / tp + 4 * layers * d * seq / tp
+    tokens = mb * seq * ga
+    passes = 3 + ac
+    # eager attention's score matrices are elementwise work too (scale, mask, softmax, casts)
+    saved = block_bytes_per_token(params, spec) + eager_score_bytes_per_token(params, spec)
+    elementwise = tokens * layers * saved * passes
+
+    # --- collectives ---
+    weight_bytes = 2 if mixed else 4
+    psi = shard_params(params, spec)  # parameters of one GPU's model-parallel shard
+    dp_link = _link_gb_s(gpu, _spans_nodes(dp, tp * pp, params)) * 1e9
+    tp_link = _link_gb_s(gpu, _spans_nodes(tp, 1, params)) * 1e9
+    pp_link = _link_gb_s(gpu, params["nodes"] > 1) * 1e9
+    ring = (dp - 1) / dp  # share of a buffer each rank sends in a reduce-scatter or all-gather
+
+    calls = 0.0
+    micro_link = 0.0
+    if tp > 1:
+        # per block 2 all-reduces forward and 2 backward (2 more recomputing); a vocabulary-parallel
+        # embedding all-reduces its output, and the LM head's input gradient is all-reduced
+        reductions = ga * (layers * (4 + 2 * ac) + 2 * split_vocabulary)
+        calls += reductions
+        micro_link += reductions * 2 * (tp - 1) / tp * mb * seq * d * weight_bytes / tp_link
+    if pp > 1:  # activations forward and their gradients backward, into and out of a middle stage
+        micro_link += ga * 2 * 2 * mb * seq * d * weight_bytes / pp_link
+
+    overlapped = sync = 0.0
+    budget = 1.0
+    if layout == "replicated" and dp > 1:  # DDP: one all-reduce of fp32 (autocast) gradients per step
+        overlapped = 2 * ring * 4 * psi / dp_link
+        budget = 2 / 3 / ga  # the last micro batch's backward
+    elif layout == "fsdp" and dp > 1:
+        # weights gathered for forward and backward of every micro batch, gradients reduce-scattered
+        # once (accumulation without synchronisation); torch's FSDP2 reduces in fp32
+        reduce_bytes = 4 if params["framework"] == "torch" else weight_bytes
+        overlapped = (2 * ga * weight_bytes + reduce_bytes) * ring * psi / dp_link
+        calls += (2 * ga + 1) * spec.n_layer
+    elif layout == "zero":
+        grad_bytes = weight_bytes
+        hides = params["overlap_comm"] if params["overlap_comm"] is not None else (
+            stage == 3 or params["framework"] == "lightning")
+        if stage == 0 and dp > 1:
+            traffic = 2 * ring * grad_bytes * psi / dp_link
+        elif stage in (1, 2):
+            reductions = ga if stage == 2 else 1
+            traffic = (reductions * grad_bytes + weight_bytes) * ring * psi / dp_link
+        elif stage == 3:
+            gathers = ga * (2 + ac)
+            traffic = (gathers * weight_bytes + ga * grad_bytes) * ring * psi / dp_link
+            # each fetch is DeepSpeed's bookkeeping of a module's partitioned weights, and where they
+            # are partitioned over more than one rank an all-gather: a second call
+            calls += gathers * (spec.n_layer * LINEARS_PER_BLOCK.get(spec.family, 4) + 1) * (1 + (dp > 1))
+        else:
+            traffic = 0.0
+        if hides:
+            overlapped = traffic
+            budget = 1.0 if stage == 3 else 2 / 3 / ga
+        else:
+            sync = traffic
+
+    # --- optimizer: on the GPU, or offloaded ---
+    sharded = layout == "fsdp" or (layout == "zero" and stage >= 1)
+    stepped = psi / dp if sharded else psi
+    optimizer_hbm = torch_optimizer_hbm = offload_pcie = overlapped_pcie = 0.0
+    cpu_adam = cpu_torch = cpu_unscale = cpu_host = 0.0
+    # the node's ranks step their partitions at the same time, through the same host memory
+    on_host = stepped * params["gpus_per_node"]
+    if layout == "fsdp" and offload_param:
+        # FSDP's CPU offload: fp32 shards on the host, copied in for every gather, gradients copied
+        # out once per step, torch's optimizer on the host
+        overlapped_pcie = 2 * ga * 4 * stepped / pcie
+        offload_pcie = 4 * stepped / pcie
+        cpu_torch = stepped / cpu_threads
+        cpu_host = on_host
+    elif offload_optimizer:
+        reductions = ga if stage in (2, 3) else 1
+        offload_pcie = (reductions * weight_bytes + weight_bytes) * stepped / pcie
+        cpu_adam = stepped / cpu_threads
+        cpu_host = on_host
+        if stage == 3 and params["precision"] == "fp16":
+            # ZeRO-3 unscales the offloaded fp16 gradients and checks them for overflow on the host
+            # (stages 1 and 2 check them on the GPU; bf16 and fp32 have no loss scale)
+            cpu_unscale = stepped / cpu_threads
+        if offload_param:
+            # ZeRO-Infinity copies a module's partition in just before gathering it: on the critical path
+            offload_pcie += ga * (2 + ac) * weight_bytes * stepped / pcie
+    elif layout == "zero":  # DeepSpeed's engine steps flat fp32 partitions, with its casts and checks
+        optimizer_hbm = OPTIMIZER_BYTES * stepped / hbm
+    else:
+        torch_optimizer_hbm = OPTIMIZER_BYTES * stepped / hbm
+
+    return Work(
+        loop="" if params["framework"] == "deepspeed" else params["framework"],
+        engine="" if layout != "zero" else f"ZeRO-{'1/2' if stage in (1, 2) else stage}",
+        matmul_s=tokens * per_token / peak, elementwise_s=elementwise / hbm,
+        layer_passes=ga * layers * passes, calls=calls, micro_link_s=micro_link,
+        overlapped_link_s=overlapped, overlapped_pcie_s=overlapped_pcie, overlap_budget=budget,
+        sync_link_s=sync, optimizer_hbm_s=optimizer_hbm, torch_optimizer_hbm_s=torch_optimizer_hbm,
+        offload_pcie_s=offload_pcie,
+        cpu_adam_params=cpu_adam, cpu_torch_params=cpu_torch, cpu_unscale_params=cpu_unscale,
+        cpu_host_params=cpu_host, pipeline_factor=(ga + pp - 1) / ga)
+
+
+FIELDS = [f for f in Work.__dataclass_fields__ if f not in ("loop", "engine")]
+
+
+def stack(works: list[Work]) -> dict[str, np.ndarray]:
+    """Works as arrays, one entry per cell (for fitting many cells at once)."""
+    arrays = {f: np.array([getattr(w, f) for w in works], dtype=float) for f in FIELDS}
+    arrays["loop"] = np.array([w.loop for w in works])
+    arrays["engine"] = np.array([w.engine for w in works])
+    return arrays
+
+
+def parts(w, c: Constants) -> dict[str, Any]:
+    """Seconds by part of the step (each an array where `w` holds arrays): compute, communication
+    that is not hidden, the optimizer, the framework's fixed cost."""
+    if isinstance(w, dict):
+        step = np.array([c.step_s.get(a, 0.0) + c.step_s.get(b, 0.0) for a, b in zip(w["loop"], w["engine"])])
+    else:
+        step = c.step_s.get(w.loop, 0.0) + c.step_s.get(w.engine, 0.0)
+    g = (lambda k: w[k]) if isinstance(w, dict) else (lambda k: getattr(w, k))
+    device = g("matmul_s") / c.eta_matmul + c.elementwise_passes * g("elementwise_s")
+    host = c.layer_pass_s * g("layer_passes") + c.call_s * g("calls")
+    # the host queues work while the GPU computes: the slower of the two sets the pace
+    busy = (host ** SHARPNESS + device ** SHARPNESS) ** (1 / SHARPNESS)
+    micro = g("pipeline_factor") * (busy + g("micro_link_s") / c.eta_link)
+    hidden_traffic = g("overlapped_link_s") / c.eta_link + g("overlapped_pcie_s") / c.eta_pcie
+    exposed = np.maximum(0.0, hidden_traffic - g("overlap_budget") * device)
+    optimizer = (g("optimizer_hbm_s") / c.eta_optimizer + g("torch_optimizer_hbm_s") / c.eta_optimizer_torch
+                 + g("offload_pcie_s") / c.eta_pcie
+                 + g("cpu_adam_params") / c.cpu_adam_per_thread
+                 + g("cpu_torch_params") / c.cpu_torch_per_thread
+                 + g("cpu_unscale_params") / c.cpu_unscale_per_thread
+                 + g("cpu_host_params") / c.cpu_host_rate)
+    return {"compute": g("pipeline_factor") * busy, "communication": micro - g("pipeline_factor") * busy
+            + exposed + g("sync_link_s") / c.eta_link, "optimizer": optimizer, "framework": step}
+
+
+def step_time(w, c: Constants):
+    """Predicted seconds per optimizer step (an array where `w` holds arrays)."""
+    return sum(parts(w, c).values())
+
+
+@dataclass
+class TimePrediction:
+    """A cell's predicted step time on one GPU type, the rates that follow from it, and its parts."""
+
+    step_time_s: float
+    samples_per_s: float
+    tokens_per_s: float
+    mfu: float | None
+    parts_s: dict[str, float]
+    gpu: str  # the GPU type predicted for
+    constants_gpu: str  # the GPU type whose fitted efficiencies were used
+    note: str | None = None  # set where they are another type's
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"step_time_s": round(self.step_time_s, 6), "samples_per_s": round(self.samples_per_s, 3),
+                "tokens_per_s": round(self.tokens_per_s, 1),
+                "mfu": None if self.mfu is None else round(self.mfu, 4),
+                "parts_s": {k: round(float(v), 6) for k, v in self.parts_s.items()}, "gpu": self.gpu,
+                "constants_gpu": self.constants_gpu, "note": self.note}
+
+
+def constants_for(gpu: GpuType, table: dict[str, Constants] | None = None) -> tuple[Constants, str | None]:
+    """The fitted constants of a GPU type, or, for a type without measurements, those of the first type
+    that has them (H200), with a note saying so; (Constants(), note) if nothing was ever fitted."""
+    table = load_constants() if table is None else table
+    if gpu.key in table:
+        return table[gpu.key], None
+    if table:
+        borrowed = next(iter(table.values()))
+        return borrowed, (f"no {gpu.key} cells measured: efficiencies fitted on {borrowed.gpu}, "
+                          f"with {gpu.key}'s peaks and bandwidths")
+    return Constants(gpu=gpu.key), "no constants fitted: starting values"
+
+
+def predict(params: dict[str, Any], gpu: GpuType | None, constants: Constants | None = None,
+            cpu_threads: int = DEFAULT_CPU_THREADS) -> TimePrediction | None:
+    """A cell's step time, samples/s and MFU on GPUs of type `gpu`; None where the model has nothing to
+    say (CPU ranks, no GPU type, a precision the GPU lacks, a model or strategy it does not know)."""
+    if gpu is None or params.get("device") != "cuda":
+        return None
+    note = None
+    if constants is None:
+        constants, note = constants_for(gpu)
+    try:
+        w = work(params, gpu, cpu_threads)
+        spec = get_model(params["model"])
+    except (KeyError, ValueError):
+        return None
+    parts_s = parts(w, constants)
+    step = float(sum(parts_s.values()))
+    seq = params["seq_len"] or spec.max_seq
+    samples = params["global_batch"] / step
+    peak = peak_flops(gpu, params["precision"], params["tf32"])
+    flops = spec.train_flops_per_token(seq, params["head"], params["num_classes"])
+    mfu = samples * seq * flops / params["gpus"] / peak if peak else None
+    return TimePrediction(step, samples, samples * seq, mfu, {k: float(v) for k, v in parts_s.items()},
+                          gpu.key, constants.gpu, note)
+
+
+# Efficiencies are fractions of a hardware figure: fitted within (0, 1], so that a fit cannot explain a
+# cell by a link faster than the hardware table's
+BOUNDED = ("eta_matmul", "eta_link", "eta_optimizer", "eta_optimizer_torch", "eta_pcie")
+
+
+def _to_free(values: np.ndarray, names: list[str]) -> np.ndarray:
+    """Constants to the unconstrained space the fit moves in: log, or logit of a bounded fraction."""
+    bounded = np.array([n in BOUNDED for n in names])
+    clipped = np.clip(values, 1e-9, 1 - 1e-9)
+    return np.where(bounded, np.log(clipped / (1 - clipped)), np.log(values))
+
+
+def _from_free(x: np.ndarray, names: list[str]) -> np.ndarray:
+    bounded = np.array([n in BOUNDED for n in names])
+    return np.where(bounded, 1 / (1 + np.exp(-x)), np.exp(x))
+
+
+def fit(works: dict[str, np.ndarray], measured_s: np.ndarray, start: Constants | None = None,
+        prior: float = 0.01, iterations: int = 200) -> Constants:
+    """The constants that best predict `measured_s` (seconds per step) from `works` (stack()): least
+    squares on log step time by Levenberg-Marquardt with a numerical Jacobian, every constant positive
+    (fitted as its logarithm) and every efficiency at most 1 (as a logit). `prior` pulls each constant
+    towards `start` with that weight, so that a constant no cell informs (a framework without cells, a
+    CPU optimizer without offload cells) keeps its starting value instead of wandering."""
+    start = start or Constants()
+    names = start.names()
+    x0 = _to_free(start.vector(), names)
+    target = np.log(measured_s)
+
+    def residuals(x):
+        c = start.from_vector(_from_free(x, names))
+        return np.concatenate([np.log(step_time(works, c)) - target, prior * (x - x0)])
+
+    x, r = x0.copy(), residuals(x0)
+    cost, damping = r @ r, 1e-2
+    for _ in range(iterations):
+        jacobian = np.empty((len(r), len(x)))
+        for i in range(len(x)):
+            dx = np.zeros_like(x)
+            dx[i] = 1e-6
+            jacobian[:, i] = (residuals(x + dx) - r) / 1e-6
+        jtj, jtr = jacobian.T @ jacobian, jacobian.T @ r
+        improved = converged = False
+        while damping < 1e10:
+            step = np.linalg.solve(jtj + damping * np.diag(np.diag(jtj) + 1e-9), -jtr)
+            candidate = residuals(x + step)
+            if candidate @ candidate < cost:
+                converged = cost - candidate @ candidate < 1e-10 * cost
+                x, r, cost, improved = x + step, candidate, candidate @ candidate, True
+                damping = max(damping / 3, 1e-9)
+                break
+            damping *= 4
+        if not improved or converged:
+            break
+    return start.from_vector(_from_free(x, names))

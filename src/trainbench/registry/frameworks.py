@@ -1,0 +1,345 @@
+"""The frameworks trainbench runs, and every fact the package knows about each: one Framework per
+runner, registered here in one line. The config schema's choices, the cell checks, `trainbench
+strategies` and `models`, the memory model and the worker all read REGISTRY; no other module names a
+framework or parses a strategy's name.
+
+A framework says how to build its runner (imported only when a cell runs), which model families that
+runner builds, its strategies with their structured attributes (memory layout, ZeRO stage, what they
+offload, whether they split the model), and the few memory constants that belong to it.
+
+Two kinds of answer come out of `check`: a user mistake (offload on DDP, `single` on 4 GPUs), which
+is a config error naming the key; and a fact about the software stack (Lightning has no ColossalAI
+strategy any more), which makes the cell a result of status `unsupported` with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainbench.registry.models import MODELS, ModelSpec
+
+# whether a strategy offloads: never, if the cell asks, itself
+NO, OPTIONAL, ALWAYS = "no", "optional", "always"
+# parameters only some runners read: a cell that sets one for a runner that ignores it is refused
+OPTIONAL_SETTINGS = ("overlap_comm", "dataset_path", "pretrained_path")
+# switches (off by default) only some runners honour: a cell may turn one on only for those
+OPTIONAL_SWITCHES = ("checkpoint_in_cpu",)
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """How a strategy splits a model over its tensor-parallel ranks (tp > 1): what the memory and
+    time models need to know of it. Both put the blocks in Megatron's layout (qkv and the MLP's
+    first layer column-parallel, the output projections row-parallel, the residual stream and the
+    norms whole on every rank)."""
+
+    name: str
+    description: str
+    builds_whole_model: bool  # each GPU first builds every fp32 weight, then splits the blocks
+    vocab_parallel: bool  # the token embedding and the tied LM head split over the vocabulary
+
+
+# DeepSpeed AutoTP: splits a model built whole; the embeddings and the tied LM head stay whole
+AUTOTP = TensorParallel(
+    "autotp", "DeepSpeed AutoTP: the model built whole on each GPU, then its blocks split; embeddings "
+    "and the tied LM head whole on every rank", builds_whole_model=True, vocab_parallel=False)
+# PyTorch DTensor tensor parallel under FSDP2 on a 2-D mesh (trainbench.training.tensor_parallel)
+SHARDED_TP = TensorParallel(
+    "sharded", "PyTorch DTensor tensor parallel on the meta device, each rank building only its "
+    "shard; vocabulary-parallel embedding and LM head (loss_parallel)", builds_whole_model=False,
+    vocab_parallel=True)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    description: str
+    # where model states live: replicated, fsdp (sharded units), zero (ZeRO stages)
+    layout: str = "replicated"
+    zero_stage: int | None = None
+    # NO, OPTIONAL (the cell's offload_optimizer says), ALWAYS (the strategy does)
+    offload_optimizer: str = NO
+    offload_param: str = NO
+    tensor_parallel: TensorParallel | None = None  # accepts tp > 1, split this way
+    pipeline_parallel: bool = False  # accepts pp > 1
+    single_rank: bool = False  # exactly one rank
+    unsupported: str | None = None  # the stack cannot run it at all
+    needs_cuda: str | None = None  # why it cannot run on CPU ranks, if it cannot
+    wrapper: str | None = None  # the class a framework that owns its loop must wrap the model in
+
+
+@dataclass(frozen=True)
+class MemoryFacts:
+    """What the memory model needs to know of a framework beyond its strategies' layouts."""
+
+    host_extra_mib: dict[str, float] = field(default_factory=lambda: {"cpu": 0.0, "cuda": 0.0})  # per rank
+    reduce_bucket_elements: Callable[[ModelSpec], float] = lambda spec: 5e8  # DeepSpeed's default bucket
+    fsdp_accumulates_unsharded: bool = False  # FSDP1 under no_sync keeps every unit's unsharded gradient
+    # FSDP's mixed precision casts the parameters: the whole model computes in half precision, the
+    # residual stream included (no autocast keeping it fp32)
+    fsdp_casts_parameters: bool = False
+    # The loop frees the gradients after each optimizer step (zero_grad(set_to_none=True)): without
+    # accumulation, a replicated model's gradients are made in backward as its activations are freed
+    replicated_gradients_freed: bool = False
+    eager_attention_when_deterministic: bool = False  # deterministic runs use eager attention (s x s scores)
+    # The bytes per element FSDP reduce-scatters gradients in, where its mixed precision reduces in another
+    # dtype than it computes (torch's FSDP2 here: MixedPrecisionPolicy(reduce_dtype=float32)); None: the
+    # compute dtype
+    fsdp_reduce_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Framework:
+    name: str
+    description: str
+    runner: str  # "module:Class", imported when a cell runs
+    families: tuple[str, ...]  # model families its runner builds (others: planning only)
+    strategies: tuple[Strategy, ...]
+    memory: MemoryFacts = MemoryFacts()
+    honours: tuple[str, ...] = ()  # optional parameters its runner reads (others must stay unset)
+    launchers: tuple[str, ...] = ("python", "torchrun")  # how its ranks may start
+
+    def strategy(self, name: str) -> Strategy | None:
+        return next((s for s in self.strategies if s.name == name), None)
+
+
+REGISTRY: dict[str, Framework] = {}  # read it through registry(), which loads the plugins first
+
+
+def register(framework: Framework) -> Framework:
+    REGISTRY[framework.name] = framework
+    return framework
+
+
+def registry() -> dict[str, Framework]:
+    """Every framework: the ones below, and those of the modules TRAINBENCH_PLUGINS names."""
+    _load_plugins()
+    return REGISTRY
+
+
+def framework_of(params: dict[str, Any]) -> Framework:
+    return registry()[params["framework"]]
+
+
+def strategy_of(params: dict[str, Any]) -> Strategy:
+    strategy = framework_of(params).strategy(params["strategy"])
+    if strategy is None:
+        raise KeyError(f"{params['framework']} has no strategy {params['strategy']!r}")
+    return strategy
+
+
+def offloads(params: dict[str, Any]) -> tuple[bool, bool]:
+    """(optimizer offloaded, parameters offloaded): the strategy's own, or the cell's where it may choose."""
+    strategy = strategy_of(params)
+    return ((strategy.offload_optimizer == ALWAYS or (strategy.offload_optimizer == OPTIONAL
+                                                      and bool(params["offload_optimizer"]))),
+            (strategy.offload_param == ALWAYS or (strategy.offload_param == OPTIONAL
+                                                  and bool(params["offload_param"]))))
+
+
+def deepspeed_ops(params: dict[str, Any]) -> tuple[str, ...]:
+    """The DeepSpeed ops a cell's ranks compile or load: CPU Adam, with which every framework here steps
+    an optimizer offloaded from a GPU (ZeRO-Offload takes no other; a CPU cell steps torch's Adam)."""
+    return ("cpu_adam",) if offloads(params)[0] and params["device"] == "cuda" else ()
+
+
+# --- the frameworks ------------------------------------------------------------------------------
+
+_LIGHTNING_CUDA_ONLY = "Lightning's FSDP and DeepSpeed strategies refuse a CPU accelerator"
+_COLOSSALAI = (
+    "Lightning removed its ColossalAI strategy (Lightning-AI/pytorch-lightning#19528, 2024) after the "
+    "external lightning-colossalai package was archived; lightning 2.x has no strategy='colossalai'"
+)
+_HF_FSDP_CUDA_ONLY = ("accelerate runs the Trainer's FSDP only on GPUs; on CPU ranks the Trainer quietly "
+                      "trains with DDP instead")
+ORT_UNSUPPORTED = (
+    "ORTModule needs onnxruntime-training, which is no longer published after 1.19.2, has no build for "
+    "Python 3.12+ or current torch (pytorch/ort#199), and was removed from onnxruntime "
+    "(microsoft/onnxruntime#28058)"
+)
+# deepspeed/runtime/pipe/engine.py asserts this when the pipeline engine starts (checked by a test)
+PIPELINE_ZERO_UNSUPPORTED = ("DeepSpeed's pipeline engine refuses ZeRO stage 2 and 3: "
+                             "'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'")
+
+
+def _lightning_zero(stage: int, offload: bool) -> Strategy:
+    name = f"deepspeed_stage_{stage}" + ("_offload" if offload else "")
+    return Strategy(name, f"Trainer(strategy={name!r})", layout="zero", zero_stage=stage,
+                    offload_optimizer=ALWAYS if offload else NO,
+                    offload_param=ALWAYS if offload and stage == 3 else NO, needs_cuda=_LIGHTNING_CUDA_ONLY)
+
+
+register(Framework(
+    "torch", "plain torch: one process, DistributedDataParallel, or FSDP2 (fully_shard)",
+    "trainbench.training.runners.torch_native:TorchRunner", ("gpt",), (
+        Strategy("single", "one process, no distributed wrapper", single_rank=True),
+        Strategy("ddp", "torch DistributedDataParallel"),
+        Strategy("fsdp", "torch FSDP2 (fully_shard) of every transformer block, then the root; with tp > 1 "
+                 "on a 2-D mesh (data x tensor parallel), the blocks and the vocabulary split by DTensor "
+                 "tensor parallel", layout="fsdp", offload_param=OPTIONAL, tensor_parallel=SHARDED_TP),
+    ),
+    MemoryFacts(fsdp_casts_parameters=True, replicated_gradients_freed=True, fsdp_reduce_bytes=4),
+    honours=("checkpoint_in_cpu",)))
+
+register(Framework(
+    "deepspeed", "the DeepSpeed engine: ZeRO stages 0-3, offload, AutoTP tensor and pipeline parallelism",
+    "trainbench.training.runners.deepspeed_engine:DeepSpeedRunner", ("gpt",), (
+        Strategy("zero0", "DeepSpeed engine, ZeRO disabled (data parallel)", layout="zero", zero_stage=0,
+                 tensor_parallel=AUTOTP, pipeline_parallel=True),
+        Strategy("zero1", "DeepSpeed ZeRO stage 1: optimizer states partitioned", layout="zero", zero_stage=1,
+                 offload_optimizer=OPTIONAL, tensor_parallel=AUTOTP, pipeline_parallel=True),
+        Strategy("zero2", "DeepSpeed ZeRO stage 2: optimizer states and gradients partitioned", layout="zero",
+                 zero_stage=2, offload_optimizer=OPTIONAL, tensor_parallel=AUTOTP, pipeline_parallel=True),
+        Strategy("zero3", "DeepSpeed ZeRO stage 3: optimizer states, gradients and parameters partitioned",
+                 layout="zero", zero_stage=3, offload_optimizer=OPTIONAL, offload_param=OPTIONAL,
+                 tensor_parallel=AUTOTP, pipeline_parallel=True),
+    ),
+    honours=("overlap_comm", "checkpoint_in_cpu"),
+    launchers=("python", "torchrun", "deepspeed")))
+
+register(Framework(
+    "lightning", "Lightning's Trainer with its own strategies (a DistilBERT-sized classifier)",
+    "trainbench.training.runners.lightning_trainer:LightningRunner", ("distilbert",), (
+        Strategy("single", "Trainer(devices=1)", single_rank=True),
+        Strategy("ddp", "Trainer(strategy='ddp')"),
+        Strategy("fsdp", "Trainer(strategy='fsdp')", layout="fsdp", needs_cuda=_LIGHTNING_CUDA_ONLY),
+        _lightning_zero(2, False), _lightning_zero(2, True), _lightning_zero(3, False),
+        _lightning_zero(3, True),
+        Strategy("colossalai", "Trainer(strategy='colossalai')", unsupported=_COLOSSALAI),
+    ),
+    # measured on H200 (900 MiB per rank beyond torch's); 250 on CPU ranks is a guess
+    MemoryFacts(host_extra_mib={"cpu": 250.0, "cuda": 900.0},
+                reduce_bucket_elements=lambda spec: 2e8,  # DeepSpeedStrategy(reduce_bucket_size=2e8)
+                fsdp_accumulates_unsharded=True, eager_attention_when_deterministic=True),
+    honours=("dataset_path", "pretrained_path")))
+
+register(Framework(
+    "hf_trainer", "the Hugging Face Trainer (the Alpaca-style LLaMA fine-tuning recipe)",
+    "trainbench.training.runners.hf_trainer:HfTrainerRunner", ("llama",), (
+        Strategy("ddp", "Hugging Face Trainer, plain data parallel", wrapper="DistributedDataParallel"),
+        Strategy("fsdp", "Trainer fsdp='full_shard auto_wrap' (offload_param adds 'offload')", layout="fsdp",
+                 offload_param=OPTIONAL, needs_cuda=_HF_FSDP_CUDA_ONLY, wrapper="FullyShardedDataParallel"),
+        Strategy("zero3", "Trainer with a DeepSpeed ZeRO-3 config", layout="zero", zero_stage=3,
+                 offload_optimizer=OPTIONAL, offload_param=OPTIONAL, wrapper="DeepSpeedEngine"),
+    ),
+    # measured in tests on CPU ranks (70 MiB); on GPUs taken from Lightning's
+    MemoryFacts(host_extra_mib={"cpu": 70.0, "cuda": 900.0},
+                reduce_bucket_elements=lambda spec: float(spec.d_model ** 2),  # the Trainer's "auto"
+                fsdp_accumulates_unsharded=True)))
+
+
+# --- what the registry says about a cell ---------------------------------------------------------
+
+def _offload_where(params: dict[str, Any], key: str) -> str:
+    """Which strategies of the cell's framework take `key` (for the error message)."""
+    choosers = [s.name for s in framework_of(params).strategies if getattr(s, key) == OPTIONAL]
+    builtin = [s.name for s in framework_of(params).strategies if getattr(s, key) == ALWAYS]
+    if choosers:
+        return f"{params['framework']} strategies {', '.join(choosers)}"
+    if builtin:
+        return (f"none of {params['framework']}'s strategies as a setting: {', '.join(builtin)} offload "
+                "by themselves")
+    return f"no {params['framework']} strategy"
+
+
+def check(params: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
+    """Check one cell's framework and strategy keys.
+
+    Returns (errors, unsupported_reason): errors are (key, message) pairs for user mistakes.
+    """
+    errors: list[tuple[str, str]] = []
+    framework, name = registry().get(params["framework"]), params["strategy"]
+    if framework is None:
+        return [("framework",
+                 f"{params['framework']!r} is not a framework; known: {', '.join(registry())}")], None
+    strategy = framework.strategy(name)
+    if strategy is None:
+        errors.append(("strategy", f"{name!r} is not a {framework.name} strategy; allowed: "
+                                   f"{', '.join(s.name for s in framework.strategies)}"))
+        return errors, None
+
+    if strategy.single_rank and (params["gpus"] != 1 or params["nodes"] != 1):
+        errors.append(("gpus", f"strategy {name!r} runs one rank: gpus and nodes must be 1, "
+                               f"not gpus={params['gpus']}, nodes={params['nodes']}"))
+    for key in ("offload_optimizer", "offload_param"):
+        if params[key] and getattr(strategy, key) != OPTIONAL:
+            errors.append((key, f"means nothing for {framework.name} strategy {name!r}; it applies to "
+                                f"{_offload_where(params, key)}"))
+    for key, kind, has in (("tp", "tensor", lambda s: s.tensor_parallel is not None),
+                           ("pp", "pipeline", lambda s: s.pipeline_parallel)):
+        if params[key] > 1 and not has(strategy):
+            splitters = [f"{f.name} {s.name}" for f in registry().values() for s in f.strategies if has(s)]
+            errors.append((key, f"{framework.name} strategy {name!r} has no {kind} parallelism; "
+                                f"strategies with it: {', '.join(splitters)}"))
+    if params["tp"] > 1 and params["model"] in MODELS:
+        spec = MODELS[params["model"]]
+        if spec.n_head % params["tp"] or spec.ffn % params["tp"]:
+            errors.append(("tp", "tensor parallelism splits heads and the MLP across ranks: "
+                                 f"tp={params['tp']} "
+                                 f"must divide {spec.name}'s {spec.n_head} heads and MLP width {spec.ffn}"))
+    if params["pp"] > 1 and params["model"] in MODELS and params["pp"] > MODELS[params["model"]].n_layer:
+        errors.append(("pp", f"pp={params['pp']} stages need at least as many layers; "
+                             f"{params['model']} has {MODELS[params['model']].n_layer}"))
+    for key in (*OPTIONAL_SETTINGS, *OPTIONAL_SWITCHES):
+        given = bool(params[key]) if key in OPTIONAL_SWITCHES else params[key] is not None
+        if given and key not in framework.honours:
+            readers = [f.name for f in registry().values() if key in f.honours]
+            errors.append((key, f"the {framework.name} runner does not read it (those that do: "
+                                f"{', '.join(readers) or 'none'}); leave it "
+                                f"{'off' if key in OPTIONAL_SWITCHES else 'null'}"))
+    if params["launcher"] not in ("auto", *framework.launchers):
+        errors.append(("launcher", f"{params['launcher']!r} does not start {framework.name} runs; "
+                                   f"allowed: {', '.join(framework.launchers)}"))
+    if params["launcher"] == "python" and params["gpus"] > 1:
+        errors.append(("launcher", f"'python' starts one process; this cell has {params['gpus']} ranks"))
+
+    if strategy.unsupported:
+        return errors, strategy.unsupported
+    if params["pp"] > 1 and (strategy.zero_stage or 0) >= 2:
+        return errors, PIPELINE_ZERO_UNSUPPORTED
+    if strategy.needs_cuda and params["device"] == "cpu":
+        return errors, strategy.needs_cuda
+    if params["ort"]:
+        return errors, ORT_UNSUPPORTED
+    return errors, None
+
+
+def not_implemented(params: dict[str, Any]) -> str | None:
+    """Why this version cannot run the cell although the stack could; None if it can."""
+    if params["pp"] > 1 and params["tp"] > 1:
+        return "pipeline and tensor parallelism together have no runner in this version"
+    if params["pp"] > 1 and params["checkpoint_in_cpu"]:
+        return ("the pipeline engine checkpoints its stages itself: checkpoint_in_cpu has no runner for it "
+                "in this version")
+    family = MODELS[params["model"]].family
+    if family not in framework_of(params).families:
+        return (f"{params['framework']} cannot build model family {family!r} ({params['model']}) "
+                "in this version")
+    return None
+
+
+# --- frameworks of one's own ---------------------------------------------------------------------
+# TRAINBENCH_PLUGINS names modules (comma-separated, importable) that register frameworks of their own
+# with `register(Framework(...))`: they load wherever trainbench reads the registry (the workflow, the
+# CLI, every rank), so a framework needs no change to this package. Loaded on first use, not at
+# import: a plugin's runner may import trainbench's runners, which import this module.
+PLUGINS_ENV = "TRAINBENCH_PLUGINS"
+_plugins_loaded: set[str] = set()
+_plugins_named: str | None = None  # the variable's value when its modules were last loaded
+
+
+def _load_plugins() -> None:
+    import importlib
+    import os
+
+    global _plugins_named
+    named = os.environ.get(PLUGINS_ENV, "")
+    if named == _plugins_named:  # every cell of a grid reads the registry: loaded once per value
+        return
+    for module in filter(None, (m.strip() for m in named.split(","))):
+        if module not in _plugins_loaded:
+            _plugins_loaded.add(module)
+            importlib.import_module(module)
+    _plugins_named = named

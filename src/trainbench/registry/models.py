@@ -1,0 +1,145 @@
+"""Model registry: architecture shapes by name, their parameter counts and training FLOPs.
+
+The registry knows shapes only; `trainbench.training.gpt` (and later other builders) turn a spec into a module.
+Counting is analytic so that the memory model and MFU work for models that were never built here
+(a 180B model on a laptop).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    family: str  # "gpt" (GPT-2 layout), "llama", "distilbert"
+    n_layer: int
+    d_model: int
+    n_head: int
+    vocab_size: int
+    max_seq: int
+    ffn_hidden: int = 0  # 0: 4 x d_model
+    tied_embeddings: bool = True
+    learned_positions: bool = True
+    causal: bool = True
+    block_class: str = "Block"  # the repeated layer: unit of FSDP wrapping and checkpointing
+    attention_dropout: float = 0.0  # dropout on the attention probabilities (Hugging Face DistilBERT's 0.1)
+    # whether eager attention computes its softmax in fp32 whatever the model's dtype (trainbench's GPT
+    # and Hugging Face's LLaMA do; DistilBERT's follows the dtype: fp32 under autocast, half under DeepSpeed)
+    softmax_fp32: bool = True
+    note: str = ""
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden or 4 * self.d_model
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    def block_params(self) -> int:
+        d, f = self.d_model, self.ffn
+        if self.family == "llama":
+            # q, k, v, o without bias; gated MLP (gate, up, down); two RMSNorm weights
+            return 4 * d * d + 3 * d * f + 2 * d
+        # GPT-2 and DistilBERT: qkv and out projections and a 2-layer MLP, all with bias; two LayerNorms
+        return 4 * d * d + 4 * d + 2 * d * f + f + d + 4 * d
+
+    def block_whole_params(self) -> int:
+        """Parameters of a block that tensor parallelism in Megatron's layout leaves whole on every rank:
+        the norms, and the biases of the row-parallel output projections (added after their all-reduce)."""
+        if self.family == "llama":
+            return 2 * self.d_model  # two RMSNorm weights; no biases
+        return 6 * self.d_model  # two LayerNorms (weight and bias), the two output projections' biases
+
+    def largest_param(self) -> int:
+        """Elements of the model's largest single parameter (token embedding, qkv or MLP weight)."""
+        qkv = 3 * self.d_model * self.d_model
+        return max(self.vocab_size * self.d_model, self.d_model * self.ffn, qkv)
+
+    def embedding_params(self) -> int:
+        tokens = self.vocab_size * self.d_model
+        positions = self.max_seq * self.d_model if self.learned_positions else 0
+        return tokens + positions
+
+    def with_vocab_multiple(self, multiple: int) -> ModelSpec:
+        """The model as built with its token embedding padded to a multiple of `multiple` rows (the
+        `vocab_multiple` parameter); FLOPs and data stay the model's own."""
+        return dataclasses.replace(self, vocab_size=-(-self.vocab_size // multiple) * multiple)
+
+    def param_count(self, head: str = "lm", num_classes: int = 2) -> int:
+        final_norm = self.d_model if self.family == "llama" else 2 * self.d_model
+        total = self.embedding_params() + self.n_layer * self.block_params() + final_norm
+        return total + self.head_params(head, num_classes)
+
+    def head_params(self, head: str = "lm", num_classes: int = 2) -> int:
+        if head == "classifier":
+            # Hugging Face's DistilBERT classifier has a hidden layer before the output layer
+            hidden = self.d_model * self.d_model + self.d_model if self.family == "distilbert" else 0
+            return hidden + self.d_model * num_classes + num_classes
+        return 0 if self.tied_embeddings else self.vocab_size * self.d_model
+
+    def matmul_params(self, head: str = "lm", num_classes: int = 2) -> int:
+        """Parameters that take part in a matmul per token: the N of 6N FLOPs per token.
+
+        Embedding lookups cost no FLOPs; a tied embedding still does the LM head's matmul.
+        """
+        blocks = self.n_layer * self.block_params()
+        if head == "classifier":
+            hidden = self.d_model * self.d_model if self.family == "distilbert" else 0
+            return blocks + hidden + self.d_model * num_classes
+        return blocks + self.vocab_size * self.d_model
+
+    def train_flops_per_token(self, seq_len: int, head: str = "lm", num_classes: int = 2) -> float:
+        """Model FLOPs of forward + backward per token (PaLM appendix B; nanoGPT estimate_mfu).
+
+        6N for the weight matmuls plus 12 L H Q T for attention scores and values. Recomputation
+        under activation checkpointing is not counted: this is model FLOPs, the numerator of MFU.
+        """
+        attention = 12 * self.n_layer * self.n_head * self.head_dim * seq_len
+        return 6 * self.matmul_params(head, num_classes) + attention
+
+
+def _gpt(name, n_layer, d_model, n_head, vocab=50257, max_seq=1024, **kw) -> ModelSpec:
+    return ModelSpec(name, "gpt", n_layer, d_model, n_head, vocab, max_seq, **kw)
+
+
+def _llama(name, n_layer, d_model, n_head, ffn, vocab=32000, max_seq=2048, **kw) -> ModelSpec:
+    return ModelSpec(name, "llama", n_layer, d_model, n_head, vocab, max_seq, ffn_hidden=ffn,
+                     tied_embeddings=False, learned_positions=False, block_class="LlamaDecoderLayer", **kw)
+
+
+MODELS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in (
+        _gpt("gpt2-tiny", 2, 64, 2, vocab=512, max_seq=128, note="CPU tests and the smoke study"),
+        _gpt("gpt2-small-cpu", 4, 128, 4, vocab=2048, max_seq=256,
+             note="a CPU study that still has some work"),
+        _gpt("gpt2-124m", 12, 768, 12, note="GPT-2 small"),
+        _gpt("gpt2-350m", 24, 1024, 16, note="GPT-2 medium"),
+        _gpt("gpt-345m", 24, 1024, 16, vocab=50304, note="Megatron GPT-345M"),
+        _gpt("gpt-2.5b", 48, 2048, 16, vocab=50304, note="Megatron GPT-2.5B"),
+        _gpt("gpt-5.8b", 72, 2560, 32, vocab=50304, note="Megatron GPT-5.8B"),
+        _gpt("bert-180b", 96, 12288, 96, vocab=30522, max_seq=2048, causal=False,
+             note="Megatron-DeepSpeed BERT-style ~180B (zero3_pipeline study)"),
+        _gpt("bert-180b-l4", 4, 12288, 96, vocab=30522, max_seq=2048, causal=False,
+             note="bert-180b layer shapes, 4 layers: the scaled-down runnable version"),
+        _llama("llama-tiny", 2, 64, 4, 172, vocab=512, max_seq=128, note="LLaMA layout for CPU tests"),
+        _llama("llama-7b", 32, 4096, 32, 11008),
+        _llama("llama-13b", 40, 5120, 40, 13824),
+        _llama("llama-30b", 60, 6656, 52, 17920),
+        _llama("llama-65b", 80, 8192, 64, 22016),
+        ModelSpec("distilbert-base", "distilbert", 6, 768, 12, 30522, 512, causal=False,
+                  block_class="TransformerBlock", attention_dropout=0.1, softmax_fp32=False,
+                  note="DistilBERT-base sized classifier"),
+        ModelSpec("distilbert-tiny", "distilbert", 2, 64, 2, 2048, 128, causal=False,
+                  block_class="TransformerBlock", attention_dropout=0.1, softmax_fp32=False,
+                  note="DistilBERT layout for CPU tests"),
+    )
+}
+
+
+def get_model(name: str) -> ModelSpec:
+    return MODELS[name]

@@ -1,0 +1,247 @@
+"""Compare two result trees cell by cell: did a rerun reproduce what was published, and did anything
+change beyond the noise?
+
+Cells are matched by study and cell id (the metrics.json under `<root>/<study>/<cell>/`). For each
+cell that ran in both with the same parameters (a cell rerun with other parameters is not a repeat,
+and says so; an emulated rank is never a repeat of a real run), every figure a table reports changes
+by some percent. A change is *significant*:
+
+- for timed figures (step time, samples/s), when the two runs' 95% intervals do not overlap and the
+  change is at least `min_change` (the measurement's own target precision: a difference smaller than
+  what a cell is timed to is not a claim it supports); where either run has no interval (too few
+  windows), it cannot be judged and says so;
+- for memory (the busiest GPU's NVML peak, torch's peak allocation, the host's peak), which repeats
+  exactly run to run, when it is at least `min_change`.
+
+A gate (`fail_on`, e.g. slower by 5% or memory up by 5%) fails the comparison when a significant
+change goes the wrong way by more than its tolerance, so a reviewer or a CI job can stop on it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from trainbench.errors import UsageError
+from trainbench.execute.results import InvalidResult, read_result
+
+
+def _busiest(values) -> float | None:
+    return max(values or [0]) or None
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    read: Callable[[dict], float | None]
+    interval_key: str | None  # where its 95% interval is, for timed figures
+    higher_is_worse: bool
+    kind: str  # "time" or "memory": what a gate's tolerance names
+
+
+FIGURES = (
+    Figure("step_time_s", lambda m: m.get("step_time_s"), "step_time_s_ci", True, "time"),
+    Figure("samples_per_s", lambda m: m.get("samples_per_s"), "samples_per_s_ci", False, "time"),
+    Figure("gpu_mem_used_mib", lambda m: _busiest(m.get("gpu_mem_used_mib")), None, True, "memory"),
+    Figure("torch_peak_allocated_mib", lambda m: _busiest(m.get("torch_peak_allocated_mib")), None, True,
+           "memory"),
+    Figure("host_mem_peak_mib", lambda m: m.get("host_mem_peak_mib"), None, True, "memory"),
+)
+FIGURE_NAMES = [f.name for f in FIGURES]
+
+
+@dataclass
+class Change:
+    figure: str
+    first: float
+    second: float
+    pct: float
+    first_ci: list[float] | None = None
+    second_ci: list[float] | None = None
+    significant: bool | None = None  # None: a timed figure without an interval on one side
+
+    @property
+    def worse(self) -> bool:
+        figure = next(f for f in FIGURES if f.name == self.figure)
+        return (self.pct > 0) == figure.higher_is_worse and self.pct != 0
+
+
+@dataclass
+class CellComparison:
+    study: str
+    cell_id: str
+    status: tuple[str, str]
+    same_params: bool
+    changes: dict[str, Change] = field(default_factory=dict)
+
+    @property
+    def change_pct(self) -> dict[str, float | None]:
+        return {name: (self.changes[name].pct if name in self.changes else None) for name in FIGURE_NAMES}
+
+    @property
+    def repeated(self) -> bool:
+        return self.same_params and self.status == ("ok", "ok")
+
+
+@dataclass
+class Comparison:
+    cells: list[CellComparison]
+    only_in_first: list[str]
+    only_in_second: list[str]
+    min_change: float
+
+    def spread(self, figure: str) -> list[float]:
+        """|relative change| in percent of one figure over the repeated cells that ran in both."""
+        return [abs(c.changes[figure].pct) for c in self.cells if c.repeated and figure in c.changes]
+
+    def significant(self) -> list[tuple[CellComparison, Change]]:
+        return [(c, ch) for c in self.cells if c.repeated for ch in c.changes.values() if ch.significant]
+
+
+def shorten(text: str, width: int) -> str:
+    """A cell id within a column, keeping its end (where a probe's /mb~<k> is)."""
+    return text if len(text) <= width else text[:width - 12] + "…" + text[-11:]
+
+
+def _metrics_docs(root: Path, patterns: list[str]) -> dict[str, dict]:
+    docs = {}
+    for path in sorted(root.glob("*/*/metrics.json")):
+        key = f"{path.parent.parent.name}/{path.parent.name}"
+        if not patterns or any(fnmatch.fnmatchcase(key, p) or fnmatch.fnmatchcase(path.parent.parent.name, p)
+                               for p in patterns):
+            try:
+                docs[key] = read_result(path)
+            except InvalidResult as error:
+                raise UsageError(str(error)) from None
+    return docs
+
+
+def _overlap(a: list[float], b: list[float]) -> bool:
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
+def _change(figure: Figure, old: dict, new: dict, min_change: float) -> Change | None:
+    x, y = figure.read(old), figure.read(new)
+    if not x or y is None:
+        return None
+    change = Change(figure.name, x, y, 100.0 * (y - x) / x)
+    large = change.pct != 0 and abs(change.pct) >= 100 * min_change
+    if figure.interval_key is None:
+        change.significant = large
+        return change
+    change.first_ci, change.second_ci = old.get(figure.interval_key), new.get(figure.interval_key)
+    if change.first_ci and change.second_ci:
+        change.significant = large and not _overlap(change.first_ci, change.second_ci)
+    return change
+
+
+def compare(first: Path, second: Path, *, min_change: float = 0.02, patterns: list[str] = ()) -> Comparison:
+    a, b = _metrics_docs(first, list(patterns)), _metrics_docs(second, list(patterns))
+    cells = []
+    for key in sorted(a.keys() & b.keys()):
+        old, new = a[key], b[key]
+        # an emulated rank is never set against a real one (their parameters differ in `emulate` too)
+        row = CellComparison(old["study"], old["cell_id"], (old["status"], new["status"]),
+                             old.get("params_hash") == new.get("params_hash")
+                             and bool(old.get("emulation")) == bool(new.get("emulation")))
+        if row.repeated:
+            for figure in FIGURES:
+                change = _change(figure, old["metrics"], new["metrics"], min_change)
+                if change is not None:
+                    row.changes[figure.name] = change
+        cells.append(row)
+    return Comparison(cells, sorted(a.keys() - b.keys()), sorted(b.keys() - a.keys()), min_change)
+
+
+def parse_gate(text: str) -> dict[str, float]:
+    """`slower:5%,memory:5%` -> {"time": 0.05, "memory": 0.05}."""
+    kinds = {"slower": "time", "time": "time", "memory": "memory", "heavier": "memory"}
+    gate = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.partition(":")
+        if name not in kinds or not value:
+            raise UsageError(f"--fail-on {text!r}: expected e.g. 'slower:5%,memory:5%' "
+                             "(names: slower, memory)")
+        try:
+            gate[kinds[name]] = float(value.rstrip("%")) / (100 if value.endswith("%") else 1)
+        except ValueError:
+            raise UsageError(f"--fail-on {text!r}: {value!r} is not a number or a percentage") from None
+    return gate
+
+
+def gate_failures(comparison: Comparison, gate: dict[str, float]) -> list[tuple[CellComparison, Change]]:
+    """Significant changes for the worse beyond the gate's tolerance for their kind."""
+    kind = {f.name: f.kind for f in FIGURES}
+    return [(c, ch) for c, ch in comparison.significant()
+            if ch.worse and kind[ch.figure] in gate and abs(ch.pct) > 100 * gate[kind[ch.figure]]]
+
+
+def _cell_text(change: Change | None) -> str:
+    if change is None:
+        return "-"
+    mark = {True: "*", False: "", None: "?"}[change.significant]
+    return f"{change.pct:+.1f}%{mark}"
+
+
+def report(comparison: Comparison, first: Path, second: Path, failures: list | None = None) -> str:
+    """People's reading: the significant changes first, then every cell, then each figure's spread."""
+    repeated = [c for c in comparison.cells if c.repeated]
+    significant = comparison.significant()
+    lines = [f"{first} -> {second}: {len(comparison.cells)} cells in both, {len(repeated)} repeated "
+             f"(same parameters, ok in both)",
+             f"significant: the 95% intervals do not overlap and the change is at least "
+             f"{comparison.min_change:.0%} (memory: at least {comparison.min_change:.0%})", ""]
+    if significant:
+        lines.append(f"{len(significant)} significant change(s):")
+        for cell, change in significant:
+            lines.append(f"  {shorten(f'{cell.study}/{cell.cell_id}', 70):<70} {change.figure:<25} "
+                         f"{change.first:,.4g} -> {change.second:,.4g} ({change.pct:+.1f}%)")
+    else:
+        lines.append("no significant change")
+    if failures is not None:
+        cells = sorted({f"{c.study}/{c.cell_id}" for c, _ in failures})
+        lines.append(f"gate failed: {len(cells)} cell(s) significantly worse beyond the tolerance: "
+                     + ", ".join(f"{shorten(f'{c.study}/{c.cell_id}', 70)} {ch.figure} {ch.pct:+.1f}%"
+                                 for c, ch in failures) if failures else "gate: passed")
+    lines += ["", f"{'cell':<70} " + " ".join(f"{n[:16]:>16}" for n in FIGURE_NAMES)]
+    for c in comparison.cells:
+        label = shorten(f"{c.study}/{c.cell_id}", 70)
+        if not c.same_params:
+            lines.append(f"{label:<70} parameters differ: not a repeat")
+        elif not c.repeated:
+            lines.append(f"{label:<70} status {c.status[0]} -> {c.status[1]}")
+        else:
+            lines.append(f"{label:<70} "
+                         + " ".join(f"{_cell_text(c.changes.get(n)):>16}" for n in FIGURE_NAMES))
+    lines += ["", "(* significant; ? no interval to judge by: too few timed windows in one run)", ""]
+    for name in FIGURE_NAMES:
+        spread = comparison.spread(name)
+        if spread:
+            judged = [c for c in repeated if name in c.changes and c.changes[name].significant is not None]
+            quiet = sum(1 for c in judged if not c.changes[name].significant)
+            lines.append(f"{name}: {len(spread)} cells, median |change| {statistics.median(spread):.1f}%, "
+                         f"largest {max(spread):.1f}%; no significant change in {quiet} of "
+                         f"{len(judged)} judged")
+    if comparison.only_in_first or comparison.only_in_second:
+        lines.append(f"only in {first}: {len(comparison.only_in_first)} cells; "
+                     f"only in {second}: {len(comparison.only_in_second)} cells")
+    return "\n".join(lines)
+
+
+def as_json(comparison: Comparison, failures: list | None = None) -> dict:
+    """Machines' reading: every cell with every change, the significant ones, the gate's verdict."""
+    return {
+        "min_change": comparison.min_change,
+        "cells": [{"study": c.study, "cell_id": c.cell_id, "status": list(c.status),
+                   "same_params": c.same_params,
+                   "changes": {name: asdict(change) for name, change in c.changes.items()}}
+                  for c in comparison.cells],
+        "significant": [{"cell": f"{c.study}/{c.cell_id}", **asdict(ch)}
+                        for c, ch in comparison.significant()],
+        "gate_failures": None if failures is None else [{"cell": f"{c.study}/{c.cell_id}", **asdict(ch)}
+                                                       for c, ch in failures],
+        "only_in_first": comparison.only_in_first, "only_in_second": comparison.only_in_second,
+    }

@@ -1,0 +1,163 @@
+"""Rerun decisions that hold without Snakemake's metadata (a fresh clone of published results).
+
+Snakemake reruns a job when its params or its set of inputs changed only if it recorded them
+(.snakemake/metadata, which a clone lacks). Without them it compares file times alone, and an
+existing table newer than every cell file present counts as up to date even when cells are
+missing: their jobs are pruned. So each study keeps a grid stamp, results/.grid/<study>.json,
+mapping its cell ids to their parameter hashes:
+
+- it is rewritten (at workflow parse time) only when that mapping changes, so reordering
+  config.yaml or editing execution settings leaves it alone;
+- the study's table and plots take it as an input: a changed grid makes them rerun, and with them
+  every missing cell they read;
+- every cell takes the stamp as an input: as it is when the cell's metrics.json records other
+  parameters than config.yaml now gives (stale), so the cell reruns; marked ancient() otherwise, so
+  its time never matters. The input set stays the same either way, which Snakemake's own
+  "input changed" trigger needs to stay quiet.
+
+Results cloned from git all get checkout times; decisions here read file contents, not times,
+except that a stale cell's stamp is made newer than its result.
+
+Every plan reads what each result says (is it a result? which parameters made it?), so each file is
+read, and checked against the schema, once per version of it: the verdicts are kept in
+.snakemake/trainbench/checked/<study>.json by the file's size and modification time, and a plan of a
+measured grid costs a stat per result (a study of 10,000 results: 5 s of schema checks in every
+Snakemake run before). A result changed in any way (rewritten, edited, checked out) is read again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from trainbench.study.grid import Cell, Study
+from trainbench.paths import GRID_STAMP, RESULTS_CHECKED, RUNS, path
+from trainbench.execute.results import (SCHEMA_VERSION, InvalidResult, metrics_json_schema, read_result,
+                                result_problem, why_invalid, write_json_atomic)
+
+def stamp_path(study: str) -> str:
+    return path(GRID_STAMP, study=study)
+
+
+def refresh_stamp(study: Study, root: Path | str = ".") -> Path:
+    """Write the study's grid stamp if the mapping of cell ids to parameter hashes changed."""
+    path = Path(root) / stamp_path(study.name)
+    grid = {cell.cell_id: cell.params_hash for cell in study.cells}
+    try:
+        if json.loads(path.read_text()) == grid:
+            return path
+    except (OSError, ValueError):
+        pass
+    write_json_atomic(path, grid)
+    return path
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What one result file was found to be: why it is not a result (None if it is one), and the
+    parameters' hash it records."""
+    problem: str | None
+    params_hash: str | None
+
+
+@cache
+def checker_version() -> str:
+    """Verdicts hold for the checks that made them: the schema version and the schema itself."""
+    schema = json.dumps(metrics_json_schema(), sort_keys=True, default=str)
+    return f"{SCHEMA_VERSION}-{hashlib.sha256(schema.encode()).hexdigest()[:16]}"
+
+
+def check_result(target: Path) -> Checked:
+    try:
+        doc = read_result(target)
+    except InvalidResult as error:
+        return Checked(why_invalid(error), None)
+    return Checked(None, doc.get("params_hash"))
+
+
+def checked_results(study: Study, root: Path | str = ".") -> dict[str, Checked]:
+    """Each of the study's cells that has a result file, by id, in grid order: what its file is. A file
+    is read only if it changed since the last plan read it (size or modification time); the verdicts
+    are kept for the next plan."""
+    verdicts_path = Path(root) / path(RESULTS_CHECKED, study=study.name)
+    try:
+        kept = json.loads(verdicts_path.read_text())
+        verdicts = kept["verdicts"] if kept.get("checker") == checker_version() else {}
+    except (OSError, ValueError, AttributeError, KeyError):
+        verdicts = {}
+    found, now = {}, {}
+    for cell in cells_with_a_folder(study, root):
+        target = Path(root) / cell.target
+        try:
+            stat = target.stat()
+        except FileNotFoundError:  # a folder without a result (a cell that never finished)
+            continue
+        version = [stat.st_mtime_ns, stat.st_size]
+        seen = verdicts.get(cell.cell_id)
+        if seen and seen[:2] == version:
+            found[cell.cell_id] = Checked(seen[2], seen[3])
+        else:
+            found[cell.cell_id] = check_result(target)
+        now[cell.cell_id] = [*version, found[cell.cell_id].problem, found[cell.cell_id].params_hash]
+    if now != verdicts:
+        try:
+            write_json_atomic(verdicts_path, {"checker": checker_version(), "verdicts": now})
+        except OSError:
+            pass  # a read-only checkout plans as before, reading every result each time
+    return found
+
+
+def prepare(study: Study, root: Path | str = ".") -> set[str]:
+    """Refresh the study's stamp, set invalid results aside (they run again); return the ids of its
+    stale cells, after making sure the stamp is newer than each of their results."""
+    stamp = refresh_stamp(study, root)
+    results = checked_results(study, root)
+    invalid = {cell_id: checked.problem for cell_id, checked in results.items() if checked.problem}
+    for cell_id, problem in invalid.items():
+        set_aside(Path(root) / study.cell(cell_id).target, problem)
+    stale = {cell_id for cell_id, checked in results.items()
+             if not checked.problem and checked.params_hash != study.cell(cell_id).params_hash}
+    newest = max((os.stat(Path(root) / study.cell(i).target).st_mtime for i in stale), default=None)
+    if invalid or (newest is not None and stamp.stat().st_mtime <= newest):
+        os.utime(stamp)  # without Snakemake's metadata, a newer stamp is what reruns the table
+    return stale
+
+
+def cells_with_a_folder(study: Study, root: Path | str = ".") -> list[Cell]:
+    """The study's cells that have a folder under its results, in grid order: those that may have a
+    result. The folder is listed once, so a grid of many cells without results costs one listing,
+    not a file check per cell."""
+    try:
+        folders = {entry.name for entry in os.scandir(Path(root) / path(RUNS, study=study.name))
+                   if entry.is_dir()}
+    except FileNotFoundError:
+        return []
+    # a cell's result lies in the folder named by its id (paths.RUN)
+    return [cell for cell in study.cells if cell.cell_id in folders]
+
+
+def _to_stderr(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+def set_aside_invalid(path: Path | str, say=_to_stderr) -> bool:
+    """A result file that is not a valid result (truncated, edited, of another shape) is moved aside
+    to <name>.invalid, with a word: the job that makes it then runs again (Snakemake sees it missing),
+    and what was there is kept for a look. True if it was moved."""
+    path = Path(path)
+    problem = result_problem(path) if path.exists() else None
+    if problem:
+        set_aside(path, problem, say)
+    return bool(problem)
+
+
+def set_aside(path: Path, problem: str, say=_to_stderr) -> None:
+    """Move a result found invalid (`problem`, why) aside to <name>.invalid."""
+    aside = path.with_name(path.name + ".invalid")
+    os.replace(path, aside)
+    say(f"trainbench: {path} is not a valid result ({problem}); moved to {aside.name}, it will be made again")

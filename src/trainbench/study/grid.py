@@ -1,0 +1,434 @@
+"""Expand a study's declarative grid into cells, each with a stable id and a canonical parameter string.
+
+A cell's id is made of the keys the study varies (its axes, and the keys of its `include` entry), in
+the parameter table's order: `strategy~zero2__offload_optimizer~true`. Fixed settings stay out of the
+id, so editing one reruns the same cells (their parameters changed) rather than creating new ones.
+The canonical string (JSON with sorted keys) is what the Snakemake rule receives as a param: it
+changes exactly when the cell's own parameters change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from dataclasses import dataclass, field, replace
+from functools import cached_property, lru_cache
+from typing import Any, Iterable
+
+from trainbench.registry import frameworks
+from trainbench import paths
+from trainbench.errors import ConfigError
+from trainbench.registry.models import MODELS
+from trainbench.study.params import PARAMS_BY_NAME, SDPA_KERNELS, defaults, identity, sort_keys
+from trainbench.study.schema import EXECUTION, REPORT_COLUMNS_DEFAULT, SEARCH
+from trainbench.study.timing import TimingSettings
+
+ID_VALUE = re.compile(r"^[A-Za-z0-9._+-]+$")
+ID_SEPARATOR = "__"
+
+
+def format_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def canonical_json(params: dict[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True, separators=(",", ":"))
+
+
+def params_hash(params: dict[str, Any]) -> str:
+    return hash_of_canonical(canonical_json(identity(params)))
+
+
+def hash_of_canonical(canonical: str) -> str:
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Cell:
+    study: str
+    cell_id: str
+    params: dict[str, Any]
+    id_keys: tuple[str, ...] = ()
+    execution: dict[str, Any] = field(default_factory=dict)
+    timing: TimingSettings = TimingSettings()
+    unsupported: str | None = None
+    measured: bool = True  # False: a planned cell (see Study.planned), in the table without a run
+
+    # A cell's parameters never change once it is made, so what is computed from them is computed
+    # once: Snakemake asks for them many times per job (params, each resource), and the grid stamp,
+    # freshness checks and tables once per cell each.
+    @cached_property
+    def canonical(self) -> str:
+        return canonical_json(identity(self.params))
+
+    @cached_property
+    def params_hash(self) -> str:
+        return hash_of_canonical(self.canonical)
+
+    @property
+    def target(self) -> str:
+        return paths.path(paths.RUN, study=self.study, cell=self.cell_id)
+
+    def resources(self) -> dict[str, int | str | None]:
+        """What the cell's job asks the scheduler for, as Snakemake resources that the SLURM plugin
+        maps to sbatch flags, and how often the cell runner relaunches after an unexpected failure.
+
+        A one-node cell asks for `gpu` (sbatch --gpus) and runs inside the plugin's own job step.
+        A multi-node cell asks for GPUs per node (`gres`, sbatch --gres=gpu:N), one task per node,
+        and `mpi`: the plugin then runs the job's command without a step of its own, and the cell
+        runner starts one launcher per node with srun. None drops a resource from the job.
+        """
+        return dict(self._resources)  # a copy: the cell's own stays as computed
+
+    @cached_property
+    def _resources(self) -> dict[str, int | str | None]:
+        p, ex = self.params, self.execution
+        if self.unsupported is not None:  # recorded without launching anything
+            return {"gpu": 0, "gres": None, "nodes": 1, "tasks": None, "tasks_per_gpu": None, "mpi": None,
+                    "cpus_per_task": 1, "cpus_per_rank": 1, "mem_mb": 1000, "runtime": 5, "threads": 1,
+                    "retries": 0,
+                    "timing": self.timing.as_argument()}
+        # an emulated cell is one process of its world on one device, whatever the world's size
+        ranks_per_node = 1 if p["emulate"] else p["gpus_per_node"]
+        cpus = ex["cpus_per_rank"] * ranks_per_node
+        cuda = p["device"] == "cuda"
+        multinode = p["nodes"] > 1 and not p["emulate"]
+        return {
+            "gpu": ranks_per_node if cuda and not multinode else (None if multinode else 0),
+            "gres": f"gpu:{ranks_per_node}" if cuda and multinode else None,
+            "nodes": p["nodes"] if multinode else 1,
+            "tasks": p["nodes"] if multinode else None,
+            "tasks_per_gpu": 0 if cuda and multinode else None,  # 0: no --ntasks-per-gpu from the plugin
+            "mpi": "srun" if multinode else None,
+            "cpus_per_task": cpus,
+            "cpus_per_rank": ex["cpus_per_rank"],  # what run-cell gives each rank (OMP threads)
+            "mem_mb": ex["mem_mb_per_rank"] * ranks_per_node,
+            "runtime": ex["runtime_min"],
+            # cores Snakemake books on one machine: CPU ranks need their cores; GPU ranks one each
+            "threads": cpus if not cuda else ranks_per_node,
+            "retries": ex["retries"],
+            # how long the cell times its steps: a setting of the run, not a parameter (no rerun)
+            "timing": self.timing.as_argument(),
+        }
+
+
+@dataclass
+class Study:
+    name: str
+    description: str
+    cells: list[Cell]
+    id_keys: list[str]
+    report: list[str] = field(default_factory=lambda: list(REPORT_COLUMNS_DEFAULT))
+    search: dict[str, Any] = field(default_factory=dict)  # the max-batch search's settings
+    plan_for: dict[str, Any] | None = None  # the hardware planned cells are judged against
+    searched: tuple[str, ...] = ()  # ids of the cells whose max-batch search the table reports
+    plot_panels: tuple[str, ...] = ()  # keys whose values split the plots into panels
+    findings: list[dict[str, Any]] = field(default_factory=list)  # config.py checks them (findings.py)
+
+    def __post_init__(self) -> None:
+        # Every job of the workflow looks its cell up by id, several times (params, resources, the
+        # grid stamp): a scan of the cells each time made planning quadratic in the grid's size.
+        # A study's cells are fixed once it is made.
+        self._cells_by_id = {c.cell_id: c for c in self.cells}
+
+    def cell(self, cell_id: str) -> Cell:
+        try:
+            return self._cells_by_id[cell_id]
+        except KeyError:
+            raise ConfigError(f"study {self.name!r} has no cell {cell_id!r}; "
+                              f"`trainbench cells {self.name}` lists its cells") from None
+
+    @property
+    def targets(self) -> list[str]:
+        """What the study's table and plots read: the measured cells' results."""
+        return [c.target for c in self.cells if c.measured]
+
+    @property
+    def search_targets(self) -> list[str]:
+        """The max-batch searches the study's table reports."""
+        return [search_target(self.name, cell_id) for cell_id in self.searched]
+
+    @property
+    def planned(self) -> list[Cell]:
+        """Cells outside the study's `measure` selection: planned by the memory model, not run for
+        the table (asking for one's target still runs it)."""
+        return [c for c in self.cells if not c.measured]
+
+
+def shared_resources(cells: Iterable[Cell]) -> dict[str, int | str | None]:
+    """The resources (Cell.resources) that every one of `cells` asks for alike, with their value.
+
+    The workflow hands Snakemake these as values and the others as functions of a job's cell: Snakemake
+    takes a value as it is, and calls a function through its input-function machinery for every job
+    it plans. On a grid swept over batch sizes and seeds most resources are the same in every cell.
+    Of no cells, nothing: there is no value to give."""
+    shared: dict[str, int | str | None] | None = None
+    for cell in cells:
+        resources = cell.resources()
+        if shared is None:
+            shared = resources
+        else:
+            shared = {name: value for name, value in shared.items()
+                      if name in resources and resources[name] == value}
+        if not shared:
+            break
+    return shared or {}
+
+
+def search_target(study: str, cell_id: str) -> str:
+    return paths.path(paths.SEARCH, study=study, cell=cell_id)
+
+
+# Keys that change what a measurement is, not only its set-up: a cell that sets one is always named
+# by it, so an emulated result (or one on a smaller GPU) never takes the name, and the place, of the
+# real cell it stands for, whatever the study varies.
+ALWAYS_NAMED = ("emulate", "emulate_rank", "gpu_mem_limit_gib")
+
+
+def named_keys(params: dict[str, Any], keys: tuple[str, ...]) -> tuple[str, ...]:
+    """A cell's id keys: the ones its study varies, and any key of ALWAYS_NAMED it sets."""
+    extra = tuple(k for k in ALWAYS_NAMED if k not in keys and params.get(k) != PARAMS_BY_NAME[k].default)
+    return keys + extra
+
+
+def make_cell_id(params: dict[str, Any], keys: tuple[str, ...]) -> str:
+    return ID_SEPARATOR.join(f"{k}~{format_value(params[k])}" for k in _sorted_id_keys(keys))
+
+
+@lru_cache(maxsize=None)
+def _sorted_id_keys(keys: tuple[str, ...]) -> tuple[str, ...]:
+    """A study's cells share a few tuples of id keys: each sorted once (a tuple: the cache's, shared)."""
+    return tuple(sort_keys(keys))
+
+
+def _normalised(params: dict[str, Any]) -> dict[str, Any]:
+    """The values of float parameters given as integers (YAML's `1`), as floats."""
+    out = dict(params)
+    for name, value in params.items():
+        param = PARAMS_BY_NAME.get(name)
+        if param and param.kind == "float" and isinstance(value, int) and not isinstance(value, bool):
+            out[name] = float(value)
+    return out
+
+
+# Every cell starts from the defaults: normalised once, not per cell (a grid of 40,000 cells resolves
+# 40,000 times, in every Snakemake a run starts).
+_DEFAULTS = _normalised(defaults())
+
+
+def resolve(params: dict[str, Any]) -> dict[str, Any]:
+    """Fill defaults, normalise types and add derived values. Assumes schema-valid input."""
+    p = {**_DEFAULTS, **_normalised(params)}
+    model = MODELS.get(p["model"])
+    if p["seq_len"] is None and model is not None:
+        p["seq_len"] = model.max_seq
+    if p["launcher"] == "auto":
+        p["launcher"] = "python" if p["gpus"] == 1 and p["nodes"] == 1 else "torchrun"
+    model_parallel = p["tp"] * p["pp"]
+    p["dp"] = p["gpus"] // model_parallel if p["gpus"] % model_parallel == 0 else None
+    p["gpus_per_node"] = p["gpus"] // p["nodes"] if p["gpus"] % p["nodes"] == 0 else None
+    p["global_batch"] = p["micro_batch"] * p["grad_accum"] * p["dp"] if p["dp"] else None
+    return p
+
+
+def check_cell(p: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
+    """Semantic checks of one resolved cell: (key, problem) pairs, and the unsupported reason if any."""
+    errors: list[tuple[str, str]] = []
+    model = MODELS.get(p["model"])
+    if model is None:
+        errors.append(("model", f"unknown model {p['model']!r}; known: {', '.join(MODELS)}"))
+    elif p["seq_len"] > model.max_seq:
+        errors.append(("seq_len", f"{p['seq_len']} exceeds {p['model']}'s context of {model.max_seq} tokens"))
+    if p["gpus_per_node"] is None:
+        errors.append(("gpus", f"gpus={p['gpus']} is not a multiple of nodes={p['nodes']}"))
+    if p["dp"] is None:
+        errors.append(("gpus", f"gpus={p['gpus']} is not divisible by tp x pp = {p['tp']} x {p['pp']}"))
+    steps = p["warmup_steps"] + p["timed_steps"]
+    if p["inject_oom_at_step"] is not None and p["inject_oom_at_step"] > steps:
+        errors.append(("inject_oom_at_step", f"step {p['inject_oom_at_step']} is never reached: the cell "
+                                             f"runs {steps} steps"))
+    if (p["dataset_size"] is None) != (p["epochs"] is None):
+        errors.append(("epochs" if p["epochs"] is None else "dataset_size",
+                       "dataset_size and epochs describe the whole run together: set both or neither"))
+    if p["vocab_multiple"] > 1 and model is not None and model.family != "gpt":
+        errors.append(("vocab_multiple", f"pads trainbench's GPT models; {p['model']} is built by "
+                                         "transformers with its own vocabulary"))
+    if p["attention"] in SDPA_KERNELS and p["device"] != "cuda":
+        errors.append(("attention", f"{p['attention']!r} is a CUDA kernel of SDPA; a CPU cell can use "
+                                    "'sdpa' or 'eager'"))
+    if p["launcher"] == "python" and p["nodes"] > 1:
+        errors.append(("launcher", "'python' cannot span nodes"))
+    if p["emulate_rank"] is not None and not p["emulate"]:
+        errors.append(("emulate_rank", "names the rank an emulated cell runs; set emulate: true, or leave it "
+                                       "null"))
+    elif p["emulate_rank"] is not None and p["emulate_rank"] >= p["gpus"]:
+        errors.append(("emulate_rank", f"rank {p['emulate_rank']} is not a rank of a world of {p['gpus']}"))
+    if p["emulate"] and p["gpus"] == 1:
+        errors.append(("emulate", "a one-rank cell already runs alone on one device; emulate is for cells "
+                                  "of several ranks"))
+    if p["checkpoint_in_cpu"] and not p["activation_checkpointing"]:
+        errors.append(("checkpoint_in_cpu", "keeps checkpointed activations in host memory; set "
+                                            "activation_checkpointing: true"))
+    if p["gpu_mem_limit_gib"] is not None and p["device"] != "cuda":
+        errors.append(("gpu_mem_limit_gib", "holds a rank to less GPU memory; a CPU cell has none"))
+    strategy_errors, unsupported = frameworks.check(p)
+    return errors + strategy_errors, unsupported
+
+
+def _matches(params: dict[str, Any], pattern: dict[str, Any]) -> bool:
+    return all(params.get(k) == v for k, v in pattern.items())
+
+
+def _selects(params: dict[str, Any], selector: dict[str, Any]) -> bool:
+    """A `measure` pattern: a list value matches any of its items."""
+    return all(params.get(k) in (v if isinstance(v, list) else [v]) for k, v in selector.items())
+
+
+def _selected(cells: list[Cell], selectors: list[dict[str, Any]], key: str, what: str) -> list[Cell]:
+    """The cells any selector matches, in grid order; a selector matching none is a config error."""
+    idle = [f"{key}[{i}]: {selector!r} matches no {what}" for i, selector in enumerate(selectors)
+            if not any(_selects(c.params, selector) for c in cells)]
+    if idle:
+        raise ConfigError(idle)
+    return [c for c in cells if any(_selects(c.params, s) for s in selectors)]
+
+
+def _execution(study_spec: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    settings = {k: v["default"] for k, v in EXECUTION.items()}
+    settings.update(study_spec.get("execution") or {})
+    for override in study_spec.get("execution_overrides") or []:
+        if _matches(params, override["when"]):
+            settings.update(override["set"])
+    return settings
+
+
+def _timing(study_spec: dict[str, Any], params: dict[str, Any], base: TimingSettings) -> TimingSettings:
+    overrides = [o["set"] for o in study_spec.get("timing_overrides") or [] if _matches(params, o["when"])]
+    if not overrides:
+        return base  # shared by the study's cells
+    settings = base.as_dict()
+    for override in overrides:
+        settings.update(override)
+    return TimingSettings(**settings)
+
+
+def expand_study(name: str, spec: dict[str, Any]) -> Study:
+    """All cells of one schema-valid study, in a stable order; ConfigError lists every problem."""
+    settings = spec.get("settings") or {}
+    axes: dict[str, list[Any]] = spec.get("axes") or {}
+    problems: list[str] = []
+
+    for key, values in axes.items():
+        seen = [canonical_json({"v": v}) for v in values]
+        if len(set(seen)) != len(seen):
+            problems.append(f"studies.{name}.axes.{key}: repeated value in {values!r}")
+        if key in settings:
+            problems.append(f"studies.{name}: {key!r} is both a setting and an axis; keep one")
+
+    variants: dict[str, list[dict[str, Any]]] = spec.get("variants") or {}
+    owners: dict[str, str] = {}
+    for variant, values in variants.items():
+        for key in sorted({k for value in values for k in value}):
+            if key in settings or key in axes or key in owners:
+                other = ("settings" if key in settings else "axes" if key in axes
+                         else f"variants.{owners[key]}")
+                problems.append(f"studies.{name}.variants.{variant}: {key!r} is also set in {other}; "
+                                "keep one")
+            owners[key] = variant
+
+    # Each dimension is a list of (parameters, id keys) choices: one per axis value or variant value.
+    dimensions = [[({key: value}, (key,)) for value in values] for key, values in axes.items()]
+    dimensions += [[(value, tuple(value)) for value in values] for values in variants.values()]
+    entries: list[tuple[dict[str, Any], tuple[str, ...]]] = []
+    if dimensions:
+        product = []
+        for choice in itertools.product(*dimensions):
+            combo = {k: v for part, _ in choice for k, v in part.items()}
+            product.append((combo, tuple(k for _, keys in choice for k in keys)))
+        excludes = spec.get("exclude") or []
+        # each combination resolved once, and only where there is something to exclude
+        resolved = [resolve({**settings, **combo}) for combo, _ in product] if excludes else []
+        for i, pattern in enumerate(excludes):
+            if not any(_matches(full, pattern) for full in resolved):
+                problems.append(f"studies.{name}.exclude[{i}]: {pattern!r} matches no cell of the axes")
+        for index, (combo, keys) in enumerate(product):
+            if not (excludes and any(_matches(resolved[index], pattern) for pattern in excludes)):
+                entries.append((combo, keys))
+    elif spec.get("exclude"):
+        problems.append(f"studies.{name}.exclude: there are no axes to exclude combinations from")
+    for entry in spec.get("include") or []:
+        # an entry with list values is a small grid of its own: one cell per combination of them
+        listed = [key for key, value in entry.items() if isinstance(value, list)]
+        for values in itertools.product(*(entry[key] for key in listed)):
+            entries.append(({**entry, **dict(zip(listed, values))}, tuple(entry)))
+    if not entries and not problems:
+        problems.append(f"studies.{name}: no cells; give it axes, variants or include entries")
+
+    timing = TimingSettings(**(spec.get("timing") or {}))
+    cells: list[Cell] = []
+    seen_ids: dict[str, int] = {}
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for index, (entry, id_keys) in enumerate(entries):
+        params = resolve({**settings, **entry})
+        id_keys = named_keys(params, id_keys)
+        for key in id_keys:
+            if not ID_VALUE.match(format_value(params[key])):
+                problems.append(f"studies.{name}: value {params[key]!r} of {key} cannot name a cell; "
+                                "use letters, digits, '.', '_', '+' and '-'")
+        cell_id = make_cell_id(params, id_keys) if id_keys else "default"
+        if cell_id in seen_ids:
+            problems.append(f"studies.{name}: two entries make the same cell {cell_id!r}; "
+                            "an include entry repeats another cell")
+            continue
+        seen_ids[cell_id] = index
+        errors, unsupported = check_cell(params)
+        for key, message in errors:
+            grouped.setdefault((key, message), []).append(cell_id)
+        cells.append(Cell(name, cell_id, params, tuple(sort_keys(id_keys)), _execution(spec, params),
+                          _timing(spec, params, timing), unsupported))
+
+    for (key, message), ids in grouped.items():
+        shown = ", ".join(repr(i) for i in ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+        problems.append(f"study {name!r}, cell {shown}: {key}: {message}")
+    if problems:
+        raise ConfigError(problems)
+
+    measure = spec.get("measure")
+    if measure:
+        chosen = {c.cell_id for c in _selected(cells, measure["cells"], f"studies.{name}.measure.cells",
+                                               "cell")}
+        cells = [replace(c, measured=c.cell_id in chosen) for c in cells]
+    id_keys = sort_keys({k for c in cells for k in c.id_keys})
+    search = {**{key: value["default"] for key, value in SEARCH.items()}, "cells": None,
+              **(spec.get("search") or {})}
+    searched: list[str] = []
+    if spec.get("search"):  # a study that declares a search reports it for the cells it names
+        measured = [c for c in cells if c.measured]
+        chosen = _selected(measured, search["cells"] or [{}], f"studies.{name}.search.cells", "measured cell")
+        searched = [c.cell_id for c in chosen if not c.unsupported]
+    plot_panels = tuple(spec.get("plot_panels") or ())
+    unknown = [key for key in plot_panels if key not in id_keys]
+    if unknown:
+        raise ConfigError(f"studies.{name}.plot_panels: {unknown[0]!r} is not a key that tells the study's "
+                          f"cells apart (those are: {', '.join(id_keys)})")
+    return Study(name, spec.get("description", ""), cells, id_keys,
+                 list(spec.get("report") or REPORT_COLUMNS_DEFAULT), search,
+                 (measure or {}).get("plan_for"), tuple(searched), plot_panels)
+
+
+def probe_cell(study: Study, cell: Cell, micro_batch: int) -> Cell:
+    """One probe of the max-batch search: the cell with another micro batch (and the search's steps)."""
+    changes: dict[str, Any] = {"micro_batch": micro_batch}
+    if study.search.get("steps"):
+        changes["timed_steps"] = study.search["steps"]
+    params = resolve({**cell.params, **changes})  # derived values (global batch) follow
+    return Cell(study.name, paths.probe_id(cell.cell_id, micro_batch), params, cell.id_keys, cell.execution,
+                cell.timing, cell.unsupported)

@@ -1,0 +1,276 @@
+"""The JSON schema of config.yaml, built from the parameter table.
+
+`trainbench schema` writes it to workflow/schemas/config.schema.yaml; tests check that the file in
+the repository is what this module builds, so the table in params.py stays the single source.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainbench.study.params import PARAMS
+from trainbench.study.timing import TimingSettings
+
+# How a cell is run, as opposed to what it measures: changing these reruns nothing.
+EXECUTION: dict[str, dict[str, Any]] = {
+    "runtime_min": {"type": "integer", "minimum": 1, "default": 30,
+                    "description": "Wall-clock limit of one attempt in minutes: the SLURM time request; "
+                                   "the run is stopped a little before it and recorded as 'timeout'."},
+    "mem_mb_per_rank": {"type": "integer", "minimum": 1, "default": 16000,
+                        "description": "Host memory per rank in MB; a node asks for this times its ranks."},
+    "cpus_per_rank": {"type": "integer", "minimum": 1, "default": 4,
+                      "description": "CPU cores per rank (data loading, optimizer offload)."},
+    "retries": {"type": "integer", "minimum": 0, "default": 1,
+                "description": "Relaunches after an unexpected failure (not after OOM) before the cell is "
+                               "recorded as 'failed' with its log."},
+}
+
+# The max-batch search's settings but its cell patterns (the grid fills a study's search from these
+# defaults).
+SEARCH: dict[str, dict[str, Any]] = {
+    "max_micro_batch": {"type": "integer", "minimum": 1, "default": 256,
+                        "description": "The largest micro batch a probe may try."},
+    "steps": {"type": ["integer", "null"], "minimum": 1, "default": None,
+              "description": "Timed steps of each probe (enough to reach late OOMs); "
+                             "null: the cell's timed_steps."},
+    "gpu_mem_gib": {"type": ["number", "null"], "minimum": 0, "default": None,
+                    "description": "Memory per GPU the memory model seeds and bounds the "
+                                   "search with; null: no GPU bound (CPU cells use this "
+                                   "host's memory)."},
+    "tolerance": {"type": "number", "minimum": 0, "maximum": 1, "default": 0,
+                  "description": "Stop bisecting once the smallest failing micro batch is within "
+                                 "this fraction of the largest that trained (0: exact)."},
+}
+
+REPORT_COLUMNS_DEFAULT = ["step_time_ms", "samples_per_s", "tokens_per_s", "tflops_per_gpu", "mfu",
+                          "gpu_mem_max_mib", "host_mem_mib", "loss"]
+
+
+def _param_object() -> dict[str, Any]:
+    return {"type": "object", "additionalProperties": False,
+            "properties": {p.name: p.json_schema() for p in PARAMS}}
+
+
+def _param_lists() -> dict[str, Any]:
+    props = {}
+    for p in PARAMS:
+        item = p.json_schema()
+        props[p.name] = {"type": "array", "minItems": 1, "items": {k: v for k, v in item.items()
+                                                                  if k not in ("description", "default")},
+                         "description": f"Values of {p.name} to cross with the other axes.", "default": []}
+    return {"type": "object", "additionalProperties": False, "properties": props}
+
+
+def _param_selector(description: str = "The {name} of measured cells: a value, or a list of values."
+                    ) -> dict[str, Any]:
+    """A cell pattern whose values may be lists (any of them matches; in `include`, each makes cells)."""
+    props = {}
+    for p in PARAMS:
+        item = {k: v for k, v in p.json_schema().items() if k not in ("description", "default")}
+        props[p.name] = {"anyOf": [item, {"type": "array", "minItems": 1, "items": item}], "default": None,
+                         "description": description.format(name=p.name)}
+    return {"type": "object", "additionalProperties": False, "properties": props}
+
+
+# A cell pattern (values or lists of values per parameter) is written out once, under the schema's
+# $defs, and referred to wherever a study names cells: measure, search, findings.
+CELL_PATTERN = {"$ref": "#/$defs/cell_pattern"}
+
+
+def _cells(description: str) -> dict[str, Any]:
+    return {**CELL_PATTERN, "default": None, "description": description}
+
+
+def _findings() -> dict[str, Any]:
+    """A study's findings (src/trainbench/reporting/findings.py): a claim and one relation between its cells."""
+    keys = [p.name for p in PARAMS]
+    compare = {
+        "type": "object", "additionalProperties": False, "required": ["metric"], "default": None,
+        "description": "A metric of some cells against others: one of less, more (with than), same (with as "
+                       "and within), rises_with, falls_with; pairs are cells that agree on every other key "
+                       "telling the study's cells apart.",
+        "properties": {
+            "metric": {"type": "string", "default": None,
+                       "description": "A number of the table (`trainbench columns`), or the max-batch "
+                                      "search's max_micro_batch or max_global_batch."},
+            "less": _cells("Cells whose figure is below that of the cells `than` names."),
+            "more": _cells("Cells whose figure is above that of the cells `than` names."),
+            "than": _cells("The cells `less` or `more` are held against."),
+            "same": _cells("Cells whose figure is within `within` of that of the cells `as` names."),
+            "as": _cells("The cells `same` is held against."),
+            "within": {"type": "number", "minimum": 0, "default": None,
+                       "description": "How far apart `same` allows the two figures, in the metric's unit."},
+            "factor": {"type": "object", "additionalProperties": False, "default": None,
+                       "description": "With less or more: the larger figure over the smaller lies in this "
+                                      "range.",
+                       "properties": {
+                           "min": {"type": "number", "exclusiveMinimum": 0, "default": None,
+                                   "description": "The smallest factor that holds."},
+                           "max": {"type": "number", "exclusiveMinimum": 0, "default": None,
+                                   "description": "The largest factor that holds (absent: no limit)."}}},
+            "rises_with": {"enum": keys, "default": None,
+                           "description": "A key telling cells apart: the figure rises as its value grows "
+                                          "(every two cells that differ in it alone)."},
+            "falls_with": {"enum": keys, "default": None,
+                           "description": "A key telling cells apart: the figure falls as its value grows."},
+            "where": _cells("Only cells matching this take part."),
+        },
+    }
+    return {
+        "type": "array", "default": [],
+        "description": "The conclusions the study exists to test, judged on every table build and shown "
+                       "under the table: reproduced, partly, not reproduced or not yet measured "
+                       "(docs/studies.md, \"Findings\").",
+        "items": {
+            "type": "object", "additionalProperties": False, "required": ["claim"],
+            "properties": {
+                "claim": {"type": "string", "minLength": 1, "default": None,
+                          "description": "The conclusion, in the campaign's words."},
+                "note": {"type": "string", "default": "",
+                         "description": "How the claim is checked: assumptions, and what this version "
+                                        "cannot check."},
+                "compare": compare,
+                "fits": _cells("Every matching cell trains (status ok)."),
+                "oom": _cells("Every matching cell runs out of memory."),
+            },
+        },
+    }
+
+
+def build_schema() -> dict[str, Any]:
+    param_object = _param_object()
+    execution = {"type": "object", "additionalProperties": False, "properties": EXECUTION}
+    study = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["description"],
+        "properties": {
+            "description": {"type": "string", "default": "",
+                            "description": "What the study measures and where its set-up comes from."},
+            "settings": {**param_object, "default": {},
+                         "description": "Parameters every cell of the study shares (missing keys take "
+                                        "their defaults)."},
+            "axes": {**_param_lists(), "default": {},
+                     "description": "Parameters that vary: the cells are the cartesian product of these "
+                                    "lists, minus `exclude`. Axis keys name the cells."},
+            "variants": {"type": "object", "default": {},
+                         "additionalProperties": {"type": "array", "minItems": 1, "items": param_object},
+                         "description": "Named axes whose values are sets of parameters that go together "
+                                        "(e.g. {nodes: 8, gpus: 64}); crossed with `axes` like one more "
+                                        "axis. The keys a value sets name its cells."},
+            "include": {"type": "array", "default": [],
+                        "items": _param_selector("The {name} of the entry's cells: a value, or a list of "
+                                                 "values (one cell per combination of the entry's lists)."),
+                        "description": "Extra cells: settings updated with the entry, one cell per entry, or "
+                                       "where some of its values are lists one per combination of them (a "
+                                       "small grid of its own). The entry's keys name its cells."},
+            "exclude": {"type": "array", "items": param_object, "default": [],
+                        "description": "Combinations removed from the product of the axes: a cell is "
+                                       "dropped when it matches every key of an entry."},
+            "execution": {**execution, "default": {},
+                          "description": "How the study's cells are run (resources, limits, retries); "
+                                         "changing these reruns nothing."},
+            "timing": {**TimingSettings.json_schema(), "default": {},
+                       "description": "How long the study's cells time their steps: windows, the interval "
+                                      "to reach, a cap (src/trainbench/study/timing.py); changing these reruns "
+                                      "nothing."},
+            "execution_overrides": {
+                "type": "array", "default": [],
+                "description": "Per-cell execution settings: `set` applies to the cells matching `when`.",
+                "items": {"type": "object", "additionalProperties": False, "required": ["when", "set"],
+                          "properties": {
+                              "when": {**param_object, "description": "Parameters a cell must match.",
+                                       "default": {}},
+                              "set": {**execution, "description": "Execution settings for those cells.",
+                                      "default": {}}}},
+            },
+            "timing_overrides": {
+                "type": "array", "default": [],
+                "description": "Per-cell timing: `set` applies to the cells matching `when` (an emulated "
+                               "rank of a large model whose steps take a minute needs fewer windows).",
+                "items": {"type": "object", "additionalProperties": False, "required": ["when", "set"],
+                          "properties": {
+                              "when": {**param_object, "description": "Parameters a cell must match.",
+                                       "default": {}},
+                              "set": {**TimingSettings.json_schema(),
+                                      "description": "Timing settings for those cells.", "default": {}}}},
+            },
+            "search": {
+                "type": "object", "additionalProperties": False, "default": {},
+                "description": "The largest micro batch search "
+                               "(`results/search/<study>/<cell>/max_batch.json`): probes double then "
+                               "bisect the cell's micro batch, each a cached run.",
+                "properties": {
+                    **SEARCH,
+                    "cells": {"type": ["array", "null"], "minItems": 1, "items": CELL_PATTERN,
+                              "default": None,
+                              "description": "The measured cells whose search the study table reports "
+                                             "(patterns as in measure.cells); null: every measured cell."},
+                },
+            },
+            "measure": {
+                "type": "object", "additionalProperties": False, "required": ["cells"], "default": None,
+                "description": "Which cells are measured; the others are planned: their table rows give the "
+                               "memory model's verdict for `plan_for` and no run. Absent: every cell is "
+                               "measured.",
+                "properties": {
+                    "cells": {"type": "array", "minItems": 1, "items": CELL_PATTERN, "default": [],
+                              "description": "Patterns: a cell is measured when it matches every key of one "
+                                             "(a list matches any of its values)."},
+                    "plan_for": {
+                        "type": "object", "additionalProperties": False,
+                        "required": ["gpu_mem_gib", "gpus_per_node", "host_mem_gib"], "default": None,
+                        "description": "The hardware planned cells are judged against.",
+                        "properties": {
+                            "gpu_mem_gib": {"type": "number", "exclusiveMinimum": 0, "default": None,
+                                            "description": "Memory of one GPU, GiB."},
+                            "gpus_per_node": {"type": "integer", "minimum": 1, "default": None,
+                                              "description": "GPUs per node."},
+                            "host_mem_gib": {"type": "number", "exclusiveMinimum": 0, "default": None,
+                                             "description": "Host memory per node, GiB."},
+                            "name": {"type": "string", "default": "",
+                                     "description": "What the hardware is, for the table."},
+                        },
+                    },
+                },
+            },
+            "plot_panels": {"type": "array", "items": {"type": "string"}, "default": [],
+                            "description": "Cell keys that split the study's plots into panels, one per "
+                                           "combination of their values with its own y axis (the other keys "
+                                           "label the bars); empty: one panel."},
+            "findings": _findings(),
+            "report": {"type": "array", "items": {"type": "string"}, "default": REPORT_COLUMNS_DEFAULT,
+                       "description": "Metric columns of the study's markdown table, in order "
+                                      "(`trainbench columns` lists them)."},
+        },
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$defs": {"cell_pattern": _param_selector()},
+        "title": "trainbench config.yaml",
+        "description": "Benchmark studies: each a grid of training-run cells.",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["studies"],
+        "properties": {
+            "default_studies": {
+                "type": "object", "additionalProperties": False,
+                "description": "Studies `snakemake` runs with no target, by what the machine has "
+                               "(none: name targets on the command line).",
+                "default": {"without_gpus": [], "with_gpus": []},
+                "properties": {
+                    "without_gpus": {"type": "array", "items": {"type": "string"}, "default": [],
+                                     "description": "On a machine where NVML finds no GPU."},
+                    "with_gpus": {"type": "array", "items": {"type": "string"}, "default": [],
+                                  "description": "On a machine with GPUs."},
+                },
+            },
+            "studies": {"type": "object", "additionalProperties": study, "default": {},
+                        "description": "Study name (letters, digits, '_' and '-') to its grid."},
+            "placement": {"enum": ["local", "cluster"], "default": "local",
+                          "description": "Where cells run: on this machine (cells needing more GPUs than it "
+                                         "has are shown as such in the tables, not run), or through a "
+                                         "cluster executor (profiles/slurm sets this; every cell is "
+                                         "submitted)."},
+        },
+    }

@@ -1,0 +1,137 @@
+"""Runners: one small adapter per framework from a cell to a training run.
+
+Two kinds, one base: a StepRunner builds the model, wraps it for its strategy and makes the
+optimizer (`setup`), then runs one optimizer step over `grad_accum` micro batches per `train_step`,
+and the worker owns the loop; a LoopRunner's framework owns the loop (Lightning, the Hugging Face
+Trainer), and `train(recorder)` calls the recorder around each step. Either way the worker's recorder
+times steps and handles OOMs and results, so every framework is measured the same way. Every runner
+can add results (`results`: test accuracy) and hand out the framework's own config as it ran.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainbench.training.data import SyntheticBatches
+from trainbench.registry.frameworks import framework_of, strategy_of
+from trainbench.registry.models import ModelSpec, get_model
+from trainbench.study.timing import TimingSettings, fixed_step_count
+
+
+@dataclass
+class RunContext:
+    params: dict[str, Any]
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    work_dir: Path = Path(".")  # the attempt's scratch directory (checkpoints, logs)
+    timing: TimingSettings = TimingSettings()
+
+    @property
+    def fixed_steps(self) -> int:
+        """All steps of a run whose framework owns the loop (see StepRecorder)."""
+        return fixed_step_count(self.params["warmup_steps"], self.params["timed_steps"], self.timing)
+
+    @property
+    def spec(self) -> ModelSpec:
+        return get_model(self.params["model"])
+
+    @property
+    def built_spec(self) -> ModelSpec:
+        """The model as the runner builds it: its vocabulary padded where the cell asks (`spec` is what
+        the data and the FLOPs count use)."""
+        return self.spec.with_vocab_multiple(self.params["vocab_multiple"])
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def batches(self, rank: int | None = None) -> SyntheticBatches:
+        """This rank's data shard; `rank`: the data-parallel rank where it differs from the global one."""
+        p = self.params
+        return SyntheticBatches(vocab_size=self.spec.vocab_size, seq_len=p["seq_len"],
+                                micro_batch=p["micro_batch"],
+                                head=p["head"], num_classes=p["num_classes"], seed=p["seed"],
+                                rank=self.rank if rank is None else rank, device=self.device)
+
+    def synchronize(self) -> None:
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+
+
+class Runner:
+    """What every runner does: build the model, wrap it for its strategy and make the optimizer
+    (`setup`), and tell what it built. Subclass StepRunner or LoopRunner, not this."""
+
+    def __init__(self, context: RunContext):
+        self.ctx = context
+        self.p = context.params
+        self.strategy = strategy_of(context.params)
+
+    def setup(self) -> None:
+        raise NotImplementedError
+
+    def model(self) -> torch.nn.Module:
+        """The unwrapped model (for parameter counts)."""
+        raise NotImplementedError
+
+    def params_total(self) -> int:
+        """Parameters of the whole model (not this rank's shard)."""
+        raise NotImplementedError
+
+    def local_numel(self, parameter: torch.nn.Parameter) -> int:
+        """Elements of this parameter held by this rank: a ZeRO-3 partition, an FSDP2 DTensor shard."""
+        shard = getattr(parameter, "ds_tensor", None)
+        if shard is not None:
+            return shard.numel()
+        to_local = getattr(parameter, "to_local", None)
+        return to_local().numel() if to_local else parameter.numel()
+
+    CONFIG_FILE = "framework_config.json"  # where framework_config() is kept, beside metrics.json
+
+    def framework_config(self) -> dict[str, Any] | None:
+        """The framework's own configuration as it ran (DeepSpeed's JSON, FSDP's settings)."""
+        return None
+
+    def results(self) -> dict[str, Any]:
+        """Results beyond the timed steps (test accuracy and its data set)."""
+        return {}
+
+
+class StepRunner(Runner):
+    """A runner whose steps the worker drives: the worker owns the loop and its timing."""
+
+    def train_step(self) -> torch.Tensor:
+        """One optimizer step; returns the mean loss of its micro batches (a detached scalar, left on
+        the device: the worker reads losses once per timed window)."""
+        raise NotImplementedError
+
+
+class LoopRunner(Runner):
+    """A runner whose framework owns the loop (Lightning, the Hugging Face Trainer): it calls the
+    worker's recorder around each optimizer step, from a callback."""
+
+    def train(self, recorder) -> None:
+        raise NotImplementedError
+
+
+def params_per_module(runner: Runner) -> dict[str, int]:
+    """Parameter elements held by this rank, by the class of the module that owns them."""
+    counts: Counter[str] = Counter()
+    for module in runner.model().modules():
+        for parameter in module.parameters(recurse=False):
+            counts[type(module).__name__] += runner.local_numel(parameter)
+    return dict(sorted(counts.items()))
+
+
+def make_runner(context: RunContext) -> Runner:
+    """The cell's framework's runner (frameworks.REGISTRY names its class)."""
+    module_name, class_name = framework_of(context.params).runner.split(":")
+    return getattr(importlib.import_module(module_name), class_name)(context)

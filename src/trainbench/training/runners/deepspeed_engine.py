@@ -1,0 +1,257 @@
+"""The DeepSpeed engine with ZeRO stage 0-3, optimizer and parameter offload, one JSON config per cell.
+
+`deepspeed_config` is a pure function of the cell's parameters; the cell's runner writes the config
+it used next to metrics.json, as the study's origin kept one JSON file per scenario.
+
+Tensor parallelism (tp > 1) goes through DeepSpeed AutoTP with Megatron's layout. Pipeline
+parallelism (pp > 1) goes through DeepSpeed's pipeline engine: the GPT is rebuilt as a
+PipelineModule (embeddings, blocks, final norm, LM head tied to the token embedding across the
+first and last stage), blocks balanced over the stages, and each step is one `train_batch` of
+`grad_accum` micro batches flowing through the pipeline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import zlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainbench.training import emulation
+from trainbench.registry.frameworks import offloads, strategy_of
+from trainbench.training.gpt import GPT, Block, init_gpt_module, lm_loss, pool
+from trainbench.registry.models import ModelSpec
+from trainbench.training.runners import RunContext, StepRunner
+
+
+# Megatron's layout for trainbench's GPT, as DeepSpeed AutoTP partition rules: attention's fused qkv
+# and the MLP's first layer column-parallel (qkv split as [q; k; v], each across the ranks), the
+# attention and MLP output projections row-parallel (an all-reduce after them).
+GPT_TENSOR_PARALLEL_LAYOUT = {
+    "use_default_specs": False,
+    "layer_specs": [
+        {"patterns": [r".*\.attn\.qkv\.(weight|bias)$"], "partition_type": "column", "shape": [3, -1],
+         "partition_dim": 0},
+        {"patterns": [r".*\.mlp\.fc\.(weight|bias)$"], "partition_type": "column"},
+        {"patterns": [r".*\.attn\.proj\.weight$", r".*\.mlp\.proj\.weight$"], "partition_type": "row"},
+    ],
+}
+
+
+def deepspeed_config(params: dict[str, Any], device_type: str) -> dict[str, Any]:
+    stage = strategy_of(params).zero_stage
+    offload_optimizer, offload_param = offloads(params)
+    on_gpu = device_type == "cuda"
+    pin = params["pin_memory"] and on_gpu
+    zero: dict[str, Any] = {"stage": stage}
+    if offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
+    if offload_param:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
+    if params["overlap_comm"] is not None:
+        zero["overlap_comm"] = params["overlap_comm"]
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": params["micro_batch"],
+        "gradient_accumulation_steps": params["grad_accum"],
+        "train_batch_size": params["global_batch"],
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": params["lr"], "betas": [0.9, 0.999], "eps": 1e-8,
+                "weight_decay": params["weight_decay"],
+                # torch's AdamW on the device; an offloaded optimizer on a GPU machine uses
+                # DeepSpeedCPUAdam (compiled on first use), which is what offload is measured with.
+                "torch_adam": not (offload_optimizer and on_gpu),
+            },
+        },
+        "zero_optimization": zero,
+        "fp16": {"enabled": params["precision"] == "fp16", "initial_scale_power": 16},
+        "bf16": {"enabled": params["precision"] == "bf16"},
+        "steps_per_print": 2**31 - 1,  # the worker reports progress; DeepSpeed's own lines are noise
+        "wall_clock_breakdown": False,
+    }
+    if params["tp"] > 1:
+        config["tensor_parallel"] = {"autotp_size": params["tp"],
+                                     "partition_config": GPT_TENSOR_PARALLEL_LAYOUT}
+        # DeepSpeed 0.19 checks train_batch_size against every rank, not the data-parallel ones, when
+        # AutoTP comes from the config; left out, it is derived (the cell's global_batch is still
+        # micro batch x accumulation x data-parallel size).
+        del config["train_batch_size"]
+    return config
+
+
+class PositionEmbedding(nn.Module):
+    """Pipeline layer after the token embedding: adds learned positions."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.wpe = nn.Embedding(spec.max_seq, spec.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.wpe(torch.arange(x.shape[1], device=x.device))
+
+
+class ClassifierHead(nn.Module):
+    """Pipeline layer for a classification head: pool one position (as GPT.forward does), project."""
+
+    def __init__(self, spec: ModelSpec, num_classes: int):
+        super().__init__()
+        self.causal = spec.causal
+        self.classifier = nn.Linear(spec.d_model, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(pool(x, self.causal))
+
+
+def _lm_head(embedding: nn.Embedding, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, embedding.weight)
+
+
+def pipeline_module(spec: ModelSpec, params: dict[str, Any]):
+    """trainbench's GPT as a DeepSpeed PipelineModule of `pp` stages (same layers, same loss)."""
+    from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+
+    layers: list[Any] = [TiedLayerSpec("embedding", nn.Embedding, spec.vocab_size, spec.d_model),
+                         LayerSpec(PositionEmbedding, spec)]
+    layers += [LayerSpec(Block, spec) for _ in range(spec.n_layer)]
+    layers.append(LayerSpec(nn.LayerNorm, spec.d_model))
+    if params["head"] == "classifier":
+        layers.append(LayerSpec(ClassifierHead, spec, params["num_classes"]))
+    else:  # GPT-2 ties the LM head to the token embedding: DeepSpeed keeps the copies in sync
+        layers.append(TiedLayerSpec("embedding", nn.Embedding, spec.vocab_size, spec.d_model,
+                                    forward_fn=_lm_head))
+    # a classifier's loss is the same cross-entropy over its (batch, classes) logits
+    return PipelineModule(layers=layers, loss_fn=lm_loss, num_stages=params["pp"],
+                          partition_method="type:Block",
+                          activation_checkpoint_interval=1 if params["activation_checkpointing"] else 0,
+                          # blocks only, as GPT.forward does: the embedding's input (token ids) needs no grad
+                          checkpointable_layers=["Block"])
+
+
+def init_pipeline_weights(module: nn.Module, spec: ModelSpec, seed: int) -> None:
+    """GPT-2 initialisation of the layers this stage holds. Each module draws from a generator
+    seeded by its name, which starts with the layer's global index (or the tied key), so a layer
+    gets the same weights whichever stage holds it, and tied copies start equal."""
+    for name, sub in module.named_modules():
+        if isinstance(sub, (nn.Linear, nn.Embedding, nn.LayerNorm)):
+            generator = torch.Generator(device=sub.weight.device).manual_seed(
+                seed * 1_000_003 + zlib.crc32(name.encode()))
+            init_gpt_module(sub, name, spec.n_layer, generator)
+
+
+class DeepSpeedRunner(StepRunner):
+    CONFIG_FILE = "deepspeed_config.json"
+
+    def __init__(self, context: RunContext):
+        super().__init__(context)
+        self.stage = self.strategy.zero_stage
+
+    def setup(self) -> None:
+        import deepspeed
+
+        emulation.prepare_deepspeed()
+        self.config = deepspeed_config(self.p, self.ctx.device.type)
+        # Wrap the process group the worker made; zero.Init reads the world size from it.
+        deepspeed.init_distributed(dist_backend="nccl" if self.ctx.is_cuda else "gloo")
+        if self.p["pp"] > 1:
+            return self._setup_pipeline(deepspeed)
+        self.inner = self._build_model(deepspeed)
+        self._params_total = sum(getattr(p, "ds_numel", p.numel()) for p in self.inner.parameters())
+        self.engine, _, _, _ = deepspeed.initialize(model=self.inner,
+                                                    model_parameters=self.inner.parameters(),
+                                                    config=self.config)
+        if emulation.in_this_process() and getattr(self.engine, "first_dataloader_check", None) is not None:
+            # AutoTP's one-off check that a tensor-parallel group reads the same batch sums a flag over
+            # the group, which a fake all-reduce leaves at one rank's: the data follows the data-parallel
+            # rank here (below), as the check would confirm on a real world
+            self.engine.first_dataloader_check.remove()
+        # The ranks of one tensor-parallel group compute on the same batch: data follows the
+        # data-parallel rank.
+        from deepspeed.utils import groups
+
+        data_rank = groups.get_data_parallel_rank() if self.p["tp"] > 1 else self.ctx.rank
+        if self.p["tp"] > 1 and groups.get_tensor_model_parallel_world_size() != self.p["tp"]:
+            raise RuntimeError(f"DeepSpeed made tensor-parallel groups of "
+                               f"{groups.get_tensor_model_parallel_world_size()} ranks, "
+                               f"not tp={self.p['tp']}")
+        if self.p["checkpoint_in_cpu"]:
+            from trainbench.training.gpt import CheckpointsInHostMemory
+
+            group = groups.get_tensor_model_parallel_group() if self.p["tp"] > 1 else None
+            self.engine.module.checkpoint_storage = CheckpointsInHostMemory(group)
+        self.batches = self.ctx.batches(rank=data_rank)
+
+    def _setup_pipeline(self, deepspeed) -> None:
+        spec = self.ctx.built_spec
+        with self.ctx.device:
+            self.inner = pipeline_module(spec, self.p)  # only this stage's layers are built
+        init_pipeline_weights(self.inner, spec, self.p["seed"])
+        # each stage holds a part: the whole model is the spec's count (tied embedding once)
+        self._params_total = spec.param_count(self.p["head"], self.p["num_classes"])
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=self.inner, model_parameters=[q for q in self.inner.parameters() if q.requires_grad],
+            config=self.config)
+        # the first stage reads inputs, the last targets: both from the pipeline's data-parallel shard
+        batches = self.ctx.batches(rank=self.engine.grid.get_data_parallel_id())
+        self.pipeline_data = iter(batches.next, None)
+        if emulation.in_this_process() and self.engine.stage_id > 0:
+            self._receive_shapes_without_a_sender(spec)
+
+    def _receive_shapes_without_a_sender(self, spec: ModelSpec) -> None:
+        """An emulated stage after the first has no stage before it to tell it what it receives (the
+        engine's first receive is the sent activations' dtype and shape, which a fake receive leaves
+        unwritten): it is what every stage but the last sends, the hidden states of a micro batch in
+        the engine's dtype. The received buffer then stays as allocated (zeros)."""
+        engine = self.engine
+        dtype = next(engine.module.parameters()).dtype
+        shape = [self.p["micro_batch"], self.p["seq_len"], spec.d_model]
+        engine._recv_tensor_meta = lambda _sender: engine._allocate_or_extend_buffers(0, shape, dtype)
+
+    def _build_model(self, deepspeed) -> GPT:
+        def new_model():
+            return GPT(self.ctx.built_spec, head=self.p["head"], num_classes=self.p["num_classes"],
+                       activation_checkpointing=self.p["activation_checkpointing"],
+                       attention=self.p["attention"])
+
+        if self.stage < 3 or self.p["tp"] > 1:
+            # (with tensor parallelism AutoTP shards the built model inside deepspeed.initialize)
+            with self.ctx.device:
+                model = new_model()
+            model.init_weights(self.p["seed"])
+            return model
+        # ZeRO-3 partitions every layer as it is constructed, so no rank ever holds the whole model;
+        # weights are then initialised one module at a time, gathered, written by rank 0.
+        with deepspeed.zero.Init(config_dict_or_path=self.config):
+            model = new_model()
+        for index, name, module in model.init_targets():
+            with deepspeed.zero.GatheredParameters(list(module.parameters(recurse=False)), modifier_rank=0):
+                if self.ctx.rank == 0:
+                    model.init_module(index, name, module, self.p["seed"])
+        return model
+
+    def train_step(self) -> torch.Tensor:
+        if self.p["pp"] > 1:
+            # grad_accum micro batches through the stages, then the optimizer step; the mean loss
+            # comes back to every stage
+            return self.engine.train_batch(data_iter=self.pipeline_data).detach().float()
+        accumulation = self.p["grad_accum"]
+        total = torch.zeros((), device=self.ctx.device)
+        for _ in range(accumulation):
+            inputs, targets = self.batches.next()
+            loss = self.engine(inputs, targets)
+            self.engine.backward(loss)  # scales by 1/accumulation itself
+            self.engine.step()  # steps the optimizer at the accumulation boundary only
+            total += loss.detach().float() / accumulation
+        return total
+
+    def model(self) -> torch.nn.Module:
+        return self.engine.module
+
+    def params_total(self) -> int:
+        return self._params_total  # counted before tensor parallelism split the layers
+
+    def framework_config(self) -> dict[str, Any]:
+        return self.config  # the exact JSON config this run used

@@ -1,0 +1,163 @@
+"""Lightning's Trainer with its own strategies (ddp, fsdp, deepspeed_stage_2[_offload], ...).
+
+The model is a Hugging Face DistilBERT sequence classifier built from its config (random weights),
+or loaded from `pretrained_path`. Lightning owns the training loop; a callback hands each batch to
+the worker's StepRecorder, so steps are timed like every other runner's. After the last measured step
+the model is evaluated on held-out data, inside `fit` through the training engine (a separate
+`trainer.test()` builds a new DeepSpeed inference engine, which fails under ZeRO-3 with parameter
+offload), and the accuracy reported.
+
+The process group is already up (the worker made it, torchrun started the ranks): Lightning detects
+torchrun's environment and uses it rather than launching processes of its own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from trainbench.training import sentiment
+from trainbench.registry.frameworks import offloads
+from trainbench.training.runners import LoopRunner, RunContext
+
+PRECISION = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
+TEST_SAMPLES = 2048  # synthetic; real IMDB tests on up to 10,000 reviews like the study's origin
+IMDB_TEST_SAMPLES = 10_000
+
+
+def build_classifier(spec, num_classes: int, pretrained_path: str | None, deterministic: bool,
+                     attention: str = "sdpa"):
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+    # SDPA's fused attention kernels have no deterministic backward; eager attention does
+    attention = "eager" if deterministic or attention == "eager" else "sdpa"
+    if pretrained_path:
+        return DistilBertForSequenceClassification.from_pretrained(pretrained_path, num_labels=num_classes,
+                                                                   attn_implementation=attention)
+    config = DistilBertConfig(vocab_size=spec.vocab_size, dim=spec.d_model, n_layers=spec.n_layer,
+                              n_heads=spec.n_head, hidden_dim=spec.ffn, max_position_embeddings=spec.max_seq,
+                              num_labels=num_classes, attn_implementation=attention)
+    return DistilBertForSequenceClassification(config)
+
+
+def _module_class():
+    import lightning as L
+
+    class SequenceClassifier(L.LightningModule):
+        def __init__(self, model, params: dict):
+            super().__init__()
+            self.model = model
+            self.params = params
+            self.correct = torch.zeros(())
+            self.seen = torch.zeros(())
+            self.accuracy: float | None = None
+
+        def training_step(self, batch, batch_idx):
+            tokens, mask, labels = batch
+            return self.model(input_ids=tokens, attention_mask=mask, labels=labels).loss
+
+        def validation_step(self, batch, batch_idx):
+            tokens, mask, labels = batch
+            logits = self.model(input_ids=tokens, attention_mask=mask).logits
+            self.correct = self.correct.to(labels.device) + (logits.argmax(-1) == labels).sum()
+            self.seen = self.seen.to(labels.device) + labels.numel()
+
+        def on_validation_epoch_end(self):
+            correct = self.trainer.strategy.reduce(self.correct.float(), reduce_op="sum")
+            seen = self.trainer.strategy.reduce(self.seen.float(), reduce_op="sum")
+            self.accuracy = (correct / seen).item()
+
+        def configure_optimizers(self):
+            p = self.params
+            if offloads(p)[0] and p["device"] == "cuda":
+                # ZeRO-Offload refuses a client optimizer that is not DeepSpeed's CPU Adam
+                from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+                return DeepSpeedCPUAdam(self.parameters(), lr=p["lr"], weight_decay=p["weight_decay"],
+                                        adamw_mode=False)
+            return torch.optim.Adam(self.parameters(), lr=p["lr"], weight_decay=p["weight_decay"])
+
+    return SequenceClassifier
+
+
+def _step_callback(recorder, accumulation: int):
+    import lightning as L
+
+    class StepTiming(L.Callback):
+        """One optimizer step = `accumulation` batches: begin at the first, end after the last."""
+
+        def __init__(self):
+            self.batches = 0
+            self.loss_sum = None  # on the device: read by the recorder at the end of its window
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if self.batches % accumulation == 0:
+                recorder.begin()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.batches += 1
+            loss = outputs["loss"].detach()
+            self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
+            if self.batches % accumulation == 0:
+                recorder.end(self.loss_sum / accumulation)
+                self.loss_sum = None
+
+    return StepTiming()
+
+
+class LightningRunner(LoopRunner):
+    def __init__(self, context: RunContext):
+        super().__init__(context)
+
+    def setup(self) -> None:
+        p = self.p
+        # exactly the samples the measured steps consume, spread over the ranks by Lightning's sampler
+        n_train = self.ctx.fixed_steps * p["global_batch"]
+        n_test = IMDB_TEST_SAMPLES if p["dataset_path"] else TEST_SAMPLES
+        self.train_split, self.test_split = sentiment.load(p, self.ctx.spec, n_train, n_test)
+        model = build_classifier(self.ctx.spec, p["num_classes"], p["pretrained_path"], p["deterministic"],
+                                 p["attention"])
+        self.module = _module_class()(model, p)
+
+    def _loader(self, split: sentiment.Split, batch: int, shuffle: bool):
+        dataset = torch.utils.data.TensorDataset(split.tokens, split.mask, split.labels)
+        return torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=shuffle, drop_last=shuffle,
+                                           generator=torch.Generator().manual_seed(self.p["seed"]))
+
+    def _trainer(self, recorder):
+        import lightning as L
+        from lightning.pytorch.callbacks import ModelCheckpoint
+        from lightning.pytorch.loggers import CSVLogger
+
+        p = self.p
+        scratch = Path(self.ctx.work_dir)
+        # its strategies are Lightning's names
+        strategy = "auto" if self.strategy.single_rank else p["strategy"]
+        return L.Trainer(
+            accelerator="gpu" if self.ctx.is_cuda else "cpu", devices=p["gpus_per_node"],
+            num_nodes=p["nodes"],
+            strategy=strategy, precision=PRECISION[p["precision"]], deterministic=p["deterministic"],
+            max_steps=recorder.total, accumulate_grad_batches=p["grad_accum"], log_every_n_steps=10,
+            # the study's callbacks: a checkpoint at the end of training and a logger
+            callbacks=[_step_callback(recorder, p["grad_accum"]),
+                       ModelCheckpoint(dirpath=scratch / "checkpoints", save_last=False)],
+            logger=CSVLogger(scratch / "logs"), enable_progress_bar=False, enable_model_summary=False,
+            # one pass over the held-out set after the last step, outside the timed steps
+            num_sanity_val_steps=0, val_check_interval=recorder.total, check_val_every_n_epoch=None)
+
+    def train(self, recorder) -> None:
+        self.trainer = self._trainer(recorder)
+        self.trainer.fit(self.module,
+                         train_dataloaders=self._loader(self.train_split, self.p["micro_batch"], True),
+                         val_dataloaders=self._loader(self.test_split, self.p["micro_batch"], False))
+
+    def results(self) -> dict:
+        return {"test_accuracy": self.module.accuracy, "dataset": self.train_split.source,
+                "test_samples": len(self.test_split.labels)}
+
+    def model(self) -> torch.nn.Module:
+        return self.module.model
+
+    def params_total(self) -> int:
+        return sum(getattr(p, "ds_numel", p.numel()) for p in self.module.model.parameters())

@@ -1,0 +1,113 @@
+"""Tensor parallelism that builds sharded: trainbench's GPT split in Megatron's layout with PyTorch's
+DTensor tensor parallel, under FSDP2 on a 2-D mesh (data parallel x tensor parallel), as torchtitan
+parallelises its models.
+
+The model is built on the meta device, so no rank ever holds more than its shard of a layer:
+
+- each block's attention qkv and MLP fc are column-parallel (ColwiseParallel: rows of the weight,
+  and the bias, split over the tp ranks), the two output projections row-parallel (RowwiseParallel:
+  columns split, the bias whole, an all-reduce of the output). The residual stream, the LayerNorms
+  and the row-parallel biases stay whole on every rank (no sequence parallelism).
+- the token embedding is vocabulary-parallel (RowwiseParallel on nn.Embedding: each rank holds
+  vocab / tp rows, looks up the tokens it has and the outputs are all-reduced), and the LM head,
+  tied to it as in GPT-2, multiplies by the same sharded weight: each rank computes its vocab / tp
+  columns of the logits (Shard(-1)), and the loss is computed without gathering them
+  (`loss_parallel`). The learned positions stay whole (max_seq x d).
+- FSDP2's `fully_shard` then shards every parameter over the data-parallel ranks; with CPU
+  offload the shards live in host memory. `materialise` allocates only the local shards and fills
+  them.
+
+Two things differ from torchtitan's LLaMA because trainbench's GPT differs:
+
+- the fused qkv projection computes [q; k; v]: a plain row split would give rank 0 all of q and
+  half of k. The weight is laid out per rank instead ([q_0; k_0; v_0; q_1; k_1; v_1; ...], Megatron's
+  arrangement too), so that each rank's rows are its heads' q, k and v and the forward's
+  `chunk(3)` of the local output is right. `qkv_layout` is that permutation of the rows.
+- the tied LM head: the tied weight is one parameter, vocabulary-sharded (Shard(0)) for both uses.
+
+Initialisation draws each parameter whole from the generator a plain build uses (`GPT.init_module`),
+one parameter at a time, and keeps this rank's shard, so every tp (and dp) starts from the model one
+rank builds: what Megatron's `--use-cpu-initialization` does. The transient is the largest single
+parameter (the memory model counts it).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from trainbench.training.gpt import GPT, init_gpt_module
+
+# which linear layers of a block are column- and row-parallel (Megatron's layout)
+COLUMN_PARALLEL = ("attn.qkv", "mlp.fc")
+ROW_PARALLEL = ("attn.proj", "mlp.proj")
+
+
+def parallelize(model: GPT, tp_mesh) -> None:
+    """Swap the model's (meta) parameters for DTensors sharded over `tp_mesh` in Megatron's layout."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    # vocabulary-parallel embedding: token ids replicated in, the looked-up rows all-reduced out
+    parallelize_module(model, tp_mesh, {"wte": RowwiseParallel(input_layouts=Replicate())})
+    plan = {**{name: ColwiseParallel() for name in COLUMN_PARALLEL},
+            **{name: RowwiseParallel() for name in ROW_PARALLEL}}
+    for block in model.blocks:
+        parallelize_module(block, tp_mesh, plan)
+
+
+def qkv_layout(full: torch.Tensor, tp: int) -> torch.Tensor:
+    """A fused qkv weight (3d x d) or bias (3d) from the plain layout [q; k; v] to the per-rank one
+    [q_0; k_0; v_0; q_1; ...]: row block r of tp is then rank r's heads' q, k and v."""
+    rows = full.shape[0]
+    return full.reshape(3, tp, rows // (3 * tp), *full.shape[1:]).transpose(0, 1).reshape(full.shape)
+
+
+def _whole_module(module: nn.Module, device: torch.device) -> nn.Module:
+    """An unsharded module of the same kind and shape as `module`, uninitialised, on `device`."""
+    with torch.device("meta"):
+        if isinstance(module, nn.Linear):
+            whole = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
+        elif isinstance(module, nn.Embedding):
+            whole = nn.Embedding(module.num_embeddings, module.embedding_dim)
+        elif isinstance(module, nn.LayerNorm):
+            whole = nn.LayerNorm(module.normalized_shape, eps=module.eps)
+        else:
+            raise TypeError(f"no sharded initialisation for {type(module).__name__}")
+    return whole.to_empty(device=device)
+
+
+@torch.no_grad()
+def materialise(model: GPT, device: torch.device, init_device: torch.device, seed: int, tp: int) -> None:
+    """Allocate this rank's shard of every parameter on `device` and fill it with its part of the
+    weights a plain build makes (drawn whole, one parameter at a time, on `init_device`)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    model.to_empty(device=device)
+    for index, name, module in model.init_targets():
+        whole = _whole_module(module, init_device)
+        generator = torch.Generator(device=init_device).manual_seed(GPT.init_seed(seed, index))
+        init_gpt_module(whole, name, model.spec.n_layer, generator)
+        for key, parameter in module.named_parameters(recurse=False):
+            value = getattr(whole, key)
+            if tp > 1 and name.endswith("attn.qkv"):
+                value = qkv_layout(value, tp)
+            if isinstance(parameter, DTensor):
+                value = distribute_tensor(value, parameter.device_mesh, parameter.placements,
+                                          src_data_rank=None).to_local()
+                parameter = parameter.to_local()
+            parameter.copy_(value)
+        if init_device.type == "cuda":
+            # each module's whole weights are drawn in blocks of their own size, which the caching
+            # allocator would keep, and the next module's are other sizes: 13 GiB stayed reserved for
+            # 6 allocated on rank 0 of bert-180b at tp 16 (tools/gpu-runs/emulated-7.log, before this
+            # release; its effect is not yet measured on a GPU)
+            del whole, value
+            torch.cuda.empty_cache()
+
+
+def local_loss(loss: torch.Tensor) -> torch.Tensor:
+    """The loss as a plain tensor (the vocabulary-parallel loss is a replicated DTensor)."""
+    from torch.distributed.tensor import DTensor
+
+    return loss.to_local() if isinstance(loss, DTensor) else loss
