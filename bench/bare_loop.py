@@ -1,6 +1,7 @@
 """A bare training loop: the reference the pipeline's cells are measured against (bench/overhead.py).
 
-The same model code (trainbench.training.gpt), synthetic data (trainbench.training.data), optimizer (fused AdamW),
+The same model code (trainbench.training.gpt), synthetic data (trainbench.training.data), optimizer
+(fused AdamW),
 precision (autocast), compile setting and, on several GPUs, torch DDP, built from a cell's
 parameters, and nothing else: no recorder, no memory sampler, no per-step synchronisation, no
 loss read. After `warmup` steps the device is synchronised once, `steps` steps run, and the device

@@ -86,7 +86,8 @@ def linear_terms(doc: dict) -> dict | None:
     """A measured cell's predictions as linear functions of the fitted constants: GPU = slack x alloc +
     context + nccl x multi; host = ranks x (base + rest + staging x offloaded) (MiB)."""
     from trainbench.registry.frameworks import framework_of
-    from trainbench.predict.memory_model import (DEEPSPEED_IMPORT_MIB, HOST_RANK_BASE_MIB, OFFLOAD_STAGING_BYTES,
+    from trainbench.predict.memory_model import (DEEPSPEED_IMPORT_MIB, HOST_RANK_BASE_MIB,
+                                                 OFFLOAD_STAGING_BYTES,
                                          model_states)
     from trainbench.registry.models import get_model
 

@@ -123,8 +123,8 @@ def test_the_driver_is_the_nearest_snakemake_above_the_cell_runner(tmp_path):
     # spaces and parentheses, and the command line of a process that calls itself snakemake
     middle = ("import ctypes, subprocess, sys\n"
               "ctypes.CDLL(None).prctl(15, b'a) b (c', 0, 0, 0)  # PR_SET_NAME: this process's comm\n"
-              "sys.exit(subprocess.call([sys.executable, '-c', 'from trainbench.execute.lifetime import driver_pid; "
-              "print(driver_pid())']))\n")
+              "sys.exit(subprocess.call([sys.executable, '-c', "
+              "'from trainbench.execute.lifetime import driver_pid; print(driver_pid())']))\n")
     script = tmp_path / "middle.py"
     script.write_text(middle)
     top = subprocess.Popen([sys.executable, "-c",

@@ -21,7 +21,8 @@ from trainbench.execute.cellrun import classify
 from trainbench.study.config import load_config
 from trainbench.study.grid import resolve
 from trainbench.execute.slurm import probe
-from trainbench.execute.launch import Rendezvous, launch_environment, multinode_command, srun_command, worker_args
+from trainbench.execute.launch import (Rendezvous, launch_environment, multinode_command, srun_command,
+                                      worker_args)
 
 from conftest import FAST_TIMING, REPO, tiny_study
 from test_gpus import assert_never_shared, max_in_use

@@ -29,10 +29,12 @@ from trainbench.execute import provenance
 from trainbench.study.grid import Cell, params_hash
 from trainbench.execute.gpus import NotEnoughGpus, devices_for_cell, machine_devices, under_slurm
 from trainbench.execute.lifetime import driver_pid, runner_environment, wait_for_an_exit, when_gone
-from trainbench.execute.launch import (WORKER_MODULE, Rendezvous, free_port, launch_environment, multinode_command,
+from trainbench.execute.launch import (WORKER_MODULE, Rendezvous, free_port, launch_environment,
+                                      multinode_command,
                               node_command, srun_command, worker_args)
 from trainbench.registry.hardware import host_memory_mib
-from trainbench.execute.results import (SCHEMA_VERSION, empty_metrics, empty_predicted, node_memory, partial_metrics,
+from trainbench.execute.results import (SCHEMA_VERSION, empty_metrics, empty_predicted, node_memory,
+                                       partial_metrics,
                                 summarize, write_json_atomic)
 
 TERMINATE_GRACE_S = 15

@@ -11,7 +11,6 @@ import resource
 from dataclasses import dataclass
 
 from trainbench.registry import hardware
-from trainbench.registry.hardware import MIB
 from trainbench.registry.models import get_model
 from trainbench.study.timing import TimingSettings, summarize_windows
 

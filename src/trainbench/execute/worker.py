@@ -31,7 +31,8 @@ from trainbench.execute.memory_sampler import MemorySampler
 from trainbench.registry.hardware import MIB
 from trainbench.execute.metrics import process_peak_rss_mib, tensors_held_bytes
 from trainbench.execute.results import write_json_atomic
-from trainbench.training.runners import LoopRunner, RunContext, Runner, StepRunner, make_runner, params_per_module
+from trainbench.training.runners import (LoopRunner, RunContext, Runner, StepRunner, make_runner,
+                                         params_per_module)
 from trainbench.study.timing import TimingSettings, fixed_step_count, steps_per_window, summarize_windows
 
 # Test hook: TRAINBENCH_FAIL_AT_STEP=k makes every rank raise an ordinary error at step k (0 = init),

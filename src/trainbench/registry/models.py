@@ -1,6 +1,7 @@
 """Model registry: architecture shapes by name, their parameter counts and training FLOPs.
 
-The registry knows shapes only; `trainbench.training.gpt` (and later other builders) turn a spec into a module.
+The registry knows shapes only; `trainbench.training.gpt` (and later other builders) turn a spec into a
+module.
 Counting is analytic so that the memory model and MFU work for models that were never built here
 (a 180B model on a laptop).
 """

@@ -82,7 +82,8 @@ def _cells(description: str) -> dict[str, Any]:
 
 
 def _findings() -> dict[str, Any]:
-    """A study's findings (src/trainbench/reporting/findings.py): a claim and one relation between its cells."""
+    """A study's findings (src/trainbench/reporting/findings.py): a claim and one relation between its
+    cells."""
     keys = [p.name for p in PARAMS]
     compare = {
         "type": "object", "additionalProperties": False, "required": ["metric"], "default": None,
@@ -172,8 +173,8 @@ def build_schema() -> dict[str, Any]:
                                          "changing these reruns nothing."},
             "timing": {**TimingSettings.json_schema(), "default": {},
                        "description": "How long the study's cells time their steps: windows, the interval "
-                                      "to reach, a cap (src/trainbench/study/timing.py); changing these reruns "
-                                      "nothing."},
+                                      "to reach, a cap (src/trainbench/study/timing.py); changing these "
+                                      "reruns nothing."},
             "execution_overrides": {
                 "type": "array", "default": [],
                 "description": "Per-cell execution settings: `set` applies to the cells matching `when`.",
