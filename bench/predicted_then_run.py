@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from trainbench.execute.metrics import MIB  # noqa: E402
+from trainbench.registry.hardware import MIB  # noqa: E402
 from trainbench.execute.results import InvalidResult, read_result  # noqa: E402
 
 GIB = 1024 * MIB

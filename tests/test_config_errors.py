@@ -1,6 +1,6 @@
 """Every config mistake is refused before any job, naming the key (and the cell where it is a cell's
 mistake), with no traceback: a table of kinds of bad config and the words each message must hold.
-Each case edits a valid config of one small study; load_config must raise ConfigError saying so.
+Each case edits a valid config of one small study; load_checked must raise ConfigError saying so.
 (tests/test_workflow.py checks that Snakemake shows these messages and starts no job.)"""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import pytest
 
-from trainbench.study.config import load_config
+from trainbench.workflow import load_checked
 from trainbench.errors import ConfigError
 
 from conftest import tiny_study
@@ -211,12 +211,12 @@ def test_the_table_holds_at_least_forty_kinds_of_mistake():
 def test_a_bad_config_is_refused_naming_what_is_wrong(case):
     edit, words = CASES[case]
     config = copy.deepcopy(base())
-    load_config(copy.deepcopy(config))  # the base is valid
+    load_checked(copy.deepcopy(config))  # the base is valid
     edit(config)
     if "__replace__" in config:
         config = config["__replace__"]
     with pytest.raises(ConfigError) as raised:
-        load_config(config)
+        load_checked(config)
     assert words in str(raised.value), str(raised.value)
 
 

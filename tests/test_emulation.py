@@ -198,7 +198,8 @@ def test_a_result_that_says_it_is_emulated_must_say_which_rank_of_which_world():
 
 
 def test_a_table_shows_an_emulated_row_apart_and_its_timed_figures_as_compute():
-    from trainbench.reporting.tables import cell_text, result_text, table_rows
+    from trainbench.reporting.columns import result_text
+    from trainbench.reporting.tables import cell_text, table_rows
 
     doc = _emulated_doc()
     assert result_text(doc) == "emulated rank 0 of 4: ok"

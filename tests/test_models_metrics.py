@@ -10,7 +10,7 @@ import torch
 from trainbench.training.gpt import GPT
 from trainbench.execute.metrics import peak_flops, throughput
 from trainbench.registry.models import MODELS, get_model
-from trainbench.reporting.tables import hms, si
+from trainbench.reporting.columns import hms, si
 
 
 @pytest.mark.parametrize("name, published", [

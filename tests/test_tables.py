@@ -8,7 +8,8 @@ import pandas
 import pytest
 
 from trainbench.study.config import load_config
-from trainbench.reporting.tables import COLUMNS, COMPUTE_ONLY, cell_text
+from trainbench.reporting.columns import COLUMNS, COMPUTE_ONLY
+from trainbench.reporting.tables import cell_text
 
 from conftest import REPO
 

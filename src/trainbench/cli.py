@@ -13,11 +13,11 @@ from trainbench.registry.hardware import GPUS
 
 
 def _config(path: str):
-    from trainbench.study.config import load_config
+    from trainbench.workflow import load_checked
 
     if not Path(path).exists():
         raise UsageError(f"{path}: no such file (run from the repository root, or pass --config)")
-    return load_config(path)
+    return load_checked(path)
 
 
 def cell_status(target: Path, params_hash: str) -> str:
@@ -302,7 +302,7 @@ def cmd_vocabulary(args) -> int:
                   f"ctx={m.max_seq}  {m.note}{built}")
     elif args.command == "columns":
         from trainbench.reporting.findings import metrics
-        from trainbench.reporting.tables import COLUMNS
+        from trainbench.reporting.columns import COLUMNS
 
         width = max(len(c.header) for c in COLUMNS.values())
         for name, column in COLUMNS.items():

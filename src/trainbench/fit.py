@@ -52,7 +52,7 @@ def _gib(mib: float | None) -> str:
 
 def report(doc: dict[str, Any]) -> list[str]:
     """What a user asks of a fit: did it train, the memory per GPU and per node, the model's view."""
-    from trainbench.reporting.tables import result_text
+    from trainbench.reporting.columns import result_text
 
     m, p, emulated = doc["metrics"], doc["params"], doc.get("emulation") or {}
     limit = p.get("gpu_mem_limit_gib")

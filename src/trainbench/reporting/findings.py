@@ -42,6 +42,10 @@ from typing import Any
 
 import pandas
 
+from trainbench.reporting.columns import (COLUMNS, column_values, emulated, predicted_gib, predicted_time,
+                                          result_text)
+from trainbench.reporting.predictions import prediction, time_prediction
+
 Doc = dict[str, Any]
 
 RELATIONS = ("compare", "fits", "oom")
@@ -64,8 +68,6 @@ class Metric:
 
 
 def _column_figure(name: str) -> Callable[[Doc], tuple[Any, Any]]:
-    from trainbench.reporting.tables import column_values
-
     return lambda doc: column_values(doc, name)
 
 
@@ -88,22 +90,20 @@ def _search_figure(key: str) -> Callable[[Doc], tuple[Any, Any]]:
 
 def _predicted(name: str) -> Callable[[Doc], float | None] | None:
     """The memory or time model's figure standing for a column (None where neither models it)."""
-    from trainbench.reporting import tables
-
     time_keys = {"step_time_ms": ("step_time_s", 1e3), "samples_per_s": ("samples_per_s", 1.0),
                  "mfu": ("mfu", 1.0)}
     if name in time_keys:
-        return tables._predicted_time(*time_keys[name])
+        return predicted_time(*time_keys[name])
     if name in ("gpu_mem_rank0_gib", "gpu_mem_max_gib"):
-        return tables._predicted_gib
+        return predicted_gib
     if name in ("gpu_mem_rank0_mib", "gpu_mem_max_mib"):
-        return lambda doc: tables.prediction(doc).get("gpu_mem_mib")
+        return lambda doc: prediction(doc).get("gpu_mem_mib")
     if name == "tokens_per_s":
-        return lambda doc: _times(tables.time_prediction(doc).get("samples_per_s"),
+        return lambda doc: _times(time_prediction(doc).get("samples_per_s"),
                                   doc["params"].get("seq_len"))
     if name in ("projected_min", "projected_hms", "time_per_sample_ms"):
         def run(doc: Doc):
-            step, p = tables.time_prediction(doc).get("step_time_s"), doc["params"]
+            step, p = time_prediction(doc).get("step_time_s"), doc["params"]
             if step is None or not p.get("global_batch"):
                 return None
             if name == "time_per_sample_ms":
@@ -122,8 +122,6 @@ def _times(a, b):
 
 def metrics() -> dict[str, Metric]:
     """Every metric a finding can compare: the table's numeric columns and the search's largest batch."""
-    from trainbench.reporting.tables import COLUMNS
-
     out = {name: Metric(name, column.header, column.text, _column_figure(name),
                         timed=column.interval is not None,
                         memory=name.startswith(("gpu_mem_", "torch_alloc_")), predicted=_predicted(name))
@@ -444,8 +442,6 @@ def _point(doc: Doc, metric: Metric, figure: tuple[float, float, bool]) -> float
 
 def _outcome_cell(finding: Finding, doc: Doc, label: str) -> Pair:
     """fits / oom: one cell."""
-    from trainbench.reporting.tables import emulated, result_text
-
     status = doc["status"]
     pair = Pair(doc["cell_id"], None, label, "measured", status=status)
     wanted = "ok" if finding.relation == "fits" else "oom"
@@ -472,7 +468,7 @@ def _outcome_cell(finding: Finding, doc: Doc, label: str) -> Pair:
 
 def evaluate(specs: list[dict[str, Any]] | None, docs: list[Doc], id_keys: list[str]) -> list[Result]:
     """Every declared finding judged on a study's documents (measured, planned and unsupported cells,
-    in the grid's order, with the models' predictions: tables.with_current_predictions)."""
+    in the grid's order, with the models' predictions: predictions.with_current_predictions)."""
     known = metrics()
     params = [d["params"] for d in docs]
     results = []

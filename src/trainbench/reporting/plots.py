@@ -24,7 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from trainbench.execute.results import with_intervals  # noqa: E402
-from trainbench.reporting.tables import prediction, time_prediction, with_current_predictions  # noqa: E402
+from trainbench.reporting.predictions import prediction, time_prediction, with_current_predictions  # noqa: E402
 
 Doc = dict[str, Any]
 

@@ -1,427 +1,26 @@
 """Aggregate a study's metrics.json files into a CSV (everything, flattened) and a markdown table.
 
 The markdown table has one row per cell, whatever its status: the cell's varying parameters, its
-result ("ok", "OOM at step 23 (timed)", "unsupported: why"), then the study's report columns in the
-units its origin used. Every number comes from a metrics.json; nothing here invents one.
+result ("ok", "OOM at step 23 (timed)", "unsupported: why"), then the study's report columns
+(reporting.columns) in the units its origin used. Every number comes from a metrics.json; nothing here
+invents one.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas
 
 from trainbench import paths
-from trainbench.study.grid import Cell, Study
 from trainbench.execute.results import PER_STEP_METHOD, with_intervals
-
-Doc = dict[str, Any]
-
-
-def _metric(doc: Doc, key: str):
-    return (doc.get("metrics") or {}).get(key)
-
-
-def _max(values):
-    values = [v for v in (values or []) if v is not None]
-    return max(values) if values else None
-
-
-def hms(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
-def si(count: float) -> str:
-    for factor, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if abs(count) >= factor:
-            return f"{count / factor:.1f}{suffix}"
-    return f"{count:g}"
-
-
-def _fmt(digits: int) -> Callable[[float], str]:
-    return lambda v: f"{v:,.{digits}f}"
-
-
-@dataclass(frozen=True)
-class Column:
-    header: str
-    value: Callable[[Doc], Any]
-    text: Callable[[Any], str]
-    description: str
-    needs_ok: bool = True  # only meaningful for a run that finished
-    # a timed figure's 95% interval (low, high) in the column's unit, None where the run has none
-    interval: Callable[[Doc], tuple[float, float] | None] | None = None
-    comparable: bool = True  # a measured number that findings can compare (not text, not a prediction)
-
-
-def _ci(key: str, scale: float = 1.0) -> Callable[[Doc], tuple[float, float] | None]:
-    """A metrics key's interval, in the column's unit."""
-
-    def interval(doc: Doc):
-        bounds = _metric(doc, f"{key}_ci")
-        return None if not bounds else (bounds[0] * scale, bounds[1] * scale)
-
-    return interval
-
-
-def _per_step(scale: Callable[[Doc], float | None]) -> Callable[[Doc], tuple[float, float] | None]:
-    """A column proportional to the step time: its interval is the step time's, scaled."""
-
-    def interval(doc: Doc):
-        bounds, factor = _metric(doc, "step_time_s_ci"), scale(doc)
-        return None if not bounds or not factor else (bounds[0] * factor, bounds[1] * factor)
-
-    return interval
-
-
-def _per_gpu(doc: Doc) -> str | None:
-    used, total = _metric(doc, "gpu_mem_used_mib"), _metric(doc, "gpu_mem_total_mib")
-    if not used:
-        return None
-    return ", ".join(f"{u:,.0f} / {t:,.0f}" for u, t in zip(used, total or [None] * len(used)))
-
-
-def _rank0_mib(key: str) -> Callable[[Doc], float | None]:
-    """Rank 0's figure of a per-rank (per-GPU, in rank order) metric."""
-    return lambda doc: (_metric(doc, key) or [None])[0]
-
-
-def _max_mib(key: str) -> Callable[[Doc], float | None]:
-    """The worst rank's figure of a per-rank metric."""
-    return lambda doc: _max(_metric(doc, key))
-
-
-def _gib(mib: Callable[[Doc], float | None]) -> Callable[[Doc], float | None]:
-    def value(doc: Doc):
-        figure = mib(doc)
-        return figure / 1024 if figure is not None else None
-
-    return value
-
-
-def _ms_per_sample(doc: Doc):
-    batch = doc["params"].get("global_batch")
-    return 1e3 / batch if batch else None
-
-
-def _time_per_sample_ms(doc: Doc):
-    step, factor = _metric(doc, "step_time_s"), _ms_per_sample(doc)
-    return step * factor if step and factor else None
-
-
-def _timed_steps(doc: Doc):
-    return doc["params"].get("timed_steps")
-
-
-def _timed_total_s(doc: Doc):
-    """The study's timed steps at the median step (gpt2_zero: 3 steps, its origin's 48 samples)."""
-    step, steps = _metric(doc, "step_time_s"), _timed_steps(doc)
-    return step * steps if step and steps else None
-
-
-def _steps_of_run(doc: Doc):
-    step, projected = _metric(doc, "step_time_s"), _metric(doc, "projected_run_s")
-    return projected / step if step and projected else None
-
-
-def _params_held_rank0(doc: Doc):
-    counts = _metric(doc, "params_per_module_rank0")
-    return sum(counts.values()) if counts else None
-
-
-def _loss(doc: Doc):
-    first, last = _metric(doc, "loss_first"), _metric(doc, "loss_last")
-    return None if first is None else f"{first:.3f} → {last:.3f}"
-
-
-def _params_rank0(doc: Doc):
-    counts = _metric(doc, "params_per_module_rank0")
-    if not counts:
-        return None
-    return ", ".join(f"{name} {si(n)}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-
-
-def prediction(doc: Doc) -> dict:
-    """The memory model's prediction for the cell on the machine it ran on: the current model's, so
-    tables follow improvements to it (the prediction the run was launched with stays in its
-    metrics.json, and in the CSV as predicted_at_run). A planned row carries its own. Computed once
-    per document (with_current_predictions) and read by every column and plot that shows it."""
-    if "predicted_now" in doc:
-        return doc["predicted_now"]
-    if doc["status"] in ("planned", "not run"):
-        return doc.get("predicted") or {}
-    from trainbench.predict.memory_model import hardware_of_run, predict
-
-    try:
-        return predict(doc["params"], hardware_of_run(doc)).as_dict()
-    except (KeyError, ValueError):  # a cell of a model or strategy the model does not know
-        return {}
-
-
-def _study_gpu(docs: list[Doc]):
-    """The GPU type most of a study's measured cells ran on (None if none ran on a known one): what its
-    planned cells are predicted for where the study's plan_for names none."""
-    from trainbench.predict.memory_model import hardware_of_run
-
-    kinds = Counter()
-    for doc in docs:
-        if doc["status"] == "ok" and (hardware := hardware_of_run(doc)) is not None and hardware.gpu:
-            kinds[hardware.gpu.key] += 1
-    return kinds.most_common(1)[0][0] if kinds else None
-
-
-def time_prediction(doc: Doc, study_gpu: str | None = None) -> dict:
-    """The time model's step time, samples/s and MFU for the cell: on the GPU it ran on (a measured
-    cell), or on the study's planning GPU (`planned_for_gpu`, else `study_gpu`); {} where the model
-    says nothing (CPU ranks, no GPU type, a run that did not train). Computed once per document, like
-    the memory prediction."""
-    if "predicted_time" in doc:
-        return doc["predicted_time"]
-    from trainbench.predict import time_model
-    from trainbench.registry.hardware import GPUS
-    from trainbench.predict.memory_model import hardware_of_run
-
-    if doc["status"] == "ok":
-        hardware = hardware_of_run(doc)
-        gpu = hardware.gpu if hardware else None
-        threads = time_model.threads_of_run(doc)
-    elif doc["status"] in ("planned", "not run"):
-        key = doc.get("planned_for_gpu") or study_gpu
-        gpu, threads = GPUS.get(key) if key else None, time_model.DEFAULT_CPU_THREADS
-    else:
-        return {}
-    predicted = time_model.predict(doc["params"], gpu, cpu_threads=threads)
-    return predicted.as_dict() if predicted else {}
-
-
-def with_current_predictions(docs: list[Doc]) -> list[Doc]:
-    """Each document with the current memory model's prediction under "predicted_now", and the time
-    model's under "predicted_time"."""
-    study_gpu = _study_gpu(docs)
-    return [{**doc, "predicted_now": prediction(doc), "predicted_time": time_prediction(doc, study_gpu)}
-            for doc in docs]
-
-
-def planned_document(cell: Cell, plan_for: dict[str, Any] | None) -> Doc:
-    """A table row for a cell outside the study's `measure` selection: no run, the memory model's
-    verdict for the study's planning hardware (or the stack's refusal, which needs no run)."""
-    from trainbench.predict.memory_model import hardware_from_args, held_gpu_mib, predict
-
-    doc: Doc = {"study": cell.study, "cell_id": cell.cell_id, "params": cell.params, "metrics": {},
-                "provenance": {}}
-    if cell.unsupported:
-        return {**doc, "status": "unsupported", "reason": cell.unsupported, "predicted": {}}
-    hardware = None
-    if plan_for:
-        # a cell held to a smaller GPU (gpu_mem_limit_gib) is planned on that GPU
-        gpu_gib = held_gpu_mib(plan_for["gpu_mem_gib"] * 1024, cell.params) / 1024
-        hardware = hardware_from_args(plan_for.get("name"), gpu_gib, plan_for["host_mem_gib"],
-                                      plan_for["gpus_per_node"])
-        if hardware.gpu is not None:  # the GPU type plan_for's name mentions: the time model's hardware
-            doc["planned_for_gpu"] = hardware.gpu.key
-    try:
-        predicted = predict(cell.params, hardware).as_dict()
-    except (KeyError, ValueError):  # a model or strategy the memory model does not know
-        predicted = {}
-    if predicted.get("fits") is None:
-        reason = "not measured"
-    elif predicted["fits"]:
-        reason = "predicted to fit"
-    else:  # the numbers are in the predicted columns; the row says what runs short
-        reason = "predicted not to fit: " + ", ".join(predicted["short_of"])
-    return {**doc, "status": "planned", "reason": reason, "predicted": predicted}
-
-
-def _predicted_gib(doc: Doc):
-    value = prediction(doc).get("gpu_mem_mib")
-    return value / 1024 if value is not None else None
-
-
-def _predicted_host_gib(doc: Doc):
-    value = prediction(doc).get("host_mem_mib")
-    return value / 1024 if value is not None else None
-
-
-def _predicted_time(key: str, scale: float = 1.0) -> Callable[[Doc], float | None]:
-    def value(doc: Doc):
-        figure = time_prediction(doc).get(key)
-        return figure * scale if figure is not None else None
-
-    return value
-
-
-def _memory_columns(name: str, key: str, what: str, source: str,
-                    meaning: dict[str, str]) -> dict[str, Column]:
-    """One per-rank memory figure as four columns: rank 0's and the worst rank's, in MiB and in GiB."""
-    columns = {}
-    for who, pick, whose in (("rank0", _rank0_mib, "rank 0"), ("max", _max_mib, "worst rank")):
-        for unit, value, digits, said in (("mib", pick(key), 0, meaning[who]),
-                                           ("gib", _gib(pick(key)), 2, f"{meaning[who]}, GiB")):
-            columns[f"{name}_{who}_{unit}"] = Column(f"{what}, {whose} ({unit[0].upper()}i{unit[2].upper()}"
-                                                     f"{source})", value, _fmt(digits), said, needs_ok=False)
-    return columns
-
-
-def _step_time_error_pct(doc: Doc):
-    if doc.get("emulation"):  # a rank's compute alone against the model's whole step: no error to give
-        return None
-    predicted, measured = time_prediction(doc).get("step_time_s"), _metric(doc, "step_time_s")
-    return 100 * (predicted - measured) / measured if predicted and measured else None
-
-
-COLUMNS: dict[str, Column] = {
-    "gpus": Column("GPUs", lambda d: d["params"]["gpus"], str, "ranks (GPUs) of the cell", needs_ok=False),
-    "global_batch": Column("global batch", lambda d: d["params"].get("global_batch"), str,
-                           "micro batch x accumulation x data-parallel size", needs_ok=False),
-    "step_time_ms": Column("step (ms)",
-                           lambda d: _metric(d, "step_time_s") and _metric(d, "step_time_s") * 1e3,
-                           _fmt(1), "median optimizer-step time", interval=_ci("step_time_s", 1e3)),
-    "time_per_sample_ms": Column("ms/sample", _time_per_sample_ms, _fmt(2), "median step time / global batch",
-                                 interval=_per_step(_ms_per_sample)),
-    "timed_total_s": Column("timed (s)", _timed_total_s, _fmt(2),
-                            "the study's timed steps (timed_steps x global batch samples) at the median step",
-                            interval=_per_step(_timed_steps)),
-    "samples_per_s": Column("samples/s", lambda d: _metric(d, "samples_per_s"), _fmt(1), "samples per second",
-                            interval=_ci("samples_per_s")),
-    "tokens_per_s": Column("tokens/s", lambda d: _metric(d, "tokens_per_s"), _fmt(0), "tokens per second",
-                           interval=_ci("tokens_per_s")),
-    "tflops_per_gpu": Column("TFLOPS/GPU", lambda d: _metric(d, "tflops_per_gpu"), _fmt(2),
-                             "model TFLOP/s per GPU (6N + 12LHQT per token)", interval=_ci("tflops_per_gpu")),
-    "mfu": Column("MFU", lambda d: _metric(d, "mfu"), lambda v: f"{v:.1%}",
-                  "model FLOPs utilisation against the GPU's dense peak", interval=_ci("mfu")),
-    # Device memory as nvidia-smi shows it (NVML 'used': the caching allocator's reserve, the CUDA context,
-    # NCCL) and the tensors torch allocated (what a strategy controls), for rank 0 (the figure
-    # campaigns that read one nvidia-smi line reported) and for the worst rank: they differ where ranks
-    # hold different things (ZeRO-1/2's rank 0, pipeline stages, tensor parallelism's first rank).
-    **_memory_columns("gpu_mem", "gpu_mem_used_mib", "GPU mem", ", nvidia-smi",
-                      {"rank0": "peak NVML 'used' memory of rank 0's GPU",
-                       "max": "peak NVML 'used' memory of the busiest GPU"}),
-    "gpu_mem_each": Column("GPU mem used / total (MiB, nvidia-smi), each GPU", _per_gpu, str,
-                           "peak NVML 'used' and total memory of every GPU, in rank order", needs_ok=False,
-                           comparable=False),
-    **_memory_columns("torch_alloc", "torch_peak_allocated_mib", "torch peak alloc", "",
-                      {"rank0": "torch's peak allocated memory on rank 0 (tensors only)",
-                       "max": "the largest torch peak allocated memory over ranks (tensors only)"}),
-    "host_mem_mib": Column("host mem (MiB)", lambda d: _metric(d, "host_mem_peak_mib"), _fmt(0),
-                           "peak resident memory of the busiest node's ranks together"),
-    "host_mem_pct": Column("host mem %", lambda d: _metric(d, "host_mem_percent_peak"), _fmt(1),
-                           "peak share of the node's memory in use (all processes)"),
-    "wall_min": Column("wall (min)", lambda d: _metric(d, "wall_time_s") and _metric(d, "wall_time_s") / 60,
-                       _fmt(2), "wall time of the measured run, start-up included"),
-    "projected_hms": Column("whole run (h:mm:ss)", lambda d: _metric(d, "projected_run_s"), hms,
-                            "projected steady-state time of the run the study describes",
-                            interval=_per_step(_steps_of_run)),
-    "projected_min": Column("whole run (min)", lambda d: _metric(d, "projected_run_s") and
-                            _metric(d, "projected_run_s") / 60, _fmt(1),
-                            "projected steady-state time of the run the study describes",
-                            interval=_per_step(lambda d: _steps_of_run(d) and _steps_of_run(d) / 60)),
-    "test_accuracy": Column("test acc.", lambda d: _metric(d, "test_accuracy"), lambda v: f"{v:.1%}",
-                            "accuracy on held-out data"),
-    "loss": Column("loss first → last", _loss, str, "training loss at the first and last step",
-                   comparable=False),
-    "params_total": Column("params", lambda d: _metric(d, "params_total"), si, "parameters in the model"),
-    "params_rank0": Column("params held by rank 0, by module", _params_rank0, str,
-                           "parameter elements rank 0 holds, by module class (ZeRO-3 shards them)",
-                           comparable=False),
-    "params_held_rank0": Column("params held by rank 0", _params_held_rank0, si,
-                                "parameter elements rank 0 holds, all modules together"),
-    "predicted_gpu_mem_gib": Column("predicted GPU mem, worst rank (GiB, nvidia-smi)", _predicted_gib,
-                                    _fmt(1),
-                                    "the memory model's prediction of the busiest GPU's NVML 'used' memory",
-                                    needs_ok=False, comparable=False),
-    "predicted_host_mem_gib": Column("predicted host mem (GiB)", _predicted_host_gib, _fmt(1),
-                                     "the memory model's prediction of the busiest node's ranks' memory",
-                                     needs_ok=False, comparable=False),
-    "predicted_step_time_ms": Column("predicted step (ms)", _predicted_time("step_time_s", 1e3), _fmt(1),
-                                     "the time model's optimizer-step time (docs/time-model.md)",
-                                     needs_ok=False, comparable=False),
-    "predicted_samples_per_s": Column("predicted samples/s", _predicted_time("samples_per_s"), _fmt(1),
-                                      "global batch / the time model's step time", needs_ok=False,
-                                      comparable=False),
-    "predicted_mfu": Column("predicted MFU", _predicted_time("mfu"), lambda v: f"{v:.1%}",
-                            "MFU at the time model's step time", needs_ok=False, comparable=False),
-    "step_time_error_pct": Column("time model error", _step_time_error_pct, lambda v: f"{v:+.0f}%",
-                                  "predicted step time against the measured median", needs_ok=True,
-                                  comparable=False),
-}
-
-
-def with_predictions(report: list[str], docs: list[Doc]) -> list[str]:
-    """Every study's table shows the memory model's prediction next to what was measured, and a GPU
-    study's the time model's step time and samples/s (planned cells: predicted only; measured ones: beside
-    the measurement, with the prediction's error)."""
-    wanted = ["predicted_host_mem_gib"]
-    if any(d["params"].get("device") == "cuda" for d in docs):
-        wanted = ["predicted_gpu_mem_gib", *wanted, "predicted_step_time_ms", "predicted_samples_per_s",
-                  "step_time_error_pct"]
-    return [*report, *(c for c in wanted if c not in report)]
-
-
-FOOTNOTE_AFTER = 60  # reasons longer than this go under the table, once each
-# a table row's flag, kept in the CSV as table.emulated: its timed figures are one emulated rank's compute
-COMPUTE_ONLY = "emulated"
-
-
-def noisy_text(doc: Doc) -> str:
-    """Why a finished cell's timing is not as tight as its study asked."""
-    half = _metric(doc, "ci_half_width")
-    if half is None:
-        return f"noisy ({_metric(doc, 'windows')} windows: no interval)"
-    return f"noisy (±{half:.1%})"
-
-
-def emulated(doc: Doc) -> str | None:
-    """"emulated rank r of N" for a cell measured as one rank of its world alone (emulation.py)."""
-    section = doc.get("emulation")
-    return f"emulated rank {section['rank']} of {section['world_size']}" if section else None
-
-
-def result_text(doc: Doc, notes: list[str] | None = None) -> str:
-    """A cell's outcome for the table: "ok", "OOM at step 23 (timed)", "unsupported: why"; an emulated
-    cell's starts with "emulated rank r of N: ". With a notes list, a long reason becomes a numbered
-    footnote there (shared by every cell that gives it)."""
-    text = _outcome_text(doc, notes)
-    return f"{emulated(doc)}: {text}" if emulated(doc) else text
-
-
-def _outcome_text(doc: Doc, notes: list[str] | None) -> str:
-    status, reason = doc["status"], doc.get("reason")
-    if status == "ok":
-        return f"ok, {noisy_text(doc)}" if _metric(doc, "noisy") else "ok"
-    if status == "oom":
-        # "OOM at step 23 (timed) on rank 0, 1: <allocator message>" -> the part before the ranks
-        return reason.split(" on rank")[0] if reason else "OOM"
-    if not reason:
-        return status
-    if notes is not None and len(reason) > FOOTNOTE_AFTER:
-        if reason not in notes:
-            notes.append(reason)
-        return f"{status} [{notes.index(reason) + 1}]"
-    return f"{status}: {reason}"
-
-
-def _cell_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    return "" if value is None else str(value)
-
-
-def _escape(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def column_values(doc: Doc, name: str) -> tuple[Any, tuple[float, float] | None]:
-    """One table cell's value and its interval: what the markdown shows and the CSV keeps."""
-    column = COLUMNS[name]
-    if column.needs_ok and doc["status"] != "ok":
-        return None, None
-    value = column.value(doc)
-    return value, (column.interval(doc) if column.interval and value is not None else None)
+from trainbench.reporting.columns import (COLUMNS, COMPUTE_ONLY, cell_value, escape, metric, result_text,
+                                          column_values, with_predictions)
+from trainbench.reporting.predictions import Doc, planned_document, with_current_predictions
+from trainbench.study.grid import Study
 
 
 def table_rows(docs: list[Doc], *, id_keys: list[str], report: list[str]) -> list[dict[str, Any]]:
@@ -463,12 +62,12 @@ def markdown_table(docs: list[Doc], *, id_keys: list[str], report: list[str]) ->
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
     notes: list[str] = []
     for doc, row in zip(docs, rows):
-        cells = [_cell_value(row[k]) for k in id_keys] + [result_text(doc, notes)]
+        cells = [cell_value(row[k]) for k in id_keys] + [result_text(doc, notes)]
         cells += [cell_text(row, name) for name in report]
-        lines.append("| " + " | ".join(_escape(v) for v in cells) + " |")
+        lines.append("| " + " | ".join(escape(v) for v in cells) + " |")
     if notes:
         lines.append("")
-        lines += [f"[{i}] {_escape(note)}" + ("  " if i < len(notes) else "")
+        lines += [f"[{i}] {escape(note)}" + ("  " if i < len(notes) else "")
                   for i, note in enumerate(notes, 1)]
     return "\n".join(lines)
 
@@ -508,9 +107,9 @@ def search_markdown(docs: list[Doc], *, id_keys: list[str]) -> list[str]:
         failure = found["first_failure"]
         at_max = {"status": "ok", "params": doc["params"], "metrics": with_intervals(
             doc["params"], found["metrics_at_max"] or {}, (doc.get("provenance") or {}).get("gpu_name"))}
-        row = [_cell_value(doc["params"].get(k)) for k in id_keys]
-        row += [_cell_value(found["max_micro_batch"]) or "none",
-                _cell_value(found["max_global_batch"]) or "—",
+        row = [cell_value(doc["params"].get(k)) for k in id_keys]
+        row += [cell_value(found["max_micro_batch"]) or "none",
+                cell_value(found["max_global_batch"]) or "—",
                 f"{failure['micro_batch']}: {_probe_outcome(failure['status'], failure['reason'])}" if failure
                 else "none up to the bound",
                 _model_max(doc),
@@ -519,7 +118,7 @@ def search_markdown(docs: list[Doc], *, id_keys: list[str]) -> list[str]:
         values = (table_rows([at_max], id_keys=[], report=SEARCH_METRICS)[0] if found["metrics_at_max"]
                   else None)
         row += [cell_text(values, name) if values else "—" for name in SEARCH_METRICS]
-        lines.append("| " + " | ".join(_escape(v) for v in row) + " |")
+        lines.append("| " + " | ".join(escape(v) for v in row) + " |")
     tolerance = {d["search"].get("tolerance") or 0 for d in searched}
     within = ("exact" if tolerance == {0}
               else f"bisection stops within {max(tolerance):.0%} of the largest that trained")
@@ -592,8 +191,8 @@ def _timing_note(docs: list[Doc]) -> list[str]:
     ran = [d for d in docs if d["status"] == "ok"]
     if not ran:
         return []
-    per_step = sum(1 for d in ran if (_metric(d, "timing") or {}).get("method") == PER_STEP_METHOD)
-    noisy = sum(1 for d in ran if _metric(d, "noisy"))
+    per_step = sum(1 for d in ran if (metric(d, "timing") or {}).get("method") == PER_STEP_METHOD)
+    noisy = sum(1 for d in ran if metric(d, "noisy"))
     text = ("Timed figures are medians over timed windows ± half their 95% interval (docs/measurement.md, "
             "\"How a cell is measured\"); a cell whose interval stayed wider than its study's target is "
             "marked noisy"

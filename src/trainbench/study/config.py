@@ -130,38 +130,12 @@ def validate_structure(raw: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def _unknown_report_columns(studies: dict[str, Any]) -> list[str]:
-    """Report columns a table would not know, found before any job runs (not when the table is made)."""
-    from trainbench.reporting.tables import COLUMNS
-
-    problems = []
-    for name, spec in studies.items():
-        for column in spec.get("report") or []:
-            if column not in COLUMNS:
-                close = difflib.get_close_matches(column, list(COLUMNS), n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                problems.append(f"studies.{name}.report: unknown column {column!r}{hint}; "
-                                f"`trainbench columns` lists them")
-    return problems
-
-
-def _finding_problems(specs: dict[str, Any], studies: dict[str, Study]) -> list[str]:
-    """What is wrong in each study's findings (a metric, relation or pattern that says nothing), before any
-    job runs; each expanded study gets its findings."""
-    from trainbench.reporting.findings import problems as finding_problems
-
-    out = []
-    for name, study in studies.items():
-        declared = specs[name].get("findings") or []
-        found = finding_problems(name, declared, [c.params for c in study.cells], study.id_keys)
-        out += found
-        if not found:
-            study.findings = declared
-    return out
-
-
 def load_config(source: dict[str, Any] | str | Path) -> Config:
-    """Validate a config (a mapping, or a YAML file's path) and expand all its studies."""
+    """Validate a config (a mapping, or a YAML file's path) and expand all its studies.
+
+    The study definition alone: what a study reports (its columns and findings) is checked by the
+    reporting stage, through trainbench.workflow.load_checked, which the workflow and the command line
+    use."""
     if isinstance(source, (str, Path)):
         with open(source) as f:
             source = yaml.safe_load(f) or {}
@@ -173,8 +147,6 @@ def load_config(source: dict[str, Any] | str | Path) -> Config:
             studies[name] = expand_study(name, spec)
         except ConfigError as e:
             problems.extend(e.problems)
-    problems += _unknown_report_columns(data["studies"])
-    problems += _finding_problems(data["studies"], studies)
     for machine, names in data["default_studies"].items():
         for name in names:
             if name not in data["studies"]:

@@ -131,7 +131,8 @@ class Study:
     plan_for: dict[str, Any] | None = None  # the hardware planned cells are judged against
     searched: tuple[str, ...] = ()  # ids of the cells whose max-batch search the table reports
     plot_panels: tuple[str, ...] = ()  # keys whose values split the plots into panels
-    findings: list[dict[str, Any]] = field(default_factory=list)  # config.py checks them (findings.py)
+    # as config.yaml declares them; trainbench.workflow.load_checked checks them (reporting.findings)
+    findings: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # Every job of the workflow looks its cell up by id, several times (params, resources, the
@@ -421,7 +422,8 @@ def expand_study(name: str, spec: dict[str, Any]) -> Study:
                           f"cells apart (those are: {', '.join(id_keys)})")
     return Study(name, spec.get("description", ""), cells, id_keys,
                  list(spec.get("report") or REPORT_COLUMNS_DEFAULT), search,
-                 (measure or {}).get("plan_for"), tuple(searched), plot_panels)
+                 (measure or {}).get("plan_for"), tuple(searched), plot_panels,
+                 list(spec.get("findings") or []))
 
 
 def probe_cell(study: Study, cell: Cell, micro_batch: int) -> Cell:

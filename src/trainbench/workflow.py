@@ -1,0 +1,199 @@
+"""The Snakefile's side of the package: config.yaml as the workflow loads it, and every decision its
+input functions make (which cells run, which must rerun, what a table waits for, what a job asks the
+scheduler for). workflow/rules/common.smk only hands these to Snakemake; tests/test_workflow_layer.py
+checks them without Snakemake.
+
+`tune_snakemake` is the one place that reaches into Snakemake's internals, for speed on large grids,
+and only on the Snakemake versions it was checked against.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from trainbench import paths
+from trainbench.errors import ConfigError
+from trainbench.execute.gpus import short_of_gpus
+from trainbench.reporting import findings
+from trainbench.reporting.columns import report_problems
+from trainbench.reporting.freshness import prepare, set_aside_invalid, stamp_path
+from trainbench.study.config import Config, load_config
+from trainbench.study.grid import Cell, Study, shared_resources
+
+# Snakemake resource name -> the cell's resource (Cell.resources) it takes its value from. How a cell
+# runs, not what it measures: changing them reruns nothing.
+CELL_RESOURCES = {
+    "gpu": "gpu", "gres": "gres", "nodes": "nodes", "tasks": "tasks", "tasks_per_gpu": "tasks_per_gpu",
+    "mpi": "mpi", "cpus_per_task": "cpus_per_task", "cpus_per_rank": "cpus_per_rank", "mem_mb": "mem_mb",
+    "runtime": "runtime", "cell_retries": "retries", "timing": "timing",
+}
+
+
+def load_checked(source: dict[str, Any] | str | Path) -> Config:
+    """config.yaml as the workflow and the command line take it: the studies (study.config.load_config)
+    and what each study reports, its table columns and its findings, checked before any job runs."""
+    config = load_config(source)
+    problems: list[str] = []
+    for name, study in config.studies.items():
+        problems += report_problems(name, study.report)
+        problems += findings.problems(name, study.findings, [c.params for c in study.cells],
+                                      study.id_keys)
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+class Workflow:
+    """The loaded config, and what the rules ask of it.
+
+    `remote`: this Snakemake runs one job somewhere else (a SLURM job's own Snakemake). It was told
+    which job, so it reads no results to find stale cells and plans no shared resources (on a grid of
+    10,000 cells, seconds of every job's allocation)."""
+
+    def __init__(self, config: Config, *, remote: bool = False):
+        self.config = config
+        # Cells whose result was made with other parameters, by study: they rerun (freshness.prepare
+        # also rewrites the grid stamps reruns follow without .snakemake metadata, a fresh clone).
+        self.stale: dict[str, set[str]] = (
+            {name: set() for name in config.studies} if remote
+            else {name: prepare(study) for name, study in config.studies.items()})
+        # What every cell asks for alike, given to Snakemake as values: a resource given as a function
+        # costs a call through Snakemake's input-function machinery for every job it plans (thirteen per
+        # cell job: 2 s of a dry run of 10,000 cells).
+        self.shared_resources = {} if remote else shared_resources(
+            c for study in config.studies.values() for c in study.cells)
+        self._said_short: set[str] = set()
+
+    def study(self, name: str) -> Study:
+        return self.config.study(name)
+
+    def cell(self, study: str, cell: str) -> Cell:
+        return self.study(study).cell(cell)
+
+    def cell_resource(self, name: str) -> Any | Callable[[str, str], Any]:
+        """One of a cell's resources: its value where every cell shares it, else a function of the job's
+        study and cell giving that cell's."""
+        if name in self.shared_resources:
+            return self.shared_resources[name]
+        return lambda study, cell: self.cell(study, cell).resources()[name]
+
+    def any_stale(self) -> bool:
+        return any(self.stale.values())
+
+    def grid_input_triggers(self, cell: Cell) -> bool:
+        """Whether the cell's grid stamp is a rerun trigger of its job (its result was made with other
+        parameters); otherwise the workflow marks the stamp ancient."""
+        return cell.cell_id in self.stale[cell.study]
+
+    def cells_short_of_gpus(self, study: Study, gpus_here: int) -> dict[str, str]:
+        """The study's measured cells that must run (no current result) but cannot on this machine, and
+        why ("needs 4 GPUs"): left out of its table's inputs and shown as rows that say so. Named once per
+        study on stderr when the workflow plans."""
+        short = {}
+        for cell in study.cells:
+            why = short_of_gpus(cell.params, gpus_here) if cell.measured and not cell.unsupported else None
+            if why and (not os.path.exists(cell.target) or cell.cell_id in self.stale[study.name]):
+                short[cell.cell_id] = f"{why}, more than the machine that made this table has"
+        if short and study.name not in self._said_short:
+            self._said_short.add(study.name)
+            print(f"trainbench: {study.name}: {len(short)} cell(s) need more GPUs than this machine has "
+                  f"({gpus_here}) and will not run here: {', '.join(sorted(short)[:4])}"
+                  f"{' ...' if len(short) > 4 else ''}. Their rows in "
+                  f"{paths.path(paths.TABLE_MD, study=study.name)} say so; run them on a bigger machine, or "
+                  f"with --profile profiles/slurm.", file=sys.stderr)
+        return short
+
+    @staticmethod
+    def study_metrics(study: Study, short: Iterable[str]) -> list[str]:
+        """What the study's table and plots read: its measured cells' results, but for those this machine
+        cannot run."""
+        short = set(short)
+        return [cell.target for cell in study.cells if cell.measured and cell.cell_id not in short]
+
+    @staticmethod
+    def study_searches(study: Study) -> list[str]:
+        """The max-batch searches the study's table reports; a summary that is not one is set aside, and
+        made again from its probes."""
+        for path in study.search_targets:
+            set_aside_invalid(path)
+        return study.search_targets
+
+    @staticmethod
+    def grid_stamp(study: Study) -> str:
+        return stamp_path(study.name)
+
+    @staticmethod
+    def table_layout(study: Study) -> dict[str, Any]:
+        """What the table shows (a change reruns the table alone)."""
+        return {"description": study.description, "id_keys": study.id_keys, "report": study.report,
+                "findings": study.findings}
+
+    @staticmethod
+    def plot_layout(study: Study) -> dict[str, Any]:
+        """What the plots show (a change reruns the plots alone)."""
+        return {"id_keys": study.id_keys, "plot_panels": list(study.plot_panels)}
+
+    @staticmethod
+    def missing_cells(study: Study) -> list[str]:
+        """The measured cells without a result, as a rerun trigger of the table and plots: Snakemake
+        regenerates no missing input of a job it finds up to date, and a result deleted, or set aside
+        as invalid, must still run again and reach the table."""
+        return sorted(c.cell_id for c in study.cells if c.measured and not os.path.exists(c.target))
+
+    @staticmethod
+    def planning(study: Study) -> dict[str, Any]:
+        """What the table's planned rows depend on (Study.planned), as a rerun trigger: their cells'
+        parameter hashes, sorted, and the planning hardware. Reordering config.yaml changes neither."""
+        return {"plan_for": study.plan_for,
+                "planned": sorted(f"{c.cell_id}={c.params_hash}" for c in study.planned)}
+
+    def pages_of_tabled_studies(self) -> list[str]:
+        """The page of every study that has a table on disk (rule report_all)."""
+        return [paths.path(paths.STUDY_PAGE, study=name) for name in self.config.studies
+                if os.path.exists(paths.path(paths.TABLE_MD, study=name))]
+
+    def final_output(self, have_gpus: bool) -> list[str]:
+        """The default target: every output of the studies config.yaml names for this kind of machine."""
+        names = self.config.default_targets_studies(have_gpus=have_gpus)
+        return [output for name in names for output in paths.study_outputs(name)]
+
+
+# The Snakemake versions tune_snakemake was checked against: on any other it changes nothing.
+TUNED_SNAKEMAKE = ((9, 0), (10, 0))  # from 9.0 up to, not including, 10.0
+
+
+def _version(text: str) -> tuple[int, int]:
+    major, minor, *_ = (text.split("+")[0] + ".0.0").split(".")
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def tune_snakemake(version: str) -> Callable[[Callable], Callable] | None:
+    """Hand Snakemake the signatures of the workflow's input functions once, and of its own
+    Resource.evaluate; return the decorator that does so for an input function (None: untuned).
+
+    Why: Snakemake inspects the signature (inspect.signature) of every input function two or three
+    times per call, and of Resource.evaluate for every resource of every job; a cell's job calls
+    fifteen (params, the grid stamp, each resource). bench/plan_scaling.py measures what this saves on
+    a dry run of a large grid (docs/large-grids.md gives the figure). Snakemake's own wrappers of input
+    functions (snakemake.ioutils) hand it theirs the same way, through the functions used here;
+    Resource.evaluate takes any keyword, so Snakemake passes it the same arguments either way.
+    Only on the versions in TUNED_SNAKEMAKE, whose internals this was checked against."""
+    low, high = TUNED_SNAKEMAKE
+    if not low <= _version(version) < high:
+        return None
+    try:
+        from snakemake.common import get_function_params, overwrite_function_params
+        from snakemake.resources import Resource
+    except ImportError:
+        return None
+
+    def signature_once(function: Callable) -> Callable:
+        overwrite_function_params(function, get_function_params(function))
+        return function
+
+    signature_once(Resource.evaluate)
+    return signature_once

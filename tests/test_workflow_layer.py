@@ -1,0 +1,113 @@
+"""What the workflow decides (trainbench.workflow), checked without Snakemake: the Snakefile's input
+functions only hand these to it (tests/test_workflow.py runs them through Snakemake)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from conftest import tiny_study
+from trainbench.errors import ConfigError
+from trainbench.workflow import Workflow, load_checked, tune_snakemake
+
+
+def two_studies() -> dict:
+    cpu = tiny_study(strategy="ddp", gpus=2)
+    cpu["axes"] = {"micro_batch": [1, 2]}
+    gpu = tiny_study(device="cuda", strategy="ddp")
+    gpu["axes"] = {"gpus": [1, 4]}
+    gpu["report"] = ["step_time_ms", "tokens_per_s"]
+    return {"studies": {"cpu": cpu, "gpu": gpu},
+            "default_studies": {"without_gpus": ["cpu"], "with_gpus": ["gpu"]}}
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # results/ of the tests' own, empty
+    return tmp_path
+
+
+def test_a_study_reporting_what_no_table_knows_is_refused_before_any_job(here):
+    config = two_studies()
+    config["studies"]["gpu"]["report"] = ["step_time_ms", "tokens_per_sec"]
+    with pytest.raises(ConfigError, match=r"studies\.gpu\.report: unknown column 'tokens_per_sec' "
+                                          r"\(did you mean 'tokens_per_s'\?\)"):
+        load_checked(config)
+    config = two_studies()
+    config["studies"]["cpu"]["findings"] = [{"claim": "c", "compare": {"metric": "step_ms", "less": {}}}]
+    with pytest.raises(ConfigError, match=r"studies\.cpu\.findings\[0\]\.compare\.metric: unknown metric"):
+        load_checked(config)
+
+
+def test_a_cell_without_a_result_is_missing_and_its_stamp_no_trigger(here):
+    flow = Workflow(load_checked(two_studies()))
+    cpu = flow.study("cpu")
+    assert flow.missing_cells(cpu) == sorted(c.cell_id for c in cpu.cells)
+    assert not flow.any_stale()  # nothing ran: nothing ran with other parameters
+    assert not any(flow.grid_input_triggers(c) for c in cpu.cells)
+    done = cpu.cells[0]
+    os.makedirs(os.path.dirname(done.target))
+    with open(done.target, "w") as f:
+        json.dump({}, f)
+    assert flow.missing_cells(cpu) == sorted(c.cell_id for c in cpu.cells[1:])
+
+
+def test_cells_needing_more_gpus_than_the_machine_are_named_once_and_left_out(here, capsys):
+    flow = Workflow(load_checked(two_studies()))
+    gpu = flow.study("gpu")
+    short = flow.cells_short_of_gpus(gpu, gpus_here=1)
+    assert list(short) == ["gpus~4"]
+    assert short["gpus~4"].startswith("needs 4 GPUs")
+    assert flow.study_metrics(gpu, short) == [gpu.cell("gpus~1").target]
+    flow.cells_short_of_gpus(gpu, gpus_here=1)
+    said = capsys.readouterr().err
+    assert said.count("need more GPUs than this machine has (1)") == 1
+    assert flow.cells_short_of_gpus(flow.study("cpu"), gpus_here=0) == {}  # CPU ranks need no GPU
+
+
+def test_a_resource_every_cell_shares_is_a_value_and_the_others_follow_the_cell(here):
+    flow = Workflow(load_checked(two_studies()))
+    assert flow.cell_resource("runtime") == 5  # every cell's runtime_min
+    gpu_of = flow.cell_resource("gpu")  # CPU cells ask for none, GPU cells for theirs
+    assert callable(gpu_of)
+    assert gpu_of("gpu", "gpus~4") == 4 and gpu_of("cpu", "micro_batch~1") == 0
+    remote = Workflow(load_checked(two_studies()), remote=True)  # plans one job: nothing shared
+    assert callable(remote.cell_resource("runtime"))
+
+
+def test_the_default_target_follows_the_machine(here):
+    flow = Workflow(load_checked(two_studies()))
+    assert "results/tables/cpu.md" in flow.final_output(have_gpus=False)
+    assert "results/tables/gpu.md" in flow.final_output(have_gpus=True)
+    assert "results/tables/gpu.md" not in flow.final_output(have_gpus=False)
+
+
+def test_planned_rows_follow_their_cells_not_their_order(here):
+    config = two_studies()
+    config["studies"]["gpu"]["measure"] = {"cells": [{"gpus": 1}],
+                                           "plan_for": {"name": "H100", "gpu_mem_gib": 80,
+                                                        "host_mem_gib": 512, "gpus_per_node": 8}}
+    planning = Workflow(load_checked(config)).planning(load_checked(config).study("gpu"))
+    assert planning["planned"] == [f"gpus~4={load_checked(config).study('gpu').cell('gpus~4').params_hash}"]
+    config["studies"]["gpu"]["axes"] = {"gpus": [4, 1]}
+    assert Workflow(load_checked(config)).planning(load_checked(config).study("gpu")) == planning
+
+
+def test_snakemake_internals_are_tuned_only_on_the_versions_checked():
+    from snakemake import __version__
+
+    assert tune_snakemake("8.30.0") is None
+    assert tune_snakemake("10.0.0") is None
+    assert tune_snakemake("9.27.1+3.g1234") is not None or not __version__.startswith("9.")
+    signature_once = tune_snakemake(__version__)
+    assert signature_once is not None, f"Snakemake {__version__}: check tune_snakemake against it"
+
+    def get_x(wildcards):
+        return wildcards
+
+    from snakemake.common import get_function_params
+
+    assert signature_once(get_x) is get_x
+    assert list(get_function_params(get_x)) == ["wildcards"]
