@@ -30,15 +30,16 @@ from pathlib import Path
 from trainbench.reporting.compare import shorten
 from trainbench.predict.memory_model import ALLOCATOR_SLACK, allocated_mib, engine, hardware_of_run, predict
 from trainbench.execute.results import read_result
+from trainbench.study.params import CellParams
 
 
 def error_pct(predicted, measured):
     return 100.0 * (predicted - measured) / measured
 
 
-def engine_label(params: dict) -> str:
+def engine_label(params) -> str:
     kind, stage = engine(params)
-    offload = "+offload" if params.get("offload_optimizer") or params.get("offload_param") else ""
+    offload = "+offload" if params.offload_optimizer or params.offload_param else ""
     return f"{kind}{'' if stage is None else f' {stage}'}{offload}"
 
 
@@ -91,12 +92,12 @@ def linear_terms(doc: dict) -> dict | None:
                                          model_states)
     from trainbench.registry.models import get_model
 
-    params = doc["params"]
-    if params["device"] != "cuda":
+    params = CellParams.from_dict(doc["params"])
+    if params.device != "cuda":
         return None
     pred = predict(params)
-    _, on_host = model_states(params, get_model(params["model"]))
-    ranks = params["gpus_per_node"]
+    _, on_host = model_states(params, get_model(params.model))
+    ranks = params.gpus_per_node
     staging = on_host.get("offload_staging", 0.0) / OFFLOAD_STAGING_BYTES / 2**20  # offloaded params (Mi)
     kind, _ = engine(params)
     rest = (framework_of(params).memory.host_extra_mib["cuda"]
@@ -107,7 +108,7 @@ def linear_terms(doc: dict) -> dict | None:
     # what the allocator holds beyond its slack (FSDP1's reserved gradient shards) is not scaled by it
     reserved = sum(v for k, v in pred.parts_mib.items()
                    if k.startswith("allocator_") and k != "allocator_slack")
-    return {"alloc": allocated_mib(pred.parts_mib), "reserved": reserved, "multi": float(params["gpus"] > 1),
+    return {"alloc": allocated_mib(pred.parts_mib), "reserved": reserved, "multi": float(params.gpus > 1),
             "ranks": ranks, "rest": rest, "staging": staging}
 
 
@@ -252,11 +253,12 @@ def main(argv=None) -> int:
         if doc["status"] not in ("ok", "oom"):
             continue
         m = doc["metrics"]
-        pred = predict(doc["params"], hardware_of_run(doc))
+        params = CellParams.from_dict(doc["params"])
+        pred = predict(params, hardware_of_run(doc))
         row = {"study": doc["study"], "cell": doc["cell_id"], "status": doc["status"],
                "gpu_pred_mib": pred.gpu_mem_mib, "gpu_meas_mib": max(m["gpu_mem_used_mib"] or [0]) or None,
                "host_pred_mib": pred.host_mem_mib, "host_meas_mib": m["host_mem_peak_mib"], "fits": pred.fits,
-               "engine": engine_label(doc["params"]), "tensors_pred_mib": allocated_mib(pred.parts_mib),
+               "engine": engine_label(params), "tensors_pred_mib": allocated_mib(pred.parts_mib),
                "torch_alloc_mib": max(m.get("torch_peak_allocated_mib") or [0]) or None,
                "torch_reserved_mib": max(m.get("torch_peak_reserved_mib") or [0]) or None,
                "terms": linear_terms(doc), "hardware": hardware_of_run(doc)}

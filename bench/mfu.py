@@ -75,11 +75,11 @@ def classify(kernel: str) -> str:
     return next((name for name, pattern in KERNEL_CLASSES if pattern.search(kernel)), "other")
 
 
-def cell_params(variant: Variant) -> dict:
+def cell_params(variant: Variant):
     from trainbench.study.config import load_config
 
     study = load_config(REPO / "config.yaml").study("baseline")
-    return {**study.cell(CELLS[variant.cell]).params, **variant.params}
+    return study.cell(CELLS[variant.cell]).params.replace(**variant.params)
 
 
 def build(variant: Variant):
@@ -102,7 +102,7 @@ def measure(variant: Variant, steps: int) -> dict:
 
     started = time.perf_counter()
     params, step = build(variant)
-    for _ in range(params["warmup_steps"]):
+    for _ in range(params.warmup_steps):
         step()
     torch.cuda.synchronize()
     warm = time.perf_counter() - started
@@ -111,10 +111,10 @@ def measure(variant: Variant, steps: int) -> dict:
         step()
     torch.cuda.synchronize()
     seconds = (time.perf_counter() - began) / steps
-    tokens = params["micro_batch"] * params["grad_accum"] * params["seq_len"] / seconds
-    flops = tokens * get_model(params["model"]).train_flops_per_token(params["seq_len"])  # the model's own
-    peak = peak_flops(torch.cuda.get_device_name(0), params["precision"], params["tf32"])
-    return {"variant": variant.name, "micro_batch": params["micro_batch"], "grad_accum": params["grad_accum"],
+    tokens = params.micro_batch * params.grad_accum * params.seq_len / seconds
+    flops = tokens * get_model(params.model).train_flops_per_token(params.seq_len)  # the model's own
+    peak = peak_flops(torch.cuda.get_device_name(0), params.precision, params.tf32)
+    return {"variant": variant.name, "micro_batch": params.micro_batch, "grad_accum": params.grad_accum,
             "step_time_s": seconds, "tokens_per_s": tokens, "tflops": flops / 1e12, "mfu": flops / peak,
             "build_and_warmup_s": warm, "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30}
 
@@ -126,7 +126,7 @@ def profile(variant: Variant) -> dict:
     from torch.profiler import profile as torch_profile
 
     params, step = build(variant)
-    for _ in range(params["warmup_steps"]):
+    for _ in range(params.warmup_steps):
         step()
     torch.cuda.synchronize()
     steps = 2

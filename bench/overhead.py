@@ -66,7 +66,7 @@ def launcher(gpus: int) -> list[str]:
 
 def run_bare(cell, out: Path, steps: int, log) -> dict:
     result = out / "bare.json"
-    command = [*launcher(cell.params["gpus"]), str(BARE), "--params", cell.canonical, "--steps", str(steps),
+    command = [*launcher(cell.params.gpus), str(BARE), "--params", cell.canonical, "--steps", str(steps),
                "--out", str(result)]
     # the compile cache the cell's ranks get (launch.py), so that neither compiles where the other does not
     subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT,
@@ -89,7 +89,7 @@ def run_cell(cell, out: Path, log) -> dict:
     if doc["status"] != "ok":
         raise RuntimeError(f"{cell.cell_id}: {doc['status']}: {doc['reason']}")
     m = doc["metrics"]
-    return {"tokens_per_s_per_gpu": m["tokens_per_s"] / cell.params["gpus"], "step_time_s": m["step_time_s"],
+    return {"tokens_per_s_per_gpu": m["tokens_per_s"] / cell.params.gpus, "step_time_s": m["step_time_s"],
             "steps": m["steps_timed"], "windows": m["windows"], "ci_half_width": m["ci_half_width"],
             "mfu": m["mfu"], "noisy": m["noisy"], "stopped": m["timing"]["stopped"]}
 
@@ -104,7 +104,7 @@ def compare_cell(cell, rounds: int, out: Path, log) -> dict:
         record = {"round": round_, "order": list(order)}
         for which in order:
             started = time.monotonic()
-            record[which] = (run_bare(cell, round_dir, cell.params["timed_steps"], log) if which == "bare"
+            record[which] = (run_bare(cell, round_dir, cell.params.timed_steps, log) if which == "bare"
                              else run_cell(cell, round_dir, log))
             record[which]["wall_s"] = round(time.monotonic() - started, 1)
             print(f"  round {round_} {which}: {record[which]['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU "
@@ -112,7 +112,7 @@ def compare_cell(cell, rounds: int, out: Path, log) -> dict:
         record["ratio"] = record["cell"]["tokens_per_s_per_gpu"] / record["bare"]["tokens_per_s_per_gpu"]
         records.append(record)
     mean, half = mean_interval([r["ratio"] for r in records])
-    return {"cell": cell.cell_id, "params": cell.params, "rounds": records, "ratio": mean,
+    return {"cell": cell.cell_id, "params": cell.params.as_dict(), "rounds": records, "ratio": mean,
             "ratio_half_width": half}
 
 
@@ -124,7 +124,7 @@ def ablation(cell, rounds: int, steps: int) -> dict:
     from trainbench.execute.memory_sampler import MemorySampler, PeakTracker
 
     step = build_step(cell.params)
-    for _ in range(cell.params["warmup_steps"]):
+    for _ in range(cell.params.warmup_steps):
         step()
 
     def timed(per_step_sync: bool) -> float:
@@ -140,7 +140,7 @@ def ablation(cell, rounds: int, steps: int) -> dict:
         return (time.perf_counter() - started) / steps
 
     def with_thread_sampler() -> float:
-        stop, tracker = threading.Event(), PeakTracker(use_gpus=cell.params["device"] == "cuda")
+        stop, tracker = threading.Event(), PeakTracker(use_gpus=cell.params.device == "cuda")
 
         def sample():  # the earlier sampler: a thread of the training process, every 50 ms
             while not stop.is_set():
@@ -156,7 +156,7 @@ def ablation(cell, rounds: int, steps: int) -> dict:
             thread.join()
 
     def with_process_sampler() -> float:
-        sampler = MemorySampler(use_gpus=cell.params["device"] == "cuda").start()
+        sampler = MemorySampler(use_gpus=cell.params.device == "cuda").start()
         try:
             return timed(False)
         finally:
@@ -248,13 +248,13 @@ def main() -> int:
     if args.cells:
         cells = [study.cell(cell_id) for cell_id in args.cells]
     else:
-        cells = [c for c in study.cells if c.params["gpus"] == 1 or
-                 (c.params["gpus"] == 2 and c.params["strategy"] == "ddp" and gpus_here >= 2)]
+        cells = [c for c in study.cells if c.params.gpus == 1 or
+                 (c.params.gpus == 2 and c.params.strategy == "ddp" and gpus_here >= 2)]
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"environment": environment(), "cells": [], "ablation": {}}
     with open(args.out / "overhead.log", "a") as log:
         if args.ablation or args.ablation_only:
-            for cell in (c for c in cells if c.params["gpus"] == 1):
+            for cell in (c for c in cells if c.params.gpus == 1):
                 print(f"ablation: {cell.cell_id}", flush=True)
                 report["ablation"][cell.cell_id] = ablation(cell, args.ablation_rounds, args.ablation_steps)
         if not args.ablation_only:

@@ -327,7 +327,7 @@ def fill_results(root: Path, cells, result: dict) -> None:
         target = root / cell.target
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps({**result, "study": cell.study, "cell_id": cell.cell_id,
-                                      "params": cell.params, "params_hash": cell.params_hash}))
+                                      "params": cell.params.as_dict(), "params_hash": cell.params_hash}))
 
 
 def fill_outputs(root: Path) -> None:

@@ -36,6 +36,7 @@ from trainbench.predict import time_model
 from trainbench.reporting.compare import shorten
 from trainbench.registry.hardware import gpu_type_of
 from trainbench.execute.results import read_result
+from trainbench.study.params import CellParams
 
 # Cells whose windows hold more than the step (noted in the output, fitted like the others: their
 # loop's fixed cost per step absorbs it) or that were timed too briefly to trust
@@ -57,7 +58,7 @@ def measured_cells(folders: list[Path]) -> list[dict]:
         if doc["status"] != "ok" or doc["params"].get("device") != "cuda" or gpu is None or not step:
             continue
         try:
-            work = time_model.work(doc["params"], gpu, time_model.threads_of_run(doc))
+            work = time_model.work(CellParams.from_dict(doc["params"]), gpu, time_model.threads_of_run(doc))
         except (KeyError, ValueError) as error:
             print(f"skipped {doc['study']}/{doc['cell_id']}: {error}", file=sys.stderr)
             continue

@@ -35,7 +35,9 @@ TINY = {"model": "gpt2-tiny", "device": "cpu", "seq_len": 16, "micro_batch": 2, 
 
 def make_cell(**params):
     """A checked Cell of TINY updated with `params`, timed as briefly as a cell can be."""
-    from trainbench.study.grid import Cell, check_cell, resolve
+    from trainbench.study.grid import Cell, check_cell
+    from trainbench.study.params import CellParams
+    resolve = CellParams.resolve
     from trainbench.study.timing import TimingSettings
 
     p = resolve({**TINY, **params})

@@ -12,9 +12,11 @@ import sys
 import pytest
 
 from trainbench.predict.batch_search import largest_fitting, model_bounds, next_probe, walk
-from trainbench.study.grid import resolve
+from trainbench.study.params import CellParams
 from trainbench.predict.memory_model import Hardware, predict
 from conftest import tiny_study
+
+resolve = CellParams.resolve  # a study's settings for one cell, as its typed parameters
 
 
 @pytest.mark.parametrize("start", [1, 4, 16])
@@ -57,9 +59,9 @@ def test_the_memory_model_seeds_and_bounds_the_search():
     h200 = Hardware(143771, float("inf"), 8)
     start, upper = model_bounds(params, h200, 256)
     assert start & (start - 1) == 0  # a power of two
-    assert predict({**params, "micro_batch": start}, h200).fits
-    assert not predict({**params, "micro_batch": 2 * start}, h200).fits or 2 * start > upper
-    largest_predicted = max(b for b in range(1, 257) if predict({**params, "micro_batch": b}, h200).fits)
+    assert predict(params.replace(micro_batch=start), h200).fits
+    assert not predict(params.replace(micro_batch=2 * start), h200).fits or 2 * start > upper
+    largest_predicted = max(b for b in range(1, 257) if predict(params.replace(micro_batch=b), h200).fits)
     assert upper == 2 * largest_predicted
     assert model_bounds(params, None, 256) == (1, 256)
 

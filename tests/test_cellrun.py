@@ -80,7 +80,7 @@ def test_single_rank_cell_measures_and_records_everything(tmp_path):
     doc = run(cell, tmp_path)
     m = doc["metrics"]
     assert doc["status"] == "ok" and doc["reason"] is None
-    assert doc["params"] == cell.params and doc["params_hash"] == cell.params_hash
+    assert doc["params"] == cell.params.as_dict() and doc["params_hash"] == cell.params_hash
     # six timed windows (the fewest that give a 95% interval of the median), their mean step times kept
     assert m["windows"] == len(m["step_times_s"]) == 6
     assert m["steps_timed"] == 6 * m["steps_per_window"] >= 4

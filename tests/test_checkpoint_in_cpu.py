@@ -16,11 +16,14 @@ from trainbench.execute.cellrun import run_cell
 from trainbench.errors import ConfigError
 from trainbench.registry.frameworks import not_implemented
 from trainbench.training.gpt import GPT, CheckpointsInHostMemory
-from trainbench.study.grid import expand_study, resolve
+from trainbench.study.grid import expand_study
+from trainbench.study.params import CellParams
 from trainbench.predict.memory_model import activations, checkpoints_in_host, predict
 from trainbench.registry.models import get_model
 
 from conftest import TINY, make_cell, tiny_study
+
+resolve = CellParams.resolve  # a study's settings for one cell, as its typed parameters
 
 CHECKPOINTED = {**TINY, "activation_checkpointing": True}
 
@@ -63,6 +66,7 @@ SPLIT = """
 import torch, torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from trainbench.training.gpt import CheckpointsInHostMemory
+
 dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=4)
 group = dist.new_group([0, 1])  # this rank is the group's second
 storage = CheckpointsInHostMemory(group)

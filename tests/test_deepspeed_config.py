@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from trainbench.study.grid import resolve
+from trainbench.study.params import CellParams
 from trainbench.training.runners.deepspeed_engine import deepspeed_config
+
+resolve = CellParams.resolve  # a study's settings for one cell, as its typed parameters
 
 
 def config(**params):
     p = resolve({"framework": "deepspeed", "model": "gpt2-124m", "gpus": 4, "micro_batch": 4, "grad_accum": 2,
                  **params})
-    return deepspeed_config(p, p["device"])
+    return deepspeed_config(p, p.device)
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])

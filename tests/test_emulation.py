@@ -19,12 +19,15 @@ import pytest
 from trainbench.training import emulation
 from trainbench.execute.cellrun import run_cell
 from trainbench.errors import ConfigError
-from trainbench.study.grid import Cell, expand_study, resolve
+from trainbench.study.grid import Cell, expand_study
+from trainbench.study.params import CellParams
 from trainbench.predict.memory_model import heaviest_rank, predict
 from trainbench.registry.models import get_model
 from trainbench.execute.results import read_json, read_result, schema_problems
 
 from conftest import REPO, TINY, make_cell, tiny_study
+
+resolve = CellParams.resolve  # a study's settings for one cell, as its typed parameters
 
 # gloo keeps a collective's scalar (8 bytes) referenced on some ranks of a real world at the end
 SCALAR_SLACK_BYTES = 64
@@ -112,13 +115,13 @@ def test_cells_lists_an_emulated_cell_as_one_rank_of_its_world(capsys):
                                   "grad_accum~8__offload_optimizer~false__offload_param~false"])
 def test_the_heaviest_rank_of_a_pipeline_is_on_the_stage_that_held_the_most(cell):
     doc = read_result(REPO / "results/runs/zero3_pipeline" / cell / "metrics.json")
-    allocated, params = doc["metrics"]["torch_peak_allocated_mib"], doc["params"]
-    per_stage = params["dp"]
-    stages = [max(allocated[s * per_stage:(s + 1) * per_stage]) for s in range(params["pp"])]
+    allocated, params = doc["metrics"]["torch_peak_allocated_mib"], CellParams.from_dict(doc["params"])
+    per_stage = params.dp
+    stages = [max(allocated[s * per_stage:(s + 1) * per_stage]) for s in range(params.pp)]
     heaviest_stage = heaviest_rank(params) // per_stage
     # the ends differ; the model picks the right one
     assert stages[heaviest_stage] == max(stages[0], stages[-1])
-    assert heaviest_rank({**params, "pp": 1}) == 0
+    assert heaviest_rank(params.replace(pp=1)) == 0
 
 
 def test_a_gpu_limit_leaves_the_allocator_what_the_smaller_gpu_would():
@@ -223,14 +226,13 @@ def test_findings_use_an_emulated_cell_for_memory_and_fit_never_for_time():
 
 def test_compare_never_sets_an_emulated_rank_against_a_real_run(tmp_path):
     from trainbench.reporting.compare import compare
-    from trainbench.study.grid import params_hash
 
     def write(root: Path, emulated: bool) -> None:
         doc = json.loads((REPO / "results/runs/megatron").glob("*/metrics.json").__next__().read_text())
         if emulated:
             doc["emulation"] = {"rank": 0, "world_size": 8, "ranks_per_node": 8,
                                 "not_measured": emulation.NOT_MEASURED}
-        doc["params_hash"] = params_hash(doc["params"])
+        doc["params_hash"] = CellParams.from_dict(doc["params"]).params_hash
         (root / "s" / "c").mkdir(parents=True)
         (root / "s" / "c" / "metrics.json").write_text(json.dumps(doc))
 
@@ -249,7 +251,7 @@ def test_the_memory_model_judges_an_emulated_run_on_the_node_it_stands_for():
     hardware = hardware_of_run(doc)
     assert hardware.gpu_mem_mib == 80 * 1024 and hardware.gpus_per_node == 8
     assert hardware.host_mem_mib == pytest.approx(8 * doc["provenance"]["host_mem_total_mib"])
-    assert predict(doc["params"], hardware).fits is True and doc["status"] == "ok"
+    assert predict(CellParams.from_dict(doc["params"]), hardware).fits is True and doc["status"] == "ok"
 
 
 # --- rank for rank against real worlds ---------------------------------------------------------------------

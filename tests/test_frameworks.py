@@ -106,6 +106,7 @@ def test_a_registered_framework_runs_a_cell_and_its_unsupported_strategy_is_a_re
 ])
 def test_the_deepspeed_ops_a_cell_builds_are_cpu_adam_for_an_optimizer_offloaded_from_a_gpu(params, ops):
     from trainbench.registry.frameworks import deepspeed_ops
-    from trainbench.study.grid import resolve
+    from trainbench.study.params import CellParams
+    resolve = CellParams.resolve
 
     assert deepspeed_ops(resolve({"model": "gpt2-tiny", "device": "cuda", "gpus": 2, **params})) == ops

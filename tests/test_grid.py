@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import json
 
 import pytest
@@ -11,9 +12,8 @@ import yaml
 
 from trainbench.study.config import load_config
 from trainbench.errors import ConfigError
-from trainbench.study.grid import canonical_json, params_hash
 from trainbench.registry.frameworks import ORT_UNSUPPORTED
-from trainbench.study.params import identity
+from trainbench.study.params import CellParams, canonical_json
 
 from conftest import REPO
 
@@ -40,7 +40,7 @@ def test_axes_make_the_cartesian_product_minus_excludes():
         exclude=[{"strategy": "fsdp", "micro_batch": 4}],
     ))).study("s")
     assert len(s.cells) == 5
-    assert {(c.params["strategy"], c.params["micro_batch"]) for c in s.cells} == {
+    assert {(c.params.strategy, c.params.micro_batch) for c in s.cells} == {
         ("ddp", 1), ("ddp", 2), ("ddp", 4), ("fsdp", 1), ("fsdp", 2)}
 
 
@@ -61,8 +61,8 @@ def test_include_entries_add_cells_named_by_their_keys():
     assert ids == ["strategy~ddp", "strategy~single__gpus~1",
                    "framework~deepspeed__strategy~zero2__offload_optimizer~true"]
     offload = s.cells[2].params
-    assert (offload["framework"] == "deepspeed" and offload["offload_optimizer"] is True
-            and offload["gpus"] == 2)
+    assert (offload.framework == "deepspeed" and offload.offload_optimizer is True
+            and offload.gpus == 2)
 
 
 def test_an_include_entry_with_lists_makes_one_cell_per_combination_named_by_its_keys():
@@ -74,7 +74,7 @@ def test_an_include_entry_with_lists_makes_one_cell_per_combination_named_by_its
         "strategy~ddp", "strategy~fsdp__micro_batch~1__grad_accum~1",
         "strategy~fsdp__micro_batch~1__grad_accum~4",
         "strategy~fsdp__micro_batch~2__grad_accum~1", "strategy~fsdp__micro_batch~2__grad_accum~4"]
-    assert [c.params["global_batch"] for c in s.cells[1:]] == [2, 8, 4, 16]
+    assert [c.params.global_batch for c in s.cells[1:]] == [2, 8, 4, 16]
     repeated = problems(config_with(study(include=[{"micro_batch": [1, 1]}])))
     assert any("two entries make the same cell" in p for p in repeated)
 
@@ -88,7 +88,7 @@ def test_variants_cross_bundles_of_parameters_with_the_axes():
     assert sorted(c.cell_id for c in s.cells) == [
         "nodes~1__gpus~2__micro_batch~1", "nodes~1__gpus~2__micro_batch~2",
         "nodes~2__gpus~4__micro_batch~1", "nodes~2__gpus~4__micro_batch~2"]
-    assert {c.params["gpus_per_node"] for c in s.cells} == {2}
+    assert {c.params.gpus_per_node for c in s.cells} == {2}
 
 
 def test_derived_values_and_defaults_are_in_the_parameters():
@@ -98,18 +98,38 @@ def test_derived_values_and_defaults_are_in_the_parameters():
         include=[{}],
     ))).study("s").cells[0]
     p = cell.params
-    assert (p["dp"], p["gpus_per_node"], p["global_batch"]) == (4, 4, 3 * 5 * 4)
-    assert p["seq_len"] == 128  # null means the model's context length
-    assert p["launcher"] == "torchrun"  # auto resolves by rank count
-    assert p["lr"] == 1e-4 and isinstance(p["lr"], float)
+    assert (p.dp, p.gpus_per_node, p.global_batch) == (4, 4, 3 * 5 * 4)
+    assert p.seq_len == 128  # null means the model's context length
+    assert p.launcher == "torchrun"  # auto resolves by rank count
+    assert p.lr == 1e-4 and isinstance(p.lr, float)
+
+
+def digest(identity: dict) -> str:
+    """The hash a result records, computed here from a cell's identity."""
+    return hashlib.sha256(canonical_json(identity).encode()).hexdigest()[:12]
 
 
 def test_canonical_string_ignores_key_order_and_hash_follows_values():
     a = {"strategy": "ddp", "micro_batch": 2, "nested": {"x": 1, "y": 2}}
     b = {"nested": {"y": 2, "x": 1}, "micro_batch": 2, "strategy": "ddp"}
     assert canonical_json(a) == canonical_json(b)
-    assert params_hash(a) == params_hash(b)
-    assert params_hash(a) != params_hash({**a, "micro_batch": 3})
+    one = CellParams.resolve({"strategy": "ddp", "micro_batch": 2, "gpus": 2})
+    other = CellParams.resolve({"gpus": 2, "micro_batch": 2, "strategy": "ddp"})
+    assert one.canonical == other.canonical and one.params_hash == other.params_hash == digest(one.identity)
+    assert one.replace(micro_batch=3).params_hash != one.params_hash
+    assert one.replace(micro_batch=3).global_batch == 6  # derived sizes follow the parameters
+
+
+def test_a_cell_crosses_processes_as_one_serialisation():
+    params = CellParams.resolve({"model": "gpt2-tiny", "gpus": 4, "tp": 2, "attention": "eager"})
+    assert CellParams.from_dict(params.as_dict()) == params
+    assert CellParams.from_json(params.canonical) == params  # the string the workflow hands run-cell
+    with pytest.raises(ValueError, match="gives 'micro_batches', which no cell parameter"):
+        CellParams.from_dict({**params.as_dict(), "micro_batches": 2})
+    with pytest.raises(ValueError, match="lacks 'strategy'"):
+        CellParams.from_dict({k: v for k, v in params.as_dict().items() if k != "strategy"})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        params.micro_batch = 3
 
 
 def test_an_optional_parameter_at_its_default_leaves_the_cell_as_it_was(repo):
@@ -117,12 +137,12 @@ def test_an_optional_parameter_at_its_default_leaves_the_cell_as_it_was(repo):
     is not in the canonical string nor the hash; set to anything else it is."""
     cells = load_config(config_with(study(axes={"attention": ["sdpa", "eager"],
                                                 "strategy": ["ddp"]}))).study("s").cells
-    default, eager = sorted(cells, key=lambda c: c.params["attention"] != "sdpa")
-    assert default.params["attention"] == "sdpa" and '"attention"' not in default.canonical
-    without = {k: v for k, v in default.params.items() if k != "attention"}
-    assert default.params_hash == params_hash(without)
-    assert '"attention":"eager"' in eager.canonical and eager.params_hash != params_hash(
-        {k: v for k, v in eager.params.items() if k != "attention"})
+    default, eager = sorted(cells, key=lambda c: c.params.attention != "sdpa")
+    assert default.params.attention == "sdpa" and '"attention"' not in default.canonical
+    without = {k: v for k, v in default.params.as_dict().items() if k != "attention"}
+    assert default.params_hash == digest(without)
+    assert '"attention":"eager"' in eager.canonical and eager.params_hash != digest(
+        {k: v for k, v in eager.params.as_dict().items() if k != "attention"})
     # the published results, made before the parameter existed, are still the cells config.yaml gives
     for study_name in ("baseline", "megatron"):
         for cell in load_config(repo / "config.yaml").study(study_name).cells:
@@ -147,15 +167,15 @@ def test_yaml_float_spellings_are_numbers():
     # PyYAML reads 5e-5 (no dot) as a string; a float parameter accepts it anyway.
     config = yaml.safe_load("studies:\n  s:\n    description: d\n    settings: {device: cpu, lr: 5e-5}\n"
                             "    include: [{}]\n")
-    assert load_config(config).study("s").cells[0].params["lr"] == 5e-5
+    assert load_config(config).study("s").cells[0].params.lr == 5e-5
 
 
 def test_stack_limits_make_cells_unsupported_not_errors():
     config = load_config(REPO / "config.yaml")
-    lightning = {c.params["strategy"]: c for c in config.study("lightning").cells}
+    lightning = {c.params.strategy: c for c in config.study("lightning").cells}
     assert "ColossalAI" in lightning["colossalai"].unsupported
     assert lightning["ddp"].unsupported is None
-    ort = [c for c in config.study("gpt2_zero").cells if c.params["ort"]]
+    ort = [c for c in config.study("gpt2_zero").cells if c.params.ort]
     assert ort and all(c.unsupported == ORT_UNSUPPORTED for c in ort)
     assert lightning["colossalai"].resources()["gpu"] == 0  # recorded without holding GPUs
     assert set(lightning["colossalai"].resources()) == set(lightning["ddp"].resources())
@@ -172,16 +192,16 @@ def test_the_five_studies_and_smoke_expand(repo):
     # GPU sizes) and the three 4-GPU claims
     assert counts["llama"] == 4 * 3 * 2 * 7 * 3 + 4 * 3 * 2 + 3
     zero3 = config.study("zero3_pipeline")
-    full_size = [c for c in zero3.cells if c.params["model"] == "bert-180b"]
-    assert {c.params["nodes"] for c in full_size} == {8, 16}
-    assert ({(c.resources()["nodes"], c.resources()["gres"]) for c in full_size if not c.params["emulate"]}
+    full_size = [c for c in zero3.cells if c.params.model == "bert-180b"]
+    assert {c.params.nodes for c in full_size} == {8, 16}
+    assert ({(c.resources()["nodes"], c.resources()["gres"]) for c in full_size if not c.params.emulate}
             == {(8, "gpu:8"), (16, "gpu:8")})
     # the scaled-down cells are the ones run for real; the full-size grid is planned, or measured as one
     # emulated rank on one GPU
-    assert ({c.params["model"] for c in zero3.cells if c.measured and not c.params["emulate"]}
+    assert ({c.params.model for c in zero3.cells if c.measured and not c.params.emulate}
             == {"bert-180b-l4"})
-    assert not any(c.measured for c in full_size if not c.params["emulate"])
-    assert ({(c.resources()["nodes"], c.resources()["gpu"]) for c in full_size if c.params["emulate"]}
+    assert not any(c.measured for c in full_size if not c.params.emulate)
+    assert ({(c.resources()["nodes"], c.resources()["gpu"]) for c in full_size if c.params.emulate}
             == {(1, 1)})
     assert config.default_targets_studies(have_gpus=False) == ["smoke"]
 
@@ -269,7 +289,7 @@ def test_measure_selects_cells_and_the_rest_are_planned():
     s = study(axes={"micro_batch": [1, 2, 4], "strategy": ["ddp", "fsdp"]},
               measure={"cells": [{"micro_batch": [1, 2], "strategy": "ddp"}]})
     result = load_config(config_with(s)).study("s")
-    measured = {(c.params["strategy"], c.params["micro_batch"]) for c in result.cells if c.measured}
+    measured = {(c.params.strategy, c.params.micro_batch) for c in result.cells if c.measured}
     assert measured == {("ddp", 1), ("ddp", 2)}
     assert len(result.targets) == 2 and len(result.planned) == 4
     assert set(result.targets) == {c.target for c in result.cells if c.measured}
@@ -298,7 +318,7 @@ def test_a_study_with_a_search_reports_it_for_the_measured_cells_it_names():
                                     if c.measured]
     named = load_config(config_with(study(axes=axes, measure=measure,
                                           search={"cells": [{"strategy": "fsdp"}]}))).study("s")
-    assert [named.cell(i).params["strategy"] for i in named.searched] == ["fsdp"]
+    assert [named.cell(i).params.strategy for i in named.searched] == ["fsdp"]
     assert named.cell(named.searched[0]).measured
     # no search declared: no search in the table
     assert load_config(config_with(study(axes=axes))).study("s").searched == ()
@@ -332,7 +352,7 @@ def large_grid(cells_per_axis: int = 100):
 
 
 def test_a_cell_jobs_lookups_scan_no_cells_and_compute_each_string_once(monkeypatch):
-    import trainbench.study.grid as grid_module
+    import trainbench.study.params as params_module
 
     grid = large_grid()
     ids = [c.cell_id for c in grid.cells]
@@ -344,9 +364,9 @@ def test_a_cell_jobs_lookups_scan_no_cells_and_compute_each_string_once(monkeypa
             return super().__iter__()
 
     grid.cells = CountedCells(grid.cells)
-    real_canonical_json = grid_module.canonical_json
+    real_canonical_json = params_module.canonical_json
     encoded = []
-    monkeypatch.setattr(grid_module, "canonical_json",
+    monkeypatch.setattr(params_module, "canonical_json",
                         lambda params: encoded.append(1) or real_canonical_json(params))
     resources = list(grid.cell(ids[0]).resources())
     # what common.smk asks for each cell job, several times over as Snakemake does: its cell by id,
@@ -361,8 +381,8 @@ def test_a_cell_jobs_lookups_scan_no_cells_and_compute_each_string_once(monkeypa
     assert len(encoded) == len(ids), "a cell's parameter string was encoded more than once"
     # what is cached is what was computed: the same string, hash and resources as from scratch
     cell = grid.cell(ids[-1])
-    assert (cell.canonical == real_canonical_json(identity(cell.params))
-            and cell.params_hash == params_hash(cell.params))
+    assert (cell.canonical == real_canonical_json(cell.params.identity)
+            and cell.params_hash == digest(cell.params.identity))
     copy_of_cell = dataclasses.replace(cell)
     assert copy_of_cell.resources() == cell.resources()
     cell.resources()["gpu"] = 99  # a caller's copy: the cell's own resources stay
@@ -375,9 +395,9 @@ def test_freshness_reads_only_the_results_that_exist(tmp_path, monkeypatch):
 
     grid = large_grid()
     stale, invalid = grid.cells[5], grid.cells[7]
-    other = {**stale.params, "lr": 0.5}
-    document = {"schema": 1, "study": "s", "cell_id": stale.cell_id, "params": other,
-                "params_hash": params_hash(other), "status": "unsupported", "reason": "made with lr 0.5",
+    other = stale.params.replace(lr=0.5)
+    document = {"schema": 1, "study": "s", "cell_id": stale.cell_id, "params": other.as_dict(),
+                "params_hash": other.params_hash, "status": "unsupported", "reason": "made with lr 0.5",
                 "metrics": results.empty_metrics(), "predicted": results.empty_predicted(),
                 "provenance": {**{k: None for k in results.PROVENANCE_KEYS},
                                "versions": {k: None for k in results.VERSION_KEYS}}}

@@ -8,11 +8,14 @@ import math
 import pytest
 import torch
 
-from trainbench.study.grid import check_cell, resolve
+from trainbench.study.grid import check_cell
+from trainbench.study.params import CellParams
 from trainbench.registry.models import get_model
 from trainbench.training.runners.hf_trainer import (_initialise_on_device, build_for_fsdp, llama_config,
                                            training_arguments)
 from test_cellrun import make_cell, run
+
+resolve = CellParams.resolve  # a study's settings for one cell, as its typed parameters
 
 LLAMA = {"framework": "hf_trainer", "model": "llama-tiny", "gpus": 2, "seq_len": 32, "grad_accum": 2,
          "precision": "fp32"}

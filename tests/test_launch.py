@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainbench.study.grid import Cell, resolve
+from trainbench.study.grid import Cell
+from trainbench.study.params import CellParams
 from trainbench.execute.launch import (FIXED_ENVIRONMENT, Rendezvous, launch_environment, multinode_command,
                                node_command, srun_command)
+
+resolve = CellParams.resolve  # a study's settings for one cell, as its typed parameters
 
 
 def params(**kw):
@@ -37,7 +40,7 @@ def test_the_deepspeed_launcher_takes_given_devices_or_a_count():
 
 def test_a_multi_node_cell_starts_one_torchrun_per_node_through_srun():
     p = params(framework="deepspeed", strategy="zero3", nodes=8, gpus=64)
-    node_argv = multinode_command(p["gpus_per_node"], Rendezvous("node001", 29400, "run-1", 8),
+    node_argv = multinode_command(p.gpus_per_node, Rendezvous("node001", 29400, "run-1", 8),
                                   ["--cell", "c"], python="py")
     assert node_argv == ["py", "-m", "torch.distributed.run", "--nnodes=8", "--nproc-per-node=8",
                          "--rdzv-backend=c10d", "--rdzv-endpoint=node001:29400", "--rdzv-id=run-1",

@@ -2,7 +2,8 @@
 cycle, loading a config pulls in no later stage, and no stage folder grows past what a reader maps.
 
 Imports are read from the source (every `import` and `from ... import`, inside functions too), so a
-lazy import that would close a cycle counts as much as one at the top of a module.
+lazy import that would close a cycle counts as much as one at the top of a module; only imports for
+type annotations (under `if TYPE_CHECKING:`) are left out, as they never run.
 """
 
 from __future__ import annotations
@@ -32,7 +33,14 @@ def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     """The trainbench modules `name` imports (a package's `from p import m` names module p.m)."""
     found = set()
     is_package = path.name == "__init__.py"
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    # an import for type annotations alone (under `if TYPE_CHECKING:`) is no dependency at run time
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and ast.unparse(block.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+                   for n in ast.walk(block)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.split(".")[0] == "trainbench"}
         elif isinstance(node, ast.ImportFrom):

@@ -73,7 +73,7 @@ def test_lightning_sharded_strategies_on_cpu_are_unsupported_results(tmp_path):
 
 
 def test_the_lightning_study_keeps_colossalai_as_unsupported(repo):
-    cells = {c.params["strategy"]: c for c in load_config(repo / "config.yaml").study("lightning").cells}
+    cells = {c.params.strategy: c for c in load_config(repo / "config.yaml").study("lightning").cells}
     assert "ColossalAI" in cells["colossalai"].unsupported
     assert all(c.unsupported is None for name, c in cells.items() if name != "colossalai")
 

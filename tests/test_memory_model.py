@@ -11,9 +11,11 @@ import sys
 import pytest
 import torch
 
-from trainbench.study.grid import resolve
+from trainbench.study.params import CellParams
 from trainbench.predict.memory_model import Hardware, activations, model_states, predict
 from trainbench.registry.models import get_model
+
+resolve = CellParams.resolve  # a study's settings for one cell, as its typed parameters
 
 GIB = 2**30
 
@@ -83,7 +85,7 @@ def _saved_bytes(model: torch.nn.Module, run) -> int:
 
 def _block_only(params, spec):
     """The model's activation bytes of the blocks alone (no LM head), fp32."""
-    return activations({**params, "head": "classifier"}, spec)
+    return activations(params.replace(head="classifier"), spec)
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
@@ -105,7 +107,7 @@ def test_gpt_block_activations_match_what_the_blocks_save(checkpointing):
     measured = _saved_bytes(model, blocks)
     predicted = _block_only(params, spec)
     if checkpointing:  # the model adds the one block recomputed during backward
-        predicted -= (activations({**params, "activation_checkpointing": False, "head": "classifier"}, spec)
+        predicted -= (activations(params.replace(activation_checkpointing=False, head="classifier"), spec)
                       / spec.n_layer)
     assert predicted == pytest.approx(measured, rel=0.05)
 
@@ -169,12 +171,12 @@ def test_prediction_adds_up_and_judges_the_hardware():
     one = predict(p, Hardware(143771, 2048 * 1024, 1))
     assert one.fits is False and one.short_of == ["GPUs"] and one.why_not == "needs 2 GPUs per node > 1"
     # more micro batch, more memory; checkpointing, less
-    assert predict({**p, "micro_batch": 4}).gpu_mem_mib > free.gpu_mem_mib
-    assert predict({**p, "activation_checkpointing": True}).gpu_mem_mib < free.gpu_mem_mib
+    assert predict(p.replace(micro_batch=4)).gpu_mem_mib > free.gpu_mem_mib
+    assert predict(p.replace(activation_checkpointing=True)).gpu_mem_mib < free.gpu_mem_mib
     # offload trades GPU memory for host memory
-    offloaded = predict({**p, "offload_param": True})
+    offloaded = predict(p.replace(offload_param=True))
     assert offloaded.gpu_mem_mib < free.gpu_mem_mib / 2 and offloaded.host_mem_mib > 100 * 1024
-    short = predict({**p, "offload_param": True}, Hardware(143771, 64 * 1024, 8))
+    short = predict(p.replace(offload_param=True), Hardware(143771, 64 * 1024, 8))
     assert short.why_not.endswith("GiB host memory per node > 64.0 GiB") and short.short_of == ["host memory"]
 
 
@@ -225,7 +227,7 @@ def test_compiled_gpt_cells_save_less_and_keep_no_fp32_logits_at_a_padded_vocabu
     from trainbench.execute.results import read_result
 
     eager = resolve({"model": "gpt2-124m", "precision": "bf16", "micro_batch": 8, "seq_len": 1024})
-    compiled = {**eager, "compile": True}
+    compiled = eager.replace(compile=True)
     spec = get_model("gpt2-124m")
     padded = {**compiled, "vocab_multiple": 64}
     assert activations(compiled, spec) < activations(eager, spec)
@@ -248,18 +250,18 @@ def test_a_torch_loop_without_accumulation_holds_the_larger_of_gradients_and_act
     backward makes them as it frees the activations; accumulating keeps both (the holdout study's
     torch cells against the baseline's)."""
     cell = {"model": "gpt-2.5b", "device": "cuda", "seq_len": 1024, "precision": "bf16", "micro_batch": 4}
-    alone = predict(resolve({**cell, "grad_accum": 1}))
-    accumulating = predict(resolve({**cell, "grad_accum": 2}))
+    alone = predict(resolve(cell.replace(grad_accum=1)))
+    accumulating = predict(resolve(cell.replace(grad_accum=2)))
     psi_bytes = 4 * get_model("gpt-2.5b").param_count() / 2**20
     assert "gradients" not in alone.parts_mib and "gradients_beyond_activations" not in alone.parts_mib
     assert accumulating.parts_mib["gradients"] == pytest.approx(psi_bytes, rel=0.01)
     assert alone.parts_mib["activations"] == accumulating.parts_mib["activations"]
     # a tiny batch, whose activations are less than the gradients: only the excess counts
-    small = predict(resolve({**cell, "grad_accum": 1, "micro_batch": 1, "seq_len": 64}))
+    small = predict(resolve(cell.replace(grad_accum=1, micro_batch=1, seq_len=64)))
     assert small.parts_mib["gradients_beyond_activations"] == pytest.approx(
         psi_bytes - small.parts_mib["activations"], rel=0.01)
     # DeepSpeed's engine keeps its gradient partitions: not the torch loop's rule
-    engine = predict(resolve({**cell, "grad_accum": 1, "framework": "deepspeed", "strategy": "zero0"}))
+    engine = predict(resolve(cell.replace(grad_accum=1, framework="deepspeed", strategy="zero0")))
     assert engine.parts_mib["gradients"] > 0
 
 
@@ -283,4 +285,4 @@ def test_eager_attention_saves_the_bytes_per_score_the_model_counts(precision, d
                             lambda: eager_attention(q * 1, k * 1, v * 1, causal=True)) - inputs
     assert measured == per_score * batch * spec.n_head * seq * seq
     assert eager_score_bytes_per_token(params, spec) * batch * seq == measured
-    assert eager_score_bytes_per_token({**params, "attention": "sdpa"}, spec) == 0
+    assert eager_score_bytes_per_token(params.replace(attention="sdpa"), spec) == 0

@@ -9,10 +9,13 @@ import textwrap
 
 import pytest
 
-from trainbench.study.grid import check_cell, resolve
+from trainbench.study.grid import check_cell
+from trainbench.study.params import CellParams
 from trainbench.registry.models import get_model
 from trainbench.registry.frameworks import PIPELINE_ZERO_UNSUPPORTED
 from test_cellrun import make_cell, run
+
+resolve = CellParams.resolve  # a study's settings for one cell, as its typed parameters
 
 PP = {"framework": "deepspeed", "gpus": 2, "pp": 2, "seq_len": 32, "timed_steps": 3, "grad_accum": 2}
 

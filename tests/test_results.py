@@ -8,9 +8,11 @@ import os
 import pytest
 
 from trainbench.execute import results
-from trainbench.study.grid import params_hash, resolve
+from trainbench.study.params import CellParams
 from trainbench.execute.metrics import timed_metrics
 from trainbench.execute.results import read_cells, schema_problems, write_json_atomic
+
+resolve = CellParams.resolve  # a study's settings for one cell, as its typed parameters
 
 
 class Unserialisable:
@@ -44,7 +46,8 @@ def test_a_write_that_dies_before_the_first_file_leaves_nothing(tmp_path):
 
 def _document(**overrides):
     params = resolve({"model": "gpt2-tiny", "device": "cpu"})
-    doc = {"schema": 1, "study": "s", "cell_id": "c", "params": params, "params_hash": params_hash(params),
+    doc = {"schema": 1, "study": "s", "cell_id": "c", "params": params.as_dict(),
+           "params_hash": params.params_hash,
            "status": "ok", "reason": None, "metrics": results.empty_metrics(),
            "predicted": results.empty_predicted(),
            "provenance": {k: None for k in results.PROVENANCE_KEYS}}
@@ -98,7 +101,7 @@ def test_planned_rows_give_the_memory_models_verdict_in_grid_order():
         "include": [{"model": "llama-7b", "gpus": 2, "device": "cpu"}],  # FSDP on CPU: unsupported
         "measure": {"cells": [{"model": "llama-7b", "gpus": 4}], "plan_for": plan_for}}}}).study("s")
     measured = study.cell("model~llama-7b__gpus~4")
-    doc = {"study": "s", "cell_id": measured.cell_id, "params": measured.params, "status": "ok",
+    doc = {"study": "s", "cell_id": measured.cell_id, "params": measured.params.as_dict(), "status": "ok",
            "reason": None, "metrics": {}, "provenance": {}}
     docs = with_planned([doc], study)
     assert [d["cell_id"] for d in docs] == [c.cell_id for c in study.cells]

@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from trainbench.study.grid import check_cell, resolve
+from trainbench.study.grid import check_cell
+from trainbench.study.params import CellParams
 from trainbench.predict.memory_model import activations, block_bytes_per_token, predict, shard_params
 from trainbench.registry.models import get_model
 from trainbench.training.tensor_parallel import qkv_layout
@@ -16,6 +17,8 @@ from trainbench.predict.time_model import work
 from trainbench.registry.hardware import gpu_type
 from trainbench.study.timing import TimingSettings
 from test_cellrun import make_cell, run
+
+resolve = CellParams.resolve  # a study's settings for one cell, as its typed parameters
 
 # exactly the warm-up step and six timed windows of one step each: the same steps in every run
 SAME_STEPS = TimingSettings(min_windows=6, target_ci=1.0, max_timed_s=1e-9, min_window_s=0)
@@ -104,7 +107,7 @@ def test_sharded_tp_divides_model_states_and_split_activations_by_tp():
     for tp in (1, 4, 16):
         params = resolve({**FULL, "tp": tp, "activation_checkpointing": False})
         assert block_bytes_per_token(params, spec) == (8 + 24 / tp) * d
-        logits = activations(params, spec) - activations({**params, "head": "classifier"}, spec)
+        logits = activations(params, spec) - activations(params.replace(head="classifier"), spec)
         assert logits == tokens * -(-vocab // tp) * (2 + 4 + 4)
 
 

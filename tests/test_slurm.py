@@ -19,13 +19,15 @@ import pytest
 
 from trainbench.execute.cellrun import classify
 from trainbench.study.config import load_config
-from trainbench.study.grid import resolve
+from trainbench.study.params import CellParams
 from trainbench.execute.slurm import probe
 from trainbench.execute.launch import (Rendezvous, launch_environment, multinode_command, srun_command,
                                       worker_args)
 
 from conftest import FAST_TIMING, REPO, tiny_study
 from test_gpus import assert_never_shared, max_in_use
+
+resolve = CellParams.resolve  # a study's settings for one cell, as its typed parameters
 
 
 def _sinfo(*args: str) -> list[str]:
@@ -132,8 +134,8 @@ def test_multi_node_cells_reach_slurm_as_one_task_per_node_with_their_gpus(workf
                     f"makes one; or name one in TRAINBENCH_SLURM_PENDING_PARTITION)")
     workflow.write_config((REPO / "config.yaml").read_text())
     study = load_config(REPO / "config.yaml").study("zero3_pipeline")
-    eight = next(c for c in study.cells if c.params["nodes"] == 8)
-    sixteen = next(c for c in study.cells if c.params["nodes"] == 16)
+    eight = next(c for c in study.cells if c.params.nodes == 8)
+    sixteen = next(c for c in study.cells if c.params.nodes == 16)
     # targets before --default-resources, which takes every word after it
     proc = subprocess.Popen([sys.executable, "-m", "snakemake", eight.target, sixteen.target, *PROFILE,
                              "-j", "4", "--default-resources", f"slurm_partition={PENDING_PARTITION}"],

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from trainbench.study.grid import check_cell, resolve
+from trainbench.study.grid import check_cell
+from trainbench.study.params import CellParams
 from trainbench.registry.models import get_model
 from trainbench.training.runners.deepspeed_engine import deepspeed_config
 from test_cellrun import make_cell, run
+
+resolve = CellParams.resolve  # a study's settings for one cell, as its typed parameters
 
 TP = {"framework": "deepspeed", "gpus": 2, "tp": 2, "seq_len": 32, "timed_steps": 3}
 

@@ -16,7 +16,7 @@ from trainbench.study.config import load_config
 from trainbench.registry.hardware import GPUS, gpu_type_named_in, gpu_type_of
 from trainbench.predict.memory_model import hardware_from_args
 from trainbench.registry.models import get_model
-from trainbench.study.params import PARAMS_BY_NAME
+from trainbench.study.params import CellParams
 
 from conftest import REPO
 
@@ -24,17 +24,11 @@ H200 = GPUS["h200"]
 NVLINK = H200.nvlink_gb_s * 1e9
 
 
-def cell(**changes) -> dict:
-    """A cell's full parameters: the schema's defaults, a GPU cell of GPT-345M, the changes."""
-    params = {name: spec.default for name, spec in PARAMS_BY_NAME.items()}
-    params.update({"framework": "deepspeed", "model": "gpt-345m", "strategy": "zero1", "device": "cuda",
-                   "gpus": 4, "nodes": 1, "micro_batch": 4, "grad_accum": 1, "precision": "fp16",
-                   "seq_len": 1024, "tp": 1, "pp": 1})
-    params.update(changes)
-    params["dp"] = params["gpus"] // (params["tp"] * params["pp"])
-    params["gpus_per_node"] = params["gpus"] // params["nodes"]
-    params["global_batch"] = params["micro_batch"] * params["grad_accum"] * params["dp"]
-    return params
+def cell(**changes) -> CellParams:
+    """A cell's parameters: the schema's defaults, a GPU cell of GPT-345M, the changes."""
+    return CellParams.resolve({"framework": "deepspeed", "model": "gpt-345m", "strategy": "zero1",
+                               "device": "cuda", "gpus": 4, "nodes": 1, "micro_batch": 4, "grad_accum": 1,
+                               "precision": "fp16", "seq_len": 1024, "tp": 1, "pp": 1, **changes})
 
 
 def psi(model: str = "gpt-345m") -> float:
@@ -119,7 +113,7 @@ def test_cpu_threads_shorten_only_their_share_of_an_offloaded_step():
     # what threads cannot shorten: the host's memory, which every rank of the node steps through at once
     w = time_model.work(offloaded, H200, cpu_threads=16)
     assert w.cpu_host_params == psi("gpt-2.5b") and w.cpu_adam_params == psi("gpt-2.5b") / 16
-    four = time_model.work({**cell(model="gpt-2.5b", strategy="zero2", offload_optimizer=True)}, H200)
+    four = time_model.work(cell(model="gpt-2.5b", strategy="zero2", offload_optimizer=True), H200)
     assert four.cpu_host_params == pytest.approx(psi("gpt-2.5b"))  # 4 partitions of a quarter, at once
     assert time_model.work(cell(model="gpt-2.5b", strategy="zero2"), H200).cpu_host_params == 0  # on the GPU
 
@@ -133,7 +127,7 @@ def test_a_runs_cpu_threads_come_from_its_provenance_or_from_the_rule_it_ran_und
     # not recorded at all (before b222dfd): Snakemake's export of the job's threads, one per GPU rank
     # on the node
     assert time_model.threads_of_run({"params": params, "provenance": {"gpu_name": "NVIDIA H200"}}) == 4
-    assert time_model.threads_of_run({"params": cell(gpus=8, nodes=2), "provenance": {}}) == 4
+    assert time_model.threads_of_run({"params": cell(gpus=8, nodes=2).as_dict(), "provenance": {}}) == 4
 
 
 def test_a100s_are_slower_than_h200s_and_say_whose_efficiencies_they_use():
@@ -142,16 +136,16 @@ def test_a100s_are_slower_than_h200s_and_say_whose_efficiencies_they_use():
     a100 = time_model.predict(params, GPUS["a100-80g"])
     assert a100.step_time_s > 2 * h200.step_time_s  # 312 against 989 TFLOPS on a compute-bound cell
     assert h200.note is None and "no a100-80g cells measured" in a100.note and a100.constants_gpu == "h200"
-    assert 0 < a100.mfu < 1 and a100.samples_per_s == pytest.approx(params["global_batch"] / a100.step_time_s)
-    assert time_model.predict({**params, "device": "cpu"}, H200) is None
-    assert time_model.predict({**params, "precision": "bf16"}, GPUS["v100-32g"]) is None  # no bf16
+    assert 0 < a100.mfu < 1 and a100.samples_per_s == pytest.approx(params.global_batch / a100.step_time_s)
+    assert time_model.predict(params.replace(device="cpu"), H200) is None
+    assert time_model.predict(params.replace(precision="bf16"), GPUS["v100-32g"]) is None  # no bf16
 
 
 def test_the_fit_recovers_the_constants_that_made_the_times():
     config = load_config(REPO / "config.yaml")
     cells = [c.params for name in ("megatron", "zero3_pipeline", "lightning", "gpt2_zero", "baseline")
-             for c in config.study(name).cells if not c.unsupported and c.params["model"] != "bert-180b"]
-    llama = [c.params for c in config.study("llama").cells if c.params["model"] == "llama-7b"]
+             for c in config.study(name).cells if not c.unsupported and c.params.model != "bert-180b"]
+    llama = [c.params for c in config.study("llama").cells if c.params.model == "llama-7b"]
     # CPU threads per rank as the measured cells had them: from 1 to 16, so threads and host are told apart
     works = time_model.stack([time_model.work(p, H200, cpu_threads=(1, 2, 4, 8, 16)[i % 5])
                               for i, p in enumerate(cells + llama[::7])])

@@ -55,14 +55,14 @@ def search_status(root: Path, study: str, cell_id: str) -> str:
     return f"{len(probes)} probes, not finished" if probes else "not started"
 
 
-def ranks(params: dict) -> str:
+def ranks(params) -> str:
     """A cell's ranks and what they run on: "2 (gpu)" is 2 GPUs, "2 (cpu)" 2 processes on CPU cores
     (the table's "gpus" column counts ranks either way); an emulated cell's is one rank of its world,
     "1 of 64 (gpu)"."""
-    kind = 'gpu' if params['device'] == 'cuda' else 'cpu'
-    if params.get("emulate"):
-        return f"1 of {params['gpus']} ({kind})"
-    return f"{params['gpus']} ({kind})"
+    kind = 'gpu' if params.device == 'cuda' else 'cpu'
+    if params.emulate:
+        return f"1 of {params.gpus} ({kind})"
+    return f"{params.gpus} ({kind})"
 
 
 def cmd_cells(args) -> int:
@@ -83,7 +83,7 @@ def cmd_cells(args) -> int:
                 status = f"missing: {short} (this machine has {gpus_here})"
             search = (search_status(Path(args.root), study.name, cell.cell_id)
                       if cell.cell_id in study.searched else "-")
-            rows.append((name, cell.cell_id, status, ranks(cell.params), str(cell.params["nodes"]),
+            rows.append((name, cell.cell_id, status, ranks(cell.params), str(cell.params.nodes),
                          cell.target, search))
     header = ("study", "cell", "status", "ranks", "nodes", "target", "search")
     if args.tsv:
@@ -133,29 +133,24 @@ def cmd_progress(args) -> int:
 
 def cmd_run_cell(args) -> int:
     from trainbench.execute.cellrun import run_cell
-    from trainbench.study.grid import Cell, check_cell
-    from trainbench.study.params import PARAMS_BY_NAME, with_optional_defaults
+    from trainbench.registry import frameworks
+    from trainbench.study.grid import Cell
+    from trainbench.study.params import CellParams
     from trainbench.study.timing import TimingSettings
 
-    try:
-        params = json.loads(args.params)
-    except json.JSONDecodeError as error:
-        raise UsageError(f"--params is not the cell's JSON ({error})") from None
-    if not isinstance(params, dict):
-        raise UsageError(f"--params is not the cell's JSON object (a {type(params).__name__})")
-    params = with_optional_defaults(params)  # the workflow leaves optional ones at their default out
     try:
         timing = TimingSettings.from_argument(args.timing)
     except ValueError as error:
         raise UsageError(f"--timing {args.timing!r}: {error}") from None
-    lacking = [key for key in (*PARAMS_BY_NAME, "dp", "gpus_per_node", "global_batch") if key not in params]
-    if lacking:
-        raise UsageError(f"--params lacks {lacking[0]!r}: give every parameter of the cell, "
-                         "as the workflow does")
-    errors, unsupported = check_cell(params)
-    if errors:
-        raise ConfigError([f"study {args.study!r}, cell {args.cell!r}: {key}: {message}"
-                           for key, message in errors])
+    try:
+        params = CellParams.from_json(args.params)
+    except json.JSONDecodeError as error:
+        raise UsageError(f"--params is not the cell's JSON ({error})") from None
+    except (TypeError, ValueError) as error:  # not an object, or not the cell's parameters
+        raise UsageError(f"--params {error}") from None
+    # The workflow checked the cell when it made it (study.grid); what the stack cannot run is the
+    # cell's result, and asked of the framework registry without checking the cell again.
+    unsupported = frameworks.unsupported(params)
     cell = Cell(args.study, args.cell, params, execution={"cpus_per_rank": args.cpus_per_rank}, timing=timing,
                 unsupported=unsupported)
     return run_cell(cell, Path(args.output), runtime_min=args.runtime_min, retries=args.retries,
@@ -199,9 +194,9 @@ def cmd_predict(args) -> int:
             timed = (None if hardware.gpu is None or cell.unsupported else
                      time_model.predict(p, hardware.gpu, constants, cell.execution.get("cpus_per_rank") or
                                         time_model.DEFAULT_CPU_THREADS))
-            writer.writerow([name, cell.cell_id, p["model"], p["strategy"], p["gpus"], p["nodes"],
-                             p["micro_batch"],
-                             p["activation_checkpointing"], p["offload_optimizer"], p["offload_param"],
+            writer.writerow([name, cell.cell_id, p.model, p.strategy, p.gpus, p.nodes,
+                             p.micro_batch,
+                             p.activation_checkpointing, p.offload_optimizer, p.offload_param,
                              "" if gpu is None else f"{gpu / 1024:.1f}",
                              f"{prediction.host_mem_mib / 1024:.1f}",
                              prediction.fits, prediction.why_not or "",

@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 from trainbench import paths
 from trainbench.errors import UsageError
-from trainbench.study.grid import Cell, check_cell, make_cell_id, named_keys, resolve
+from trainbench.study.grid import Cell, check_cell, make_cell_id, named_keys
+from trainbench.study.params import CellParams
 
 FIT_ROOT = "results/fit"
 
@@ -24,7 +25,7 @@ def emulated_cell(cell: Cell, *, rank: int | None, gpu_mem_gib: float | None,
                   micro_batch: int | None = None) -> Cell:
     """The cell as one emulated rank (the one asked for, or the heaviest), held to `gpu_mem_gib`."""
     p = cell.params
-    if p["gpus"] == 1:
+    if p.gpus == 1:
         raise UsageError(f"{cell.study}/{cell.cell_id} runs one rank: it runs for real on one device "
                          f"(`snakemake {cell.target}`); emulation is for cells of several ranks")
     changes: dict[str, Any] = {"emulate": True, "emulate_rank": rank}
@@ -32,8 +33,7 @@ def emulated_cell(cell: Cell, *, rank: int | None, gpu_mem_gib: float | None,
         changes["gpu_mem_limit_gib"] = gpu_mem_gib
     if micro_batch is not None:
         changes["micro_batch"] = micro_batch
-    params = resolve({**{k: v for k, v in p.items() if k not in ("dp", "gpus_per_node", "global_batch")},
-                      **changes})
+    params = p.replace(**changes)
     errors, unsupported = check_cell(params)
     if errors:
         raise UsageError("; ".join(f"{key}: {message}" for key, message in errors))
@@ -54,11 +54,11 @@ def report(doc: dict[str, Any]) -> list[str]:
     """What a user asks of a fit: did it train, the memory per GPU and per node, the model's view."""
     from trainbench.reporting.columns import result_text
 
-    m, p, emulated = doc["metrics"], doc["params"], doc.get("emulation") or {}
-    limit = p.get("gpu_mem_limit_gib")
+    m, p, emulated = doc["metrics"], CellParams.from_dict(doc["params"]), doc.get("emulation") or {}
+    limit = p.gpu_mem_limit_gib
     held = f", held to {limit:g} GiB" if limit else ""
     lines = [f"{doc['study']}/{doc['cell_id']}",
-             f"  as rank {emulated.get('rank')} of {p['gpus']} ({p['gpus_per_node']} per node){held}: "
+             f"  as rank {emulated.get('rank')} of {p.gpus} ({p.gpus_per_node} per node){held}: "
              f"{'fits' if doc['status'] == 'ok' else 'does not fit'} ({result_text(doc)})"]
     used = max(m.get("gpu_mem_used_mib") or [0]) or None
     if used is not None:
@@ -69,7 +69,7 @@ def report(doc: dict[str, Any]) -> list[str]:
     rank_host = (emulated.get("measured") or {}).get("host_rss_peak_mib")
     if rank_host is not None:
         lines.append(f"  host memory: {_gib(rank_host)} this rank, {_gib(m.get('host_mem_peak_mib'))} "
-                     f"per node of {p['gpus_per_node']} ranks (derived)")
+                     f"per node of {p.gpus_per_node} ranks (derived)")
     predicted = doc.get("predicted") or {}
     if predicted.get("gpu_mem_mib") is not None or predicted.get("host_mem_mib") is not None:
         verdict = {True: "fits", False: f"does not fit ({predicted.get('why_not')})",
@@ -110,17 +110,17 @@ def search(cell: Cell, *, max_micro_batch: int, tolerance: float, root: str = FI
 
     p = cell.params
     gpu = None
-    if p["device"] == "cuda":
+    if p.device == "cuda":
         from trainbench.execute.gpus import machine_devices
         from trainbench.execute.provenance import gpu_facts
 
         gpu = held_gpu_mib(gpu_facts(machine_devices()[:1]).get("gpu_memory_mib"), p)
-    start, upper = model_bounds(p, Hardware(gpu, float("inf"), p["gpus_per_node"]) if gpu else None,
+    start, upper = model_bounds(p, Hardware(gpu, float("inf"), p.gpus_per_node) if gpu else None,
                                 max_micro_batch)
     docs: dict[int, dict[str, Any]] = {}
 
     def status_of(batch: int) -> str:
-        probe = emulated_cell(cell, rank=p["emulate_rank"], gpu_mem_gib=p["gpu_mem_limit_gib"],
+        probe = emulated_cell(cell, rank=p.emulate_rank, gpu_mem_gib=p.gpu_mem_limit_gib,
                               micro_batch=batch)
         probe = replace(probe, cell_id=paths.probe_id(cell.cell_id, batch))  # a folder of its own
         doc = run(probe, root=root, force=force, runtime_min=runtime_min, say=say)

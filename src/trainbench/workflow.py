@@ -40,7 +40,7 @@ def load_checked(source: dict[str, Any] | str | Path) -> Config:
     problems: list[str] = []
     for name, study in config.studies.items():
         problems += report_problems(name, study.report)
-        problems += findings.problems(name, study.findings, [c.params for c in study.cells],
+        problems += findings.problems(name, study.findings, [c.params.as_dict() for c in study.cells],
                                       study.id_keys)
     if problems:
         raise ConfigError(problems)

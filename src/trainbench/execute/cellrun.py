@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainbench.study.params import CellParams
 from trainbench.training import emulation
 from trainbench.registry import frameworks
 from trainbench.predict import memory_model
 from trainbench.execute import provenance
-from trainbench.study.grid import Cell, params_hash
+from trainbench.study.grid import Cell
 from trainbench.execute.gpus import NotEnoughGpus, devices_for_cell, machine_devices, under_slurm
 from trainbench.execute.lifetime import driver_pid, runner_environment, wait_for_an_exit, when_gone
 from trainbench.execute.launch import (WORKER_MODULE, Rendezvous, free_port, launch_environment,
@@ -71,7 +72,7 @@ def gpus_here(devices: list[str] | None, device_type: str) -> dict[str, Any]:
 
 
 def hardware_here(gpu: dict[str, Any], device_type: str,
-                  params: dict[str, Any] | None = None) -> memory_model.Hardware:
+                  params: CellParams | None = None) -> memory_model.Hardware:
     """The memory a cell gets on this node: its GPUs' (`gpu`, from gpus_here) and this host's, less any
     override or the cell's own GPU limit (`gpu_mem_limit_gib`). An emulated cell's node is the world's:
     its ranks per node, each with this host's memory (the one rank it runs must fit here)."""
@@ -83,12 +84,12 @@ def hardware_here(gpu: dict[str, Any], device_type: str,
     if "gpu" in limits and device_type == "cuda":
         gpu_mib = min(gpu_mib, limits["gpu"]) if gpu_mib else limits["gpu"]
     host_mib = min(host_mib, limits.get("host", host_mib))
-    if params is not None and device_type == "cuda" and params["gpu_mem_limit_gib"] is not None:
+    if params is not None and device_type == "cuda" and params.gpu_mem_limit_gib is not None:
         gpu_mib = memory_model.held_gpu_mib(gpu_mib, params)
-        name = f"{name} held to {params['gpu_mem_limit_gib']:g} GiB"
-    if params is not None and params["emulate"]:
+        name = f"{name} held to {params.gpu_mem_limit_gib:g} GiB"
+    if params is not None and params.emulate:
         return memory_model.emulated_node(gpu_mib, host_mib, params,
-                                          f"{name}, emulated node of {params['gpus_per_node']} rank(s) "
+                                          f"{name}, emulated node of {params.gpus_per_node} rank(s) "
                                           "with this host's memory each")
     return memory_model.Hardware(gpu_mib, host_mib, gpus, name)
 
@@ -176,10 +177,10 @@ class CellRun:
 
     def _base_document(self, status: str, reason: str | None) -> dict[str, Any]:
         doc = {"schema": SCHEMA_VERSION, "study": self.cell.study, "cell_id": self.cell.cell_id,
-               "params": self.params, "params_hash": params_hash(self.params), "status": status,
+               "params": self.params.as_dict(), "params_hash": self.params.params_hash, "status": status,
                "reason": reason, "metrics": empty_metrics(), "predicted": self._prediction(),
                "provenance": {}}
-        if self.params["emulate"]:  # which rank it stands for, whatever became of it (account() adds more)
+        if self.params.emulate:  # which rank it stands for, whatever became of it (account() adds more)
             doc["emulation"] = emulation.section(self.params)
         return doc
 
@@ -197,7 +198,7 @@ class CellRun:
         result = result or {}
         doc["provenance"] = provenance.collect(
             gpu=gpu or provenance.gpu_facts(None), devices=devices,
-            nodes=1 if self.params["emulate"] else self.params["nodes"],
+            nodes=1 if self.params.emulate else self.params.nodes,
             gpus_total=gpus_total, cuda=result.get("torch_cuda"), nccl=result.get("nccl"),
             started=started, ended=provenance.now_iso(),
             command=command, run_gpus=node_memory([r.get("node_memory") for r in ranks or []]),
@@ -217,17 +218,17 @@ class CellRun:
         missing = frameworks.not_implemented(self.params)
         if missing:
             raise CellCannotRun(f"{missing}; this cell can be listed and dry-run, not run")
-        if self.params["nodes"] > 1 and not self.params["emulate"]:
+        if self.params.nodes > 1 and not self.params.emulate:
             if under_slurm():
                 return self._run_attempts(None, started)
-            if os.environ.get(SIMULATE_NODES_ENV) == "1" and self.params["device"] == "cpu":
+            if os.environ.get(SIMULATE_NODES_ENV) == "1" and self.params.device == "cpu":
                 return self._run_attempts(None, started)
-            raise CellCannotRun(f"a {self.params['nodes']}-node cell runs inside a SLURM allocation "
+            raise CellCannotRun(f"a {self.params.nodes}-node cell runs inside a SLURM allocation "
                                 "(see docs/slurm.md); CPU cells can simulate nodes "
                                 f"with {SIMULATE_NODES_ENV}=1")
         # an emulated cell is one process on one device, whatever its world
-        ranks_here = 1 if self.params["emulate"] else self.params["gpus_per_node"]
-        count = ranks_here if self.params["device"] == "cuda" else 0
+        ranks_here = self.params.ranks_here
+        count = ranks_here if self.params.device == "cuda" else 0
         try:
             if count:
                 with devices_for_cell(
@@ -242,13 +243,13 @@ class CellRun:
         started = provenance.now_iso()
         if devices is not None:
             self._say(f"GPUs {','.join(devices)}")
-        gpu = gpus_here(devices, self.params["device"])
-        hardware = hardware_here(gpu, self.params["device"], self.params)
+        gpu = gpus_here(devices, self.params.device)
+        hardware = hardware_here(gpu, self.params.device, self.params)
         prediction = memory_model.predict(self.params, hardware)
         self.predicted = {**prediction.as_dict(), "hardware": hardware.describe()}
         # An emulated rank runs to measure whether it fits its GPU: only a host that cannot hold the
         # rank's share stops it (emulation.py; the hardware is the emulated node's)
-        measuring = self.params["emulate"] and "host memory" not in prediction.short_of
+        measuring = self.params.emulate and "host memory" not in prediction.short_of
         if not prediction.fits and measuring:
             self._say(f"{prediction.why_not} ({hardware.describe()}); "
                       "running the emulated rank to measure it")
@@ -256,8 +257,8 @@ class CellRun:
             if os.environ.get(FORCE_ENV) != "1" and not self.search_probe:
                 reason = (f"{prediction.why_not} ({self.predicted['hardware']}); not run "
                           f"(set {FORCE_ENV}=1 to run it)")
-                if self.params["emulate"]:  # what stops it is this host, not the hardware it stands for
-                    per_node = self.params["gpus_per_node"]
+                if self.params.emulate:  # what stops it is this host, not the hardware it stands for
+                    per_node = self.params.gpus_per_node
                     reason = ("one rank's share of host memory "
                               f"({prediction.host_mem_mib / per_node / 1024:.1f} GiB predicted: "
                               f"{prediction.host_mem_mib / 1024:.1f} GiB per node of {per_node}) "
@@ -282,7 +283,7 @@ class CellRun:
             wall_time_s = time.monotonic() - attempt_start
             exited = launched + wall_time_s
             outcome = classify(self.work_dir, returncode, timed_out, self.timeout_s,
-                               self.params["warmup_steps"])
+                               self.params.warmup_steps)
             self._say(f"attempt {attempt}: {outcome.status}"
                       + (f" ({outcome.reason})" if outcome.reason else ""))
             if outcome.status != "failed":
@@ -301,15 +302,15 @@ class CellRun:
         measured_as = next((r for r in reports if "emulated" in r or "device_limit" in r), {})
         if measured_as.get("emulated"):
             doc["emulation"] = emulation.account(doc["metrics"], measured_as["emulated"], self.params)
-        if self.params["gpu_mem_limit_gib"] is not None:
+        if self.params.gpu_mem_limit_gib is not None:
             doc["device_limit"] = measured_as.get("device_limit")
         doc["attempts"] = attempt
         return self._write(doc, started=started, asked=asked, devices=devices, gpu=gpu,
                            command=" & ".join(shlex.join(c) for c in commands), result=outcome.result,
                            ranks=outcome.result["ranks"] if outcome.result else outcome.rank_records,
                            # the GPUs it ran on: one for an emulated rank, whatever its world
-                           gpus_total=(1 if self.params["emulate"] else self.params["gpus"])
-                           if self.params["device"] == "cuda" else 0)
+                           gpus_total=(1 if self.params.emulate else self.params.gpus)
+                           if self.params.device == "cuda" else 0)
 
     def _prepare_attempt(self, devices: list[str] | None, attempt: int) -> list[list[str]]:
         """The commands to start on this machine for one attempt: one per local launcher."""
@@ -317,25 +318,25 @@ class CellRun:
         self.work_dir.mkdir(parents=True)
         cell_file = self.work_dir / "cell.json"
         cell_file.write_text(json.dumps({"study": self.cell.study, "cell_id": self.cell.cell_id,
-                                         "params": self.params, "timing": self.cell.timing.as_dict()},
-                                        indent=2))
+                                         "params": self.params.as_dict(),
+                                         "timing": self.cell.timing.as_dict()}, indent=2))
         p = self.params
-        if p["emulate"]:  # one process joins the world as its rank (worker.py, emulation.py)
+        if p.emulate:  # one process joins the world as its rank (worker.py, emulation.py)
             return [[self.python, "-m", WORKER_MODULE, *worker_args(cell_file, self.work_dir)]]
-        if p["nodes"] == 1:
+        if p.nodes == 1:
             return [node_command(p, cell_file, self.work_dir, python=self.python,
                                  devices_given=devices is not None)]
-        run_id = f"{self.cell.study}-{params_hash(p)}-{attempt}"
+        run_id = f"{self.cell.study}-{p.params_hash}-{attempt}"
         if under_slurm():
             # This runs on the allocation's first node (the batch host): it hosts the rendezvous.
-            rendezvous = Rendezvous(socket.gethostname(), free_port(), run_id, p["nodes"])
-            node_argv = multinode_command(p["gpus_per_node"], rendezvous,
+            rendezvous = Rendezvous(socket.gethostname(), free_port(), run_id, p.nodes)
+            node_argv = multinode_command(p.gpus_per_node, rendezvous,
                                           worker_args(cell_file, self.work_dir), python=self.python)
             return [srun_command(p, node_argv, cpus_per_task=self.cell.resources()["cpus_per_task"])]
-        rendezvous = Rendezvous("127.0.0.1", free_port(), run_id, p["nodes"])
-        node_argv = multinode_command(p["gpus_per_node"], rendezvous, worker_args(cell_file, self.work_dir),
+        rendezvous = Rendezvous("127.0.0.1", free_port(), run_id, p.nodes)
+        node_argv = multinode_command(p.gpus_per_node, rendezvous, worker_args(cell_file, self.work_dir),
                                       python=self.python)
-        return [node_argv] * p["nodes"]
+        return [node_argv] * p.nodes
 
     def _launch(self, commands: list[list[str]], devices: list[str] | None,
                 deadline: float) -> tuple[int | None, bool]:

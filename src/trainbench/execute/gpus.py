@@ -15,6 +15,8 @@ import socket
 import time
 from pathlib import Path
 
+from trainbench.study.params import CellParams
+
 POOL_DIR_ENV = "TRAINBENCH_GPU_POOL_DIR"
 FAKE_GPUS_ENV = "TRAINBENCH_FAKE_GPUS"  # tests: pretend this many devices exist
 
@@ -129,16 +131,16 @@ def devices_for_cell(count: int, on_wait=None):
         yield devices
 
 
-def short_of_gpus(params: dict, gpus_here: int) -> str | None:
+def short_of_gpus(params: CellParams, gpus_here: int) -> str | None:
     """Why a cell cannot run on this machine for want of GPUs (None if it can): a local run names
     such cells when it plans, rather than fail them one job at a time (SLURM places them instead)."""
-    if params["device"] != "cuda":
+    if params.device != "cuda":
         return None
-    if params.get("emulate"):  # one rank of its world, on one GPU
+    if params.emulate:  # one rank of its world, on one GPU
         return "needs 1 GPU" if gpus_here < 1 else None
-    if params["nodes"] > 1:
-        return f"needs {params['nodes']} nodes"
-    need = params["gpus_per_node"]
+    if params.nodes > 1:
+        return f"needs {params.nodes} nodes"
+    need = params.gpus_per_node
     if need > gpus_here:
         return f"needs {need} GPU{'s' if need > 1 else ''}"
     return None

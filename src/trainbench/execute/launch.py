@@ -14,7 +14,9 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
+
+from trainbench.study.params import CellParams
 
 
 WORKER_MODULE = "trainbench.execute.worker"
@@ -50,12 +52,12 @@ def worker_args(cell_file: Path, work_dir: Path) -> list[str]:
     return ["--cell", str(cell_file), "--work-dir", str(work_dir)]
 
 
-def node_command(params: dict[str, Any], cell_file: Path, work_dir: Path, *, python: str = sys.executable,
+def node_command(params: CellParams, cell_file: Path, work_dir: Path, *, python: str = sys.executable,
                  devices_given: bool = False, rendezvous: Rendezvous | None = None) -> list[str]:
     """argv that starts this node's ranks of the cell."""
-    ranks = params["gpus_per_node"]
+    ranks = params.gpus_per_node
     args = worker_args(cell_file, work_dir)
-    launcher = params["launcher"]
+    launcher = params.launcher
     if launcher == "python":
         return [python, "-m", WORKER_MODULE, *args]
     if launcher == "deepspeed" and rendezvous is None:
@@ -80,14 +82,14 @@ def multinode_command(ranks_per_node: int, rendezvous: Rendezvous, args: list[st
             "-m", WORKER_MODULE, *args]
 
 
-def srun_command(params: dict[str, Any], node_argv: list[str], *, cpus_per_task: int) -> list[str]:
+def srun_command(params: CellParams, node_argv: list[str], *, cpus_per_task: int) -> list[str]:
     """Start `node_argv` once on every node of the SLURM allocation (run from the batch host).
 
     One task per node with the node's GPUs and cores; --kill-on-bad-exit stops every node when one
     fails, as torchrun does for the ranks of one node.
     """
-    nodes = params["nodes"]
-    gres = [f"--gres=gpu:{params['gpus_per_node']}"] if params["device"] == "cuda" else []
+    nodes = params.nodes
+    gres = [f"--gres=gpu:{params.gpus_per_node}"] if params.device == "cuda" else []
     return ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
             f"--cpus-per-task={cpus_per_task}", *gres, "--kill-on-bad-exit=1", "--export=ALL", *node_argv]
 
@@ -131,7 +133,7 @@ def cache_environment(base: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def launch_environment(params: dict[str, Any], *, cpus_per_rank: int, devices: list[str] | None,
+def launch_environment(params: CellParams, *, cpus_per_rank: int, devices: list[str] | None,
                        base: Mapping[str, str] = os.environ) -> dict[str, str]:
     env = dict(base)
     env.update(FIXED_ENVIRONMENT)
@@ -147,12 +149,12 @@ def launch_environment(params: dict[str, Any], *, cpus_per_rank: int, devices: l
     # thread where it was given 8-16 (docs/measurement.md, "CPU threads of a rank").
     for variable in CPU_THREAD_VARIABLES:
         env[variable] = str(cpus_per_rank)
-    if params["device"] == "cpu":
+    if params.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU cell must not touch (or be measured on) a GPU
         env["DS_ACCELERATOR"] = "cpu"
     elif devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
-    if params.get("deterministic"):
+    if params.deterministic:
         env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for deterministic results
     arch = env.get("TORCH_CUDA_ARCH_LIST")
     if arch and "a" in arch:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import resource
 from dataclasses import dataclass
 
+from trainbench.study.params import CellParams
 from trainbench.registry import hardware
 from trainbench.registry.models import get_model
 from trainbench.study.timing import TimingSettings, summarize_windows
@@ -94,16 +95,16 @@ def process_peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def timed_metrics(params: dict, step_times_s: list[float], *, steps_per_window: int, gpu_name: str | None,
-                  target_ci: float = TimingSettings().target_ci) -> dict:
+def timed_metrics(params: CellParams, step_times_s: list[float], *, steps_per_window: int,
+                  gpu_name: str | None, target_ci: float = TimingSettings().target_ci) -> dict:
     """The metrics.json figures that come from the timed windows: step time and every rate derived
     from it, each a median with its 95% interval (null where too few windows give none), and whether
     the cell ended `noisy` (its interval wider than the target)."""
-    spec = get_model(params["model"])
-    flops_per_token = spec.train_flops_per_token(params["seq_len"], params["head"], params["num_classes"])
-    rate = throughput(step_times_s, global_batch=params["global_batch"], seq_len=params["seq_len"],
-                      flops_per_token=flops_per_token, gpus=params["gpus"],
-                      peak=peak_flops(gpu_name, params["precision"], params["tf32"]))
+    spec = get_model(params.model)
+    flops_per_token = spec.train_flops_per_token(params.seq_len, params.head, params.num_classes)
+    rate = throughput(step_times_s, global_batch=params.global_batch, seq_len=params.seq_len,
+                      flops_per_token=flops_per_token, gpus=params.gpus,
+                      peak=peak_flops(gpu_name, params.precision, params.tf32))
     figures = {"step_time_s": (rate.step_time_s, 6), "samples_per_s": (rate.samples_per_s, 3),
                "tokens_per_s": (rate.tokens_per_s, 1), "tflops_per_gpu": (rate.tflops_per_gpu, 4),
                "mfu": (rate.mfu, 4)}

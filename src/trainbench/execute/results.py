@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainbench.study.params import CellParams
 from trainbench.execute.metrics import timed_metrics
 from trainbench.study.params import with_optional_defaults
 from trainbench.study.timing import TimingSettings
@@ -273,7 +274,7 @@ def phases(marks: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def summarize(params: dict[str, Any], result: dict[str, Any], wall_time_s: float,
+def summarize(params: CellParams, result: dict[str, Any], wall_time_s: float,
               timing: TimingSettings, launched: float, exited: float) -> dict[str, Any]:
     """The metrics of a successful run, from rank 0's result.json; `launched` and `exited`: when the
     launcher started and when it ended (wall clock)."""
@@ -283,17 +284,17 @@ def summarize(params: dict[str, Any], result: dict[str, Any], wall_time_s: float
     timed = timed_metrics(params, result["step_times_s"], steps_per_window=result["steps_per_window"],
                           gpu_name=gpu_name, target_ci=timing.target_ci)
     projected = None
-    if params["dataset_size"] and params["epochs"]:
+    if params.dataset_size and params.epochs:
         # Steady state only: optimizer steps of the whole run times the median step (no start-up,
         # evaluation or checkpoint time).
-        steps = math.ceil(params["dataset_size"] / params["global_batch"]) * params["epochs"]
+        steps = math.ceil(params.dataset_size / params.global_batch) * params.epochs
         projected = steps * timed["step_time_s"]
     rss_by_host: dict[str, float] = {}
     for r in ranks:
         rss_by_host[r["host"]] = rss_by_host.get(r["host"], 0.0) + r["host_rss_peak_mib"]
     metrics = empty_metrics()
     metrics.update(
-        warmup_steps=params["warmup_steps"],
+        warmup_steps=params.warmup_steps,
         **timed,
         wall_time_s=_round(wall_time_s, 2),
         projected_run_s=_round(projected, 1),
@@ -351,13 +352,15 @@ PER_STEP_METHOD = "synchronised steps (each step timed alone, before timing wind
 
 def with_intervals(params: dict[str, Any], metrics: dict[str, Any] | None,
                    gpu_name: str | None) -> dict[str, Any]:
-    """Metrics in the current shape. Results written before timing windows existed kept one time per
-    step: windows of one step, which give their intervals by the same computation."""
+    """Metrics in the current shape, from a result's parameters (as its metrics.json holds them) and
+    metrics. Results written before timing windows existed kept one time per step: windows of one step,
+    which give their intervals by the same computation."""
     metrics = dict(metrics or {})
     if "step_time_s_ci" in metrics:
         return metrics
     if metrics.get("step_times_s") and params.get("model"):
-        figures = timed_metrics(params, metrics["step_times_s"], steps_per_window=1, gpu_name=gpu_name)
+        figures = timed_metrics(CellParams.from_dict(params), metrics["step_times_s"], steps_per_window=1,
+                                gpu_name=gpu_name)
         return {**metrics, **figures, "timing": {"method": PER_STEP_METHOD}}
     return {**{key: None for key in INTERVAL_KEYS}, **metrics}
 

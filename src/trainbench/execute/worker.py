@@ -31,6 +31,7 @@ from trainbench.execute.memory_sampler import MemorySampler
 from trainbench.registry.hardware import MIB
 from trainbench.execute.metrics import process_peak_rss_mib, tensors_held_bytes
 from trainbench.execute.results import write_json_atomic
+from trainbench.study.params import CellParams
 from trainbench.training.runners import (LoopRunner, RunContext, Runner, StepRunner, make_runner,
                                          params_per_module)
 from trainbench.study.timing import TimingSettings, fixed_step_count, steps_per_window, summarize_windows
@@ -66,7 +67,8 @@ def _single_process_environment() -> None:
 
 class Worker:
     def __init__(self, cell: dict, work_dir: Path, imported: float | None = None):
-        self.emulated = emulation.rank_of(cell["params"]) if cell["params"].get("emulate") else None
+        params = CellParams.from_dict(cell["params"])  # as cellrun wrote it (CellParams.as_dict)
+        self.emulated = emulation.rank_of(params) if params.emulate else None
         if self.emulated is not None:
             # one process stands in for one rank of the world: the variables a launcher would set
             os.environ.update(emulation.environment(self.emulated, free_port()))
@@ -75,7 +77,7 @@ class Worker:
         # When each phase of the run ended, in wall-clock seconds (results.PHASES names them): the
         # cell's cost beyond its timed steps, read from rank 0's.
         self.marks = {"process_start": psutil.Process().create_time(), "imported": imported or time.time()}
-        self.params = cell["params"]
+        self.params = params
         self.timing = TimingSettings(**cell.get("timing", {}))
         self.label = f"{cell['study']}/{cell['cell_id']}"
         self.work_dir = work_dir
@@ -90,7 +92,7 @@ class Worker:
         self.filled_collectives: list[str] = []
 
     def _device(self) -> torch.device:
-        if self.params["device"] == "cuda":
+        if self.params.device == "cuda":
             torch.cuda.set_device(self.local_rank)
             return torch.device("cuda", self.local_rank)
         return torch.device("cpu")
@@ -99,9 +101,9 @@ class Worker:
         boundary = os.environ.get(OOM_ABOVE_BATCH_ENV)
         if boundary:
             batch, _, step = boundary.partition(":")
-            if self.params["micro_batch"] > int(batch) and self.step == int(step or 1):
+            if self.params.micro_batch > int(batch) and self.step == int(step or 1):
                 torch.empty(IMPOSSIBLE_ALLOCATION, dtype=torch.uint8, device=device)
-        if self.params["inject_oom_at_step"] == self.step:
+        if self.params.inject_oom_at_step == self.step:
             torch.empty(IMPOSSIBLE_ALLOCATION, dtype=torch.uint8, device=device)
         if os.environ.get(FAIL_AT_STEP_ENV) == str(self.step):
             raise RuntimeError(f"injected failure at step {self.step} ({FAIL_AT_STEP_ENV})")
@@ -127,17 +129,17 @@ class Worker:
         self.marks["ops_loaded"] = time.time()
 
     def run(self) -> None:
-        torch.manual_seed(self.params["seed"])
-        if self.params["tf32"]:
+        torch.manual_seed(self.params.seed)
+        if self.params.tf32:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
         self._load_deepspeed_ops()
         device = self._device()
-        if self.params["gpu_mem_limit_gib"] is not None:
-            self.device_limit = emulation.device_limit(self.params["gpu_mem_limit_gib"],
+        if self.params.gpu_mem_limit_gib is not None:
+            self.device_limit = emulation.device_limit(self.params.gpu_mem_limit_gib,
                                                        emulation.device_total_mib(device), self.world_size)
             emulation.hold_to(self.device_limit, device)
-        hold_attention_kernel(self.params["attention"])
+        hold_attention_kernel(self.params.attention)
         if self.emulated is not None:
             self.filled_collectives = emulation.init_process_group(self.emulated)
         else:
@@ -151,8 +153,8 @@ class Worker:
 
         on = (f"as {self.emulated.describe()} (emulated)" if self.emulated is not None
               else f"on {self.world_size} rank(s)")
-        self._say(f"building {self.params['model']} with {self.params['framework']} "
-                  f"{self.params['strategy']} {on} ({device.type})")
+        self._say(f"building {self.params.model} with {self.params.framework} "
+                  f"{self.params.strategy} {on} ({device.type})")
         self._inject_faults(device)
         runner = make_runner(context)
         runner.setup()
@@ -237,7 +239,7 @@ class Worker:
                   "message": f"{type(error).__name__}: {error}"[:2000], "traceback": traceback.format_exc(),
                   "host_rss_peak_mib": process_peak_rss_mib(), "torch_peak_allocated_mib": None,
                   "node_memory": vars(self.sampler.stop()) if self.sampler else None}
-        if self.params["device"] == "cuda" and torch.cuda.is_initialized():
+        if self.params.device == "cuda" and torch.cuda.is_initialized():
             record["torch_peak_allocated_mib"] = torch.cuda.max_memory_allocated() / MIB
         record.update(self._measured_as())
         write_json_atomic(self.work_dir / f"rank{self.rank}.json", record)
@@ -260,8 +262,8 @@ class StepRecorder:
         self.worker, self.device = worker, device
         self.settings = worker.timing
         self.adaptive = adaptive
-        self.warmup = worker.params["warmup_steps"]
-        self.timed_steps = worker.params["timed_steps"]
+        self.warmup = worker.params.warmup_steps
+        self.timed_steps = worker.params.timed_steps
         self.steps_per_window = steps_per_window(self.timed_steps, self.settings.min_windows, None,
                                                  self.settings.min_window_s)
         self.losses: list[float] = []

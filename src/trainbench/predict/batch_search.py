@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from trainbench.study.params import CellParams
 from trainbench.paths import cell_of_probe
 from trainbench.registry.hardware import host_memory_mib
 from trainbench.predict.memory_model import Hardware, hardware_of_run, held_gpu_mib, predict
@@ -49,10 +50,10 @@ def largest_fitting(outcomes: dict[int, str]) -> int | None:
     return max(fitted, default=None)
 
 
-def largest_predicted(params: dict[str, Any], hardware: Hardware, limit: int = 1 << 16) -> int:
+def largest_predicted(params: CellParams, hardware: Hardware, limit: int = 1 << 16) -> int:
     """The largest micro batch (at most `limit`) the memory model predicts to fit; 0 if not even one."""
     def fits(batch: int) -> bool:
-        return predict({**params, "micro_batch": batch}, hardware).fits
+        return predict(params.replace(micro_batch=batch), hardware).fits
 
     low, batch = 0, 1
     while batch <= limit and fits(batch):
@@ -66,7 +67,7 @@ def largest_predicted(params: dict[str, Any], hardware: Hardware, limit: int = 1
     return low
 
 
-def model_bounds(params: dict[str, Any], hardware: Hardware | None, max_micro_batch: int) -> tuple[int, int]:
+def model_bounds(params: CellParams, hardware: Hardware | None, max_micro_batch: int) -> tuple[int, int]:
     """(first probe, upper bound) from the memory model: the largest power of two predicted to fit,
     and at most twice the largest batch predicted to fit."""
     if hardware is None:
@@ -77,15 +78,15 @@ def model_bounds(params: dict[str, Any], hardware: Hardware | None, max_micro_ba
     return 1 << (largest.bit_length() - 1), min(max_micro_batch, 2 * largest)
 
 
-def bounds_for(search: dict[str, Any], params: dict[str, Any]) -> tuple[int, int]:
+def bounds_for(search: dict[str, Any], params: CellParams) -> tuple[int, int]:
     """A study's search settings and a cell: the memory model's seed and bound on the machine the
     study describes (its `gpu_mem_gib`), or on this host for CPU cells."""
-    if params["device"] == "cpu":
-        hardware = Hardware(None, host_memory_mib(), params["gpus_per_node"])
-    elif search.get("gpu_mem_gib") or params.get("gpu_mem_limit_gib"):
+    if params.device == "cpu":
+        hardware = Hardware(None, host_memory_mib(), params.gpus_per_node)
+    elif search.get("gpu_mem_gib") or params.gpu_mem_limit_gib:
         # a cell held to a smaller GPU is searched on that GPU
         gpu = held_gpu_mib(search["gpu_mem_gib"] * 1024 if search.get("gpu_mem_gib") else None, params)
-        hardware = Hardware(gpu, float("inf"), params["gpus_per_node"])
+        hardware = Hardware(gpu, float("inf"), params.gpus_per_node)
     else:
         hardware = None
     return model_bounds(params, hardware, search["max_micro_batch"])
@@ -131,7 +132,7 @@ def summary(outcomes: dict[int, dict[str, Any]], tolerance: float, max_micro_bat
     }
 
 
-def model_largest(params: dict[str, Any], found: dict[str, Any]) -> int | None:
+def model_largest(params: CellParams, found: dict[str, Any]) -> int | None:
     """The memory model's largest micro batch (up to the search's bound) for a cell on the machine its
     search ran on; None where that machine or the model's knowledge of the cell is missing."""
     machine = found.get("hardware")

@@ -55,6 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainbench.study.params import CellParams
 from trainbench.registry.frameworks import framework_of, offloads, strategy_of
 from trainbench.registry.hardware import GPUS, GpuType, gpu_type, gpu_type_named_in, gpu_type_of
 from trainbench.registry.hardware import MIB
@@ -118,27 +119,27 @@ def _r(value):
     return None if value is None else round(value, 1)
 
 
-def engine(params: dict[str, Any]) -> tuple[str, int | None]:
+def engine(params: CellParams) -> tuple[str, int | None]:
     """Which memory layout a cell's strategy has: ('replicated'|'fsdp'|'zero', ZeRO stage or None)."""
     strategy = strategy_of(params)
     return strategy.layout, strategy.zero_stage
 
 
-def vocab_parallel(params: dict[str, Any]) -> bool:
+def vocab_parallel(params: CellParams) -> bool:
     """Whether the cell's tensor parallelism splits the token embedding and the tied LM head."""
     split = strategy_of(params).tensor_parallel
-    return params["tp"] > 1 and split is not None and split.vocab_parallel
+    return params.tp > 1 and split is not None and split.vocab_parallel
 
 
-def block_shard_params(params: dict[str, Any], spec: ModelSpec) -> float:
+def block_shard_params(params: CellParams, spec: ModelSpec) -> float:
     """Parameters of one block on one tensor-parallel rank."""
     if vocab_parallel(params):  # sharded: the norms and row-parallel biases stay whole
         whole = spec.block_whole_params()
-        return (spec.block_params() - whole) / params["tp"] + whole
-    return spec.block_params() / params["tp"]  # AutoTP, counted as splitting the whole block
+        return (spec.block_params() - whole) / params.tp + whole
+    return spec.block_params() / params.tp  # AutoTP, counted as splitting the whole block
 
 
-def shard_params(params: dict[str, Any], spec: ModelSpec) -> float:
+def shard_params(params: CellParams, spec: ModelSpec) -> float:
     """Psi: parameters of the model-parallel shard one rank holds before data-parallel sharding
     (rank 0's, which holds the larger part of an uneven vocabulary split).
 
@@ -147,19 +148,19 @@ def shard_params(params: dict[str, Any], spec: ModelSpec) -> float:
     the token embedding (and the tied LM head) over the vocabulary; AutoTP splits the blocks and
     leaves the embeddings whole. Pipeline stages split the layers.
     """
-    total = spec.param_count(params["head"], params["num_classes"])
+    total = spec.param_count(params.head, params.num_classes)
     blocks = spec.n_layer * spec.block_params()
     psi = total - blocks + spec.n_layer * block_shard_params(params, spec)
     if vocab_parallel(params):
-        psi -= (spec.vocab_size - -(-spec.vocab_size // params["tp"])) * spec.d_model
-    return psi / params["pp"]
+        psi -= (spec.vocab_size - -(-spec.vocab_size // params.tp)) * spec.d_model
+    return psi / params.pp
 
 
-def model_states(params: dict[str, Any], spec: ModelSpec) -> tuple[dict[str, float], dict[str, float]]:
+def model_states(params: CellParams, spec: ModelSpec) -> tuple[dict[str, float], dict[str, float]]:
     """Bytes of weights, gradients, optimizer states and buffers: (on the device, on the host) per rank."""
     psi = shard_params(params, spec)
-    n = params["dp"]
-    mixed = params["precision"] != "fp32"
+    n = params.dp
+    mixed = params.precision != "fp32"
     kind, stage = engine(params)
     offload_optimizer, offload_param = offloads(params)
     memory = framework_of(params).memory
@@ -169,7 +170,7 @@ def model_states(params: dict[str, Any], spec: ModelSpec) -> tuple[dict[str, flo
         device["weights"] = 4 * psi
         device["gradients"] = 4 * psi
         device["optimizer"] = 8 * psi
-        if params["gpus"] > 1:
+        if params.gpus > 1:
             device["buffers"] = 4 * psi  # DDP's gradient buckets
         if mixed:
             device["buffers"] = device.get("buffers", 0) + 2 * psi  # autocast's cached half weights
@@ -187,7 +188,7 @@ def model_states(params: dict[str, Any], spec: ModelSpec) -> tuple[dict[str, flo
         states = {"weights": 4 * psi / n, "gradients": 4 * psi / n, "optimizer": 8 * psi / n}
         (host if offload_param else device).update(states)
         device["buffers"] = in_flight
-        if params["grad_accum"] > 1 and memory.fsdp_accumulates_unsharded:
+        if params.grad_accum > 1 and memory.fsdp_accumulates_unsharded:
             # Accumulating under FSDP1's no_sync keeps every unit's unsharded gradient, in the
             # compute dtype, until the synchronising micro batch: compute x psi on every rank,
             # whatever N. The sharded fp32 gradients appear only after that peak, from reduce-scatter,
@@ -201,7 +202,7 @@ def model_states(params: dict[str, Any], spec: ModelSpec) -> tuple[dict[str, flo
         weight = 2 if mixed else 4
         master = 4  # the optimizer's fp32 copy (a separate partition even in fp32 for stages 1-3)
         bucket_elements = memory.reduce_bucket_elements(spec)
-        if params["device"] == "cpu":
+        if params.device == "cpu":
             # host pages of an untouched torch.empty are not resident: only what reduction writes counts
             bucket_elements = min(bucket_elements, psi)
         bucket = bucket_elements * weight
@@ -234,9 +235,9 @@ def model_states(params: dict[str, Any], spec: ModelSpec) -> tuple[dict[str, flo
     return device, host
 
 
-def _compiled(params: dict[str, Any], spec: ModelSpec) -> bool:
+def _compiled(params: CellParams, spec: ModelSpec) -> bool:
     """Whether torch.compile (inductor) builds the backward of trainbench's GPT in this cell."""
-    return bool(params["compile"]) and spec.family == "gpt" and params["framework"] == "torch"
+    return bool(params.compile) and spec.family == "gpt" and params.framework == "torch"
 
 
 def _block_tensors(spec: ModelSpec, compiled: bool = False) -> list[tuple[float, str]]:
@@ -273,9 +274,9 @@ def _block_tensors(spec: ModelSpec, compiled: bool = False) -> list[tuple[float,
     return [(h, "res"), (h, "rep"), (3 * h, "c"), (h, "c"), (h, "res"), (h, "rep"), (2 * f, "c")]
 
 
-def _dtype_bytes(params: dict[str, Any]) -> tuple[int, int]:
+def _dtype_bytes(params: CellParams) -> tuple[int, int]:
     """(compute dtype, residual-stream dtype) bytes of a cell's activations."""
-    mixed = params["precision"] != "fp32"
+    mixed = params.precision != "fp32"
     kind, _ = engine(params)
     # DeepSpeed runs the model itself in half precision; so does FSDP where its mixed precision casts
     # the parameters (torch's FSDP2)
@@ -284,18 +285,18 @@ def _dtype_bytes(params: dict[str, Any]) -> tuple[int, int]:
     return (2 if mixed else 4), (2 if half_engine else 4)
 
 
-def block_bytes_per_token(params: dict[str, Any], spec: ModelSpec) -> float:
+def block_bytes_per_token(params: CellParams, spec: ModelSpec) -> float:
     """Bytes one block saves for backward per token on one rank (also the time model's measure of a
     block's elementwise memory traffic)."""
     compute, residual = _dtype_bytes(params)
     sizes = {"c": compute, "rep": compute, "res": residual, "mask": 1}
     # tensor parallelism splits what is inside attention and the MLP, not the residual stream nor
     # the norms' outputs that enter them (measured: 2.5B's largest micro batch at tp 2 and 4)
-    return sum(width * sizes[dtype] / (params["tp"] if dtype == "c" else 1)
+    return sum(width * sizes[dtype] / (params.tp if dtype == "c" else 1)
                for width, dtype in _block_tensors(spec, _compiled(params, spec)))
 
 
-def _logit_bytes(params: dict[str, Any], spec: ModelSpec, compute: int) -> int:
+def _logit_bytes(params: CellParams, spec: ModelSpec, compute: int) -> int:
     """Bytes per logit at the loss: the logits in the compute dtype, their fp32 copy for the loss and
     its gradient. Compiled, the gradient stays in the compute dtype, and inductor keeps no fp32 copy
     where the vocabulary is a multiple of 64 (`vocab_multiple`; measured: 6.1 GiB less at GPT-2
@@ -305,12 +306,12 @@ def _logit_bytes(params: dict[str, Any], spec: ModelSpec, compute: int) -> int:
     return compute + compute + (0 if spec.vocab_size % 64 == 0 else 4)
 
 
-def eager_score_bytes_per_token(params: dict[str, Any], spec: ModelSpec) -> float:
+def eager_score_bytes_per_token(params: CellParams, spec: ModelSpec) -> float:
     """Bytes eager attention saves for backward per token and block on one rank: its score matrices
     (seq x seq per head); 0 with a fused kernel (SDPA), which saves none. The time model counts them as
     elementwise traffic too."""
-    eager = params["attention"] == "eager" or (
-        framework_of(params).memory.eager_attention_when_deterministic and params["deterministic"])
+    eager = params.attention == "eager" or (
+        framework_of(params).memory.eager_attention_when_deterministic and params.deterministic)
     if not eager:
         return 0.0
     compute, residual = _dtype_bytes(params)
@@ -322,52 +323,52 @@ def eager_score_bytes_per_token(params: dict[str, Any], spec: ModelSpec) -> floa
     softmax_bytes = 4 if spec.softmax_fp32 else residual
     dropout = spec.attention_dropout > 0
     cast = compute if (dropout or compute != softmax_bytes) else 0
-    scores_per_token = spec.n_head / params["tp"] * (params["seq_len"] or spec.max_seq)
+    scores_per_token = spec.n_head / params.tp * (params.seq_len or spec.max_seq)
     return scores_per_token * (softmax_bytes + cast + dropout)
 
 
-def activations(params: dict[str, Any], spec: ModelSpec) -> float:
+def activations(params: CellParams, spec: ModelSpec) -> float:
     """Bytes of activations saved for backward at the end of the forward pass, per rank (a pipeline's
     first stage: the micro batches in flight; heaviest_rank says when the last stage holds more)."""
-    in_flight = min(params["pp"], params["grad_accum"]) if params["pp"] > 1 else 1
+    in_flight = min(params.pp, params.grad_accum) if params.pp > 1 else 1
     return _block_activations(params, spec, in_flight) + _logits(params, spec)
 
 
-def _block_activations(params: dict[str, Any], spec: ModelSpec, in_flight: int) -> float:
+def _block_activations(params: CellParams, spec: ModelSpec, in_flight: int) -> float:
     """What the rank's blocks save for backward on the device, for `in_flight` micro batches."""
     _, residual = _dtype_bytes(params)
-    tokens = (params["seq_len"] or spec.max_seq) * params["micro_batch"]
+    tokens = (params.seq_len or spec.max_seq) * params.micro_batch
     block = tokens * block_bytes_per_token(params, spec)
     block += tokens * eager_score_bytes_per_token(params, spec)
-    layers = spec.n_layer / params["pp"]
-    if params["activation_checkpointing"] and params["checkpoint_in_cpu"]:
+    layers = spec.n_layer / params.pp
+    if params.activation_checkpointing and params.checkpoint_in_cpu:
         # the checkpointed inputs wait in host memory (checkpoints_in_host); on the device, the one
         # gathered back for the block being recomputed, and that block's activations
         return tokens * spec.d_model * residual + block
-    if params["activation_checkpointing"]:
+    if params.activation_checkpointing:
         return layers * tokens * spec.d_model * residual * in_flight + block
     return layers * block * in_flight
 
 
-def checkpoints_in_host(params: dict[str, Any], spec: ModelSpec) -> float:
+def checkpoints_in_host(params: CellParams, spec: ModelSpec) -> float:
     """Bytes of checkpointed block inputs one rank keeps in host memory (checkpoint_in_cpu): its 1/tp
     of every block's input, the residual stream."""
-    if not (params["activation_checkpointing"] and params["checkpoint_in_cpu"]):
+    if not (params.activation_checkpointing and params.checkpoint_in_cpu):
         return 0.0
     _, residual = _dtype_bytes(params)
-    tokens = (params["seq_len"] or spec.max_seq) * params["micro_batch"]
-    return spec.n_layer / params["pp"] * tokens * spec.d_model * residual / params["tp"]
+    tokens = (params.seq_len or spec.max_seq) * params.micro_batch
+    return spec.n_layer / params.pp * tokens * spec.d_model * residual / params.tp
 
 
-def _logits(params: dict[str, Any], spec: ModelSpec) -> float:
+def _logits(params: CellParams, spec: ModelSpec) -> float:
     """The logits in the compute dtype, their fp32 copy for the loss, and its gradient: whole on every
     tensor-parallel rank where AutoTP leaves the tied LM head unsplit, a vocabulary shard each where
     tensor parallelism is vocabulary-parallel (none for a classification head)."""
-    if params["head"] != "lm":
+    if params.head != "lm":
         return 0.0
     compute, _ = _dtype_bytes(params)
-    tokens = (params["seq_len"] or spec.max_seq) * params["micro_batch"]
-    vocab = -(-spec.vocab_size // params["tp"]) if vocab_parallel(params) else spec.vocab_size
+    tokens = (params.seq_len or spec.max_seq) * params.micro_batch
+    vocab = -(-spec.vocab_size // params.tp) if vocab_parallel(params) else spec.vocab_size
     return tokens * vocab * _logit_bytes(params, spec, compute)
 
 
@@ -377,21 +378,21 @@ def allocated_mib(parts_mib: dict[str, float]) -> float:
     return sum(v for k, v in parts_mib.items() if not k.startswith("allocator_") and k != "cuda_context")
 
 
-def predict(params: dict[str, Any], hardware: Hardware | None = None) -> Prediction:
+def predict(params: CellParams, hardware: Hardware | None = None) -> Prediction:
     """Peak memory of one rank's GPU, the busiest node's host memory, and whether both fit."""
-    spec = get_model(params["model"]).with_vocab_multiple(params["vocab_multiple"])  # as built
+    spec = get_model(params.model).with_vocab_multiple(params.vocab_multiple)  # as built
     on_device, on_host = model_states(params, spec)
     acts = activations(params, spec)
-    if params["checkpoint_in_cpu"]:
+    if params.checkpoint_in_cpu:
         on_host["checkpointed_activations"] = checkpoints_in_host(params, spec)
-    ranks_per_node = params["gpus_per_node"]
+    ranks_per_node = params.gpus_per_node
     kind, _ = engine(params)
     memory = framework_of(params).memory
-    base = (HOST_RANK_BASE_MIB[params["device"]] + memory.host_extra_mib[params["device"]]
+    base = (HOST_RANK_BASE_MIB[params.device] + memory.host_extra_mib[params.device]
             + (DEEPSPEED_IMPORT_MIB if kind == "zero" else 0.0))
     parts = {k: v / MIB for k, v in on_device.items()}
     parts["activations"] = acts / MIB
-    if kind == "replicated" and params["grad_accum"] == 1 and memory.replicated_gradients_freed:
+    if kind == "replicated" and params.grad_accum == 1 and memory.replicated_gradients_freed:
         # No gradient outlives its step, and nothing accumulates: backward makes each layer's
         # gradients as it frees that layer's activations, so the peak is the larger of the two, not
         # their sum (the holdout study's torch cells: measured peaks are weights, optimizer states
@@ -400,15 +401,15 @@ def predict(params: dict[str, Any], hardware: Hardware | None = None) -> Predict
         if beyond > 0:
             parts["gradients_beyond_activations"] = beyond
     allocated = allocated_mib(parts)
-    if params["device"] == "cuda":
+    if params.device == "cuda":
         parts["allocator_slack"] = allocated * (ALLOCATOR_SLACK - 1)
-        parts["cuda_context"] = CUDA_CONTEXT_MIB + (NCCL_MIB if params["gpus"] > 1 else 0)
+        parts["cuda_context"] = CUDA_CONTEXT_MIB + (NCCL_MIB if params.gpus > 1 else 0)
         gpu = sum(parts.values())
-        split = strategy_of(params).tensor_parallel if params["tp"] > 1 else None
+        split = strategy_of(params).tensor_parallel if params.tp > 1 else None
         if split is not None and split.builds_whole_model:
             # AutoTP splits a model built whole: each GPU first holds every fp32 weight (measured:
             # bert-180b-l4 at tp 4 peaks at its 29 GiB of fp32 weights, whatever ZeRO does after)
-            whole = 4 * spec.param_count(params["head"], params["num_classes"]) / MIB
+            whole = 4 * spec.param_count(params.head, params.num_classes) / MIB
             if whole * ALLOCATOR_SLACK + parts["cuda_context"] > gpu:
                 parts = {"whole_model_before_autotp": whole, "allocator_slack": whole * (ALLOCATOR_SLACK - 1),
                          "cuda_context": parts["cuda_context"]}
@@ -455,28 +456,28 @@ def hardware_of_run(doc: dict[str, Any]) -> Hardware | None:
     host = provenance.get("host_mem_total_mib") or float("inf")
     if not totals and host == float("inf"):
         return None
-    params = doc.get("params") or {}
+    params = CellParams.from_dict(doc["params"])
     gpu_mib = held_gpu_mib(min(totals) if totals else None, params)
     kind = gpu_type_of(provenance.get("gpu_name"))
-    if doc.get("emulation") or params.get("emulate"):
+    if doc.get("emulation") or params.emulate:
         return emulated_node(gpu_mib, host, params, gpu=kind)
     return Hardware(gpu_mib, host, len(totals or []), gpu=kind)
 
 
-def held_gpu_mib(gpu_mib: float | None, params: dict[str, Any]) -> float | None:
+def held_gpu_mib(gpu_mib: float | None, params: CellParams) -> float | None:
     """A GPU's memory as a cell's rank sees it: at most the cell's gpu_mem_limit_gib (None: no GPU
     known, unless the limit says)."""
-    limit = params.get("gpu_mem_limit_gib")
+    limit = params.gpu_mem_limit_gib
     if not limit:
         return gpu_mib
     return min(gpu_mib, limit * 1024) if gpu_mib is not None else limit * 1024
 
 
-def emulated_node(gpu_mib: float | None, host_mib: float, params: dict[str, Any], name: str = "",
+def emulated_node(gpu_mib: float | None, host_mib: float, params: CellParams, name: str = "",
                   gpu: GpuType | None = None) -> Hardware:
     """The node an emulated rank stands for, seen from the host it runs on: the world's ranks per node,
     each with that host's memory (so the one rank that runs must fit there)."""
-    per_node = params["gpus_per_node"]
+    per_node = params.gpus_per_node
     return Hardware(gpu_mib, host_mib * per_node, per_node, name, gpu)
 
 
@@ -500,7 +501,7 @@ def hardware_from_args(gpu: str | None, gpu_mem_gib: float | None, host_mem_gib:
     return Hardware(gpu_mib, host_mem_gib * 1024, gpus_per_node, gpu or "", kind)
 
 
-def heaviest_rank(params: dict[str, Any]) -> int:
+def heaviest_rank(params: CellParams) -> int:
     """The rank whose GPU holds the most: the one an emulated cell runs by default (emulation.py).
     Ranks hold alike, or rank 0 holds the larger part of an uneven split (a vocabulary over tensor-
     parallel ranks, FSDP's and ZeRO's padded shards), except under pipeline parallelism, where the
@@ -508,18 +509,18 @@ def heaviest_rank(params: dict[str, Any]) -> int:
     pp of them), the last one micro batch's and the logits. DeepSpeed numbers a pipeline's ranks stage
     by stage (rank = stage x data-parallel size + data-parallel rank): the last stage's first rank is
     (pp - 1) x dp."""
-    if params["pp"] == 1:
+    if params.pp == 1:
         return 0
-    spec = get_model(params["model"]).with_vocab_multiple(params["vocab_multiple"])
+    spec = get_model(params.model).with_vocab_multiple(params.vocab_multiple)
     # Both ends hold the token embedding (tied to the LM head on the last); the first also holds the
     # positions, the last the final norm and a classifier head: their model states, at the bytes per
     # parameter the rank's layout keeps on the device.
     states, _ = model_states(params, spec)
     per_parameter = sum(states.values()) / shard_params(params, spec)
     positions = spec.embedding_params() - spec.vocab_size * spec.d_model
-    tail = (spec.param_count(params["head"], params["num_classes"]) - spec.embedding_params()
+    tail = (spec.param_count(params.head, params.num_classes) - spec.embedding_params()
             - spec.n_layer * spec.block_params())
-    first = (_block_activations(params, spec, min(params["pp"], params["grad_accum"]))
+    first = (_block_activations(params, spec, min(params.pp, params.grad_accum))
              + positions * per_parameter)
     last = _block_activations(params, spec, 1) + _logits(params, spec) + tail * per_parameter
-    return 0 if first >= last else (params["pp"] - 1) * params["dp"]
+    return 0 if first >= last else (params.pp - 1) * params.dp

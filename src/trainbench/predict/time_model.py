@@ -75,6 +75,7 @@ from typing import Any
 
 import numpy as np
 
+from trainbench.study.params import CellParams
 from trainbench.registry.frameworks import offloads, strategy_of
 from trainbench.registry.hardware import GpuType, peak_flops
 from trainbench.predict.memory_model import (block_bytes_per_token, eager_score_bytes_per_token, shard_params,
@@ -194,36 +195,36 @@ def threads_of_run(doc: dict[str, Any]) -> int:
         return DEFAULT_CPU_THREADS
 
 
-def _spans_nodes(group: int, stride: int, params: dict[str, Any]) -> bool:
+def _spans_nodes(group: int, stride: int, params: CellParams) -> bool:
     """Whether a process group of `group` ranks, `stride` apart, has ranks on more than one node
     (tensor-parallel ranks are adjacent, data-parallel ranks tp x pp apart)."""
-    return group > 1 and group * stride > params["gpus_per_node"] and params["nodes"] > 1
+    return group > 1 and group * stride > params.gpus_per_node and params.nodes > 1
 
 
 def _link_gb_s(gpu: GpuType, crosses_nodes: bool) -> float:
     return gpu.network_gb_s if crosses_nodes else gpu.peer_gb_s()
 
 
-def work(params: dict[str, Any], gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREADS) -> Work:
+def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREADS) -> Work:
     """The physical work of one optimizer step of a cell on the busiest GPU of `gpu`s."""
-    spec: ModelSpec = get_model(params["model"])
+    spec: ModelSpec = get_model(params.model)
     strategy = strategy_of(params)
     layout, stage = strategy.layout, strategy.zero_stage
     offload_optimizer, offload_param = offloads(params)
-    tp, pp, dp, ga, mb = params["tp"], params["pp"], params["dp"], params["grad_accum"], params["micro_batch"]
-    seq = params["seq_len"] or spec.max_seq
-    ac = bool(params["activation_checkpointing"])
-    mixed = params["precision"] != "fp32"
-    peak = peak_flops(gpu, params["precision"], params["tf32"])
+    tp, pp, dp, ga, mb = params.tp, params.pp, params.dp, params.grad_accum, params.micro_batch
+    seq = params.seq_len or spec.max_seq
+    ac = bool(params.activation_checkpointing)
+    mixed = params.precision != "fp32"
+    peak = peak_flops(gpu, params.precision, params.tf32)
     if peak is None:
-        raise ValueError(f"{gpu.key} has no {params['precision']} peak")
+        raise ValueError(f"{gpu.key} has no {params.precision} peak")
     hbm, pcie = gpu.hbm_gb_s * 1e9, gpu.pcie_gb_s * 1e9
 
     # --- compute, on the busiest GPU (the last stage: its blocks and the head) ---
     layers = math.ceil(spec.n_layer / pp)
     d = spec.d_model
     block = spec.block_params()
-    head = spec.matmul_params(params["head"], params["num_classes"]) - spec.n_layer * block
+    head = spec.matmul_params(params.head, params.num_classes) - spec.n_layer * block
     split_vocabulary = vocab_parallel(params)
     if split_vocabulary:  # the LM head's columns split over the tensor-parallel ranks
         head /= tp
@@ -241,7 +242,7 @@ def work(params: dict[str, Any], gpu: GpuType, cpu_threads: int = DEFAULT_CPU_TH
     psi = shard_params(params, spec)  # parameters of one GPU's model-parallel shard
     dp_link = _link_gb_s(gpu, _spans_nodes(dp, tp * pp, params)) * 1e9
     tp_link = _link_gb_s(gpu, _spans_nodes(tp, 1, params)) * 1e9
-    pp_link = _link_gb_s(gpu, params["nodes"] > 1) * 1e9
+    pp_link = _link_gb_s(gpu, params.nodes > 1) * 1e9
     ring = (dp - 1) / dp  # share of a buffer each rank sends in a reduce-scatter or all-gather
 
     calls = 0.0
@@ -263,13 +264,13 @@ def work(params: dict[str, Any], gpu: GpuType, cpu_threads: int = DEFAULT_CPU_TH
     elif layout == "fsdp" and dp > 1:
         # weights gathered for forward and backward of every micro batch, gradients reduce-scattered
         # once (accumulation without synchronisation); torch's FSDP2 reduces in fp32
-        reduce_bytes = 4 if params["framework"] == "torch" else weight_bytes
+        reduce_bytes = 4 if params.framework == "torch" else weight_bytes
         overlapped = (2 * ga * weight_bytes + reduce_bytes) * ring * psi / dp_link
         calls += (2 * ga + 1) * spec.n_layer
     elif layout == "zero":
         grad_bytes = weight_bytes
-        hides = params["overlap_comm"] if params["overlap_comm"] is not None else (
-            stage == 3 or params["framework"] == "lightning")
+        hides = params.overlap_comm if params.overlap_comm is not None else (
+            stage == 3 or params.framework == "lightning")
         if stage == 0 and dp > 1:
             traffic = 2 * ring * grad_bytes * psi / dp_link
         elif stage in (1, 2):
@@ -295,7 +296,7 @@ def work(params: dict[str, Any], gpu: GpuType, cpu_threads: int = DEFAULT_CPU_TH
     optimizer_hbm = torch_optimizer_hbm = offload_pcie = overlapped_pcie = 0.0
     cpu_adam = cpu_torch = cpu_unscale = cpu_host = 0.0
     # the node's ranks step their partitions at the same time, through the same host memory
-    on_host = stepped * params["gpus_per_node"]
+    on_host = stepped * params.gpus_per_node
     if layout == "fsdp" and offload_param:
         # FSDP's CPU offload: fp32 shards on the host, copied in for every gather, gradients copied
         # out once per step, torch's optimizer on the host
@@ -308,7 +309,7 @@ def work(params: dict[str, Any], gpu: GpuType, cpu_threads: int = DEFAULT_CPU_TH
         offload_pcie = (reductions * weight_bytes + weight_bytes) * stepped / pcie
         cpu_adam = stepped / cpu_threads
         cpu_host = on_host
-        if stage == 3 and params["precision"] == "fp16":
+        if stage == 3 and params.precision == "fp16":
             # ZeRO-3 unscales the offloaded fp16 gradients and checks them for overflow on the host
             # (stages 1 and 2 check them on the GPU; bf16 and fp32 have no loss scale)
             cpu_unscale = stepped / cpu_threads
@@ -321,7 +322,7 @@ def work(params: dict[str, Any], gpu: GpuType, cpu_threads: int = DEFAULT_CPU_TH
         torch_optimizer_hbm = OPTIMIZER_BYTES * stepped / hbm
 
     return Work(
-        loop="" if params["framework"] == "deepspeed" else params["framework"],
+        loop="" if params.framework == "deepspeed" else params.framework,
         engine="" if layout != "zero" else f"ZeRO-{'1/2' if stage in (1, 2) else stage}",
         matmul_s=tokens * per_token / peak, elementwise_s=elementwise / hbm,
         layer_passes=ga * layers * passes, calls=calls, micro_link_s=micro_link,
@@ -407,27 +408,27 @@ def constants_for(gpu: GpuType, table: dict[str, Constants] | None = None) -> tu
     return Constants(gpu=gpu.key), "no constants fitted: starting values"
 
 
-def predict(params: dict[str, Any], gpu: GpuType | None, constants: Constants | None = None,
+def predict(params: CellParams, gpu: GpuType | None, constants: Constants | None = None,
             cpu_threads: int = DEFAULT_CPU_THREADS) -> TimePrediction | None:
     """A cell's step time, samples/s and MFU on GPUs of type `gpu`; None where the model has nothing to
     say (CPU ranks, no GPU type, a precision the GPU lacks, a model or strategy it does not know)."""
-    if gpu is None or params.get("device") != "cuda":
+    if gpu is None or params.device != "cuda":
         return None
     note = None
     if constants is None:
         constants, note = constants_for(gpu)
     try:
         w = work(params, gpu, cpu_threads)
-        spec = get_model(params["model"])
+        spec = get_model(params.model)
     except (KeyError, ValueError):
         return None
     parts_s = parts(w, constants)
     step = float(sum(parts_s.values()))
-    seq = params["seq_len"] or spec.max_seq
-    samples = params["global_batch"] / step
-    peak = peak_flops(gpu, params["precision"], params["tf32"])
-    flops = spec.train_flops_per_token(seq, params["head"], params["num_classes"])
-    mfu = samples * seq * flops / params["gpus"] / peak if peak else None
+    seq = params.seq_len or spec.max_seq
+    samples = params.global_batch / step
+    peak = peak_flops(gpu, params.precision, params.tf32)
+    flops = spec.train_flops_per_token(seq, params.head, params.num_classes)
+    mfu = samples * seq * flops / params.gpus / peak if peak else None
     return TimePrediction(step, samples, samples * seq, mfu, {k: float(v) for k, v in parts_s.items()},
                           gpu.key, constants.gpu, note)
 

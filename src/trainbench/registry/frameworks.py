@@ -16,9 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trainbench.registry.models import MODELS, ModelSpec
+
+if TYPE_CHECKING:  # a type only: the registry sits below the study stage that defines cells
+    from trainbench.study.params import CellParams
 
 # whether a strategy offloads: never, if the cell asks, itself
 NO, OPTIONAL, ALWAYS = "no", "optional", "always"
@@ -119,30 +122,30 @@ def registry() -> dict[str, Framework]:
     return REGISTRY
 
 
-def framework_of(params: dict[str, Any]) -> Framework:
-    return registry()[params["framework"]]
+def framework_of(params: CellParams) -> Framework:
+    return registry()[params.framework]
 
 
-def strategy_of(params: dict[str, Any]) -> Strategy:
-    strategy = framework_of(params).strategy(params["strategy"])
+def strategy_of(params: CellParams) -> Strategy:
+    strategy = framework_of(params).strategy(params.strategy)
     if strategy is None:
-        raise KeyError(f"{params['framework']} has no strategy {params['strategy']!r}")
+        raise KeyError(f"{params.framework} has no strategy {params.strategy!r}")
     return strategy
 
 
-def offloads(params: dict[str, Any]) -> tuple[bool, bool]:
+def offloads(params: CellParams) -> tuple[bool, bool]:
     """(optimizer offloaded, parameters offloaded): the strategy's own, or the cell's where it may choose."""
     strategy = strategy_of(params)
     return ((strategy.offload_optimizer == ALWAYS or (strategy.offload_optimizer == OPTIONAL
-                                                      and bool(params["offload_optimizer"]))),
+                                                      and bool(params.offload_optimizer))),
             (strategy.offload_param == ALWAYS or (strategy.offload_param == OPTIONAL
-                                                  and bool(params["offload_param"]))))
+                                                  and bool(params.offload_param))))
 
 
-def deepspeed_ops(params: dict[str, Any]) -> tuple[str, ...]:
+def deepspeed_ops(params: CellParams) -> tuple[str, ...]:
     """The DeepSpeed ops a cell's ranks compile or load: CPU Adam, with which every framework here steps
     an optimizer offloaded from a GPU (ZeRO-Offload takes no other; a CPU cell steps torch's Adam)."""
-    return ("cpu_adam",) if offloads(params)[0] and params["device"] == "cuda" else ()
+    return ("cpu_adam",) if offloads(params)[0] and params.device == "cuda" else ()
 
 
 # --- the frameworks ------------------------------------------------------------------------------
@@ -232,90 +235,96 @@ register(Framework(
 
 # --- what the registry says about a cell ---------------------------------------------------------
 
-def _offload_where(params: dict[str, Any], key: str) -> str:
+def _offload_where(params: CellParams, key: str) -> str:
     """Which strategies of the cell's framework take `key` (for the error message)."""
     choosers = [s.name for s in framework_of(params).strategies if getattr(s, key) == OPTIONAL]
     builtin = [s.name for s in framework_of(params).strategies if getattr(s, key) == ALWAYS]
     if choosers:
-        return f"{params['framework']} strategies {', '.join(choosers)}"
+        return f"{params.framework} strategies {', '.join(choosers)}"
     if builtin:
-        return (f"none of {params['framework']}'s strategies as a setting: {', '.join(builtin)} offload "
+        return (f"none of {params.framework}'s strategies as a setting: {', '.join(builtin)} offload "
                 "by themselves")
-    return f"no {params['framework']} strategy"
+    return f"no {params.framework} strategy"
 
 
-def check(params: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
+def check(params: CellParams) -> tuple[list[tuple[str, str]], str | None]:
     """Check one cell's framework and strategy keys.
 
     Returns (errors, unsupported_reason): errors are (key, message) pairs for user mistakes.
     """
     errors: list[tuple[str, str]] = []
-    framework, name = registry().get(params["framework"]), params["strategy"]
+    framework, name = registry().get(params.framework), params.strategy
     if framework is None:
         return [("framework",
-                 f"{params['framework']!r} is not a framework; known: {', '.join(registry())}")], None
+                 f"{params.framework!r} is not a framework; known: {', '.join(registry())}")], None
     strategy = framework.strategy(name)
     if strategy is None:
         errors.append(("strategy", f"{name!r} is not a {framework.name} strategy; allowed: "
                                    f"{', '.join(s.name for s in framework.strategies)}"))
         return errors, None
 
-    if strategy.single_rank and (params["gpus"] != 1 or params["nodes"] != 1):
+    if strategy.single_rank and (params.gpus != 1 or params.nodes != 1):
         errors.append(("gpus", f"strategy {name!r} runs one rank: gpus and nodes must be 1, "
-                               f"not gpus={params['gpus']}, nodes={params['nodes']}"))
+                               f"not gpus={params.gpus}, nodes={params.nodes}"))
     for key in ("offload_optimizer", "offload_param"):
-        if params[key] and getattr(strategy, key) != OPTIONAL:
+        if getattr(params, key) and getattr(strategy, key) != OPTIONAL:
             errors.append((key, f"means nothing for {framework.name} strategy {name!r}; it applies to "
                                 f"{_offload_where(params, key)}"))
     for key, kind, has in (("tp", "tensor", lambda s: s.tensor_parallel is not None),
                            ("pp", "pipeline", lambda s: s.pipeline_parallel)):
-        if params[key] > 1 and not has(strategy):
+        if getattr(params, key) > 1 and not has(strategy):
             splitters = [f"{f.name} {s.name}" for f in registry().values() for s in f.strategies if has(s)]
             errors.append((key, f"{framework.name} strategy {name!r} has no {kind} parallelism; "
                                 f"strategies with it: {', '.join(splitters)}"))
-    if params["tp"] > 1 and params["model"] in MODELS:
-        spec = MODELS[params["model"]]
-        if spec.n_head % params["tp"] or spec.ffn % params["tp"]:
+    if params.tp > 1 and params.model in MODELS:
+        spec = MODELS[params.model]
+        if spec.n_head % params.tp or spec.ffn % params.tp:
             errors.append(("tp", "tensor parallelism splits heads and the MLP across ranks: "
-                                 f"tp={params['tp']} "
+                                 f"tp={params.tp} "
                                  f"must divide {spec.name}'s {spec.n_head} heads and MLP width {spec.ffn}"))
-    if params["pp"] > 1 and params["model"] in MODELS and params["pp"] > MODELS[params["model"]].n_layer:
-        errors.append(("pp", f"pp={params['pp']} stages need at least as many layers; "
-                             f"{params['model']} has {MODELS[params['model']].n_layer}"))
+    if params.pp > 1 and params.model in MODELS and params.pp > MODELS[params.model].n_layer:
+        errors.append(("pp", f"pp={params.pp} stages need at least as many layers; "
+                             f"{params.model} has {MODELS[params.model].n_layer}"))
     for key in (*OPTIONAL_SETTINGS, *OPTIONAL_SWITCHES):
-        given = bool(params[key]) if key in OPTIONAL_SWITCHES else params[key] is not None
+        value = getattr(params, key)
+        given = bool(value) if key in OPTIONAL_SWITCHES else value is not None
         if given and key not in framework.honours:
             readers = [f.name for f in registry().values() if key in f.honours]
             errors.append((key, f"the {framework.name} runner does not read it (those that do: "
                                 f"{', '.join(readers) or 'none'}); leave it "
                                 f"{'off' if key in OPTIONAL_SWITCHES else 'null'}"))
-    if params["launcher"] not in ("auto", *framework.launchers):
-        errors.append(("launcher", f"{params['launcher']!r} does not start {framework.name} runs; "
+    if params.launcher not in ("auto", *framework.launchers):
+        errors.append(("launcher", f"{params.launcher!r} does not start {framework.name} runs; "
                                    f"allowed: {', '.join(framework.launchers)}"))
-    if params["launcher"] == "python" and params["gpus"] > 1:
-        errors.append(("launcher", f"'python' starts one process; this cell has {params['gpus']} ranks"))
+    if params.launcher == "python" and params.gpus > 1:
+        errors.append(("launcher", f"'python' starts one process; this cell has {params.gpus} ranks"))
+    return errors, unsupported(params)
 
+
+def unsupported(params: CellParams) -> str | None:
+    """Why the stack cannot run this (checked) cell at all, which its result says; None if it can."""
+    strategy = strategy_of(params)
     if strategy.unsupported:
-        return errors, strategy.unsupported
-    if params["pp"] > 1 and (strategy.zero_stage or 0) >= 2:
-        return errors, PIPELINE_ZERO_UNSUPPORTED
-    if strategy.needs_cuda and params["device"] == "cpu":
-        return errors, strategy.needs_cuda
-    if params["ort"]:
-        return errors, ORT_UNSUPPORTED
-    return errors, None
+        return strategy.unsupported
+    if params.pp > 1 and (strategy.zero_stage or 0) >= 2:
+        return PIPELINE_ZERO_UNSUPPORTED
+    if strategy.needs_cuda and params.device == "cpu":
+        return strategy.needs_cuda
+    if params.ort:
+        return ORT_UNSUPPORTED
+    return None
 
 
-def not_implemented(params: dict[str, Any]) -> str | None:
+def not_implemented(params: CellParams) -> str | None:
     """Why this version cannot run the cell although the stack could; None if it can."""
-    if params["pp"] > 1 and params["tp"] > 1:
+    if params.pp > 1 and params.tp > 1:
         return "pipeline and tensor parallelism together have no runner in this version"
-    if params["pp"] > 1 and params["checkpoint_in_cpu"]:
+    if params.pp > 1 and params.checkpoint_in_cpu:
         return ("the pipeline engine checkpoints its stages itself: checkpoint_in_cpu has no runner for it "
                 "in this version")
-    family = MODELS[params["model"]].family
+    family = MODELS[params.model].family
     if family not in framework_of(params).families:
-        return (f"{params['framework']} cannot build model family {family!r} ({params['model']}) "
+        return (f"{params.framework} cannot build model family {family!r} ({params.model}) "
                 "in this version")
     return None
 

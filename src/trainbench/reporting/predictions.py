@@ -9,6 +9,7 @@ from collections import Counter
 from typing import Any
 
 from trainbench.study.grid import Cell
+from trainbench.study.params import CellParams
 
 Doc = dict[str, Any]  # one cell's metrics.json, as read
 
@@ -25,7 +26,7 @@ def prediction(doc: Doc) -> dict:
     from trainbench.predict.memory_model import hardware_of_run, predict
 
     try:
-        return predict(doc["params"], hardware_of_run(doc)).as_dict()
+        return predict(CellParams.from_dict(doc["params"]), hardware_of_run(doc)).as_dict()
     except (KeyError, ValueError):  # a cell of a model or strategy the model does not know
         return {}
 
@@ -62,7 +63,7 @@ def time_prediction(doc: Doc, study_gpu: str | None = None) -> dict:
         gpu, threads = GPUS.get(key) if key else None, time_model.DEFAULT_CPU_THREADS
     else:
         return {}
-    predicted = time_model.predict(doc["params"], gpu, cpu_threads=threads)
+    predicted = time_model.predict(CellParams.from_dict(doc["params"]), gpu, cpu_threads=threads)
     return predicted.as_dict() if predicted else {}
 
 
@@ -79,7 +80,7 @@ def planned_document(cell: Cell, plan_for: dict[str, Any] | None) -> Doc:
     verdict for the study's planning hardware (or the stack's refusal, which needs no run)."""
     from trainbench.predict.memory_model import hardware_from_args, held_gpu_mib, predict
 
-    doc: Doc = {"study": cell.study, "cell_id": cell.cell_id, "params": cell.params, "metrics": {},
+    doc: Doc = {"study": cell.study, "cell_id": cell.cell_id, "params": cell.params.as_dict(), "metrics": {},
                 "provenance": {}}
     if cell.unsupported:
         return {**doc, "status": "unsupported", "reason": cell.unsupported, "predicted": {}}

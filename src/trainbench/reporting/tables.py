@@ -21,6 +21,7 @@ from trainbench.reporting.columns import (COLUMNS, COMPUTE_ONLY, cell_value, esc
                                           column_values, with_predictions)
 from trainbench.reporting.predictions import Doc, planned_document, with_current_predictions
 from trainbench.study.grid import Study
+from trainbench.study.params import CellParams
 
 
 def table_rows(docs: list[Doc], *, id_keys: list[str], report: list[str]) -> list[dict[str, Any]]:
@@ -85,7 +86,7 @@ def _model_max(doc: Doc) -> str:
     from trainbench.predict.batch_search import model_largest
 
     found = doc["search"]
-    predicted = model_largest(doc["params"], found)
+    predicted = model_largest(CellParams.from_dict(doc["params"]), found)
     if predicted is None:
         return "—"
     return f"≥ {found['bound']}" if predicted >= found["bound"] else str(predicted)

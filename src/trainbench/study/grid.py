@@ -9,9 +9,7 @@ changes exactly when the cell's own parameters change.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
 import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
@@ -21,7 +19,7 @@ from trainbench.registry import frameworks
 from trainbench import paths
 from trainbench.errors import ConfigError
 from trainbench.registry.models import MODELS
-from trainbench.study.params import PARAMS_BY_NAME, SDPA_KERNELS, defaults, identity, sort_keys
+from trainbench.study.params import PARAMS_BY_NAME, SDPA_KERNELS, CellParams, canonical_json, sort_keys
 from trainbench.study.schema import EXECUTION, REPORT_COLUMNS_DEFAULT, SEARCH
 from trainbench.study.timing import TimingSettings
 
@@ -39,39 +37,27 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def canonical_json(params: dict[str, Any]) -> str:
-    return json.dumps(params, sort_keys=True, separators=(",", ":"))
-
-
-def params_hash(params: dict[str, Any]) -> str:
-    return hash_of_canonical(canonical_json(identity(params)))
-
-
-def hash_of_canonical(canonical: str) -> str:
-    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
-
-
 @dataclass(frozen=True)
 class Cell:
     study: str
     cell_id: str
-    params: dict[str, Any]
+    params: CellParams
     id_keys: tuple[str, ...] = ()
     execution: dict[str, Any] = field(default_factory=dict)
     timing: TimingSettings = TimingSettings()
     unsupported: str | None = None
     measured: bool = True  # False: a planned cell (see Study.planned), in the table without a run
 
-    # A cell's parameters never change once it is made, so what is computed from them is computed
-    # once: Snakemake asks for them many times per job (params, each resource), and the grid stamp,
-    # freshness checks and tables once per cell each.
-    @cached_property
+    # A cell's parameters never change once it is made (CellParams is frozen), so what is computed from
+    # them is computed once: Snakemake asks for them many times per job (params, each resource), and
+    # the grid stamp, freshness checks and tables once per cell each.
+    @property
     def canonical(self) -> str:
-        return canonical_json(identity(self.params))
+        return self.params.canonical
 
-    @cached_property
+    @property
     def params_hash(self) -> str:
-        return hash_of_canonical(self.canonical)
+        return self.params.params_hash
 
     @property
     def target(self) -> str:
@@ -97,15 +83,15 @@ class Cell:
                     "retries": 0,
                     "timing": self.timing.as_argument()}
         # an emulated cell is one process of its world on one device, whatever the world's size
-        ranks_per_node = 1 if p["emulate"] else p["gpus_per_node"]
+        ranks_per_node = 1 if p.emulate else p.gpus_per_node
         cpus = ex["cpus_per_rank"] * ranks_per_node
-        cuda = p["device"] == "cuda"
-        multinode = p["nodes"] > 1 and not p["emulate"]
+        cuda = p.device == "cuda"
+        multinode = p.nodes > 1 and not p.emulate
         return {
             "gpu": ranks_per_node if cuda and not multinode else (None if multinode else 0),
             "gres": f"gpu:{ranks_per_node}" if cuda and multinode else None,
-            "nodes": p["nodes"] if multinode else 1,
-            "tasks": p["nodes"] if multinode else None,
+            "nodes": p.nodes if multinode else 1,
+            "tasks": p.nodes if multinode else None,
             "tasks_per_gpu": 0 if cuda and multinode else None,  # 0: no --ntasks-per-gpu from the plugin
             "mpi": "srun" if multinode else None,
             "cpus_per_task": cpus,
@@ -194,14 +180,14 @@ def search_target(study: str, cell_id: str) -> str:
 ALWAYS_NAMED = ("emulate", "emulate_rank", "gpu_mem_limit_gib")
 
 
-def named_keys(params: dict[str, Any], keys: tuple[str, ...]) -> tuple[str, ...]:
+def named_keys(params: CellParams, keys: tuple[str, ...]) -> tuple[str, ...]:
     """A cell's id keys: the ones its study varies, and any key of ALWAYS_NAMED it sets."""
     extra = tuple(k for k in ALWAYS_NAMED if k not in keys and params.get(k) != PARAMS_BY_NAME[k].default)
     return keys + extra
 
 
-def make_cell_id(params: dict[str, Any], keys: tuple[str, ...]) -> str:
-    return ID_SEPARATOR.join(f"{k}~{format_value(params[k])}" for k in _sorted_id_keys(keys))
+def make_cell_id(params: CellParams, keys: tuple[str, ...]) -> str:
+    return ID_SEPARATOR.join(f"{k}~{format_value(params.get(k))}" for k in _sorted_id_keys(keys))
 
 
 @lru_cache(maxsize=None)
@@ -210,85 +196,55 @@ def _sorted_id_keys(keys: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(sort_keys(keys))
 
 
-def _normalised(params: dict[str, Any]) -> dict[str, Any]:
-    """The values of float parameters given as integers (YAML's `1`), as floats."""
-    out = dict(params)
-    for name, value in params.items():
-        param = PARAMS_BY_NAME.get(name)
-        if param and param.kind == "float" and isinstance(value, int) and not isinstance(value, bool):
-            out[name] = float(value)
-    return out
-
-
-# Every cell starts from the defaults: normalised once, not per cell (a grid of 40,000 cells resolves
-# 40,000 times, in every Snakemake a run starts).
-_DEFAULTS = _normalised(defaults())
-
-
-def resolve(params: dict[str, Any]) -> dict[str, Any]:
-    """Fill defaults, normalise types and add derived values. Assumes schema-valid input."""
-    p = {**_DEFAULTS, **_normalised(params)}
-    model = MODELS.get(p["model"])
-    if p["seq_len"] is None and model is not None:
-        p["seq_len"] = model.max_seq
-    if p["launcher"] == "auto":
-        p["launcher"] = "python" if p["gpus"] == 1 and p["nodes"] == 1 else "torchrun"
-    model_parallel = p["tp"] * p["pp"]
-    p["dp"] = p["gpus"] // model_parallel if p["gpus"] % model_parallel == 0 else None
-    p["gpus_per_node"] = p["gpus"] // p["nodes"] if p["gpus"] % p["nodes"] == 0 else None
-    p["global_batch"] = p["micro_batch"] * p["grad_accum"] * p["dp"] if p["dp"] else None
-    return p
-
-
-def check_cell(p: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
+def check_cell(p: CellParams) -> tuple[list[tuple[str, str]], str | None]:
     """Semantic checks of one resolved cell: (key, problem) pairs, and the unsupported reason if any."""
     errors: list[tuple[str, str]] = []
-    model = MODELS.get(p["model"])
+    model = MODELS.get(p.model)
     if model is None:
-        errors.append(("model", f"unknown model {p['model']!r}; known: {', '.join(MODELS)}"))
-    elif p["seq_len"] > model.max_seq:
-        errors.append(("seq_len", f"{p['seq_len']} exceeds {p['model']}'s context of {model.max_seq} tokens"))
-    if p["gpus_per_node"] is None:
-        errors.append(("gpus", f"gpus={p['gpus']} is not a multiple of nodes={p['nodes']}"))
-    if p["dp"] is None:
-        errors.append(("gpus", f"gpus={p['gpus']} is not divisible by tp x pp = {p['tp']} x {p['pp']}"))
-    steps = p["warmup_steps"] + p["timed_steps"]
-    if p["inject_oom_at_step"] is not None and p["inject_oom_at_step"] > steps:
-        errors.append(("inject_oom_at_step", f"step {p['inject_oom_at_step']} is never reached: the cell "
+        errors.append(("model", f"unknown model {p.model!r}; known: {', '.join(MODELS)}"))
+    elif p.seq_len > model.max_seq:
+        errors.append(("seq_len", f"{p.seq_len} exceeds {p.model}'s context of {model.max_seq} tokens"))
+    if p.gpus_per_node is None:
+        errors.append(("gpus", f"gpus={p.gpus} is not a multiple of nodes={p.nodes}"))
+    if p.dp is None:
+        errors.append(("gpus", f"gpus={p.gpus} is not divisible by tp x pp = {p.tp} x {p.pp}"))
+    steps = p.warmup_steps + p.timed_steps
+    if p.inject_oom_at_step is not None and p.inject_oom_at_step > steps:
+        errors.append(("inject_oom_at_step", f"step {p.inject_oom_at_step} is never reached: the cell "
                                              f"runs {steps} steps"))
-    if (p["dataset_size"] is None) != (p["epochs"] is None):
-        errors.append(("epochs" if p["epochs"] is None else "dataset_size",
+    if (p.dataset_size is None) != (p.epochs is None):
+        errors.append(("epochs" if p.epochs is None else "dataset_size",
                        "dataset_size and epochs describe the whole run together: set both or neither"))
-    if p["vocab_multiple"] > 1 and model is not None and model.family != "gpt":
-        errors.append(("vocab_multiple", f"pads trainbench's GPT models; {p['model']} is built by "
+    if p.vocab_multiple > 1 and model is not None and model.family != "gpt":
+        errors.append(("vocab_multiple", f"pads trainbench's GPT models; {p.model} is built by "
                                          "transformers with its own vocabulary"))
-    if p["attention"] in SDPA_KERNELS and p["device"] != "cuda":
-        errors.append(("attention", f"{p['attention']!r} is a CUDA kernel of SDPA; a CPU cell can use "
+    if p.attention in SDPA_KERNELS and p.device != "cuda":
+        errors.append(("attention", f"{p.attention!r} is a CUDA kernel of SDPA; a CPU cell can use "
                                     "'sdpa' or 'eager'"))
-    if p["launcher"] == "python" and p["nodes"] > 1:
+    if p.launcher == "python" and p.nodes > 1:
         errors.append(("launcher", "'python' cannot span nodes"))
-    if p["emulate_rank"] is not None and not p["emulate"]:
+    if p.emulate_rank is not None and not p.emulate:
         errors.append(("emulate_rank", "names the rank an emulated cell runs; set emulate: true, or leave it "
                                        "null"))
-    elif p["emulate_rank"] is not None and p["emulate_rank"] >= p["gpus"]:
-        errors.append(("emulate_rank", f"rank {p['emulate_rank']} is not a rank of a world of {p['gpus']}"))
-    if p["emulate"] and p["gpus"] == 1:
+    elif p.emulate_rank is not None and p.emulate_rank >= p.gpus:
+        errors.append(("emulate_rank", f"rank {p.emulate_rank} is not a rank of a world of {p.gpus}"))
+    if p.emulate and p.gpus == 1:
         errors.append(("emulate", "a one-rank cell already runs alone on one device; emulate is for cells "
                                   "of several ranks"))
-    if p["checkpoint_in_cpu"] and not p["activation_checkpointing"]:
+    if p.checkpoint_in_cpu and not p.activation_checkpointing:
         errors.append(("checkpoint_in_cpu", "keeps checkpointed activations in host memory; set "
                                             "activation_checkpointing: true"))
-    if p["gpu_mem_limit_gib"] is not None and p["device"] != "cuda":
+    if p.gpu_mem_limit_gib is not None and p.device != "cuda":
         errors.append(("gpu_mem_limit_gib", "holds a rank to less GPU memory; a CPU cell has none"))
     strategy_errors, unsupported = frameworks.check(p)
     return errors + strategy_errors, unsupported
 
 
-def _matches(params: dict[str, Any], pattern: dict[str, Any]) -> bool:
+def _matches(params: CellParams, pattern: dict[str, Any]) -> bool:
     return all(params.get(k) == v for k, v in pattern.items())
 
 
-def _selects(params: dict[str, Any], selector: dict[str, Any]) -> bool:
+def _selects(params: CellParams, selector: dict[str, Any]) -> bool:
     """A `measure` pattern: a list value matches any of its items."""
     return all(params.get(k) in (v if isinstance(v, list) else [v]) for k, v in selector.items())
 
@@ -302,7 +258,7 @@ def _selected(cells: list[Cell], selectors: list[dict[str, Any]], key: str, what
     return [c for c in cells if any(_selects(c.params, s) for s in selectors)]
 
 
-def _execution(study_spec: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+def _execution(study_spec: dict[str, Any], params: CellParams) -> dict[str, Any]:
     settings = {k: v["default"] for k, v in EXECUTION.items()}
     settings.update(study_spec.get("execution") or {})
     for override in study_spec.get("execution_overrides") or []:
@@ -311,7 +267,7 @@ def _execution(study_spec: dict[str, Any], params: dict[str, Any]) -> dict[str, 
     return settings
 
 
-def _timing(study_spec: dict[str, Any], params: dict[str, Any], base: TimingSettings) -> TimingSettings:
+def _timing(study_spec: dict[str, Any], params: CellParams, base: TimingSettings) -> TimingSettings:
     overrides = [o["set"] for o in study_spec.get("timing_overrides") or [] if _matches(params, o["when"])]
     if not overrides:
         return base  # shared by the study's cells
@@ -356,7 +312,7 @@ def expand_study(name: str, spec: dict[str, Any]) -> Study:
             product.append((combo, tuple(k for _, keys in choice for k in keys)))
         excludes = spec.get("exclude") or []
         # each combination resolved once, and only where there is something to exclude
-        resolved = [resolve({**settings, **combo}) for combo, _ in product] if excludes else []
+        resolved = [CellParams.resolve({**settings, **combo}) for combo, _ in product] if excludes else []
         for i, pattern in enumerate(excludes):
             if not any(_matches(full, pattern) for full in resolved):
                 problems.append(f"studies.{name}.exclude[{i}]: {pattern!r} matches no cell of the axes")
@@ -378,11 +334,11 @@ def expand_study(name: str, spec: dict[str, Any]) -> Study:
     seen_ids: dict[str, int] = {}
     grouped: dict[tuple[str, str], list[str]] = {}
     for index, (entry, id_keys) in enumerate(entries):
-        params = resolve({**settings, **entry})
+        params = CellParams.resolve({**settings, **entry})
         id_keys = named_keys(params, id_keys)
         for key in id_keys:
-            if not ID_VALUE.match(format_value(params[key])):
-                problems.append(f"studies.{name}: value {params[key]!r} of {key} cannot name a cell; "
+            if not ID_VALUE.match(format_value(params.get(key))):
+                problems.append(f"studies.{name}: value {params.get(key)!r} of {key} cannot name a cell; "
                                 "use letters, digits, '.', '_', '+' and '-'")
         cell_id = make_cell_id(params, id_keys) if id_keys else "default"
         if cell_id in seen_ids:
@@ -431,6 +387,6 @@ def probe_cell(study: Study, cell: Cell, micro_batch: int) -> Cell:
     changes: dict[str, Any] = {"micro_batch": micro_batch}
     if study.search.get("steps"):
         changes["timed_steps"] = study.search["steps"]
-    params = resolve({**cell.params, **changes})  # derived values (global batch) follow
+    params = cell.params.replace(**changes)  # derived sizes (global batch) follow: they are properties
     return Cell(study.name, paths.probe_id(cell.cell_id, micro_batch), params, cell.id_keys, cell.execution,
                 cell.timing, cell.unsupported)

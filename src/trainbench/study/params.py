@@ -1,14 +1,21 @@
-"""The parameters a grid cell can set: one table, the source of the config schema and of cell defaults.
+"""A cell's parameters: one frozen, typed object per cell (CellParams), which is also the table of every
+key a study may set in `settings`, `axes`, `include` or `exclude`, with its type, default and meaning.
 
-Every key a study may use in `settings`, `axes`, `include` or `exclude` is declared here with its
-type, default and meaning. `workflow/schemas/config.schema.yaml` is generated from this table
-(`trainbench schema`), and a test keeps the two in sync.
+`workflow/schemas/config.schema.yaml` is generated from this table (`trainbench schema`), and a test
+keeps the two in sync. A cell's parameters are resolved and checked once, where the grid makes the cell
+(study.grid); they cross processes as `as_dict()` / `from_dict()` (JSON), the one serialisation.
+Sizes derived from them (data-parallel degree, ranks per node, global batch) are properties, never
+stored, so they cannot disagree with the parameters they come from.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from collections.abc import Callable
+import dataclasses
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 
@@ -59,7 +66,6 @@ class Param:
         return text + (" or null" if self.nullable else "")
 
 
-
 # The kernels a cell can hold PyTorch's scaled_dot_product_attention to (`attention`).
 SDPA_KERNELS = ("flash", "cudnn", "efficient")
 
@@ -69,108 +75,261 @@ def _frameworks() -> tuple[str, ...]:
 
     return tuple(registry())
 
-# Order matters: it is the order of keys in cell ids and table columns, most telling first.
-PARAMS: tuple[Param, ...] = (
-    Param("framework", "str", "torch", "What drives training (`trainbench strategies` lists the "
-          "frameworks and their strategies).", choices=_frameworks),
-    Param("strategy", "str", "single", "Parallelism strategy, in the framework's own vocabulary "
-          "(`trainbench strategies` lists them).") ,
-    Param("model", "str", "gpt2-tiny", "Architecture name from the model registry (`trainbench models`); "
-          "built from its config with random weights."),
-    Param("head", "str", "lm", "Output head: next-token language modelling or sequence classification.",
-          choices=("lm", "classifier")),
-    Param("num_classes", "int", 2, "Classes of the classification head (head: classifier).", minimum=2),
-    Param("seq_len", "int", None, "Tokens per sample; null means the model's context length.",
-          minimum=1, nullable=True),
-    Param("precision", "str", "fp32", "Training precision: fp32, or fp16/bf16 mixed precision.",
-          choices=("fp32", "fp16", "bf16")),
-    Param("tf32", "bool", False, "Allow TF32 matmuls for fp32 work on Ampere and newer GPUs."),
-    Param("device", "str", "cuda", "Where ranks run: one CUDA GPU per rank (NCCL), or CPU processes (gloo).",
-          choices=("cuda", "cpu")),
-    Param("nodes", "int", 1, "Nodes the cell spans.", minimum=1),
-    Param("gpus", "int", 1, "Ranks in total, one per GPU (with device: cpu, CPU processes standing in for "
-          "GPUs); must be a multiple of nodes and of tp x pp.", minimum=1),
-    Param("tp", "int", 1, "Tensor-parallel size.", minimum=1),
-    Param("pp", "int", 1, "Pipeline-parallel size.", minimum=1),
-    Param("micro_batch", "int", 1, "Samples per rank per forward/backward pass.", minimum=1),
-    Param("grad_accum", "int", 1, "Micro batches accumulated per optimizer step.", minimum=1),
-    Param("offload_optimizer", "bool", False, "Keep optimizer states (and the optimizer step) in CPU memory "
-          "(DeepSpeed ZeRO 1-3)."),
-    Param("offload_param", "bool", False, "Keep parameters in CPU memory between uses (DeepSpeed ZeRO-3; "
-          "FSDP, where it offloads gradients and optimizer states too)."),
-    Param("pin_memory", "bool", True, "Page-locked host memory for offloaded tensors (faster copies; memory "
-          "the OS cannot swap). CUDA only."),
-    Param("overlap_comm", "bool", None, "DeepSpeed: overlap gradient reduction with the backward pass; null "
-          "keeps DeepSpeed's default for the stage.", nullable=True),
-    Param("activation_checkpointing", "bool", False, "Recompute each transformer block's activations in "
-          "the backward pass instead of storing them."),
-    Param("checkpoint_in_cpu", "bool", False, "With activation checkpointing, keep each block's checkpointed "
-          "input in host memory, split across the tensor-parallel ranks (each keeps 1/tp), and gather it "
-          "back to the device for the block's recomputation: DeepSpeed's partition_activations with "
-          "cpu_checkpointing. trainbench's GPT (torch and deepspeed frameworks).", optional=True),
-    Param("attention", "str", "sdpa", "Attention kernel: sdpa (PyTorch's scaled_dot_product_attention, "
-          "which picks FlashAttention, memory-efficient or cuDNN attention itself), flash, cudnn or "
-          "efficient (SDPA held to that kernel; CUDA only), or eager (softmax(QK^T)V with the seq x seq "
-          "scores kept for the backward, as Hugging Face's eager attention).",
-          choices=("sdpa", *SDPA_KERNELS, "eager"), optional=True),
-    Param("vocab_multiple", "int", 1, "Pad the token embedding (and the tied LM head) to a multiple of this "
-          "many rows, as nanoGPT pads GPT-2's 50,257 to 50,304 (64): the head's matmul and the loss's rows "
-          "then tile evenly. The padded rows are never a token of the data, and TFLOPS and MFU count the "
-          "model's own vocabulary. trainbench's GPT models.", minimum=1, optional=True),
-    Param("emulate", "bool", False, "Run one rank of the cell's world alone on one device (one GPU, or a CPU "
-          "process), through PyTorch's fake process group: the framework builds, shards, computes and steps "
-          "as that rank would, and the collectives return at once. Measures the rank's memory and compute "
-          "time; communication time is not measured and NCCL's buffers are modelled (docs/emulation.md). "
-          "An emulated cell is always named as such (`emulate~true` in its id).", optional=True),
-    Param("emulate_rank", "int", None, "Which rank an emulated cell runs; null: the heaviest by the memory "
-          "model (a pipeline's first or last stage; rank 0 where ranks hold alike).", minimum=0,
-          nullable=True, optional=True),
-    Param("gpu_mem_limit_gib", "float", None, "Hold each rank to a GPU of this many GiB (an A100's 40 or 80 "
-          "on an H200): the caching allocator may reserve what such a GPU leaves after the CUDA context and "
-          "NCCL's buffers, and runs out where it would. Null: the GPU's own memory. CUDA only; always in "
-          "the cell's id when set.", minimum=1, nullable=True, optional=True),
-    Param("ort", "bool", False, "Run the model under ONNX Runtime training (ORTModule)."),
-    Param("compile", "bool", False, "Compile the model with torch.compile."),
-    Param("lr", "float", 1e-4, "Peak learning rate.", minimum=0),
-    Param("weight_decay", "float", 0.0, "AdamW weight decay.", minimum=0),
-    Param("warmup_steps", "int", 3, "Optimizer steps run before timing starts (excluded from step time).",
-          minimum=0),
-    Param("timed_steps", "int", 10, "Optimizer steps timed after warm-up; step_time_s is their median.",
-          minimum=1),
-    Param("dataset_size", "int", None, "Samples per epoch of the whole run the study describes; with "
-          "epochs, gives projected_run_s. Null: no projection.", minimum=1, nullable=True),
-    Param("epochs", "int", None, "Epochs of the whole run the study describes.", minimum=1, nullable=True),
-    Param("launcher", "str", "auto", "How ranks start: auto (plain python for one rank, else torchrun), "
-          "torchrun, or the DeepSpeed launcher.", choices=("auto", "python", "torchrun", "deepspeed")),
-    Param("seed", "int", 0, "Seed of model initialisation and synthetic data.", minimum=0),
-    Param("deterministic", "bool", False, "Deterministic algorithms only (Lightning's deterministic=True); "
-          "attention then uses the eager implementation, whose backward is deterministic."),
-    Param("dataset_path", "str", None, "Real data to train and test on (the aclImdb folder for sentiment "
-          "studies); null: synthetic data of the study's shape.", nullable=True),
-    Param("pretrained_path", "str", None, "A local Hugging Face model folder to start from (weights and "
-          "tokenizer); null: random weights from the architecture config.", nullable=True),
-    Param("inject_oom_at_step", "int", None, "Testing aid: make the allocator fail at this step (0 = during "
-          "initialisation) through a real allocation too large for any machine. Null: off.",
-          minimum=0, nullable=True),
-)
 
+def param(default: Any, description: str, *,
+          choices: tuple[Any, ...] | Callable[[], tuple[Any, ...]] | None = None,
+          minimum: float | None = None, maximum: float | None = None, optional: bool = False) -> Any:
+    """A CellParams field: its default, and what the schema, the docs and error messages say of it."""
+    return field(default=default, metadata={"description": description, "choices": choices,
+                                            "minimum": minimum, "maximum": maximum, "optional": optional})
+
+
+# Values computed from the parameters, carried beside them wherever a cell is serialised (the canonical
+# string Snakemake compares, metrics.json) so that a result says what it ran with.
+DERIVED = ("dp", "gpus_per_node", "global_batch")
+
+
+@dataclass(frozen=True)
+class CellParams:
+    """One cell's parameters, in the table's order: the order of keys in cell ids and table columns, most
+    telling first. Make one with `resolve` (a study's settings and axes) or `from_dict` (a serialised
+    cell); `replace` gives a cell that differs in some of them."""
+
+    framework: str = param("torch", "What drives training (`trainbench strategies` lists the frameworks and "
+        "their strategies).",
+        choices=_frameworks)
+    strategy: str = param("single", "Parallelism strategy, in the framework's own vocabulary (`trainbench "
+        "strategies` lists them).")
+    model: str = param("gpt2-tiny", "Architecture name from the model registry (`trainbench models`); built "
+        "from its config with random weights.")
+    head: str = param("lm", "Output head: next-token language modelling or sequence classification.",
+        choices=("lm", "classifier"))
+    num_classes: int = param(2, "Classes of the classification head (head: classifier).",
+        minimum=2)
+    seq_len: int | None = param(None, "Tokens per sample; null means the model's context length.",
+        minimum=1)
+    precision: str = param("fp32", "Training precision: fp32, or fp16/bf16 mixed precision.",
+        choices=("fp32", "fp16", "bf16"))
+    tf32: bool = param(False, "Allow TF32 matmuls for fp32 work on Ampere and newer GPUs.")
+    device: str = param("cuda", "Where ranks run: one CUDA GPU per rank (NCCL), or CPU processes (gloo).",
+        choices=("cuda", "cpu"))
+    nodes: int = param(1, "Nodes the cell spans.",
+        minimum=1)
+    gpus: int = param(1, "Ranks in total, one per GPU (with device: cpu, CPU processes standing in for "
+        "GPUs); must be a multiple of nodes and of tp x pp.",
+        minimum=1)
+    tp: int = param(1, "Tensor-parallel size.",
+        minimum=1)
+    pp: int = param(1, "Pipeline-parallel size.",
+        minimum=1)
+    micro_batch: int = param(1, "Samples per rank per forward/backward pass.",
+        minimum=1)
+    grad_accum: int = param(1, "Micro batches accumulated per optimizer step.",
+        minimum=1)
+    offload_optimizer: bool = param(False, "Keep optimizer states (and the optimizer step) in CPU memory "
+        "(DeepSpeed ZeRO 1-3).")
+    offload_param: bool = param(False, "Keep parameters in CPU memory between uses (DeepSpeed ZeRO-3; FSDP, "
+        "where it offloads gradients and optimizer states too).")
+    pin_memory: bool = param(True, "Page-locked host memory for offloaded tensors (faster copies; memory "
+        "the OS cannot swap). CUDA only.")
+    overlap_comm: bool | None = param(None, "DeepSpeed: overlap gradient reduction with the backward pass; "
+        "null keeps DeepSpeed's default for the stage.")
+    activation_checkpointing: bool = param(False, "Recompute each transformer block's activations in the "
+        "backward pass instead of storing them.")
+    checkpoint_in_cpu: bool = param(False, "With activation checkpointing, keep each block's checkpointed "
+        "input in host memory, split across the tensor-parallel ranks (each keeps 1/tp), and gather it back "
+        "to the device for the block's recomputation: DeepSpeed's partition_activations with "
+        "cpu_checkpointing. trainbench's GPT (torch and deepspeed frameworks).",
+        optional=True)
+    attention: str = param("sdpa", "Attention kernel: sdpa (PyTorch's scaled_dot_product_attention, which "
+        "picks FlashAttention, memory-efficient or cuDNN attention itself), flash, cudnn or efficient (SDPA "
+        "held to that kernel; CUDA only), or eager (softmax(QK^T)V with the seq x seq scores kept for the "
+        "backward, as Hugging Face's eager attention).",
+        choices=("sdpa", *SDPA_KERNELS, "eager"), optional=True)
+    vocab_multiple: int = param(1, "Pad the token embedding (and the tied LM head) to a multiple of this "
+        "many rows, as nanoGPT pads GPT-2's 50,257 to 50,304 (64): the head's matmul and the loss's rows "
+        "then tile evenly. The padded rows are never a token of the data, and TFLOPS and MFU count the "
+        "model's own vocabulary. trainbench's GPT models.",
+        minimum=1, optional=True)
+    emulate: bool = param(False, "Run one rank of the cell's world alone on one device (one GPU, or a CPU "
+        "process), through PyTorch's fake process group: the framework builds, shards, computes and steps "
+        "as that rank would, and the collectives return at once. Measures the rank's memory and compute "
+        "time; communication time is not measured and NCCL's buffers are modelled (docs/emulation.md). An "
+        "emulated cell is always named as such (`emulate~true` in its id).",
+        optional=True)
+    emulate_rank: int | None = param(None, "Which rank an emulated cell runs; null: the heaviest by the "
+        "memory model (a pipeline's first or last stage; rank 0 where ranks hold alike).",
+        minimum=0, optional=True)
+    gpu_mem_limit_gib: float | None = param(None, "Hold each rank to a GPU of this many GiB (an A100's 40 "
+        "or 80 on an H200): the caching allocator may reserve what such a GPU leaves after the CUDA context "
+        "and NCCL's buffers, and runs out where it would. Null: the GPU's own memory. CUDA only; always in "
+        "the cell's id when set.",
+        minimum=1, optional=True)
+    ort: bool = param(False, "Run the model under ONNX Runtime training (ORTModule).")
+    compile: bool = param(False, "Compile the model with torch.compile.")
+    lr: float = param(0.0001, "Peak learning rate.",
+        minimum=0)
+    weight_decay: float = param(0.0, "AdamW weight decay.",
+        minimum=0)
+    warmup_steps: int = param(3, "Optimizer steps run before timing starts (excluded from step time).",
+        minimum=0)
+    timed_steps: int = param(10, "Optimizer steps timed after warm-up; step_time_s is their median.",
+        minimum=1)
+    dataset_size: int | None = param(None, "Samples per epoch of the whole run the study describes; with "
+        "epochs, gives projected_run_s. Null: no projection.",
+        minimum=1)
+    epochs: int | None = param(None, "Epochs of the whole run the study describes.",
+        minimum=1)
+    launcher: str = param("auto", "How ranks start: auto (plain python for one rank, else torchrun), "
+        "torchrun, or the DeepSpeed launcher.",
+        choices=("auto", "python", "torchrun", "deepspeed"))
+    seed: int = param(0, "Seed of model initialisation and synthetic data.",
+        minimum=0)
+    deterministic: bool = param(False, "Deterministic algorithms only (Lightning's deterministic=True); "
+        "attention then uses the eager implementation, whose backward is deterministic.")
+    dataset_path: str | None = param(None, "Real data to train and test on (the aclImdb folder for "
+        "sentiment studies); null: synthetic data of the study's shape.")
+    pretrained_path: str | None = param(None, "A local Hugging Face model folder to start from (weights and "
+        "tokenizer); null: random weights from the architecture config.")
+    inject_oom_at_step: int | None = param(None, "Testing aid: make the allocator fail at this step (0 = "
+        "during initialisation) through a real allocation too large for any machine. Null: off.",
+        minimum=0)
+
+    # --- derived sizes (torchtitan's ParallelDims is the model) ---
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks one model replica spans: tensor x pipeline parallel."""
+        return self.tp * self.pp
+
+    @property
+    def dp(self) -> int | None:
+        """Data-parallel degree (None: gpus is not a multiple of tp x pp, which check_cell reports)."""
+        return self.gpus // self.model_parallel if self.gpus % self.model_parallel == 0 else None
+
+    @property
+    def gpus_per_node(self) -> int | None:
+        """Ranks on each node (None: gpus is not a multiple of nodes, which check_cell reports)."""
+        return self.gpus // self.nodes if self.gpus % self.nodes == 0 else None
+
+    @property
+    def ranks_here(self) -> int | None:
+        """Processes the cell starts on one machine: one for an emulated rank, else a node's ranks."""
+        return 1 if self.emulate else self.gpus_per_node
+
+    @property
+    def global_batch(self) -> int | None:
+        """Samples per optimizer step: micro batch x accumulation x data-parallel degree."""
+        return self.micro_batch * self.grad_accum * self.dp if self.dp else None
+
+    @property
+    def cuda(self) -> bool:
+        return self.device == "cuda"
+
+    # --- the one serialisation ---
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every parameter, then the derived sizes: what metrics.json and the worker's cell file hold."""
+        out = {name: getattr(self, name) for name in PARAM_NAMES}
+        out.update((name, getattr(self, name)) for name in DERIVED)
+        return out
+
+    @cached_property
+    def identity(self) -> dict[str, Any]:
+        """The parameters that make the cell what it is: all of as_dict but optional ones at their
+        default (a cell that leaves a parameter added later at its default is the cell it was)."""
+        return {k: v for k, v in self.as_dict().items() if not (k in OPTIONAL and v == DEFAULTS[k])}
+
+    @cached_property
+    def canonical(self) -> str:
+        """The identity as canonical JSON: what Snakemake compares to decide a rerun, and hashes."""
+        return canonical_json(self.identity)
+
+    @cached_property
+    def params_hash(self) -> str:
+        """The canonical string's short hash: in metrics.json, it says what a result was made with."""
+        return hashlib.sha256(self.canonical.encode()).hexdigest()[:12]
+
+    @classmethod
+    def from_dict(cls, mapping: Mapping[str, Any]) -> CellParams:
+        """A serialised cell (as_dict's, the canonical string's, or a metrics.json's "params", which may
+        predate an optional parameter: it ran with its default). Derived values are recomputed, not
+        read; a key that is no parameter, or a parameter left out, is an error naming it. Values are taken
+        as given: the cell was checked where it was made."""
+        if not isinstance(mapping, Mapping):
+            raise TypeError(f"a cell's parameters are a mapping, not a {type(mapping).__name__}")
+        unknown = [k for k in mapping if k not in PARAMS_BY_NAME and k not in DERIVED]
+        if unknown:
+            raise ValueError(f"gives {', '.join(map(repr, unknown))}, which no cell parameter is called")
+        lacking = [name for name in PARAM_NAMES if name not in mapping and name not in OPTIONAL]
+        if lacking:
+            raise ValueError(f"lacks {lacking[0]!r}: a serialised cell gives every parameter but optional "
+                             "ones at their default")
+        return cls(**{k: v for k, v in mapping.items() if k in PARAMS_BY_NAME})
+
+    @classmethod
+    def from_json(cls, text: str) -> CellParams:
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def resolve(cls, given: Mapping[str, Any]) -> CellParams:
+        """A study's settings and axes for one cell as its parameters: defaults filled, numbers given as
+        integers for float parameters made floats, and what `null`/`auto` mean made explicit (the
+        model's context length, the launcher). Assumes schema-valid input; check_cell checks the rest."""
+        p = {**DEFAULTS, **{k: (float(v) if k in FLOATS and isinstance(v, int) and not isinstance(v, bool)
+                                else v) for k, v in given.items()}}
+        if p["seq_len"] is None:
+            from trainbench.registry.models import MODELS
+
+            if p["model"] in MODELS:
+                p["seq_len"] = MODELS[p["model"]].max_seq
+        if p["launcher"] == "auto":
+            p["launcher"] = "python" if p["gpus"] == 1 and p["nodes"] == 1 else "torchrun"
+        return cls(**p)
+
+    def replace(self, **changes: Any) -> CellParams:
+        return dataclasses.replace(self, **changes)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """A parameter or derived size by name, for code that selects cells by key (patterns in
+        config.yaml: `include`, `measure`, overrides)."""
+        return getattr(self, name) if name in PARAMS_BY_NAME or name in DERIVED else default
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no spaces: one string per value, whatever the order it was built in."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _kind(annotation: str) -> tuple[str, bool]:
+    base, *rest = [part.strip() for part in annotation.split("|")]
+    return base, "None" in rest
+
+
+def _param(f: dataclasses.Field) -> Param:
+    kind, nullable = _kind(f.type)
+    meta = f.metadata
+    return Param(f.name, kind, f.default, meta["description"], meta["choices"], meta["minimum"],
+                 meta["maximum"], nullable, meta["optional"])
+
+
+PARAMS: tuple[Param, ...] = tuple(_param(f) for f in dataclasses.fields(CellParams))
 PARAMS_BY_NAME: dict[str, Param] = {p.name: p for p in PARAMS}
+PARAM_NAMES: tuple[str, ...] = tuple(PARAMS_BY_NAME)
 PARAM_ORDER: dict[str, int] = {p.name: i for i, p in enumerate(PARAMS)}
+DEFAULTS: dict[str, Any] = {p.name: p.default for p in PARAMS}
+OPTIONAL = frozenset(p.name for p in PARAMS if p.optional)
+FLOATS = frozenset(p.name for p in PARAMS if p.kind == "float")
 
 
 def defaults() -> dict[str, Any]:
-    return {p.name: p.default for p in PARAMS}
-
-
-def identity(params: dict[str, Any]) -> dict[str, Any]:
-    """The parameters that make a cell what it is: all of them but optional ones at their default."""
-    return {k: v for k, v in params.items()
-            if not (k in PARAMS_BY_NAME and PARAMS_BY_NAME[k].optional and v == PARAMS_BY_NAME[k].default)}
+    return dict(DEFAULTS)
 
 
 def with_optional_defaults(params: dict[str, Any]) -> dict[str, Any]:
-    """A cell's parameters with every optional parameter it leaves out at its default."""
-    return {**{p.name: p.default for p in PARAMS if p.optional}, **params}
+    """A result's parameters with every optional parameter it leaves out at its default (a result made
+    before the parameter existed ran with it)."""
+    return {**{name: DEFAULTS[name] for name in OPTIONAL}, **params}
 
 
 def sort_keys(keys) -> list[str]:

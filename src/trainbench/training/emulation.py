@@ -34,6 +34,8 @@ import warnings
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from trainbench.study.params import CellParams
+
 FAKE_BACKEND = "fake"
 EMULATED_ENV = "TRAINBENCH_EMULATED"  # set by the worker of an emulated cell, for the runners
 
@@ -59,12 +61,12 @@ class EmulatedRank:
         return f"rank {self.rank} of {self.world_size}"
 
 
-def rank_of(params: dict[str, Any]) -> EmulatedRank:
+def rank_of(params: CellParams) -> EmulatedRank:
     """The rank an emulated cell runs: the one it names, or the heaviest by the memory model."""
     from trainbench.predict.memory_model import heaviest_rank
 
-    rank = params["emulate_rank"] if params["emulate_rank"] is not None else heaviest_rank(params)
-    return EmulatedRank(rank, params["gpus"], params["gpus_per_node"])
+    rank = params.emulate_rank if params.emulate_rank is not None else heaviest_rank(params)
+    return EmulatedRank(rank, params.gpus, params.gpus_per_node)
 
 
 def environment(emulated: EmulatedRank, master_port: int) -> dict[str, str]:
@@ -302,15 +304,15 @@ NOT_MEASURED = ("communication time: no collective moves data, so step_time_s (a
                 "from it) is the rank's compute time alone")
 
 
-def section(params: dict[str, Any]) -> dict[str, Any]:
+def section(params: CellParams) -> dict[str, Any]:
     """What every emulated cell's result says, whatever became of its run: which rank of which world,
     and what no emulated rank measures."""
     emulated = rank_of(params)
     return {"rank": emulated.rank, "world_size": emulated.world_size,
-            "ranks_per_node": emulated.ranks_per_node, "nodes": params["nodes"], "not_measured": NOT_MEASURED}
+            "ranks_per_node": emulated.ranks_per_node, "nodes": params.nodes, "not_measured": NOT_MEASURED}
 
 
-def account(metrics: dict[str, Any], reported: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+def account(metrics: dict[str, Any], reported: dict[str, Any], params: CellParams) -> dict[str, Any]:
     """The `emulation` section of an emulated cell's metrics.json, from what its rank reported
     (worker.py's `emulated`), and its metrics completed where a real rank's would hold more: the GPU's
     'used' memory with NCCL's buffers (modelled), the node's host memory as the rank's times the ranks
@@ -318,7 +320,7 @@ def account(metrics: dict[str, Any], reported: dict[str, Any], params: dict[str,
     from trainbench.predict.memory_model import NCCL_MIB
 
     ranks_per_node = reported["ranks_per_node"]
-    nccl = NCCL_MIB if params["device"] == "cuda" and params["gpus"] > 1 else 0.0
+    nccl = NCCL_MIB if params.device == "cuda" and params.gpus > 1 else 0.0
     said = {**section(params), "rank": reported["rank"], "world_size": reported["world_size"],
             "ranks_per_node": ranks_per_node,
             "outputs_written_by_trainbench": reported.get("outputs_written_by_trainbench", []),

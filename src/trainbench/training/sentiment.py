@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from trainbench.study.params import CellParams
+
 CLS, PAD = 101, 0
 LEXICON_SIZE = 20
 FIRST_FILLER = 1000  # ids below this are reserved for specials and the two lexicons
@@ -86,11 +88,11 @@ def imdb(path: Path, split: str, n: int | None, seq_len: int, vocab_size: int, s
     return Split(tokens, mask, labels, f"IMDB {split} from {path}")
 
 
-def load(params: dict, spec, n_train: int, n_test: int) -> tuple[Split, Split]:
+def load(params: CellParams, spec, n_train: int, n_test: int) -> tuple[Split, Split]:
     """Train and test splits for a cell: IMDB if `dataset_path` is set, else synthetic."""
-    seq_len, vocab, seed = params["seq_len"], spec.vocab_size, params["seed"]
-    if params.get("dataset_path"):
-        path = Path(params["dataset_path"])
-        return (imdb(path, "train", n_train, seq_len, vocab, seed, params.get("pretrained_path")),
-                imdb(path, "test", n_test, seq_len, vocab, seed + 1, params.get("pretrained_path")))
+    seq_len, vocab, seed = params.seq_len, spec.vocab_size, params.seed
+    if params.dataset_path:
+        path = Path(params.dataset_path)
+        return (imdb(path, "train", n_train, seq_len, vocab, seed, params.pretrained_path),
+                imdb(path, "test", n_test, seq_len, vocab, seed + 1, params.pretrained_path))
     return synthetic(n_train, seq_len, vocab, seed), synthetic(n_test, seq_len, vocab, seed + 1)

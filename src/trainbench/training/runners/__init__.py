@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from trainbench.study.params import CellParams
 from trainbench.training.data import SyntheticBatches
 from trainbench.registry.frameworks import framework_of, strategy_of
 from trainbench.registry.models import ModelSpec, get_model
@@ -26,7 +27,7 @@ from trainbench.study.timing import TimingSettings, fixed_step_count
 
 @dataclass
 class RunContext:
-    params: dict[str, Any]
+    params: CellParams
     rank: int
     world_size: int
     local_rank: int
@@ -37,17 +38,17 @@ class RunContext:
     @property
     def fixed_steps(self) -> int:
         """All steps of a run whose framework owns the loop (see StepRecorder)."""
-        return fixed_step_count(self.params["warmup_steps"], self.params["timed_steps"], self.timing)
+        return fixed_step_count(self.params.warmup_steps, self.params.timed_steps, self.timing)
 
     @property
     def spec(self) -> ModelSpec:
-        return get_model(self.params["model"])
+        return get_model(self.params.model)
 
     @property
     def built_spec(self) -> ModelSpec:
         """The model as the runner builds it: its vocabulary padded where the cell asks (`spec` is what
         the data and the FLOPs count use)."""
-        return self.spec.with_vocab_multiple(self.params["vocab_multiple"])
+        return self.spec.with_vocab_multiple(self.params.vocab_multiple)
 
     @property
     def is_cuda(self) -> bool:
@@ -56,9 +57,9 @@ class RunContext:
     def batches(self, rank: int | None = None) -> SyntheticBatches:
         """This rank's data shard; `rank`: the data-parallel rank where it differs from the global one."""
         p = self.params
-        return SyntheticBatches(vocab_size=self.spec.vocab_size, seq_len=p["seq_len"],
-                                micro_batch=p["micro_batch"],
-                                head=p["head"], num_classes=p["num_classes"], seed=p["seed"],
+        return SyntheticBatches(vocab_size=self.spec.vocab_size, seq_len=p.seq_len,
+                                micro_batch=p.micro_batch,
+                                head=p.head, num_classes=p.num_classes, seed=p.seed,
                                 rank=self.rank if rank is None else rank, device=self.device)
 
     def synchronize(self) -> None:

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainbench.study.params import CellParams
 from trainbench.training import emulation
 from trainbench.registry.frameworks import offloads, strategy_of
 from trainbench.training.gpt import GPT, Block, init_gpt_module, lm_loss, pool
@@ -41,40 +42,40 @@ GPT_TENSOR_PARALLEL_LAYOUT = {
 }
 
 
-def deepspeed_config(params: dict[str, Any], device_type: str) -> dict[str, Any]:
+def deepspeed_config(params: CellParams, device_type: str) -> dict[str, Any]:
     stage = strategy_of(params).zero_stage
     offload_optimizer, offload_param = offloads(params)
     on_gpu = device_type == "cuda"
-    pin = params["pin_memory"] and on_gpu
+    pin = params.pin_memory and on_gpu
     zero: dict[str, Any] = {"stage": stage}
     if offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
     if offload_param:
         zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
-    if params["overlap_comm"] is not None:
-        zero["overlap_comm"] = params["overlap_comm"]
+    if params.overlap_comm is not None:
+        zero["overlap_comm"] = params.overlap_comm
     config: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": params["micro_batch"],
-        "gradient_accumulation_steps": params["grad_accum"],
-        "train_batch_size": params["global_batch"],
+        "train_micro_batch_size_per_gpu": params.micro_batch,
+        "gradient_accumulation_steps": params.grad_accum,
+        "train_batch_size": params.global_batch,
         "optimizer": {
             "type": "AdamW",
             "params": {
-                "lr": params["lr"], "betas": [0.9, 0.999], "eps": 1e-8,
-                "weight_decay": params["weight_decay"],
+                "lr": params.lr, "betas": [0.9, 0.999], "eps": 1e-8,
+                "weight_decay": params.weight_decay,
                 # torch's AdamW on the device; an offloaded optimizer on a GPU machine uses
                 # DeepSpeedCPUAdam (compiled on first use), which is what offload is measured with.
                 "torch_adam": not (offload_optimizer and on_gpu),
             },
         },
         "zero_optimization": zero,
-        "fp16": {"enabled": params["precision"] == "fp16", "initial_scale_power": 16},
-        "bf16": {"enabled": params["precision"] == "bf16"},
+        "fp16": {"enabled": params.precision == "fp16", "initial_scale_power": 16},
+        "bf16": {"enabled": params.precision == "bf16"},
         "steps_per_print": 2**31 - 1,  # the worker reports progress; DeepSpeed's own lines are noise
         "wall_clock_breakdown": False,
     }
-    if params["tp"] > 1:
-        config["tensor_parallel"] = {"autotp_size": params["tp"],
+    if params.tp > 1:
+        config["tensor_parallel"] = {"autotp_size": params.tp,
                                      "partition_config": GPT_TENSOR_PARALLEL_LAYOUT}
         # DeepSpeed 0.19 checks train_batch_size against every rank, not the data-parallel ones, when
         # AutoTP comes from the config; left out, it is derived (the cell's global_batch is still
@@ -110,7 +111,7 @@ def _lm_head(embedding: nn.Embedding, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, embedding.weight)
 
 
-def pipeline_module(spec: ModelSpec, params: dict[str, Any]):
+def pipeline_module(spec: ModelSpec, params: CellParams):
     """trainbench's GPT as a DeepSpeed PipelineModule of `pp` stages (same layers, same loss)."""
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 
@@ -118,15 +119,15 @@ def pipeline_module(spec: ModelSpec, params: dict[str, Any]):
                          LayerSpec(PositionEmbedding, spec)]
     layers += [LayerSpec(Block, spec) for _ in range(spec.n_layer)]
     layers.append(LayerSpec(nn.LayerNorm, spec.d_model))
-    if params["head"] == "classifier":
-        layers.append(LayerSpec(ClassifierHead, spec, params["num_classes"]))
+    if params.head == "classifier":
+        layers.append(LayerSpec(ClassifierHead, spec, params.num_classes))
     else:  # GPT-2 ties the LM head to the token embedding: DeepSpeed keeps the copies in sync
         layers.append(TiedLayerSpec("embedding", nn.Embedding, spec.vocab_size, spec.d_model,
                                     forward_fn=_lm_head))
     # a classifier's loss is the same cross-entropy over its (batch, classes) logits
-    return PipelineModule(layers=layers, loss_fn=lm_loss, num_stages=params["pp"],
+    return PipelineModule(layers=layers, loss_fn=lm_loss, num_stages=params.pp,
                           partition_method="type:Block",
-                          activation_checkpoint_interval=1 if params["activation_checkpointing"] else 0,
+                          activation_checkpoint_interval=1 if params.activation_checkpointing else 0,
                           # blocks only, as GPT.forward does: the embedding's input (token ids) needs no grad
                           checkpointable_layers=["Block"])
 
@@ -156,7 +157,7 @@ class DeepSpeedRunner(StepRunner):
         self.config = deepspeed_config(self.p, self.ctx.device.type)
         # Wrap the process group the worker made; zero.Init reads the world size from it.
         deepspeed.init_distributed(dist_backend="nccl" if self.ctx.is_cuda else "gloo")
-        if self.p["pp"] > 1:
+        if self.p.pp > 1:
             return self._setup_pipeline(deepspeed)
         self.inner = self._build_model(deepspeed)
         self._params_total = sum(getattr(p, "ds_numel", p.numel()) for p in self.inner.parameters())
@@ -172,15 +173,15 @@ class DeepSpeedRunner(StepRunner):
         # data-parallel rank.
         from deepspeed.utils import groups
 
-        data_rank = groups.get_data_parallel_rank() if self.p["tp"] > 1 else self.ctx.rank
-        if self.p["tp"] > 1 and groups.get_tensor_model_parallel_world_size() != self.p["tp"]:
+        data_rank = groups.get_data_parallel_rank() if self.p.tp > 1 else self.ctx.rank
+        if self.p.tp > 1 and groups.get_tensor_model_parallel_world_size() != self.p.tp:
             raise RuntimeError(f"DeepSpeed made tensor-parallel groups of "
                                f"{groups.get_tensor_model_parallel_world_size()} ranks, "
-                               f"not tp={self.p['tp']}")
-        if self.p["checkpoint_in_cpu"]:
+                               f"not tp={self.p.tp}")
+        if self.p.checkpoint_in_cpu:
             from trainbench.training.gpt import CheckpointsInHostMemory
 
-            group = groups.get_tensor_model_parallel_group() if self.p["tp"] > 1 else None
+            group = groups.get_tensor_model_parallel_group() if self.p.tp > 1 else None
             self.engine.module.checkpoint_storage = CheckpointsInHostMemory(group)
         self.batches = self.ctx.batches(rank=data_rank)
 
@@ -188,9 +189,9 @@ class DeepSpeedRunner(StepRunner):
         spec = self.ctx.built_spec
         with self.ctx.device:
             self.inner = pipeline_module(spec, self.p)  # only this stage's layers are built
-        init_pipeline_weights(self.inner, spec, self.p["seed"])
+        init_pipeline_weights(self.inner, spec, self.p.seed)
         # each stage holds a part: the whole model is the spec's count (tied embedding once)
-        self._params_total = spec.param_count(self.p["head"], self.p["num_classes"])
+        self._params_total = spec.param_count(self.p.head, self.p.num_classes)
         self.engine, _, _, _ = deepspeed.initialize(
             model=self.inner, model_parameters=[q for q in self.inner.parameters() if q.requires_grad],
             config=self.config)
@@ -207,20 +208,20 @@ class DeepSpeedRunner(StepRunner):
         the engine's dtype. The received buffer then stays as allocated (zeros)."""
         engine = self.engine
         dtype = next(engine.module.parameters()).dtype
-        shape = [self.p["micro_batch"], self.p["seq_len"], spec.d_model]
+        shape = [self.p.micro_batch, self.p.seq_len, spec.d_model]
         engine._recv_tensor_meta = lambda _sender: engine._allocate_or_extend_buffers(0, shape, dtype)
 
     def _build_model(self, deepspeed) -> GPT:
         def new_model():
-            return GPT(self.ctx.built_spec, head=self.p["head"], num_classes=self.p["num_classes"],
-                       activation_checkpointing=self.p["activation_checkpointing"],
-                       attention=self.p["attention"])
+            return GPT(self.ctx.built_spec, head=self.p.head, num_classes=self.p.num_classes,
+                       activation_checkpointing=self.p.activation_checkpointing,
+                       attention=self.p.attention)
 
-        if self.stage < 3 or self.p["tp"] > 1:
+        if self.stage < 3 or self.p.tp > 1:
             # (with tensor parallelism AutoTP shards the built model inside deepspeed.initialize)
             with self.ctx.device:
                 model = new_model()
-            model.init_weights(self.p["seed"])
+            model.init_weights(self.p.seed)
             return model
         # ZeRO-3 partitions every layer as it is constructed, so no rank ever holds the whole model;
         # weights are then initialised one module at a time, gathered, written by rank 0.
@@ -229,15 +230,15 @@ class DeepSpeedRunner(StepRunner):
         for index, name, module in model.init_targets():
             with deepspeed.zero.GatheredParameters(list(module.parameters(recurse=False)), modifier_rank=0):
                 if self.ctx.rank == 0:
-                    model.init_module(index, name, module, self.p["seed"])
+                    model.init_module(index, name, module, self.p.seed)
         return model
 
     def train_step(self) -> torch.Tensor:
-        if self.p["pp"] > 1:
+        if self.p.pp > 1:
             # grad_accum micro batches through the stages, then the optimizer step; the mean loss
             # comes back to every stage
             return self.engine.train_batch(data_iter=self.pipeline_data).detach().float()
-        accumulation = self.p["grad_accum"]
+        accumulation = self.p.grad_accum
         total = torch.zeros((), device=self.ctx.device)
         for _ in range(accumulation):
             inputs, targets = self.batches.next()

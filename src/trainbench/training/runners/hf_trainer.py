@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from trainbench.study.params import CellParams
 from trainbench.training import emulation
 from trainbench.registry.frameworks import offloads, strategy_of
 from trainbench.registry.models import ModelSpec
@@ -42,10 +43,10 @@ def llama_config(spec: ModelSpec, attention: str = "sdpa"):
                        attn_implementation="eager" if attention == "eager" else "sdpa", use_cache=False)
 
 
-def deepspeed_config(params: dict[str, Any], device_type: str) -> dict[str, Any]:
+def deepspeed_config(params: CellParams, device_type: str) -> dict[str, Any]:
     """The study's ZeRO-3 config; "auto" values are filled in by the Trainer from its arguments."""
     on_gpu = device_type == "cuda"
-    pin = params["pin_memory"] and on_gpu
+    pin = params.pin_memory and on_gpu
     offload_optimizer, offload_param = offloads(params)
     zero: dict[str, Any] = {
         "stage": 3, "overlap_comm": True, "contiguous_gradients": True, "sub_group_size": 1e9,
@@ -70,25 +71,25 @@ def deepspeed_config(params: dict[str, Any], device_type: str) -> dict[str, Any]
     }
 
 
-def training_arguments(params: dict[str, Any], spec: ModelSpec, output_dir: Path, device_type: str,
+def training_arguments(params: CellParams, spec: ModelSpec, output_dir: Path, device_type: str,
                        max_steps: int) -> dict[str, Any]:
     """The Trainer's arguments for a cell: the study's recipe, with a fixed number of steps."""
     on_gpu = device_type == "cuda"
     args: dict[str, Any] = dict(
-        output_dir=str(output_dir), max_steps=max_steps, per_device_train_batch_size=params["micro_batch"],
-        gradient_accumulation_steps=params["grad_accum"], learning_rate=params["lr"],
+        output_dir=str(output_dir), max_steps=max_steps, per_device_train_batch_size=params.micro_batch,
+        gradient_accumulation_steps=params.grad_accum, learning_rate=params.lr,
         # the study: 3% of the steps warm the learning rate up (a float below 1 is a ratio), cosine after
-        weight_decay=params["weight_decay"], warmup_steps=0.03, lr_scheduler_type="cosine",
-        bf16=params["precision"] == "bf16", fp16=params["precision"] == "fp16",
-        tf32=bool(params["tf32"]) if on_gpu else None,
-        gradient_checkpointing=params["activation_checkpointing"],
-        gradient_checkpointing_kwargs=({"use_reentrant": False} if params["activation_checkpointing"]
+        weight_decay=params.weight_decay, warmup_steps=0.03, lr_scheduler_type="cosine",
+        bf16=params.precision == "bf16", fp16=params.precision == "fp16",
+        tf32=bool(params.tf32) if on_gpu else None,
+        gradient_checkpointing=params.activation_checkpointing,
+        gradient_checkpointing_kwargs=({"use_reentrant": False} if params.activation_checkpointing
                                        else None),
         # No checkpoint: the Trainer saves one at the end of any run with a save strategy, and a
         # 7B model's takes longer than the measured steps. (The study checkpoints every 100 steps,
         # keeping 1; its projected run time leaves that out.) No evaluation, as in the study.
         save_strategy="no", eval_strategy="no",
-        logging_strategy="no", report_to=[], disable_tqdm=True, seed=params["seed"], data_seed=params["seed"],
+        logging_strategy="no", report_to=[], disable_tqdm=True, seed=params.seed, data_seed=params.seed,
         dataloader_drop_last=True, use_cpu=not on_gpu, ddp_find_unused_parameters=False,
         average_tokens_across_devices=False,  # each rank's loss is its own tokens' mean
     )
@@ -180,17 +181,17 @@ class HfTrainerRunner(LoopRunner):
         # Made before the model: with a ZeRO-3 config it tells transformers to build inside zero.Init.
         self.args = TrainingArguments(**training_arguments(p, spec, Path(self.ctx.work_dir) / "trainer",
                                                            self.ctx.device.type, self.max_steps))
-        config = llama_config(spec, p["attention"])
-        torch.manual_seed(p["seed"])
+        config = llama_config(spec, p.attention)
+        torch.manual_seed(p.seed)
         if sharded and self.ctx.is_cuda:
-            self.hf_model = build_for_fsdp(spec, self.ctx.device, p["attention"])
+            self.hf_model = build_for_fsdp(spec, self.ctx.device, p.attention)
         else:
             self.hf_model = LlamaForCausalLM._from_config(config)
             if zero and emulation.in_this_process() and self.ctx.rank != 0:
                 self._initialise_own_shards()
         self._params_total = sum(getattr(q, "ds_numel", q.numel()) for q in self.hf_model.parameters())
-        self.dataset = SyntheticTokens(self.max_steps * p["global_batch"], p["seq_len"], spec.vocab_size,
-                                       p["seed"])
+        self.dataset = SyntheticTokens(self.max_steps * p.global_batch, p.seq_len, spec.vocab_size,
+                                       p.seed)
 
     def _initialise_own_shards(self) -> None:
         """Under ZeRO-3 transformers initialises the weights on rank 0 and broadcasts them; an emulated
@@ -223,7 +224,7 @@ class HfTrainerRunner(LoopRunner):
                 loss = result[0] if return_outputs else result
                 # With num_items_in_batch the Trainer divides each micro batch's summed token loss by
                 # the tokens of the whole accumulated step: the step's mean loss is their sum.
-                scale = 1.0 if kwargs.get("num_items_in_batch") is not None else 1.0 / runner.p["grad_accum"]
+                scale = 1.0 if kwargs.get("num_items_in_batch") is not None else 1.0 / runner.p.grad_accum
                 runner._micro_losses.append(loss.detach().float() * scale)
                 return result
 
@@ -247,7 +248,7 @@ class HfTrainerRunner(LoopRunner):
         expected = self.strategy.wrapper if self.ctx.world_size > 1 else None
         if expected and wrapper != expected:
             raise RuntimeError(f"the Trainer wrapped the model in {wrapper}, not {expected}: it did not run "
-                               f"strategy {self.p['strategy']!r} as asked")
+                               f"strategy {self.p.strategy!r} as asked")
 
     def framework_config(self) -> dict[str, Any] | None:
         if self.deepspeed_config is None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from trainbench.study.params import CellParams
 from trainbench.training import sentiment
 from trainbench.registry.frameworks import offloads
 from trainbench.training.runners import LoopRunner, RunContext
@@ -45,7 +46,7 @@ def _module_class():
     import lightning as L
 
     class SequenceClassifier(L.LightningModule):
-        def __init__(self, model, params: dict):
+        def __init__(self, model, params: CellParams):
             super().__init__()
             self.model = model
             self.params = params
@@ -70,13 +71,13 @@ def _module_class():
 
         def configure_optimizers(self):
             p = self.params
-            if offloads(p)[0] and p["device"] == "cuda":
+            if offloads(p)[0] and p.device == "cuda":
                 # ZeRO-Offload refuses a client optimizer that is not DeepSpeed's CPU Adam
                 from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-                return DeepSpeedCPUAdam(self.parameters(), lr=p["lr"], weight_decay=p["weight_decay"],
+                return DeepSpeedCPUAdam(self.parameters(), lr=p.lr, weight_decay=p.weight_decay,
                                         adamw_mode=False)
-            return torch.optim.Adam(self.parameters(), lr=p["lr"], weight_decay=p["weight_decay"])
+            return torch.optim.Adam(self.parameters(), lr=p.lr, weight_decay=p.weight_decay)
 
     return SequenceClassifier
 
@@ -113,17 +114,17 @@ class LightningRunner(LoopRunner):
     def setup(self) -> None:
         p = self.p
         # exactly the samples the measured steps consume, spread over the ranks by Lightning's sampler
-        n_train = self.ctx.fixed_steps * p["global_batch"]
-        n_test = IMDB_TEST_SAMPLES if p["dataset_path"] else TEST_SAMPLES
+        n_train = self.ctx.fixed_steps * p.global_batch
+        n_test = IMDB_TEST_SAMPLES if p.dataset_path else TEST_SAMPLES
         self.train_split, self.test_split = sentiment.load(p, self.ctx.spec, n_train, n_test)
-        model = build_classifier(self.ctx.spec, p["num_classes"], p["pretrained_path"], p["deterministic"],
-                                 p["attention"])
+        model = build_classifier(self.ctx.spec, p.num_classes, p.pretrained_path, p.deterministic,
+                                 p.attention)
         self.module = _module_class()(model, p)
 
     def _loader(self, split: sentiment.Split, batch: int, shuffle: bool):
         dataset = torch.utils.data.TensorDataset(split.tokens, split.mask, split.labels)
         return torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=shuffle, drop_last=shuffle,
-                                           generator=torch.Generator().manual_seed(self.p["seed"]))
+                                           generator=torch.Generator().manual_seed(self.p.seed))
 
     def _trainer(self, recorder):
         import lightning as L
@@ -133,14 +134,14 @@ class LightningRunner(LoopRunner):
         p = self.p
         scratch = Path(self.ctx.work_dir)
         # its strategies are Lightning's names
-        strategy = "auto" if self.strategy.single_rank else p["strategy"]
+        strategy = "auto" if self.strategy.single_rank else p.strategy
         return L.Trainer(
-            accelerator="gpu" if self.ctx.is_cuda else "cpu", devices=p["gpus_per_node"],
-            num_nodes=p["nodes"],
-            strategy=strategy, precision=PRECISION[p["precision"]], deterministic=p["deterministic"],
-            max_steps=recorder.total, accumulate_grad_batches=p["grad_accum"], log_every_n_steps=10,
+            accelerator="gpu" if self.ctx.is_cuda else "cpu", devices=p.gpus_per_node,
+            num_nodes=p.nodes,
+            strategy=strategy, precision=PRECISION[p.precision], deterministic=p.deterministic,
+            max_steps=recorder.total, accumulate_grad_batches=p.grad_accum, log_every_n_steps=10,
             # the study's callbacks: a checkpoint at the end of training and a logger
-            callbacks=[_step_callback(recorder, p["grad_accum"]),
+            callbacks=[_step_callback(recorder, p.grad_accum),
                        ModelCheckpoint(dirpath=scratch / "checkpoints", save_last=False)],
             logger=CSVLogger(scratch / "logs"), enable_progress_bar=False, enable_model_summary=False,
             # one pass over the held-out set after the last step, outside the timed steps
@@ -149,8 +150,8 @@ class LightningRunner(LoopRunner):
     def train(self, recorder) -> None:
         self.trainer = self._trainer(recorder)
         self.trainer.fit(self.module,
-                         train_dataloaders=self._loader(self.train_split, self.p["micro_batch"], True),
-                         val_dataloaders=self._loader(self.test_split, self.p["micro_batch"], False))
+                         train_dataloaders=self._loader(self.train_split, self.p.micro_batch, True),
+                         val_dataloaders=self._loader(self.test_split, self.p.micro_batch, False))
 
     def results(self) -> dict:
         return {"test_accuracy": self.module.accuracy, "dataset": self.train_split.source,

@@ -81,17 +81,17 @@ class ShardedGradScaler:
 class TorchRunner(StepRunner):
     def __init__(self, context: RunContext):
         super().__init__(context)
-        self.dtype = DTYPES[self.p["precision"]]
+        self.dtype = DTYPES[self.p.precision]
         self.sharded = self.strategy.layout == "fsdp"
-        self.tp = self.p["tp"]  # > 1 only where the strategy has tensor parallelism (frameworks.check)
+        self.tp = self.p.tp  # > 1 only where the strategy has tensor parallelism (frameworks.check)
         self.data_parallel = self.strategy.layout == "replicated" and not self.strategy.single_rank
         self.inner: GPT | None = None
         self.wrapped: torch.nn.Module | None = None
         self.tp_group = None  # the tensor-parallel process group, where tp > 1
 
     def _new_model(self) -> GPT:
-        return GPT(self.ctx.built_spec, head=self.p["head"], num_classes=self.p["num_classes"],
-                   activation_checkpointing=self.p["activation_checkpointing"], attention=self.p["attention"])
+        return GPT(self.ctx.built_spec, head=self.p.head, num_classes=self.p.num_classes,
+                   activation_checkpointing=self.p.activation_checkpointing, attention=self.p.attention)
 
     def setup(self) -> None:
         device = self.ctx.device
@@ -101,22 +101,22 @@ class TorchRunner(StepRunner):
         else:
             with device:
                 self.inner = self._new_model()
-            self.inner.init_weights(self.p["seed"])
+            self.inner.init_weights(self.p.seed)
             self.wrapped = self.inner
             if self.data_parallel:
                 self.wrapped = DistributedDataParallel(
                     self.inner, device_ids=[device.index] if self.ctx.is_cuda else None)
-            if self.p["compile"]:
+            if self.p.compile:
                 self.wrapped = torch.compile(self.wrapped)
-        if self.p["checkpoint_in_cpu"]:
+        if self.p.checkpoint_in_cpu:
             from trainbench.training.gpt import CheckpointsInHostMemory
 
             self.inner.checkpoint_storage = CheckpointsInHostMemory(self.tp_group)
-        on_device = self.ctx.is_cuda and not self.p["offload_param"]
-        self.optimizer = torch.optim.AdamW(self.inner.parameters(), lr=self.p["lr"],
-                                           weight_decay=self.p["weight_decay"], fused=on_device or None)
+        on_device = self.ctx.is_cuda and not self.p.offload_param
+        self.optimizer = torch.optim.AdamW(self.inner.parameters(), lr=self.p.lr,
+                                           weight_decay=self.p.weight_decay, fused=on_device or None)
         # Only fp16 needs loss scaling; the scaler is a no-op pass-through when disabled.
-        fp16 = self.p["precision"] == "fp16"
+        fp16 = self.p.precision == "fp16"
         self.scaler = (ShardedGradScaler(device, fp16) if self.sharded
                        else torch.amp.GradScaler(device.type, enabled=fp16))
         # the ranks of a tensor-parallel group (adjacent ranks) compute on the same batch
@@ -139,31 +139,31 @@ class TorchRunner(StepRunner):
             options = {"mesh": mesh["dp"]}
         else:
             options = {"mesh": init_device_mesh(device.type, (self.ctx.world_size,))}
-        if self.p["precision"] != "fp32":
+        if self.p.precision != "fp32":
             options["mp_policy"] = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
-        if self.p["offload_param"]:
-            options["offload_policy"] = CPUOffloadPolicy(pin_memory=self.ctx.is_cuda and self.p["pin_memory"])
+        if self.p.offload_param:
+            options["offload_policy"] = CPUOffloadPolicy(pin_memory=self.ctx.is_cuda and self.p.pin_memory)
         for block in model.blocks:
-            if self.p["compile"]:
+            if self.p.compile:
                 block.compile()
             fully_shard(block, **options)
         fully_shard(model, **options)
         # With CPU offload the sharded parameters live in host memory; FSDP copies them in per use.
-        home = torch.device("cpu") if self.p["offload_param"] else device
+        home = torch.device("cpu") if self.p.offload_param else device
         if self.tp > 1:
             from trainbench.training.tensor_parallel import materialise
 
             # every parameter drawn whole on the device, one at a time, and this rank's shard kept:
             # the weights of a plain build, whatever tp and dp
-            materialise(model, home, device, self.p["seed"], self.tp)
+            materialise(model, home, device, self.p.seed, self.tp)
         else:
             model.to_empty(device=home)
-            model.init_weights(self.p["seed"])
+            model.init_weights(self.p.seed)
         return model
 
     def _autocast(self):
         # FSDP casts through its policy; autocast on top would only add casts.
-        if self.p["precision"] == "fp32" or self.sharded:
+        if self.p.precision == "fp32" or self.sharded:
             return contextlib.nullcontext()
         return torch.autocast(self.ctx.device.type, dtype=self.dtype)
 
@@ -187,7 +187,7 @@ class TorchRunner(StepRunner):
     def train_step(self) -> torch.Tensor:
         from trainbench.training.tensor_parallel import local_loss
 
-        accumulation = self.p["grad_accum"]
+        accumulation = self.p.grad_accum
         total = torch.zeros((), device=self.ctx.device)
         for micro in range(accumulation):
             inputs, targets = self.batches.next()
@@ -205,14 +205,14 @@ class TorchRunner(StepRunner):
 
     def framework_config(self) -> dict:
         """How torch wrapped, compiled and optimised this run (what a DeepSpeed JSON says for DeepSpeed)."""
-        on_device = self.ctx.is_cuda and not self.p["offload_param"]
+        on_device = self.ctx.is_cuda and not self.p.offload_param
         config = {"wrapper": "fully_shard" if self.sharded else "DistributedDataParallel"
                              if self.data_parallel else None,
-                  "compile": bool(self.p["compile"]), "autocast": None if self.sharded else
-                  (None if self.p["precision"] == "fp32" else str(self.dtype)),
-                  "optimizer": {"type": "AdamW", "lr": self.p["lr"], "weight_decay": self.p["weight_decay"],
+                  "compile": bool(self.p.compile), "autocast": None if self.sharded else
+                  (None if self.p.precision == "fp32" else str(self.dtype)),
+                  "optimizer": {"type": "AdamW", "lr": self.p.lr, "weight_decay": self.p.weight_decay,
                                 "fused": on_device},
-                  "grad_scaler": None if self.p["precision"] != "fp16" else type(self.scaler).__name__}
+                  "grad_scaler": None if self.p.precision != "fp16" else type(self.scaler).__name__}
         if self.sharded and self.tp > 1:
             from trainbench.training.tensor_parallel import COLUMN_PARALLEL, ROW_PARALLEL
 
@@ -227,9 +227,9 @@ class TorchRunner(StepRunner):
             config["fully_shard"] = {
                 "units": "every Block, then the root",
                 "mesh": [self.ctx.world_size // self.tp, self.tp] if self.tp > 1 else [self.ctx.world_size],
-                "mp_policy": None if self.p["precision"] == "fp32" else {"param_dtype": str(self.dtype),
+                "mp_policy": None if self.p.precision == "fp32" else {"param_dtype": str(self.dtype),
                                                                         "reduce_dtype": "torch.float32"},
-                "offload_policy": "CPUOffloadPolicy" if self.p["offload_param"] else None}
+                "offload_policy": "CPUOffloadPolicy" if self.p.offload_param else None}
         return config
 
     def model(self) -> torch.nn.Module:
