@@ -4,9 +4,11 @@ of the package touched."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -110,3 +112,53 @@ def test_the_deepspeed_ops_a_cell_builds_are_cpu_adam_for_an_optimizer_offloaded
     resolve = CellParams.resolve
 
     assert deepspeed_ops(resolve({"model": "gpt2-tiny", "device": "cuda", "gpus": 2, **params})) == ops
+
+
+# --- no module outside the registry names a framework ----------------------------------------------
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "trainbench"
+# where a framework's name may appear: its registration, and the runners (each imports its framework)
+NAMES_FRAMEWORKS = ("registry/frameworks.py", "training/runners/")
+# String constants that spell a framework's name but mean something else, or must be written out:
+# (module, string): how many times, and why. Any other occurrence, or a count that changed, fails.
+NOT_A_FRAMEWORK_FACT = {
+    # the `framework` parameter's default: the parameter table is the schema's source, read without
+    # loading the registry, and the default is part of every cell's identity (a cell that leaves it
+    # unset is a torch cell, with that hash); it names the framework, it says nothing about it
+    ("study/params.py", "torch"): (1, "the framework parameter's default"),
+    ("study/params.py", "deepspeed"): (1, "the launcher parameter's choice: the DeepSpeed launcher"),
+    ("execute/launch.py", "deepspeed"): (1, "the DeepSpeed launcher, which any framework may start with"),
+    ("execute/provenance.py", "torch"): (2, "Python packages whose versions a run records"),
+    ("execute/provenance.py", "deepspeed"): (2, "Python packages whose versions a run records"),
+    ("execute/provenance.py", "lightning"): (2, "Python packages whose versions a run records"),
+    ("execute/results.py", "torch"): (1, "a package version a result records"),
+    ("execute/results.py", "deepspeed"): (1, "a package version a result records"),
+    ("execute/results.py", "lightning"): (1, "a package version a result records"),
+    ("reporting/tables.py", "torch"): (1, "torch's version, in the table's hardware line"),
+}
+
+
+def framework_names_outside_the_registry() -> dict[tuple[str, str], int]:
+    names = {name for name in REGISTRY}
+    found: dict[tuple[str, str], int] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = path.relative_to(PACKAGE).as_posix()
+        if module.startswith(NAMES_FRAMEWORKS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+                found[module, node.value] = found.get((module, node.value), 0) + 1
+    return found
+
+
+def test_no_module_outside_the_registry_names_a_framework():
+    """A framework's facts (the time and memory models' included) are attributes of its Framework:
+    a model that branched on `params["framework"] == "torch"`, or a table of constants keyed by
+    framework name, would miss a framework registered elsewhere (TRAINBENCH_PLUGINS)."""
+    assert {"torch", "deepspeed", "lightning", "hf_trainer"} <= set(REGISTRY)
+    found = framework_names_outside_the_registry()
+    allowed = {key: count for key, (count, _) in NOT_A_FRAMEWORK_FACT.items()}
+    named = {key: count for key, count in found.items() if allowed.get(key) != count}
+    assert not named, f"framework names as string constants outside {NAMES_FRAMEWORKS}: {named}"
+    stale = {key: count for key, count in allowed.items() if found.get(key) != count}
+    assert not stale, f"allowed occurrences no longer there (update NOT_A_FRAMEWORK_FACT): {stale}"

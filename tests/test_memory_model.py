@@ -229,7 +229,7 @@ def test_compiled_gpt_cells_save_less_and_keep_no_fp32_logits_at_a_padded_vocabu
     eager = resolve({"model": "gpt2-124m", "precision": "bf16", "micro_batch": 8, "seq_len": 1024})
     compiled = eager.replace(compile=True)
     spec = get_model("gpt2-124m")
-    padded = {**compiled, "vocab_multiple": 64}
+    padded = compiled.replace(vocab_multiple=64)
     assert activations(compiled, spec) < activations(eager, spec)
     logits_fp32 = 8 * 1024 * spec.vocab_size * 4
     assert activations(compiled, spec) - activations(padded, spec.with_vocab_multiple(64)) == pytest.approx(
@@ -250,18 +250,18 @@ def test_a_torch_loop_without_accumulation_holds_the_larger_of_gradients_and_act
     backward makes them as it frees the activations; accumulating keeps both (the holdout study's
     torch cells against the baseline's)."""
     cell = {"model": "gpt-2.5b", "device": "cuda", "seq_len": 1024, "precision": "bf16", "micro_batch": 4}
-    alone = predict(resolve(cell.replace(grad_accum=1)))
-    accumulating = predict(resolve(cell.replace(grad_accum=2)))
+    alone = predict(resolve({**cell, "grad_accum": 1}))
+    accumulating = predict(resolve({**cell, "grad_accum": 2}))
     psi_bytes = 4 * get_model("gpt-2.5b").param_count() / 2**20
     assert "gradients" not in alone.parts_mib and "gradients_beyond_activations" not in alone.parts_mib
     assert accumulating.parts_mib["gradients"] == pytest.approx(psi_bytes, rel=0.01)
     assert alone.parts_mib["activations"] == accumulating.parts_mib["activations"]
     # a tiny batch, whose activations are less than the gradients: only the excess counts
-    small = predict(resolve(cell.replace(grad_accum=1, micro_batch=1, seq_len=64)))
+    small = predict(resolve({**cell, "grad_accum": 1, "micro_batch": 1, "seq_len": 64}))
     assert small.parts_mib["gradients_beyond_activations"] == pytest.approx(
         psi_bytes - small.parts_mib["activations"], rel=0.01)
     # DeepSpeed's engine keeps its gradient partitions: not the torch loop's rule
-    engine = predict(resolve(cell.replace(grad_accum=1, framework="deepspeed", strategy="zero0")))
+    engine = predict(resolve({**cell, "grad_accum": 1, "framework": "deepspeed", "strategy": "zero0"}))
     assert engine.parts_mib["gradients"] > 0
 
 

@@ -96,8 +96,8 @@ def test_more_offload_is_slower_and_checkpointing_costs_a_forward():
     constants = time_model.Constants()
     zero3 = cell(model="gpt-2.5b", strategy="zero3")
     times = [time_model.predict(p, H200, constants).step_time_s for p in
-             (zero3, {**zero3, "offload_optimizer": True},
-              {**zero3, "offload_optimizer": True, "offload_param": True})]
+             (zero3, zero3.replace(offload_optimizer=True),
+              zero3.replace(offload_optimizer=True, offload_param=True))]
     assert times[0] < times[1] < times[2]
     plain = time_model.work(cell(model="gpt-2.5b"), H200)
     recomputed = time_model.work(cell(model="gpt-2.5b", activation_checkpointing=True), H200)

@@ -237,7 +237,7 @@ def model_states(params: CellParams, spec: ModelSpec) -> tuple[dict[str, float],
 
 def _compiled(params: CellParams, spec: ModelSpec) -> bool:
     """Whether torch.compile (inductor) builds the backward of trainbench's GPT in this cell."""
-    return bool(params.compile) and spec.family == "gpt" and params.framework == "torch"
+    return bool(params.compile) and spec.family in framework_of(params).compiles
 
 
 def _block_tensors(spec: ModelSpec, compiled: bool = False) -> list[tuple[float, str]]:

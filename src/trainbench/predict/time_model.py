@@ -75,8 +75,8 @@ from typing import Any
 
 import numpy as np
 
+from trainbench.registry.frameworks import framework_of, offloads, registry, strategy_of
 from trainbench.study.params import CellParams
-from trainbench.registry.frameworks import offloads, strategy_of
 from trainbench.registry.hardware import GpuType, peak_flops
 from trainbench.predict.memory_model import (block_bytes_per_token, eager_score_bytes_per_token, shard_params,
                                      vocab_parallel)
@@ -103,7 +103,7 @@ class Work:
     """What one optimizer step asks of the busiest GPU of a cell, in physical units (seconds at 100% of
     the hardware's figure, counts): nothing here is fitted."""
 
-    loop: str  # whose training loop drives the step (a fixed cost per step; "" for the DeepSpeed runner's)
+    loop: str  # whose training loop drives the step (a fixed cost per step; "" for one without: TimeFacts)
     engine: str  # DeepSpeed's engine, by ZeRO stage ("ZeRO-0", "ZeRO-1/2", "ZeRO-3"; "" without it)
     matmul_s: float  # FLOPs / peak
     elementwise_s: float  # bytes a block moves outside matmuls (one pass) / HBM bandwidth
@@ -143,10 +143,11 @@ class Constants:
     cpu_torch_per_thread: float = 2e7  # parameters per second per thread, torch's Adam on the host
     cpu_unscale_per_thread: float = 1e8  # gradient elements per second per thread, ZeRO-3 offload's checks
     cpu_host_rate: float = 4e9  # parameters per second the host's memory lets its CPU optimizers step
-    # fixed cost per step of each training loop and of DeepSpeed's engine at each ZeRO stage
+    # fixed cost per step of each framework's training loop (keyed by its name; the starting values are
+    # the registry's, frameworks.TimeFacts) and of DeepSpeed's engine at each ZeRO stage
     step_s: dict[str, float] = field(default_factory=lambda: {
-        "torch": 0.005, "lightning": 0.02, "hf_trainer": 0.05, "ZeRO-0": 0.02, "ZeRO-1/2": 0.02,
-        "ZeRO-3": 0.02})
+        **{f.name: f.time.loop_step_s for f in registry().values() if f.time.loop_step_s is not None},
+        "ZeRO-0": 0.02, "ZeRO-1/2": 0.02, "ZeRO-3": 0.02})
     gpu: str = "h200"  # the GPU type they were fitted on
     fitted_on: str = ""  # what they were fitted on (cells, command)
 
@@ -208,7 +209,7 @@ def _link_gb_s(gpu: GpuType, crosses_nodes: bool) -> float:
 def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREADS) -> Work:
     """The physical work of one optimizer step of a cell on the busiest GPU of `gpu`s."""
     spec: ModelSpec = get_model(params.model)
-    strategy = strategy_of(params)
+    framework, strategy = framework_of(params), strategy_of(params)
     layout, stage = strategy.layout, strategy.zero_stage
     offload_optimizer, offload_param = offloads(params)
     tp, pp, dp, ga, mb = params.tp, params.pp, params.dp, params.grad_accum, params.micro_batch
@@ -263,14 +264,14 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
         budget = 2 / 3 / ga  # the last micro batch's backward
     elif layout == "fsdp" and dp > 1:
         # weights gathered for forward and backward of every micro batch, gradients reduce-scattered
-        # once (accumulation without synchronisation); torch's FSDP2 reduces in fp32
-        reduce_bytes = 4 if params.framework == "torch" else weight_bytes
+        # once (accumulation without synchronisation), in the framework's reduce dtype (torch's FSDP2: fp32)
+        reduce_bytes = framework.memory.fsdp_reduce_bytes or weight_bytes
         overlapped = (2 * ga * weight_bytes + reduce_bytes) * ring * psi / dp_link
         calls += (2 * ga + 1) * spec.n_layer
     elif layout == "zero":
         grad_bytes = weight_bytes
         hides = params.overlap_comm if params.overlap_comm is not None else (
-            stage == 3 or params.framework == "lightning")
+            stage == 3 or framework.time.zero_overlaps_comm)
         if stage == 0 and dp > 1:
             traffic = 2 * ring * grad_bytes * psi / dp_link
         elif stage in (1, 2):
@@ -322,7 +323,7 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
         torch_optimizer_hbm = OPTIMIZER_BYTES * stepped / hbm
 
     return Work(
-        loop="" if params.framework == "deepspeed" else params.framework,
+        loop="" if framework.time.loop_step_s is None else framework.name,
         engine="" if layout != "zero" else f"ZeRO-{'1/2' if stage in (1, 2) else stage}",
         matmul_s=tokens * per_token / peak, elementwise_s=elementwise / hbm,
         layer_passes=ga * layers * passes, calls=calls, micro_link_s=micro_link,

@@ -1,11 +1,12 @@
 """The frameworks trainbench runs, and every fact the package knows about each: one Framework per
 runner, registered here in one line. The config schema's choices, the cell checks, `trainbench
-strategies` and `models`, the memory model and the worker all read REGISTRY; no other module names a
-framework or parses a strategy's name.
+strategies` and `models`, the memory and time models and the worker all read REGISTRY; no other module
+names a framework or parses a strategy's name (tests/test_frameworks.py scans the package for one).
 
 A framework says how to build its runner (imported only when a cell runs), which model families that
 runner builds, its strategies with their structured attributes (memory layout, ZeRO stage, what they
-offload, whether they split the model), and the few memory constants that belong to it.
+offload, whether they split the model), the few memory facts and time-model facts that belong to it
+(`MemoryFacts`, `TimeFacts`), and which model families it compiles.
 
 Two kinds of answer come out of `check`: a user mistake (offload on DDP, `single` on 4 GPUs), which
 is a config error naming the key; and a fact about the software stack (Lightning has no ColossalAI
@@ -89,8 +90,24 @@ class MemoryFacts:
     eager_attention_when_deterministic: bool = False  # deterministic runs use eager attention (s x s scores)
     # The bytes per element FSDP reduce-scatters gradients in, where its mixed precision reduces in another
     # dtype than it computes (torch's FSDP2 here: MixedPrecisionPolicy(reduce_dtype=float32)); None: the
-    # compute dtype
+    # compute dtype. The time model reads it too: the bytes of the reduce-scatter
     fsdp_reduce_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class TimeFacts:
+    """What the time model (trainbench.predict.time_model) needs to know of a framework beyond its
+    strategies' layouts."""
+
+    # The starting value, in seconds, of the fixed cost per step of the framework's own training loop:
+    # a constant of the time model, fitted as `Constants.step_s[<the framework's name>]` (the fitted
+    # values in time_model_constants.json are keyed by name). None: the framework adds no loop of its
+    # own to the step (the DeepSpeed runner: its fixed cost is the engine's, by ZeRO stage)
+    loop_step_s: float | None = 0.02
+    # Its DeepSpeed config overlaps ZeRO's gradient reduction with backward at every stage where a
+    # cell leaves overlap_comm unset (Lightning's DeepSpeedStrategy sets overlap_comm=True); False:
+    # DeepSpeed's default, overlapped at stage 3 only
+    zero_overlaps_comm: bool = False
 
 
 @dataclass(frozen=True)
@@ -103,6 +120,11 @@ class Framework:
     memory: MemoryFacts = MemoryFacts()
     honours: tuple[str, ...] = ()  # optional parameters its runner reads (others must stay unset)
     launchers: tuple[str, ...] = ("python", "torchrun")  # how its ranks may start
+    time: TimeFacts = TimeFacts()
+    # model families whose blocks its runner torch.compiles where a cell sets compile; others ignore the
+    # setting. Inductor's backward saves fewer tensors: the memory and time models count that for
+    # trainbench's GPT (memory_model._block_tensors), any other family as if uncompiled
+    compiles: tuple[str, ...] = ()
 
     def strategy(self, name: str) -> Strategy | None:
         return next((s for s in self.strategies if s.name == name), None)
@@ -184,7 +206,7 @@ register(Framework(
                  "tensor parallel", layout="fsdp", offload_param=OPTIONAL, tensor_parallel=SHARDED_TP),
     ),
     MemoryFacts(fsdp_casts_parameters=True, replicated_gradients_freed=True, fsdp_reduce_bytes=4),
-    honours=("checkpoint_in_cpu",)))
+    honours=("checkpoint_in_cpu",), time=TimeFacts(loop_step_s=0.005), compiles=("gpt",)))
 
 register(Framework(
     "deepspeed", "the DeepSpeed engine: ZeRO stages 0-3, offload, AutoTP tensor and pipeline parallelism",
@@ -200,7 +222,7 @@ register(Framework(
                  tensor_parallel=AUTOTP, pipeline_parallel=True),
     ),
     honours=("overlap_comm", "checkpoint_in_cpu"),
-    launchers=("python", "torchrun", "deepspeed")))
+    launchers=("python", "torchrun", "deepspeed"), time=TimeFacts(loop_step_s=None)))
 
 register(Framework(
     "lightning", "Lightning's Trainer with its own strategies (a DistilBERT-sized classifier)",
@@ -216,7 +238,7 @@ register(Framework(
     MemoryFacts(host_extra_mib={"cpu": 250.0, "cuda": 900.0},
                 reduce_bucket_elements=lambda spec: 2e8,  # DeepSpeedStrategy(reduce_bucket_size=2e8)
                 fsdp_accumulates_unsharded=True, eager_attention_when_deterministic=True),
-    honours=("dataset_path", "pretrained_path")))
+    honours=("dataset_path", "pretrained_path"), time=TimeFacts(loop_step_s=0.02, zero_overlaps_comm=True)))
 
 register(Framework(
     "hf_trainer", "the Hugging Face Trainer (the Alpaca-style LLaMA fine-tuning recipe)",
@@ -230,7 +252,8 @@ register(Framework(
     # measured in tests on CPU ranks (70 MiB); on GPUs taken from Lightning's
     MemoryFacts(host_extra_mib={"cpu": 70.0, "cuda": 900.0},
                 reduce_bucket_elements=lambda spec: float(spec.d_model ** 2),  # the Trainer's "auto"
-                fsdp_accumulates_unsharded=True)))
+                fsdp_accumulates_unsharded=True),
+    time=TimeFacts(loop_step_s=0.05)))
 
 
 # --- what the registry says about a cell ---------------------------------------------------------
