@@ -239,7 +239,7 @@ def test_compiled_gpt_cells_save_less_and_keep_no_fp32_logits_at_a_padded_vocabu
         path = repo / cell.target
         if path.exists():
             doc = read_result(path)
-            predicted = allocated_mib(predict(doc["params"]).parts_mib)
+            predicted = allocated_mib(predict(CellParams.from_dict(doc["params"])).parts_mib)
             assert predicted == pytest.approx(doc["metrics"]["torch_peak_allocated_mib"][0], rel=0.16)
             measured += 1
     assert measured == 2
