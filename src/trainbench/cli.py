@@ -7,9 +7,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainbench.errors import ConfigError, UsageError
 from trainbench.registry.hardware import GPUS
+
+if TYPE_CHECKING:
+    from trainbench.study.grid import Cell
 
 
 def _config(path: str):
@@ -20,20 +24,19 @@ def _config(path: str):
     return load_checked(path)
 
 
-def cell_status(target: Path, params_hash: str) -> str:
-    """A cell's state on disk: missing, unreadable (with why: the workflow runs it again), or the
-    status in its metrics.json (marked stale if the cell's parameters changed since it ran, which is
-    when Snakemake reruns it)."""
-    from trainbench.execute.results import read_json, result_problem
+def cell_status(cell: Cell, target: Path) -> str:
+    """A cell's state on disk, as freshness.result_state decides it: missing, unreadable (with why: the
+    workflow runs it again), or the status in its metrics.json (marked stale if the cell's parameters
+    changed since it ran, which is when Snakemake reruns it)."""
+    from trainbench.reporting.freshness import INVALID, MISSING, STALE, result_state
 
-    if not target.exists():
+    state = result_state(cell, target)
+    if state.kind == MISSING:
         return "missing"
-    problem = result_problem(target)
-    if problem:
-        return f"unreadable ({problem[:120]})"
-    doc = read_json(target)
-    return (doc["status"] if doc["params_hash"] == params_hash
-            else f"{doc['status']} (stale: parameters changed)")
+    if state.kind == INVALID:
+        return f"unreadable ({state.why[:120]})"
+    status = state.result["status"]
+    return f"{status} (stale: parameters changed)" if state.kind == STALE else status
 
 
 def search_status(root: Path, study: str, cell_id: str) -> str:
@@ -75,7 +78,7 @@ def cmd_cells(args) -> int:
     for name in names:
         study = config.study(name)
         for cell in study.cells:
-            status = cell_status(Path(args.root) / cell.target, cell.params_hash)
+            status = cell_status(cell, Path(args.root) / cell.target)
             if status == "missing" and not cell.measured:
                 status = "planned"  # outside the study's `measure` selection: the table runs none
             elif (status == "missing" and not cell.unsupported

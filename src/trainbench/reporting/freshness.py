@@ -31,7 +31,7 @@ import hashlib
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
@@ -63,6 +63,40 @@ class Checked:
     parameters' hash it records."""
     problem: str | None
     params_hash: str | None
+
+
+MISSING, INVALID, STALE, CURRENT = "missing", "invalid", "stale", "current"
+
+
+@dataclass(frozen=True)
+class State:
+    """A cell's result as result_state finds it: MISSING (no file), INVALID (a file that is not a
+    result, `why`), STALE (a result made with other parameters) or CURRENT; `result` is the document
+    of a stale or current one, where it was read."""
+    kind: str
+    why: str = ""
+    result: dict | None = field(default=None, compare=False, repr=False)
+
+
+def result_state(cell: Cell, target: Path | str, checked: Checked | None = None) -> State:
+    """Is this cell's result current? The one place that decides, for `trainbench cells`, `trainbench
+    progress` and the workflow's plan (prepare) alike. `target` is the cell's metrics.json; `checked`,
+    what it was found to be if known (a plan's kept verdict), else the file is read. A file that does not
+    follow the schema (unreadable, edited, of another schema version) is INVALID: the workflow sets it
+    aside and runs the cell again. A result whose params_hash is not the cell's as config.yaml gives it
+    now is STALE: the workflow runs it again. Any other result is CURRENT, whatever its status."""
+    result = None
+    if checked is None:
+        if not Path(target).exists():
+            return State(MISSING)
+        try:
+            result = read_result(target)
+        except InvalidResult as error:
+            return State(INVALID, why_invalid(error))
+        checked = Checked(None, result.get("params_hash"))
+    if checked.problem:
+        return State(INVALID, checked.problem)
+    return State(CURRENT if checked.params_hash == cell.params_hash else STALE, result=result)
 
 
 @cache
@@ -116,12 +150,12 @@ def prepare(study: Study, root: Path | str = ".") -> set[str]:
     """Refresh the study's stamp, set invalid results aside (they run again); return the ids of its
     stale cells, after making sure the stamp is newer than each of their results."""
     stamp = refresh_stamp(study, root)
-    results = checked_results(study, root)
-    invalid = {cell_id: checked.problem for cell_id, checked in results.items() if checked.problem}
+    states = {cell_id: result_state(study.cell(cell_id), Path(root) / study.cell(cell_id).target, checked)
+              for cell_id, checked in checked_results(study, root).items()}
+    invalid = {cell_id: state.why for cell_id, state in states.items() if state.kind == INVALID}
     for cell_id, problem in invalid.items():
         set_aside(Path(root) / study.cell(cell_id).target, problem)
-    stale = {cell_id for cell_id, checked in results.items()
-             if not checked.problem and checked.params_hash != study.cell(cell_id).params_hash}
+    stale = {cell_id for cell_id, state in states.items() if state.kind == STALE}
     newest = max((os.stat(Path(root) / study.cell(i).target).st_mtime for i in stale), default=None)
     if invalid or (newest is not None and stamp.stat().st_mtime <= newest):
         os.utime(stamp)  # without Snakemake's metadata, a newer stamp is what reruns the table

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from trainbench.study.grid import Cell, Study
 from trainbench.execute.gpus import short_of_gpus
-from trainbench.execute.results import InvalidResult, read_result
+from trainbench.reporting import freshness
 
 DONE, RUNNING, FAILED, WAITING, ELSEWHERE = "done", "running", "failed", "waiting", "elsewhere"
 FAILED_STATUSES = ("failed", "timeout")
@@ -88,13 +88,9 @@ def survey(study: Study, root: Path, *, gpus_here: int, cluster: bool = False,
             continue
         target = root / cell.target
         work_dir = target.parent / WORK_DIR
-        result, problem = None, ""
-        if target.exists():
-            try:
-                result = read_result(target)
-            except InvalidResult as error:
-                problem = str(error).split(": ", 1)[1]
-        if result is not None and result["params_hash"] == cell.params_hash:
+        verdict = freshness.result_state(cell, target)  # whether its result is current: decided there
+        result = verdict.result
+        if verdict.kind == freshness.CURRENT:
             state = FAILED if result["status"] in FAILED_STATUSES else DONE
             text = result["status"] + (f": {result['reason']}" if result.get("reason") else "")
             progress = CellProgress(cell.cell_id, state, text,
@@ -104,8 +100,9 @@ def survey(study: Study, root: Path, *, gpus_here: int, cluster: bool = False,
         elif not cluster and not cell.unsupported and (short := short_of_gpus(cell.params, gpus_here)):
             progress = CellProgress(cell.cell_id, ELSEWHERE, f"{short} (this machine has {gpus_here})")
         else:
-            why = ("parameters changed since it ran" if result is not None
-                   else f"its result is not one ({problem[:80]})" if problem else "")
+            why = ("parameters changed since it ran" if verdict.kind == freshness.STALE
+                   else f"its result is not one ({verdict.why[:80]})" if verdict.kind == freshness.INVALID
+                   else "")
             progress = CellProgress(cell.cell_id, WAITING, why)
         found.append((cell, progress))
     walls = [p.wall_s for _, p in found if p.state in (DONE, FAILED) and p.wall_s]
