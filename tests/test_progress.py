@@ -76,7 +76,7 @@ def test_cells_are_counted_as_their_files_show_them_and_the_time_left_comes_from
     here = survey(study, root, gpus_here=0)
     assert [c.state for c in here.cells if c.cell_id in ids[:5]] == [RUNNING, FAILED, ELSEWHERE, ELSEWHERE,
                                                                        ELSEWHERE]
-    assert here.cells[2].note == f"needs {measured[2].params['gpus']} GPUs (this machine has 0)"
+    assert here.cells[2].note == f"needs {measured[2].params.gpus} GPUs (this machine has 0)"
     # ... through SLURM they wait for the cluster
     assert [c.state for c in survey(study, root, gpus_here=0, cluster=True).cells][:5] == [
         RUNNING, FAILED, WAITING, WAITING, WAITING]
