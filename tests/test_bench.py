@@ -130,3 +130,46 @@ def test_the_time_models_held_out_cells_are_predicted_and_never_fitted():
     rows = [line.split() for line in held if "offload optimizer 1g mb16x1" in line]
     assert sorted({int(r[7]) for r in rows}) == [1, 2, 4, 8, 16]  # the threads column
     assert "held out: 8 cells" in out
+
+
+def test_the_minimal_loop_is_gpt2_of_the_cells_shape_written_apart_from_trainbench():
+    # bench/minimal_loop.py: the independent reference of bench/minimal_vs_cell.py (issue 34)
+    import ast
+    import importlib.util
+
+    import torch
+
+    from trainbench.gpt import GPT
+    from trainbench.models import get_model
+
+    path = REPO / "bench" / "minimal_loop.py"
+    imported = {alias.name.split(".")[0] for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, (ast.Import, ast.ImportFrom))
+                for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])}
+    assert "trainbench" not in imported
+    spec = importlib.util.spec_from_file_location("minimal_loop", path)
+    minimal_loop = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(minimal_loop)
+    for size in ("124m", "350m"):
+        with torch.device("meta"):
+            minimal = minimal_loop.GPT(*minimal_loop.SIZES[size])
+            cell = GPT(get_model(f"gpt2-{size}").with_vocab_multiple(64))
+        assert minimal.wte.weight is minimal.lm_head.weight  # tied, as GPT-2 and the cells
+        assert (sum(p.numel() for p in minimal.parameters())
+                == sum(p.numel() for p in cell.parameters()))
+        # MFU's numerator: the cells' count leaves out the final LayerNorm, nanoGPT's keeps it
+        ours = get_model(f"gpt2-{size}").train_flops_per_token(1024)
+        assert abs(minimal_loop.flops_per_token(minimal) - ours) / ours < 2e-5
+
+
+def test_the_comparison_sorts_kernels_into_the_classes_its_attribution_names():
+    sys.path.insert(0, str(REPO / "bench"))
+    from minimal_vs_cell import classify, generic
+
+    assert classify("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT") == "matmul"
+    assert classify("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26") == "attention"
+    assert classify("triton_red_fused__log_softmax__to_copy__unsafe_view_prepare_softmax_online") == "loss"
+    assert classify("triton_poi_fused_gelu_gelu_backward_view") == "fused (compiler)"
+    assert classify("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>") == "optimizer"
+    assert classify("Memcpy HtoD (Pageable -> Device)") == "copies and fills"
+    assert generic("triton_poi_fused_add_12") == "triton_poi_fused_add"
