@@ -73,8 +73,8 @@ def generic(kernel: str) -> str:
     return re.sub(r"_\d+$", "", kernel)[:150]
 
 
-def cell_params(size: str) -> dict:
-    from trainbench.config import load_config
+def cell_params(size: str):
+    from trainbench.study.config import load_config
 
     return load_config(REPO / "config.yaml").study("baseline").cell(CELLS[size]).params
 
@@ -112,16 +112,16 @@ class Loop:
 def build_loops(size: str, variants: list[str], fix_builders: list[str]) -> tuple[dict, dict[str, Loop]]:
     import minimal_loop
     from bare_loop import build_step
-    from trainbench.models import get_model
+    from trainbench.registry.models import get_model
 
     params = cell_params(size)
-    tokens = params["micro_batch"] * params["grad_accum"] * params["seq_len"]
-    flops = get_model(params["model"]).train_flops_per_token(params["seq_len"])  # the cells' MFU numerator
+    tokens = params.micro_batch * params.grad_accum * params.seq_len
+    flops = get_model(params.model).train_flops_per_token(params.seq_len)  # the cells' MFU numerator
     loops = {"cell": Loop("cell", build_step(params), tokens, flops)}
-    step, _ = minimal_loop.build(size, params["micro_batch"], accum=params["grad_accum"])
+    step, _ = minimal_loop.build(size, params.micro_batch, accum=params.grad_accum)
     loops["minimal"] = Loop("minimal", step, tokens, flops)
     if "nobias" in variants:
-        step, _ = minimal_loop.build(size, params["micro_batch"], accum=params["grad_accum"], bias=False)
+        step, _ = minimal_loop.build(size, params.micro_batch, accum=params.grad_accum, bias=False)
         loops["minimal nobias"] = Loop("minimal nobias", step, tokens, flops)
     for spec in (fix_builders if "cellfix" in variants else []):
         module, name = spec.split(":")
@@ -129,7 +129,7 @@ def build_loops(size: str, variants: list[str], fix_builders: list[str]) -> tupl
     return params, loops
 
 
-def cell_nanogpt_groups(params: dict):
+def cell_nanogpt_groups(params):
     """The cell's step (bench/bare_loop.py) with the minimal loop's optimizer: nanoGPT's two parameter
     groups (no weight decay on biases and LayerNorms) and betas (0.9, 0.95)."""
     import torch
@@ -151,7 +151,7 @@ def cell_nanogpt_groups(params: dict):
         torch.optim.AdamW = original
 
 
-def cell_one_batch(params: dict):
+def cell_one_batch(params):
     """The cell's step with the minimal loop's data: one fixed batch, not a pool of four."""
     import bare_loop
 
@@ -212,13 +212,13 @@ def profile(loop: Loop, steps: int) -> dict:
 def compare_size(size: str, args, log) -> dict:
     import torch
 
-    from trainbench.metrics import peak_flops
+    from trainbench.execute.metrics import peak_flops
 
     torch._dynamo.reset()
     peak = peak_flops(torch.cuda.get_device_name(0), "bf16", False)
     started = time.perf_counter()
     params, loops = build_loops(size, args.variants, args.fix_builder or [])
-    warm = {name: round(loop.warm(params["warmup_steps"]), 1) for name, loop in loops.items()}
+    warm = {name: round(loop.warm(params.warmup_steps), 1) for name, loop in loops.items()}
     print(f"[{size}] built and warmed in {time.perf_counter() - started:.0f} s: {warm}", flush=True)
     windows = []
 
@@ -256,7 +256,7 @@ def compare_size(size: str, args, log) -> dict:
     if args.profile_steps:
         for name in ("minimal", "cell", *args.profile_also):
             profiles[name] = profile(loops[name], args.profile_steps)
-    result = {"size": size, "cell": CELLS[size], "params": params, "warm_s": warm, "rounds": rounds,
+    result = {"size": size, "cell": CELLS[size], "params": params.as_dict(), "warm_s": warm, "rounds": rounds,
               "windows": windows, "pipeline_cell": pipeline, "variants": extra, "profiles": profiles,
               "peak_flops": peak, "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30}
     loops.clear()
@@ -267,7 +267,7 @@ def compare_size(size: str, args, log) -> dict:
 def run_pipeline_cell(size: str, log) -> dict:
     """The cell as the train_cell rule runs it, in a child process (bench/overhead.py's run_cell)."""
     from overhead import run_cell
-    from trainbench.config import load_config
+    from trainbench.study.config import load_config
 
     cell = load_config(REPO / "config.yaml").study("baseline").cell(CELLS[size])
     started = time.monotonic()
@@ -374,7 +374,7 @@ def main() -> int:
 
     import torch
 
-    from trainbench.launch import cache_environment
+    from trainbench.execute.launch import cache_environment
 
     os.environ.update(cache_environment(os.environ))  # the cells' compile cache: run-cell finds it warm
     torch._dynamo.config.automatic_dynamic_shapes = False

@@ -139,8 +139,8 @@ def test_the_minimal_loop_is_gpt2_of_the_cells_shape_written_apart_from_trainben
 
     import torch
 
-    from trainbench.gpt import GPT
-    from trainbench.models import get_model
+    from trainbench.training.gpt import GPT
+    from trainbench.registry.models import get_model
 
     path = REPO / "bench" / "minimal_loop.py"
     imported = {alias.name.split(".")[0] for node in ast.walk(ast.parse(path.read_text()))
