@@ -164,6 +164,8 @@ class Workflow:
 
 # The Snakemake versions tune_snakemake was checked against: on any other it changes nothing.
 TUNED_SNAKEMAKE = ((9, 0), (10, 0))  # from 9.0 up to, not including, 10.0
+# Set to 1 to plan untuned, as on another Snakemake: how bench/snakemake_tuning.py measures the gain.
+UNTUNED_ENV = "TRAINBENCH_UNTUNED"
 
 
 def _version(text: str) -> tuple[int, int]:
@@ -177,13 +179,13 @@ def tune_snakemake(version: str) -> Callable[[Callable], Callable] | None:
 
     Why: Snakemake inspects the signature (inspect.signature) of every input function two or three
     times per call, and of Resource.evaluate for every resource of every job; a cell's job calls
-    fifteen (params, the grid stamp, each resource). bench/plan_scaling.py measures what this saves on
-    a dry run of a large grid (docs/large-grids.md gives the figure). Snakemake's own wrappers of input
+    fifteen (params, the grid stamp, each resource). bench/snakemake_tuning.py measures what this saves
+    on a dry run of a large grid (docs/large-grids.md gives the figure). Snakemake's own wrappers of input
     functions (snakemake.ioutils) hand it theirs the same way, through the functions used here;
     Resource.evaluate takes any keyword, so Snakemake passes it the same arguments either way.
     Only on the versions in TUNED_SNAKEMAKE, whose internals this was checked against."""
     low, high = TUNED_SNAKEMAKE
-    if not low <= _version(version) < high:
+    if not low <= _version(version) < high or os.environ.get(UNTUNED_ENV) == "1":
         return None
     try:
         from snakemake.common import get_function_params, overwrite_function_params

@@ -1,0 +1,84 @@
+"""What trainbench.workflow.tune_snakemake saves: dry runs of one large study's table, tuned and untuned
+(TRAINBENCH_UNTUNED=1, as on a Snakemake it was not checked against), alternated in one run.
+
+    python bench/snakemake_tuning.py [--cells 10000] [--repeats 3] [--out DIR]
+
+The study is a grid of CPU cells (two axes) with no results: every cell job is planned, each asking
+for its params, grid stamp and resources through the workflow's input functions. Prints the wall time
+of each dry run and the untuned/tuned ratio per pair (median [lowest, highest]).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def workflow_copy(work: Path, cells: int) -> None:
+    """The workflow's files beside a config of one study of `cells` cells (seeds x learning rates)."""
+    for name in ("Snakefile", "workflow", "profiles", "envs"):
+        source = REPO / name
+        (shutil.copytree if source.is_dir() else shutil.copy)(source, work / name)
+    side = math.isqrt(cells)
+    study = {"description": "planning benchmark",
+             "settings": {"model": "gpt2-tiny", "device": "cpu", "strategy": "ddp", "gpus": 2, "seq_len": 16},
+             "axes": {"seed": list(range(side)),
+                      "lr": [round(1e-4 * (i + 1), 6) for i in range(cells // side)]},
+             "execution": {"runtime_min": 5, "cpus_per_rank": 1, "mem_mb_per_rank": 1000}}
+    (work / "config.yaml").write_text(yaml.safe_dump({"studies": {"scale": study}}))
+
+
+def dry_run(work: Path, untuned: bool) -> float:
+    env = {**os.environ, "TRAINBENCH_UNTUNED": "1" if untuned else "0"}
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "snakemake", "-n", "-q", "-c1", "results/tables/scale.md"],
+                   cwd=work, env=env, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cells", type=int, default=10_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, help="write the summary to DIR/snakemake_tuning.txt too")
+    args = parser.parse_args()
+    import snakemake
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        workflow_copy(work, args.cells)
+        dry_run(work, untuned=False)  # a first plan writes the grid stamp: not timed
+        lines = [f"bench/snakemake_tuning.py: `snakemake -n -q` of a {args.cells:,}-cell study; snakemake "
+                 f"{snakemake.__version__}, python {sys.version.split()[0]}, {os.cpu_count()} cores",
+                 f"command: python bench/snakemake_tuning.py --cells {args.cells} --repeats {args.repeats}"]
+        ratios = []
+        for repeat in range(args.repeats):
+            # alternate which goes first: drift in a shared machine's speed falls on both alike
+            order = (False, True) if repeat % 2 == 0 else (True, False)
+            times = {untuned: dry_run(work, untuned) for untuned in order}
+            ratios.append(times[True] / times[False])
+            lines.append(f"  pair {repeat + 1}: tuned {times[False]:.2f} s, untuned {times[True]:.2f} s, "
+                         f"untuned/tuned {ratios[-1]:.3f}")
+        lines.append(f"untuned/tuned: {statistics.median(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}]")
+    print("\n".join(lines))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "snakemake_tuning.txt").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
