@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from types import SimpleNamespace
 
 import pytest
 
@@ -111,3 +112,12 @@ def test_snakemake_internals_are_tuned_only_on_the_versions_checked():
 
     assert signature_once(get_x) is get_x
     assert list(get_function_params(get_x)) == ["wildcards"]
+
+
+def test_cells_run_here_only_under_the_local_executor_and_placement(here):
+    flow = Workflow(load_checked(two_studies()))
+    assert flow.runs_cells_here(None)  # Snakemake's local executor
+    cluster = SimpleNamespace(common_settings=SimpleNamespace(local_exec=False))  # the SLURM plugin's
+    assert not flow.runs_cells_here(cluster)
+    placed = Workflow(load_checked({**two_studies(), "placement": "cluster"}))
+    assert not placed.runs_cells_here(None)  # a cluster profile's dry run here

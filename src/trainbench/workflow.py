@@ -18,11 +18,13 @@ from typing import Any
 from trainbench import paths
 from trainbench.errors import ConfigError
 from trainbench.execute.gpus import short_of_gpus
+from trainbench.execute.results import read_json
+from trainbench.predict.batch_search import bounds_for, walk
 from trainbench.reporting import findings
 from trainbench.reporting.columns import report_problems
 from trainbench.reporting.freshness import prepare, set_aside_invalid, stamp_path
 from trainbench.study.config import Config, load_config
-from trainbench.study.grid import Cell, Study, shared_resources
+from trainbench.study.grid import Cell, Study, probe_cell, shared_resources
 
 # Snakemake resource name -> the cell's resource (Cell.resources) it takes its value from. How a cell
 # runs, not what it measures: changing them reruns nothing.
@@ -88,6 +90,33 @@ class Workflow:
         """Whether the cell's grid stamp is a rerun trigger of its job (its result was made with other
         parameters); otherwise the workflow marks the stamp ancient."""
         return cell.cell_id in self.stale[cell.study]
+
+    def runs_cells_here(self, executor_plugin: Any) -> bool:
+        """Whether cells run on this machine: config.yaml's placement is local and Snakemake's executor
+        (its plugin, None for the local one) runs jobs here; a cluster profile says so for its dry
+        runs too (placement: cluster)."""
+        return self.config.placement == "local" and (
+            executor_plugin is None or executor_plugin.common_settings.local_exec)
+
+    def probe(self, study: str, cell: str, micro_batch: int) -> Cell:
+        """A max-batch probe: the cell with the probe's micro batch."""
+        return probe_cell(self.study(study), self.cell(study, cell), micro_batch)
+
+    @staticmethod
+    def search_probes(study: Study, cell: Cell, probe_output: Callable[[int], str]) -> list[str]:
+        """The max-batch search's probes so far, walked from the memory model's bounds.
+        `probe_output(batch)` gives the probe's metrics.json; asking the workflow for one not yet run
+        stops the walk there (Snakemake runs it, then asks again, one probe further)."""
+        found: dict[int, str] = {}
+
+        def status_of(batch: int) -> str:
+            found[batch] = probe_output(batch)
+            if set_aside_invalid(found[batch]):
+                probe_output(batch)  # now missing: the workflow runs the probe again
+            return read_json(found[batch])["status"]
+
+        walk(status_of, *bounds_for(study.search, cell.params), study.search["tolerance"])
+        return list(found.values())
 
     def cells_short_of_gpus(self, study: Study, gpus_here: int) -> dict[str, str]:
         """The study's measured cells that must run (no current result) but cannot on this machine, and

@@ -10,11 +10,7 @@ try:
     from trainbench.errors import ConfigError
     from trainbench.execute.gpus import local_gpu_count
     from trainbench.execute.lifetime import stale_lock_hint, stop_cells_on_sigterm
-    from trainbench.execute.results import read_json
     from trainbench.execute.slurm import StatusCommandError, ensure_status_command
-    from trainbench.predict.batch_search import bounds_for, walk
-    from trainbench.reporting.freshness import set_aside_invalid
-    from trainbench.study.grid import probe_cell
     from trainbench.workflow import CELL_RESOURCES as CELL_RESOURCE_NAMES
     from trainbench.workflow import Workflow, load_checked, tune_snakemake
 except ImportError as error:
@@ -52,7 +48,8 @@ envvars:
     "PATH",
 
 
-os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
+search_path = os.environ["PATH"]
+os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), search_path])
 
 
 wildcard_constraints:
@@ -113,8 +110,7 @@ CELL_GRID_INPUT = get_cell_grid if WORKFLOW.any_stale() else ancient(paths.GRID_
 
 
 def get_probe(wildcards):
-    """A max-batch probe: its cell with the probe's micro batch."""
-    return probe_cell(get_study(wildcards), get_cell(wildcards), int(wildcards.micro_batch))
+    return WORKFLOW.probe(wildcards.study, wildcards.cell, int(wildcards.micro_batch))
 
 
 @signature_once
@@ -128,27 +124,18 @@ def get_probe_id(wildcards):
 
 
 def get_search_probes(wildcards):
-    """The search's probes so far. Asking for a probe not yet run makes Snakemake run it and call
-    this again, one probe further."""
-    study, cell = get_study(wildcards), get_cell(wildcards)
-    found = {}
+    """The search's probes so far (Workflow.search_probes): each call one probe further."""
 
-    def status_of(batch):
-        probe = dict(study=study.name, cell=cell.cell_id, micro_batch=batch)
-        found[batch] = checkpoints.search_probe.get(**probe).output.metrics
-        if set_aside_invalid(found[batch]):
-            checkpoints.search_probe.get(**probe)  # now missing: Snakemake runs the probe again
-        return read_json(found[batch])["status"]
+    def probe_output(batch):
+        probe = dict(study=wildcards.study, cell=wildcards.cell, micro_batch=batch)
+        return checkpoints.search_probe.get(**probe).output.metrics
 
-    walk(status_of, *bounds_for(study.search, cell.params), study.search["tolerance"])
-    return list(found.values())
+    return WORKFLOW.search_probes(get_study(wildcards), get_cell(wildcards), probe_output)
 
 
 def get_cells_short_of_gpus(wildcards):
-    """Cells this machine cannot run (Workflow.cells_short_of_gpus); none under a cluster executor,
-    whose profile also says so for its dry runs (config placement: cluster)."""
-    plugin = workflow.executor_plugin
-    if WORKFLOW.config.placement != "local" or not (plugin is None or plugin.common_settings.local_exec):
+    """Cells this machine cannot run (Workflow.cells_short_of_gpus); none where it runs none."""
+    if not WORKFLOW.runs_cells_here(workflow.executor_plugin):
         return {}
     return WORKFLOW.cells_short_of_gpus(get_study(wildcards), local_gpu_count())
 
