@@ -26,16 +26,20 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
-def workflow_copy(work: Path, cells: int) -> None:
-    """The workflow's files beside a config of one study of `cells` cells (seeds x learning rates)."""
+def workflow_copy(work: Path, cells: int, per_cell: bool) -> None:
+    """The workflow's files beside a config of one study of `cells` cells: seeds x learning rates (every
+    cell asks for the same resources, which the workflow hands Snakemake as values), or with
+    `per_cell` seeds x rank counts (cores and memory differ by cell: functions of the job's cell)."""
     for name in ("Snakefile", "workflow", "profiles", "envs"):
         source = REPO / name
         (shutil.copytree if source.is_dir() else shutil.copy)(source, work / name)
     side = math.isqrt(cells)
     study = {"description": "planning benchmark",
-             "settings": {"model": "gpt2-tiny", "device": "cpu", "strategy": "ddp", "gpus": 2, "seq_len": 16},
-             "axes": {"seed": list(range(side)),
-                      "lr": [round(1e-4 * (i + 1), 6) for i in range(cells // side)]},
+             "settings": {"model": "gpt2-tiny", "device": "cpu", "strategy": "ddp", "seq_len": 16,
+                          **({} if per_cell else {"gpus": 2})},
+             "axes": ({"seed": list(range(cells // 2)), "gpus": [2, 4]} if per_cell else
+                      {"seed": list(range(side)),
+                       "lr": [round(1e-4 * (i + 1), 6) for i in range(cells // side)]}),
              "execution": {"runtime_min": 5, "cpus_per_rank": 1, "mem_mb_per_rank": 1000}}
     (work / "config.yaml").write_text(yaml.safe_dump({"studies": {"scale": study}}))
 
@@ -53,17 +57,23 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cells", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--per-cell-resources", action="store_true",
+                        help="cells that differ in their resources (seeds x rank counts)")
     parser.add_argument("--out", type=Path, help="write the summary to DIR/snakemake_tuning.txt too")
     args = parser.parse_args()
     import snakemake
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        workflow_copy(work, args.cells)
+        workflow_copy(work, args.cells, args.per_cell_resources)
         dry_run(work, untuned=False)  # a first plan writes the grid stamp: not timed
-        lines = [f"bench/snakemake_tuning.py: `snakemake -n -q` of a {args.cells:,}-cell study; snakemake "
-                 f"{snakemake.__version__}, python {sys.version.split()[0]}, {os.cpu_count()} cores",
-                 f"command: python bench/snakemake_tuning.py --cells {args.cells} --repeats {args.repeats}"]
+        kind = ("resources differing by cell" if args.per_cell_resources
+                else "resources shared by every cell")
+        lines = [f"bench/snakemake_tuning.py: `snakemake -n -q` of a {args.cells:,}-cell study ({kind}); "
+                 f"snakemake {snakemake.__version__}, python {sys.version.split()[0]}, "
+                 f"{os.cpu_count()} cores",
+                 f"command: python bench/snakemake_tuning.py --cells {args.cells} --repeats {args.repeats}"
+                 + (" --per-cell-resources" if args.per_cell_resources else "")]
         ratios = []
         for repeat in range(args.repeats):
             # alternate which goes first: drift in a shared machine's speed falls on both alike
@@ -76,7 +86,8 @@ def main() -> int:
     print("\n".join(lines))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "snakemake_tuning.txt").write_text("\n".join(lines) + "\n")
+        name = "per_cell" if args.per_cell_resources else "shared"
+        (args.out / f"snakemake_tuning_{name}.txt").write_text("\n".join(lines) + "\n")
     return 0
 
 
