@@ -11,7 +11,7 @@ import pytest
 
 from conftest import tiny_study
 from trainbench.errors import ConfigError
-from trainbench.workflow import Workflow, load_checked, tune_snakemake
+from trainbench.workflow import Workflow, load_checked
 
 
 def two_studies() -> dict:
@@ -94,24 +94,6 @@ def test_planned_rows_follow_their_cells_not_their_order(here):
     assert planning["planned"] == [f"gpus~4={load_checked(config).study('gpu').cell('gpus~4').params_hash}"]
     config["studies"]["gpu"]["axes"] = {"gpus": [4, 1]}
     assert Workflow(load_checked(config)).planning(load_checked(config).study("gpu")) == planning
-
-
-def test_snakemake_internals_are_tuned_only_on_the_versions_checked():
-    from snakemake import __version__
-
-    assert tune_snakemake("8.30.0") is None
-    assert tune_snakemake("10.0.0") is None
-    assert tune_snakemake("9.27.1+3.g1234") is not None or not __version__.startswith("9.")
-    signature_once = tune_snakemake(__version__)
-    assert signature_once is not None, f"Snakemake {__version__}: check tune_snakemake against it"
-
-    def get_x(wildcards):
-        return wildcards
-
-    from snakemake.common import get_function_params
-
-    assert signature_once(get_x) is get_x
-    assert list(get_function_params(get_x)) == ["wildcards"]
 
 
 def test_cells_run_here_only_under_the_local_executor_and_placement(here):

@@ -3,8 +3,9 @@ input functions make (which cells run, which must rerun, what a table waits for,
 scheduler for). workflow/rules/common.smk only hands these to Snakemake; tests/test_workflow_layer.py
 checks them without Snakemake.
 
-`tune_snakemake` is the one place that reaches into Snakemake's internals, for speed on large grids,
-and only on the Snakemake versions it was checked against.
+Nothing here reaches into Snakemake's internals. (Handing Snakemake the input functions' signatures
+once did, through snakemake.common and Resource.evaluate; bench/snakemake_tuning.py measured it saving
+about 1% of a 10,000-cell plan, results/bench/snakemake_tuning/, and it went.)
 """
 
 from __future__ import annotations
@@ -189,42 +190,3 @@ class Workflow:
         """The default target: every output of the studies config.yaml names for this kind of machine."""
         names = self.config.default_targets_studies(have_gpus=have_gpus)
         return [output for name in names for output in paths.study_outputs(name)]
-
-
-# The Snakemake versions tune_snakemake was checked against: on any other it changes nothing.
-TUNED_SNAKEMAKE = ((9, 0), (10, 0))  # from 9.0 up to, not including, 10.0
-# Set to 1 to plan untuned, as on another Snakemake: how bench/snakemake_tuning.py measures the gain.
-UNTUNED_ENV = "TRAINBENCH_UNTUNED"
-
-
-def _version(text: str) -> tuple[int, int]:
-    major, minor, *_ = (text.split("+")[0] + ".0.0").split(".")
-    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
-
-
-def tune_snakemake(version: str) -> Callable[[Callable], Callable] | None:
-    """Hand Snakemake the signatures of the workflow's input functions once, and of its own
-    Resource.evaluate; return the decorator that does so for an input function (None: untuned).
-
-    Why: Snakemake inspects the signature (inspect.signature) of every input function two or three
-    times per call, and of Resource.evaluate for every resource of every job; a cell's job calls
-    fifteen (params, the grid stamp, each resource). bench/snakemake_tuning.py measures what this saves
-    on a dry run of a large grid (docs/large-grids.md gives the figure). Snakemake's own wrappers of input
-    functions (snakemake.ioutils) hand it theirs the same way, through the functions used here;
-    Resource.evaluate takes any keyword, so Snakemake passes it the same arguments either way.
-    Only on the versions in TUNED_SNAKEMAKE, whose internals this was checked against."""
-    low, high = TUNED_SNAKEMAKE
-    if not low <= _version(version) < high or os.environ.get(UNTUNED_ENV) == "1":
-        return None
-    try:
-        from snakemake.common import get_function_params, overwrite_function_params
-        from snakemake.resources import Resource
-    except ImportError:
-        return None
-
-    def signature_once(function: Callable) -> Callable:
-        overwrite_function_params(function, get_function_params(function))
-        return function
-
-    signature_once(Resource.evaluate)
-    return signature_once

@@ -5,14 +5,13 @@ import sys
 from pathlib import Path
 
 try:
-    from snakemake import __version__ as SNAKEMAKE_VERSION
     from trainbench import paths
     from trainbench.errors import ConfigError
     from trainbench.execute.gpus import local_gpu_count
     from trainbench.execute.lifetime import stale_lock_hint, stop_cells_on_sigterm
     from trainbench.execute.slurm import StatusCommandError, ensure_status_command
     from trainbench.workflow import CELL_RESOURCES as CELL_RESOURCE_NAMES
-    from trainbench.workflow import Workflow, load_checked, tune_snakemake
+    from trainbench.workflow import Workflow, load_checked
 except ImportError as error:
     sys.exit(f"error: cannot import trainbench ({error}); set up the environment first: make setup")
 
@@ -26,8 +25,6 @@ try:
     WORKFLOW = Workflow(load_checked(config), remote=workflow.remote_exec)
 except ConfigError as error:
     sys.exit(f"error: config.yaml: {error}")
-
-signature_once = tune_snakemake(SNAKEMAKE_VERSION) or (lambda function: function)
 
 
 onstart:
@@ -72,7 +69,6 @@ def get_cell(wildcards):
         sys.exit(f"error: target names {error}")
 
 
-@signature_once
 def get_cell_params(wildcards):
     """The cell's parameters as one canonical string: reruns follow exactly its changes."""
     return get_cell(wildcards).canonical
@@ -88,14 +84,13 @@ def cell_resource(name):
         return value(wildcards.study, wildcards.cell)
 
     get_cell_resource.__name__ = f"get_cell_{name}"
-    return signature_once(get_cell_resource)
+    return get_cell_resource
 
 
 # A cell job's resources (the train_cell and search_probe rules)
 CELL_RESOURCES = {resource: cell_resource(name) for resource, name in CELL_RESOURCE_NAMES.items()}
 
 
-@signature_once
 def get_cell_grid(wildcards):
     """The study's grid stamp: a trigger if the cell's result was made with other parameters."""
     cell = get_cell(wildcards)
@@ -113,12 +108,10 @@ def get_probe(wildcards):
     return WORKFLOW.probe(wildcards.study, wildcards.cell, int(wildcards.micro_batch))
 
 
-@signature_once
 def get_probe_params(wildcards):
     return get_probe(wildcards).canonical
 
 
-@signature_once
 def get_probe_id(wildcards):
     return get_probe(wildcards).cell_id
 
