@@ -456,9 +456,12 @@ def hardware_of_run(doc: dict[str, Any]) -> Hardware | None:
     host = provenance.get("host_mem_total_mib") or float("inf")
     if not totals and host == float("inf"):
         return None
-    params = CellParams.from_dict(doc["params"])
-    gpu_mib = held_gpu_mib(min(totals) if totals else None, params)
     kind = gpu_type_of(provenance.get("gpu_name"))
+    try:
+        params = CellParams.from_dict(doc.get("params") or {})
+    except (TypeError, ValueError):  # not a whole cell's parameters (a hand-made document): as recorded
+        return Hardware(min(totals) if totals else None, host, len(totals or []), gpu=kind)
+    gpu_mib = held_gpu_mib(min(totals) if totals else None, params)
     if doc.get("emulation") or params.emulate:
         return emulated_node(gpu_mib, host, params, gpu=kind)
     return Hardware(gpu_mib, host, len(totals or []), gpu=kind)

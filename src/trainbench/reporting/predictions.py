@@ -27,7 +27,7 @@ def prediction(doc: Doc) -> dict:
 
     try:
         return predict(CellParams.from_dict(doc["params"]), hardware_of_run(doc)).as_dict()
-    except (KeyError, ValueError):  # a cell of a model or strategy the model does not know
+    except (KeyError, TypeError, ValueError):  # a model or strategy it does not know, or not a cell's
         return {}
 
 
@@ -63,7 +63,11 @@ def time_prediction(doc: Doc, study_gpu: str | None = None) -> dict:
         gpu, threads = GPUS.get(key) if key else None, time_model.DEFAULT_CPU_THREADS
     else:
         return {}
-    predicted = time_model.predict(CellParams.from_dict(doc["params"]), gpu, cpu_threads=threads)
+    try:
+        params = CellParams.from_dict(doc["params"])
+    except (TypeError, ValueError):  # not a whole cell's parameters: the model says nothing of it
+        return {}
+    predicted = time_model.predict(params, gpu, cpu_threads=threads)
     return predicted.as_dict() if predicted else {}
 
 
