@@ -82,7 +82,7 @@ def test_tp2_ranks_hold_half_the_model_and_train_as_one_rank_does(tmp_path, one_
                                              + (h * h + h * f) // 2 + 2 * h)
     assert per_module["LayerNorm"] == (2 * layers + 1) * 2 * h
     assert per_module["Embedding"] == vocab * h // 2 + spec.max_seq * h
-    assert sum(per_module.values()) == shard_params(split["params"], spec)  # the memory model's psi
+    assert sum(per_module.values()) == shard_params(CellParams.from_dict(split["params"]), spec)  # its psi
     assert split["params"]["dp"] == 1 and split["params"]["global_batch"] == split["params"]["micro_batch"]
 
 
