@@ -64,8 +64,10 @@ VARIANTS = [
 # Kernel classes, by name, first match wins.
 KERNEL_CLASSES = [
     ("attention", re.compile(r"flash|fmha|sdpa|attention|attn", re.I)),
-    ("matmul", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|wgmma|sm90_", re.I)),
+    ("matmul", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|wgmma|sm90_|sm80_", re.I)),
     ("optimizer", re.compile(r"multi_tensor|adam|foreach", re.I)),
+    ("loss", re.compile(r"log_softmax|nll_loss|cross_entropy|softmax", re.I)),
+    ("embedding", re.compile(r"embedding|index_put|scatter|indexing_backward", re.I)),
     ("fused (compiler)", re.compile(r"^triton_", re.I)),
     ("copies and fills", re.compile(r"memcpy|memset|copy|fill", re.I)),
 ]

@@ -46,26 +46,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
+from mfu import classify  # noqa: E402  (kernel classes, by name: one list for both profiles)
 CELLS = {"124m": "strategy~single__model~gpt2-124m__gpus~1__micro_batch~32",
          "350m": "strategy~single__model~gpt2-350m__gpus~1__micro_batch~16"}
 
-# Kernel classes, by name, first match wins.
 # What the profiler records and which of its trace's events are the device's (bench tests on CPU: cpu_op).
 ACTIVITIES = ("CUDA",)
 DEVICE_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")
-KERNEL_CLASSES = [
-    ("attention", re.compile(r"flash|fmha|sdpa|attention|attn", re.I)),
-    ("matmul", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|wgmma|sm90_|sm80_", re.I)),
-    ("optimizer", re.compile(r"multi_tensor|adam|foreach", re.I)),
-    ("loss", re.compile(r"log_softmax|nll_loss|cross_entropy|softmax", re.I)),
-    ("embedding", re.compile(r"embedding|index_put|scatter|indexing_backward", re.I)),
-    ("fused (compiler)", re.compile(r"^triton_", re.I)),
-    ("copies and fills", re.compile(r"memcpy|memset|copy|fill", re.I)),
-]
 
-
-def classify(kernel: str) -> str:
-    return next((name for name, pattern in KERNEL_CLASSES if pattern.search(kernel)), "other")
 
 
 def generic(kernel: str) -> str:

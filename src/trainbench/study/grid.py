@@ -83,7 +83,7 @@ class Cell:
                     "retries": 0,
                     "timing": self.timing.as_argument()}
         # an emulated cell is one process of its world on one device, whatever the world's size
-        ranks_per_node = 1 if p.emulate else p.gpus_per_node
+        ranks_per_node = p.ranks_here
         cpus = ex["cpus_per_rank"] * ranks_per_node
         cuda = p.device == "cuda"
         multinode = p.nodes > 1 and not p.emulate

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from trainbench.registry.models import MODELS
+
 
 @dataclass(frozen=True)
 class Param:
@@ -222,10 +224,6 @@ class CellParams:
         """Samples per optimizer step: micro batch x accumulation x data-parallel degree."""
         return self.micro_batch * self.grad_accum * self.dp if self.dp else None
 
-    @property
-    def cuda(self) -> bool:
-        return self.device == "cuda"
-
     # --- the one serialisation ---
 
     def as_dict(self) -> dict[str, Any]:
@@ -278,11 +276,8 @@ class CellParams:
         model's context length, the launcher). Assumes schema-valid input; check_cell checks the rest."""
         p = {**DEFAULTS, **{k: (float(v) if k in FLOATS and isinstance(v, int) and not isinstance(v, bool)
                                 else v) for k, v in given.items()}}
-        if p["seq_len"] is None:
-            from trainbench.registry.models import MODELS
-
-            if p["model"] in MODELS:
-                p["seq_len"] = MODELS[p["model"]].max_seq
+        if p["seq_len"] is None and p["model"] in MODELS:
+            p["seq_len"] = MODELS[p["model"]].max_seq
         if p["launcher"] == "auto":
             p["launcher"] = "python" if p["gpus"] == 1 and p["nodes"] == 1 else "torchrun"
         return cls(**p)
@@ -320,10 +315,6 @@ PARAM_ORDER: dict[str, int] = {p.name: i for i, p in enumerate(PARAMS)}
 DEFAULTS: dict[str, Any] = {p.name: p.default for p in PARAMS}
 OPTIONAL = frozenset(p.name for p in PARAMS if p.optional)
 FLOATS = frozenset(p.name for p in PARAMS if p.kind == "float")
-
-
-def defaults() -> dict[str, Any]:
-    return dict(DEFAULTS)
 
 
 def with_optional_defaults(params: dict[str, Any]) -> dict[str, Any]:
