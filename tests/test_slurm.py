@@ -177,7 +177,8 @@ def test_the_srun_fan_out_starts_a_node_that_joins_its_rendezvous(tmp_path):
     work = tmp_path / ".work"
     work.mkdir()
     cell_file = work / "cell.json"
-    cell_file.write_text(json.dumps({"study": "t", "cell_id": "c", "params": params.as_dict(), "timing": FAST_TIMING}))
+    cell_file.write_text(json.dumps({"study": "t", "cell_id": "c", "params": params.as_dict(),
+                                     "timing": FAST_TIMING}))
     rendezvous = Rendezvous(socket.gethostname(), 29555, "srun-test", 1)
     argv = srun_command(params, multinode_command(2, rendezvous, worker_args(cell_file, work)),
                         cpus_per_task=2)
