@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
+from trainbench.execute.profiling import classify  # noqa: E402  (kernel classes: one list, the cells' too)
 CELLS = {"124m": "strategy~single__model~gpt2-124m__gpus~1__micro_batch~32",
          "350m": "strategy~single__model~gpt2-350m__gpus~1__micro_batch~16"}
 MAX_AUTOTUNE = {"mode": "max-autotune-no-cudagraphs"}
@@ -60,22 +60,6 @@ VARIANTS = [
     Variant("350m vocab + micro batch 32 x 2", "350m", {**PADDED, "micro_batch": 32, "grad_accum": 2}),
     Variant("124m vocab + max-autotune (no CUDA graphs)", "124m", PADDED, compile_options=MAX_AUTOTUNE),
 ]
-
-# Kernel classes, by name, first match wins.
-KERNEL_CLASSES = [
-    ("attention", re.compile(r"flash|fmha|sdpa|attention|attn", re.I)),
-    ("matmul", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|wgmma|sm90_|sm80_", re.I)),
-    ("optimizer", re.compile(r"multi_tensor|adam|foreach", re.I)),
-    ("loss", re.compile(r"log_softmax|nll_loss|cross_entropy|softmax", re.I)),
-    ("embedding", re.compile(r"embedding|index_put|scatter|indexing_backward", re.I)),
-    ("fused (compiler)", re.compile(r"^triton_", re.I)),
-    ("copies and fills", re.compile(r"memcpy|memset|copy|fill", re.I)),
-]
-
-
-def classify(kernel: str) -> str:
-    return next((name for name, pattern in KERNEL_CLASSES if pattern.search(kernel)), "other")
-
 
 def cell_params(variant: Variant):
     from trainbench.study.config import load_config

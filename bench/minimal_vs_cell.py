@@ -46,7 +46,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
-from mfu import classify  # noqa: E402  (kernel classes, by name: one list for both profiles)
+from trainbench.execute.profiling import classify  # noqa: E402  (kernel classes, by name: the cells' list)
 CELLS = {"124m": "strategy~single__model~gpt2-124m__gpus~1__micro_batch~32",
          "350m": "strategy~single__model~gpt2-350m__gpus~1__micro_batch~16"}
 

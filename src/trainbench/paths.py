@@ -21,7 +21,9 @@ TABLE_FINDINGS = "results/tables/{study}.findings.csv"
 TABLE_LOG = "results/logs/tables/{study}.log"
 PLOT_MEMORY = "results/plots/{study}_memory.png"
 PLOT_THROUGHPUT = "results/plots/{study}_throughput.png"
+PLOT_BREAKDOWN = "results/plots/{study}_breakdown.png"
 PLOTS_LOG = "results/logs/plots/{study}.log"
+BREAKDOWN_PLOT_LOG = "results/logs/plots/{study}_breakdown.log"
 STUDY_PAGE = "results/report/{study}.html"
 STUDY_PAGE_LOG = "results/logs/report/{study}.log"
 GRID_STAMP = "results/.grid/{study}.json"
@@ -35,11 +37,11 @@ def path(pattern: str, **wildcards) -> str:
     return pattern.format(**wildcards)
 
 
-def study_outputs(study: str) -> list[str]:
+def study_outputs(study: str, profiled: bool = False) -> list[str]:
     """What a study's `rule all` target is made of: its table (both forms, and its findings), its plots
-    and its page (the report's)."""
-    return [path(pattern, study=study) for pattern in (TABLE_MD, TABLE_CSV, TABLE_FINDINGS, PLOT_MEMORY,
-                                                        PLOT_THROUGHPUT, STUDY_PAGE)]
+    (where it profiles its cells, where their time went) and its page (the report's)."""
+    patterns = (TABLE_MD, TABLE_CSV, TABLE_FINDINGS, PLOT_MEMORY, PLOT_THROUGHPUT, STUDY_PAGE)
+    return [path(pattern, study=study) for pattern in patterns + ((PLOT_BREAKDOWN,) if profiled else ())]
 
 
 def probe_id(cell_id: str, micro_batch: int) -> str:

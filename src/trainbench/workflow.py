@@ -189,4 +189,5 @@ class Workflow:
     def final_output(self, have_gpus: bool) -> list[str]:
         """The default target: every output of the studies config.yaml names for this kind of machine."""
         names = self.config.default_targets_studies(have_gpus=have_gpus)
-        return [output for name in names for output in paths.study_outputs(name)]
+        return [output for name in names
+                for output in paths.study_outputs(name, profiled=self.config.study(name).profiled)]

@@ -33,3 +33,27 @@ rule study_plots:
         layout=get_plot_layout,
     script:
         "../scripts/make_plots.py"
+
+
+# A study that profiles its cells (timing: profile_steps): where each cell's step went.
+rule breakdown_plot:
+    input:
+        metrics=get_study_metrics,
+        grid=get_study_grid,
+    output:
+        report(
+            paths.PLOT_BREAKDOWN,
+            caption="../report/breakdown_plot.rst",
+            category="{study}",
+            subcategory="plots",
+            labels={"shows": "where a step's time went: profiled and predicted"},
+        ),
+    log:
+        paths.BREAKDOWN_PLOT_LOG,
+    localrule: True
+    conda:
+        "../../envs/analysis.yaml"
+    params:
+        layout=get_plot_layout,
+    script:
+        "../scripts/make_breakdown_plot.py"

@@ -34,6 +34,7 @@ from trainbench.execute.launch import (WORKER_MODULE, Rendezvous, free_port, lau
                                       multinode_command,
                               node_command, srun_command, worker_args)
 from trainbench.registry.hardware import host_memory_mib
+from trainbench.execute.profiling import PROFILE_DIR
 from trainbench.execute.results import (SCHEMA_VERSION, empty_metrics, empty_predicted, node_memory,
                                        partial_metrics,
                                 summarize, write_json_atomic)
@@ -206,9 +207,19 @@ class CellRun:
         if asked is not None:
             doc["provenance"]["asked"] = asked  # when the cell asked for its devices (it may have waited)
         with self.finishing:
+            self._keep_profile()
             write_json_atomic(self.output, doc)
             shutil.rmtree(self.work_dir, ignore_errors=True)
         return doc
+
+    def _keep_profile(self) -> None:
+        """The ranks' traces and memory snapshots (profiling.py) beside metrics.json, in place of an
+        earlier run's: what is there always belongs to the result next to it."""
+        kept = self.output.parent / PROFILE_DIR
+        shutil.rmtree(kept, ignore_errors=True)
+        made = self.work_dir / PROFILE_DIR
+        if made.is_dir() and any(made.iterdir()):
+            shutil.move(made, kept)
 
     def run(self) -> dict[str, Any]:
         started = provenance.now_iso()

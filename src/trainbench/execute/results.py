@@ -43,6 +43,7 @@ PHASES = (
     ("first_step", "first_step", "the first warm-up step: compilation and other first-call costs"),
     ("warmup", "warmed_up", "the other warm-up steps"),
     ("timed", "timed", "the timed windows"),
+    ("profiled", "profiled", "the profiled steps after them, where timing's profile_steps asks for some"),
     ("teardown", "exited", "gathering results, shutting down, the launcher's exit"),
 )
 
@@ -109,6 +110,16 @@ METRICS: tuple[Key, ...] = (
                                                                for name, _, meaning in PHASES),
         required=False),
     Key("timed_share", _NUMBER, "the timed windows' share of the run's wall time", required=False),
+    Key("breakdown", {"type": "object", "required": ["timeline", "steps", "step_s", "parts_s"]},
+        "where a profiled step's time went on the reporting rank (execute/profiling.py): seconds per step "
+        "by part, collective and copy time, the share of collectives hidden, its trace", required=False),
+    Key("breakdown_per_rank", {"type": "array", "items": {"type": ["object", "null"]}},
+        "every rank's breakdown, where more than one rank was profiled", required=False),
+    Key("memory_snapshot", {"type": "object", "required": ["peak_allocated_mib", "peak_by_category_mib"]},
+        "the GPU allocator's snapshot (execute/profiling.py) at an OOM, or at the end where timing's "
+        "memory_snapshot asks: its peak by category (parameters, gradients, optimizer states, "
+        "activations and other), allocated and reserved memory, the pickle beside metrics.json",
+        required=False),
     Key("dataset", _TEXT, "the data accuracy was measured on", required=False),
     Key("test_samples", _INT, "held-out samples accuracy was measured on", required=False),
 )
@@ -325,6 +336,12 @@ def summarize(params: CellParams, result: dict[str, Any], wall_time_s: float,
     spent = phases({**result["phase_marks"], "launched": launched, "exited": exited})
     metrics.update(phases_s=spent,
                    timed_share=_round(spent["timed"] / wall_time_s, 4) if wall_time_s else None)
+    if ranks[0].get("memory_snapshot"):
+        metrics["memory_snapshot"] = {"rank": ranks[0]["rank"], **ranks[0]["memory_snapshot"]}
+    if ranks[0].get("breakdown"):  # the profiled steps' (profiling.py), on the rank that reports
+        metrics["breakdown"] = ranks[0]["breakdown"]
+        if len(ranks) > 1:
+            metrics["breakdown_per_rank"] = [r.get("breakdown") for r in ranks]
     if "dataset" in result:  # where accuracy was measured: real data, or the synthetic stand-in
         metrics.update(dataset=result["dataset"], test_samples=result["test_samples"])
     return metrics
@@ -343,6 +360,9 @@ def partial_metrics(rank_records: list[dict[str, Any]], wall_time_s: float) -> d
     allocated = [r.get("torch_peak_allocated_mib") for r in records]
     if allocated and all(a is not None for a in allocated):
         metrics["torch_peak_allocated_mib"] = [_round(a, 1) for a in allocated]
+    snapshots = {r["rank"]: r["memory_snapshot"] for r in records if r.get("memory_snapshot")}
+    if snapshots:  # the GPU allocator at the OOM, on the first rank that ran out
+        metrics["memory_snapshot"] = {"rank": min(snapshots), **snapshots[min(snapshots)]}
     return metrics
 
 

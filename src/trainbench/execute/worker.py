@@ -30,6 +30,7 @@ from trainbench.execute.lifetime import runner_to_watch, when_gone
 from trainbench.execute.memory_sampler import MemorySampler
 from trainbench.registry.hardware import MIB
 from trainbench.execute.metrics import process_peak_rss_mib, tensors_held_bytes
+from trainbench.execute.profiling import PROFILE_DIR, MemoryRecorder, StepProfiler
 from trainbench.execute.results import write_json_atomic
 from trainbench.study.params import CellParams
 from trainbench.training.runners import (LoopRunner, RunContext, Runner, StepRunner, make_runner,
@@ -90,6 +91,9 @@ class Worker:
         self.reporting = self.rank == 0 or self.emulated is not None
         self.device_limit: emulation.DeviceLimit | None = None
         self.filled_collectives: list[str] = []
+        self.breakdown: dict | None = None  # where a profiled step's time went (profiling.py)
+        self.runner: Runner | None = None
+        self.memory: MemoryRecorder | None = None  # a GPU rank's allocator snapshots (profiling.py)
 
     def _device(self) -> torch.device:
         if self.params.device == "cuda":
@@ -139,6 +143,10 @@ class Worker:
             self.device_limit = emulation.device_limit(self.params.gpu_mem_limit_gib,
                                                        emulation.device_total_mib(device), self.world_size)
             emulation.hold_to(self.device_limit, device)
+        if device.type == "cuda":
+            self.memory = MemoryRecorder(self.work_dir / PROFILE_DIR, self.rank,
+                                         history=bool(self.timing.memory_snapshot),
+                                         tensors=lambda: self.runner.memory_tensors() if self.runner else {})
         hold_attention_kernel(self.params.attention)
         if self.emulated is not None:
             self.filled_collectives = emulation.init_process_group(self.emulated)
@@ -156,7 +164,7 @@ class Worker:
         self._say(f"building {self.params.model} with {self.params.framework} "
                   f"{self.params.strategy} {on} ({device.type})")
         self._inject_faults(device)
-        runner = make_runner(context)
+        runner = self.runner = make_runner(context)
         runner.setup()
         self.marks["built"] = time.time()
 
@@ -181,7 +189,10 @@ class Worker:
                    "tensors_held_bytes": (tensors_held_bytes(emulation.VISIBLE_ONLY_HERE)
                                           if device.type == "cpu" else None),
                    "params_per_module": params_per_module(runner),
-                   "torch_peak_allocated_mib": None, "torch_peak_reserved_mib": None, "node_memory": None}
+                   "torch_peak_allocated_mib": None, "torch_peak_reserved_mib": None, "node_memory": None,
+                   "breakdown": self.breakdown,
+                   "memory_snapshot": (self.memory.keep("end") if self.memory and self.timing.memory_snapshot
+                                       else None)}
         if device.type == "cuda":
             figures["torch_peak_allocated_mib"] = torch.cuda.max_memory_allocated(device) / MIB
             figures["torch_peak_reserved_mib"] = torch.cuda.max_memory_reserved(device) / MIB
@@ -241,6 +252,8 @@ class Worker:
                   "node_memory": vars(self.sampler.stop()) if self.sampler else None}
         if self.params.device == "cuda" and torch.cuda.is_initialized():
             record["torch_peak_allocated_mib"] = torch.cuda.max_memory_allocated() / MIB
+        if self.memory is not None and "oom" in self.memory.summaries:
+            record["memory_snapshot"] = self.memory.summaries["oom"]
         record.update(self._measured_as())
         write_json_atomic(self.work_dir / f"rank{self.rank}.json", record)
 
@@ -276,6 +289,7 @@ class StepRecorder:
         self._started = 0.0
         self._timed_s = 0.0
         self._last_report = time.monotonic()
+        self.profiler: StepProfiler | None = None  # over the steps after the timed ones, where asked
 
     @property
     def total(self) -> int:
@@ -297,6 +311,12 @@ class StepRecorder:
 
     def end(self, loss) -> None:
         """`loss`: the step's mean loss, a tensor on the device (read at the window's end) or a float."""
+        if self.profiler is not None:  # a profiled step: after the timed ones, its loss not kept
+            if self.profiler.step():
+                self.worker.breakdown = self.profiler.result
+                self.worker.marks["profiled"] = time.time()
+                self.done = True
+            return
         self._pending.append(loss)
         if self._in_warmup():
             self._synchronize()
@@ -321,11 +341,21 @@ class StepRecorder:
         self._timed_s += elapsed
         self._read_losses()
         self.done = self._decide()
+        if self.done and self.settings.profile_steps:
+            self._start_profiling()
         windows = len(self.window_step_times)
         self._report(f"window {windows} ({self.steps_per_window} steps): "
                      f"{self.window_step_times[-1] * 1e3:.2f} ms/step, "
                      f"loss {self.losses[-1]:.4f}" + (f"; done: {self.stopped}" if self.done else ""),
                      force=self.done or windows <= self.settings.min_windows)
+
+    def _start_profiling(self) -> None:
+        """Profile the steps after the timed ones (profiling.py): the loop goes on until they are done."""
+        self.profiler = StepProfiler(self.settings.profile_steps, self.worker.work_dir / PROFILE_DIR,
+                                     self.worker.rank, cuda=self.device.type == "cuda")
+        self.profiler.start()
+        self.done = False
+        self._report(f"profiling {self.settings.profile_steps} step(s) after the timed ones", force=True)
 
     def _read_losses(self) -> None:
         values = [v for v in self._pending]

@@ -10,6 +10,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from trainbench.execute.profiling import MEANINGS, PARTS
 from trainbench.reporting.predictions import Doc, prediction, time_prediction
 
 def metric(doc: Doc, key: str):
@@ -250,10 +251,49 @@ COLUMNS: dict[str, Column] = {
 }
 
 
+def _breakdown(doc: Doc) -> dict | None:
+    return metric(doc, "breakdown")
+
+
+def _part_share(part: str) -> Callable[[Doc], float | None]:
+    def value(doc: Doc):
+        found = _breakdown(doc)
+        return found and found["parts_s"][part] / found["step_s"]
+    return value
+
+
+def _exposed_ms(doc: Doc):
+    found = _breakdown(doc)
+    return found and found["parts_s"]["exposed_communication"] * 1e3
+
+
+# where a profiled step's time went (execute/profiling.py), for cells run with timing's profile_steps
+BREAKDOWN_COLUMNS: dict[str, Column] = {
+    **{f"time_{part}": Column(f"{part.replace('_', ' ')} %", _part_share(part), lambda v: f"{v:.0%}",
+                              f"share of a profiled step: {MEANINGS[part]}", comparable=False)
+       for part in PARTS},
+    "exposed_comm_ms": Column("exposed comm (ms)", _exposed_ms, _fmt(1),
+                              "collective time per profiled step that no compute overlapped",
+                              comparable=False),
+    "comm_hidden": Column("comm hidden", lambda d: (_breakdown(d) or {}).get("communication_hidden"),
+                          lambda v: f"{v:.0%}", "share of the collectives' time that compute overlapped",
+                          comparable=False),
+}
+COLUMNS.update(BREAKDOWN_COLUMNS)
+# names a study's `report` may give for several columns at once
+COLUMN_SETS = {"breakdown": list(BREAKDOWN_COLUMNS)}
+
+
+def expand_sets(report: list[str]) -> list[str]:
+    """A study's report columns with every set (COLUMN_SETS) replaced by its columns."""
+    return [name for entry in report for name in COLUMN_SETS.get(entry, [entry])]
+
+
 def with_predictions(report: list[str], docs: list[Doc]) -> list[str]:
     """Every study's table shows the memory model's prediction next to what was measured, and a GPU
     study's the time model's step time and samples/s (planned cells: predicted only; measured ones: beside
     the measurement, with the prediction's error)."""
+    report = expand_sets(report)
     wanted = ["predicted_host_mem_gib"]
     if any(d["params"].get("device") == "cuda" for d in docs):
         wanted = ["predicted_gpu_mem_gib", *wanted, "predicted_step_time_ms", "predicted_samples_per_s",
@@ -330,8 +370,8 @@ def report_problems(study: str, report: list[str]) -> list[str]:
     not when the table is made)."""
     problems = []
     for column in report:
-        if column not in COLUMNS:
-            close = difflib.get_close_matches(column, list(COLUMNS), n=1)
+        if column not in COLUMNS and column not in COLUMN_SETS:
+            close = difflib.get_close_matches(column, [*COLUMNS, *COLUMN_SETS], n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             problems.append(f"studies.{study}.report: unknown column {column!r}{hint}; "
                             f"`trainbench columns` lists them")

@@ -24,7 +24,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from trainbench.execute.results import with_intervals  # noqa: E402
-from trainbench.reporting.predictions import prediction, time_prediction, with_current_predictions  # noqa: E402
+from trainbench.execute.profiling import PARTS  # noqa: E402
+from trainbench.reporting.predictions import (MODEL_PARTS, parts_compared, prediction, time_prediction,  # noqa: E402
+                                              with_current_predictions)
 
 Doc = dict[str, Any]
 
@@ -268,3 +270,57 @@ def write_plots(docs: list[Doc], *, study: str, id_keys: list[str], memory_path:
     note = f"; {left_out} planned cells not drawn (see the table)" if left_out else ""
     memory_plot(docs, id_keys, study, Path(memory_path), panel_keys, note)
     throughput_plot(docs, id_keys, study, Path(throughput_path), panel_keys, note)
+
+
+# one colour family per part of the time model's step: compute blue, communication red, the optimizer
+# green, the host's time grey (copies, which offload adds to the optimizer's part, orange)
+PART_COLOURS = {"matmul": "#08519c", "attention": "#4292c6", "other_kernels": "#9ecae1",
+                "optimizer_kernels": "#238b45", "optimizer_host": "#a1d99b",
+                "exposed_copies": "#fd8d3c", "exposed_communication": "#cb181d", "idle": "#bdbdbd"}
+MODEL_COLOURS = {"compute": "#4292c6", "communication": "#cb181d", "optimizer": "#41ab5d",
+                 "framework": "#bdbdbd"}
+
+
+def breakdown_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path) -> None:
+    """Where each profiled cell's step went (execute/profiling.py), its parts stacked in ms per step at
+    the timed median; beside it, hatched, the time model's parts of the same step (a GPU cell's)."""
+    profiled = [d for d in docs if d["status"] == "ok" and (d.get("metrics") or {}).get("breakdown")]
+    keys, shared = label_keys(profiled or docs, id_keys, [])
+    fig, (ax,) = _panel_figure([("", profiled or docs)], 1.0,
+                               f"{_titled(title, shared)}: where a step's time went (profiled steps, "
+                               f"scaled to the median step); hatched: the time model's parts")
+    compared = any(parts_compared(d) for d in profiled)
+    width = 0.4 if compared else 0.8
+    for x, doc in enumerate(profiled):
+        found = doc["metrics"]["breakdown"]
+        scale = doc["metrics"]["step_time_s"] / found["step_s"] * 1e3
+        bottom = 0.0
+        offset = -width / 2 if compared else 0
+        for part in PARTS:
+            height = found["parts_s"][part] * scale
+            ax.bar(x + offset, height, width=width, bottom=bottom, color=PART_COLOURS[part],
+                   label=part.replace("_", " ") if x == 0 else None)
+            bottom += height
+        model = parts_compared(doc)
+        if model:
+            top = 0.0
+            for part in MODEL_PARTS:
+                height = model[part][1] * 1e3
+                ax.bar(x + width / 2, height, width=width, bottom=top, color=MODEL_COLOURS[part],
+                       hatch="///", edgecolor="white", linewidth=0.5,
+                       label=f"model: {part}" if x == 0 else None)
+                top += height
+        if found.get("communication_hidden") is not None:
+            ax.text(x + offset, bottom, f"comm {found['communication_hidden']:.0%}\nhidden",
+                    ha="center", va="bottom", fontsize=6)
+    if not profiled:
+        ax.text(0.5, 0.5, "no profiled cells yet (timing: profile_steps)", transform=ax.transAxes,
+                ha="center", va="center")
+    _cell_ticks(ax, profiled, keys)
+    ax.set_ylabel("ms per optimizer step")
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.15)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, ncols=4)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

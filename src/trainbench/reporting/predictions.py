@@ -31,6 +31,30 @@ def prediction(doc: Doc) -> dict:
         return {}
 
 
+# The profile's parts (execute/profiling.py) that each part of the time model's step stands for: its
+# compute is the kernels of forward and backward; its communication what overlap left exposed; its
+# optimizer the optimizer's kernels, the host's time in it and the copies offload adds; its fixed
+# costs per step (the loop, the engine) the time the device waits for the host.
+MODEL_PARTS = {"compute": ("matmul", "attention", "other_kernels"),
+               "communication": ("exposed_communication",),
+               "optimizer": ("optimizer_kernels", "optimizer_host", "exposed_copies"),
+               "framework": ("idle",)}
+
+
+def parts_compared(doc: Doc) -> dict[str, tuple[float, float]]:
+    """Each part of the time model's step, (measured, predicted) seconds per step, for a profiled cell
+    the model predicts ({} otherwise). The profile's shares are applied to the timed median step: the
+    profiler's own cost lengthens the profiled steps, not the parts' proportions."""
+    measured = (doc.get("metrics") or {}).get("breakdown")
+    predicted = time_prediction(doc).get("parts_s")
+    step = (doc.get("metrics") or {}).get("step_time_s")
+    if not measured or not predicted or not step or doc.get("emulation"):
+        return {}
+    scale = step / measured["step_s"]
+    return {part: (sum(measured["parts_s"][p] for p in profiled) * scale, predicted[part])
+            for part, profiled in MODEL_PARTS.items()}
+
+
 def _study_gpu(docs: list[Doc]):
     """The GPU type most of a study's measured cells ran on (None if none ran on a known one): what its
     planned cells are predicted for where the study's plan_for names none."""

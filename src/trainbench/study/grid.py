@@ -144,6 +144,12 @@ class Study:
         return [search_target(self.name, cell_id) for cell_id in self.searched]
 
     @property
+    def profiled(self) -> bool:
+        """Whether any measured cell profiles steps (timing's profile_steps): the study then has a
+        breakdown plot."""
+        return any(c.measured and c.timing.profile_steps for c in self.cells)
+
+    @property
     def planned(self) -> list[Cell]:
         """Cells outside the study's `measure` selection: planned by the memory model, not run for
         the table (asking for one's target still runs it)."""

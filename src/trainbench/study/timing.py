@@ -48,6 +48,15 @@ class TimingSettings:
                                   exclusiveMinimum=0)
     min_window_s: float = _setting(0.2, "number", "The shortest window, sized from the warm-up's steps: "
                                    "shorter ones would measure the host's jitter.", minimum=0)
+    profile_steps: int = _setting(0, "integer", "Steps profiled with torch.profiler on every rank after the "
+                                  "timed ones (0: none): each rank's trace, and where its step time went, "
+                                  "kept with the cell (docs/profiles.md). The cell's figures stay those of "
+                                  "its unprofiled steps.", minimum=0, maximum=50)
+    memory_snapshot: int = _setting(0, "integer", "1: record the GPU allocator's history from the "
+                                    "run's start (a small cost per allocation, in the timed steps too) "
+                                    "and keep a snapshot at the end, with its peak by category. A GPU "
+                                    "cell that runs out of memory keeps a snapshot whatever this says.",
+                                    minimum=0, maximum=1)
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -89,9 +98,16 @@ def steps_per_window(timed_steps: int, min_windows: int, step_estimate_s: float 
 
 def fixed_step_count(warmup_steps: int, timed_steps: int, settings: TimingSettings) -> int:
     """Steps of a run whose framework owns its loop and must know their number up front (Lightning,
-    the Hugging Face Trainer): warm-up, then `min_windows` windows of the uncalibrated size."""
+    the Hugging Face Trainer): warm-up, `min_windows` windows of the uncalibrated size, and the
+    profiled steps."""
     per_window = steps_per_window(timed_steps, settings.min_windows, None, settings.min_window_s)
-    return warmup_steps + settings.min_windows * per_window
+    return warmup_steps + settings.min_windows * per_window + profiled_step_count(settings)
+
+
+def profiled_step_count(settings: TimingSettings) -> int:
+    """Steps run after the timed ones to profile: `profile_steps`, and one before them that warms
+    the profiler up (execute/profiling.py)."""
+    return settings.profile_steps + 1 if settings.profile_steps else 0
 
 
 def _binomial_cdf(k: int, n: int) -> float:

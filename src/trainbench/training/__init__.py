@@ -5,3 +5,7 @@ May import: `registry`, `study`, `predict` (emulation asks the memory model for 
 `trainbench.errors` / `trainbench.paths`. Framework libraries (torch, deepspeed, lightning,
 transformers) are imported here and in `execute.worker` only.
 """
+
+# The profiler range a runner puts around its framework's optimizer step (execute/profiling.py reads
+# it beside torch's own `Optimizer.step#...`): here, where importing it imports no framework.
+OPTIMIZER_RANGE = "trainbench: optimizer step"

@@ -10,6 +10,7 @@ can add results (`results`: test accuracy) and hand out the framework's own conf
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from collections import Counter
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 
 from trainbench.study.params import CellParams
+from trainbench.training import OPTIMIZER_RANGE
 from trainbench.training.data import SyntheticBatches
 from trainbench.registry.frameworks import framework_of, strategy_of
 from trainbench.registry.models import ModelSpec, get_model
@@ -95,6 +97,23 @@ class Runner:
         to_local = getattr(parameter, "to_local", None)
         return to_local().numel() if to_local else parameter.numel()
 
+    def optimizer_object(self) -> Any:
+        """The framework's optimizer as this rank holds it (its states are found inside)."""
+        return getattr(self, "optimizer", None)
+
+    def memory_tensors(self) -> dict[str, list[torch.Tensor]]:
+        """This rank's parameters, gradients and optimizer states: what a memory snapshot's blocks are
+        matched against (execute/profiling.py). Parameters are the rank's shards (ZeRO-3's partitions,
+        FSDP's local shards); optimizer states whatever the optimizer holds that is no parameter."""
+        parameters = list(self.model().parameters())
+        held = [getattr(p, "ds_tensor", None) for p in parameters]
+        held = [h if h is not None else (p.to_local() if hasattr(p, "to_local") else p)
+                for h, p in zip(held, parameters)]
+        grads = [p.grad for p in parameters if p.grad is not None]
+        mine = {id(t) for t in [*parameters, *held, *grads]}
+        states = [t for t in tensors_in(self.optimizer_object()) if id(t) not in mine]
+        return {"parameters": held, "gradients": grads, "optimizer_states": states}
+
     CONFIG_FILE = "framework_config.json"  # where framework_config() is kept, beside metrics.json
 
     def framework_config(self) -> dict[str, Any] | None:
@@ -121,6 +140,36 @@ class LoopRunner(Runner):
 
     def train(self, recorder) -> None:
         raise NotImplementedError
+
+
+def tensors_in(root: Any, depth: int = 6) -> list[torch.Tensor]:
+    """The tensors an object holds, through attributes, lists, tuples and dicts (keys too: torch's
+    optimizer state is keyed by parameter), `depth` levels down; modules are not entered (their
+    tensors are the parameters')."""
+    found, seen, level = [], set(), [root]
+    for _ in range(depth + 1):
+        following = []
+        for item in level:
+            if id(item) in seen or isinstance(item, torch.nn.Module):
+                continue
+            seen.add(id(item))
+            if isinstance(item, torch.Tensor):
+                found.append(item)
+            elif isinstance(item, dict):
+                following += [*item.keys(), *item.values()]
+            elif isinstance(item, (list, tuple, set)):
+                following += list(item)
+            elif hasattr(item, "__dict__") and not isinstance(item, type):
+                following += list(vars(item).values())
+        level = following
+    return found
+
+
+def optimizer_range(stepping: bool = True):
+    """The profiler's range around a framework's optimizer step (execute/profiling.py), where the call
+    steps; torch's own annotation covers only its optimizer's `step`, not a wrapper's unscaling,
+    clipping and copies."""
+    return torch.profiler.record_function(OPTIMIZER_RANGE) if stepping else contextlib.nullcontext()
 
 
 def params_per_module(runner: Runner) -> dict[str, int]:

@@ -25,7 +25,7 @@ from trainbench.training import emulation
 from trainbench.registry.frameworks import offloads, strategy_of
 from trainbench.training.gpt import GPT, Block, init_gpt_module, lm_loss, pool
 from trainbench.registry.models import ModelSpec
-from trainbench.training.runners import RunContext, StepRunner
+from trainbench.training.runners import RunContext, StepRunner, optimizer_range
 
 
 # Megatron's layout for trainbench's GPT, as DeepSpeed AutoTP partition rules: attention's fused qkv
@@ -240,16 +240,21 @@ class DeepSpeedRunner(StepRunner):
             return self.engine.train_batch(data_iter=self.pipeline_data).detach().float()
         accumulation = self.p.grad_accum
         total = torch.zeros((), device=self.ctx.device)
-        for _ in range(accumulation):
+        for micro in range(accumulation):
             inputs, targets = self.batches.next()
             loss = self.engine(inputs, targets)
             self.engine.backward(loss)  # scales by 1/accumulation itself
-            self.engine.step()  # steps the optimizer at the accumulation boundary only
+            # steps the optimizer at the accumulation boundary only
+            with optimizer_range(micro == accumulation - 1):
+                self.engine.step()
             total += loss.detach().float() / accumulation
         return total
 
     def model(self) -> torch.nn.Module:
         return self.engine.module
+
+    def optimizer_object(self):
+        return self.engine.optimizer  # ZeRO's, holding the fp32 partitions and the inner optimizer
 
     def params_total(self) -> int:
         return self._params_total  # counted before tensor parallelism split the layers

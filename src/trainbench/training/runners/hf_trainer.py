@@ -259,5 +259,9 @@ class HfTrainerRunner(LoopRunner):
     def model(self) -> torch.nn.Module:
         return self.hf_model
 
+    def optimizer_object(self):
+        trainer = getattr(self, "trainer", None)
+        return trainer.optimizer if trainer is not None else None
+
     def params_total(self) -> int:
         return self._params_total

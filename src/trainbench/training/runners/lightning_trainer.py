@@ -160,5 +160,9 @@ class LightningRunner(LoopRunner):
     def model(self) -> torch.nn.Module:
         return self.module.model
 
+    def optimizer_object(self):
+        trainer = getattr(self, "trainer", None)
+        return trainer.optimizers if trainer is not None else None
+
     def params_total(self) -> int:
         return sum(getattr(p, "ds_numel", p.numel()) for p in self.module.model.parameters())

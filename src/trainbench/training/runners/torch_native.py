@@ -20,7 +20,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from trainbench.training.gpt import GPT
-from trainbench.training.runners import RunContext, StepRunner
+from trainbench.training.runners import RunContext, StepRunner, optimizer_range
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -196,9 +196,10 @@ class TorchRunner(StepRunner):
                     loss = local_loss(self.wrapped(inputs, targets)) / accumulation
                 self.scaler.scale(loss).backward()
             total += loss.detach()
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        with optimizer_range():
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
         return total
 
     CONFIG_FILE = "torch_config.json"

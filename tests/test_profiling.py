@@ -1,0 +1,189 @@
+"""Profiles of cells: torch.profiler over steps after the timed ones, and where a step's time went."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from trainbench.execute.profiling import MEMORY_CATEGORIES, PARTS, breakdown, read_trace, summarise_memory
+from trainbench.reporting.columns import expand_sets, report_problems
+from trainbench.reporting.plots import breakdown_plot
+from trainbench.reporting.predictions import MODEL_PARTS, parts_compared
+from trainbench.reporting.tables import table_rows
+from trainbench.study.config import load_config
+from trainbench.study.timing import TimingSettings, fixed_step_count
+from trainbench.training import OPTIMIZER_RANGE
+from trainbench.workflow import Workflow
+
+from trainbench.execute.results import read_result
+
+from conftest import REPO, tiny_study
+from test_cellrun import make_cell, run
+
+
+def span(name, ts, dur, cat="kernel", tid=7, **args):
+    return {"ph": "X", "name": name, "ts": ts, "dur": dur, "cat": cat, "tid": tid, "args": args}
+
+
+def test_each_instant_of_a_gpu_step_goes_to_the_first_part_active_then():
+    # one 100 us step on the host thread (tid 1); kernels on streams 7 (compute) and 8 (NCCL)
+    events = [
+        span("ProfilerStep#1", 0, 100, cat="user_annotation", tid=1),
+        span("ampere_bf16_s16816gemm_128x64", 0, 20),               # matmul 0-20
+        span("flash_fwd_kernel", 20, 10),                            # attention 20-30
+        span("vectorized_elementwise_kernel", 30, 10),               # other 30-40
+        span("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 35, 25, tid=8),  # 35-40 hidden, 40-60 exposed
+        span("Memcpy HtoD (Pageable -> Device)", 55, 10, cat="gpu_memcpy"),  # 60-65 exposed copy
+        span(OPTIMIZER_RANGE, 66, 30, cat="user_annotation", tid=1),  # host in the optimizer 66-96
+        span("cudaLaunchKernel", 67, 1, cat="cuda_runtime", tid=1, correlation=42),
+        span("multi_tensor_apply_kernel", 90, 4, correlation=42),    # the optimizer's kernel 90-94
+    ]
+    found = breakdown(events)
+    us = {part: round(seconds * 1e6, 3) for part, seconds in found["parts_s"].items()}
+    assert us == {"matmul": 20, "attention": 10, "other_kernels": 10, "optimizer_kernels": 4,
+                  "exposed_communication": 20, "exposed_copies": 5, "optimizer_host": 26, "idle": 5}
+    assert sum(found["parts_s"].values()) == pytest.approx(found["step_s"])
+    assert found["timeline"] == "cuda" and found["steps"] == 1
+    assert found["communication_s"] == pytest.approx(25e-6)
+    assert found["communication_hidden"] == pytest.approx(0.2)  # 5 of its 25 us under compute
+
+
+def test_a_trace_without_profiled_steps_is_refused():
+    with pytest.raises(ValueError, match="ProfilerStep"):
+        breakdown([span("gemm", 0, 10)])
+
+
+def test_a_ddp_cell_on_cpu_ranks_profiles_steps_after_its_timed_ones(tmp_path):
+    """Two gloo ranks: each keeps a trace, the breakdown's parts add up to its step and show the
+    all-reduce of the gradients; the timed figures come from the windows alone."""
+    cell = make_cell(strategy="ddp", gpus=2, timed_steps=4)
+    cell = dataclasses.replace(cell, timing=dataclasses.replace(cell.timing, profile_steps=2))
+    doc = run(cell, tmp_path)
+    assert doc["status"] == "ok", doc["reason"]
+    m = doc["metrics"]
+    found = m["breakdown"]
+    assert found["timeline"] == "cpu" and found["steps"] == 2
+    assert set(found["parts_s"]) == set(PARTS)
+    assert sum(found["parts_s"].values()) == pytest.approx(found["step_s"], rel=1e-3)
+    assert found["communication_s"] > 0 and found["parts_s"]["matmul"] > 0
+    assert found["parts_s"]["optimizer_kernels"] > 0
+    assert [r["steps"] for r in m["breakdown_per_rank"]] == [2, 2]
+    kept = tmp_path / "results/runs/t/c/profile"
+    for rank in (0, 1):
+        events = read_trace(kept / f"rank{rank}.json.gz")
+        assert sum(e.get("name", "").startswith("ProfilerStep#") for e in events) == 2
+        assert any(e.get("name", "").startswith("gloo:all_reduce") for e in events)
+    assert found["trace"] == "profile/rank0.json.gz"
+    # the profiled steps are not timed: windows and losses are the warm-up's and the timed steps'
+    assert m["steps_timed"] == sum(1 for _ in m["step_times_s"]) * m["steps_per_window"]
+    assert m["phases_s"]["profiled"] > 0
+
+    # a rerun without profiling leaves no profile of the earlier run beside the new result
+    cell = dataclasses.replace(cell, timing=dataclasses.replace(cell.timing, profile_steps=0))
+    doc = run(cell, tmp_path)
+    assert "breakdown" not in doc["metrics"] and not kept.exists()
+
+
+def test_a_framework_that_owns_its_loop_runs_the_profiled_steps_too(tmp_path):
+    timing = TimingSettings(min_windows=2, profile_steps=1)
+    assert fixed_step_count(1, 2, timing) == fixed_step_count(1, 2, TimingSettings(min_windows=2)) + 2
+    cell = make_cell(framework="lightning", model="distilbert-tiny", head="classifier", seq_len=16,
+                     strategy="single", gpus=1, timed_steps=2)
+    doc = run(dataclasses.replace(cell, timing=dataclasses.replace(cell.timing, profile_steps=1)), tmp_path)
+    assert doc["status"] == "ok", doc["reason"]
+    assert doc["metrics"]["breakdown"]["steps"] == 1
+    # Lightning's optimizer step is torch's, annotated by torch itself
+    assert doc["metrics"]["breakdown"]["parts_s"]["optimizer_kernels"] > 0
+
+
+def profiled_doc() -> dict:
+    """A published H200 result, given the breakdown of a profile whose steps took half its timed step."""
+    doc = read_result(REPO / "results/runs/baseline"
+                      / "strategy~single__model~gpt2-124m__gpus~1__micro_batch~32/metrics.json")
+    step = doc["metrics"]["step_time_s"]
+    parts = dict.fromkeys(PARTS, 0.0) | {"matmul": 0.3 * step, "other_kernels": 0.1 * step,
+                                         "idle": 0.1 * step}
+    doc["metrics"]["breakdown"] = {"timeline": "cuda", "steps": 2, "step_s": step / 2, "parts_s": parts,
+                                   "communication_s": 0.0, "communication_hidden": None}
+    return doc
+
+
+def test_the_breakdown_columns_are_a_set_a_study_can_ask_for_and_show_shares():
+    assert report_problems("s", ["breakdown", "mfu"]) == []
+    assert "breakdown" in report_problems("s", ["breakdwn"])[0]  # did you mean
+    columns = expand_sets(["breakdown"])
+    assert columns[:len(PARTS)] == [f"time_{p}" for p in PARTS]
+    [row] = table_rows([profiled_doc()], id_keys=[], report=columns)
+    assert row["time_matmul"] == pytest.approx(0.6) and row["time_idle"] == pytest.approx(0.2)
+
+
+def test_the_time_model_parts_are_held_against_the_profile_at_the_timed_step(tmp_path):
+    doc = profiled_doc()
+    compared = parts_compared(doc)
+    assert set(compared) == set(MODEL_PARTS)
+    # the profile's shares applied to the timed step: compute 80%, the host's idle time 20%
+    step = doc["metrics"]["step_time_s"]
+    assert compared["compute"][0] == pytest.approx(0.8 * step)
+    assert compared["framework"][0] == pytest.approx(0.2 * step)
+    assert all(predicted > 0 for _, predicted in (compared["compute"], compared["optimizer"]))
+    breakdown_plot([doc, {**doc, "cell_id": "d", "status": "oom"}], ["strategy"], "t", tmp_path / "b.png")
+    assert (tmp_path / "b.png").stat().st_size > 10_000
+
+
+def test_a_study_that_profiles_has_a_breakdown_plot_among_its_outputs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # results/ of the test's own, empty
+    plain = {**tiny_study(strategy="single", gpus=1), "axes": {"micro_batch": [1, 2]}}
+    profiled = {**plain, "timing": {**plain["timing"], "profile_steps": 2}}
+    config = {"studies": {"p": profiled, "q": plain}, "default_studies": {"without_gpus": ["p", "q"]}}
+    workflow = Workflow(load_config(config))
+    assert workflow.config.study("p").profiled and not workflow.config.study("q").profiled
+    outputs = workflow.final_output(have_gpus=False)
+    assert "results/plots/p_breakdown.png" in outputs and "results/plots/q_breakdown.png" not in outputs
+
+
+
+def test_a_memory_snapshot_is_read_at_its_peak_by_category():
+    # blocks live at the snapshot: a parameter (at address 1) and an optimizer state (2); the history
+    # allocated an activation (3, 40 MiB) and a gradient (4, 20 MiB) and freed both before the end
+    m = 1 << 20
+    snapshot = {
+        "segments": [{"total_size": 1000 * m, "allocated_size": 30 * m, "blocks": [
+            {"address": 1, "size": 10 * m, "state": "active_allocated"},
+            {"address": 2, "size": 20 * m, "state": "active_allocated"},
+            {"address": 5, "size": 900 * m, "state": "inactive"}]}],
+        "device_traces": [[
+            {"action": "alloc", "addr": 3, "size": 40 * m}, {"action": "alloc", "addr": 4, "size": 20 * m},
+            {"action": "free_requested", "addr": 3, "size": 40 * m},
+            {"action": "free_completed", "addr": 3, "size": 40 * m},
+            {"action": "free_completed", "addr": 4, "size": 20 * m}]]}
+    summary = summarise_memory(snapshot, {"parameters": {1}, "optimizer_states": {2}, "gradients": {4}})
+    assert summary["peak_allocated_mib"] == 90 and summary["history"]
+    assert summary["allocated_mib"] == 30 and summary["reserved_mib"] == 1000
+    assert summary["peak_by_category_mib"] == {"parameters": 10, "gradients": 20, "optimizer_states": 20,
+                                               "activations_and_other": 40}
+    assert set(summary["peak_by_category_mib"]) == set(MEMORY_CATEGORIES)
+    # without history, the snapshot's own blocks are all there is
+    summary = summarise_memory({**snapshot, "device_traces": [[]]}, {"parameters": {1}})
+    assert summary["peak_allocated_mib"] == 30 and not summary["history"]
+    assert summary["peak_by_category_mib"]["activations_and_other"] == 20
+
+
+def test_a_runner_names_its_parameters_gradients_and_optimizer_states(tmp_path):
+    import torch
+
+    from trainbench.training.runners import RunContext, make_runner
+
+    cell = make_cell(strategy="single", gpus=1)
+    runner = make_runner(RunContext(cell.params, 0, 1, 0, torch.device("cpu"), tmp_path))
+    runner.setup()
+    runner.train_step()
+    found = runner.memory_tensors()
+    parameters = list(runner.model().parameters())
+    assert len(found["parameters"]) == len(parameters)
+    # AdamW's two moments per parameter (and its step counts), none of them a parameter
+    states = {id(t) for t in found["optimizer_states"]}
+    for p in parameters:
+        moments = runner.optimizer.state[p]
+        assert {id(moments["exp_avg"]), id(moments["exp_avg_sq"])} <= states
+    assert not states & {id(p) for p in parameters}
