@@ -163,12 +163,12 @@ def cmd_run_cell(args) -> int:
 PREDICT_COLUMNS = ("study", "cell", "model", "strategy", "gpus", "nodes", "micro_batch",
                    "activation_checkpointing", "offload_optimizer", "offload_param", "gpu_mem_gib",
                    "host_mem_gib_per_node", "fits", "why_not", "step_time_s", "samples_per_s", "mfu",
-                   "time_constants_from")
+                   "time_constants_from", "compute_s", "communication_s", "optimizer_s", "framework_s")
 
 
 def cmd_predict(args) -> int:
     """One CSV row per cell: predicted memory per GPU and per node, whether it fits the hardware, and
-    (with --gpu) its step time, samples/s and MFU on that GPU type."""
+    (with --gpu) its step time, samples/s and MFU on that GPU type, and the step's parts."""
     import csv
 
     from trainbench.predict import time_model
@@ -206,7 +206,11 @@ def cmd_predict(args) -> int:
                              "" if timed is None else f"{timed.step_time_s:.4g}",
                              "" if timed is None else f"{timed.samples_per_s:.4g}",
                              "" if timed is None or timed.mfu is None else f"{timed.mfu:.3f}",
-                             "" if timed is None else timed.constants_gpu])
+                             "" if timed is None else timed.constants_gpu,
+                             # the step's parts (time_model.parts): what a profile is held against
+                             *(("",) * 4 if timed is None else
+                               (f"{timed.parts_s[part]:.4g}" for part in
+                                ("compute", "communication", "optimizer", "framework")))])
     return 0
 
 

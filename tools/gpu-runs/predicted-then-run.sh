@@ -21,6 +21,8 @@ TRAINBENCH_FORCE_INFEASIBLE=1 timeout -s INT "${LIMIT:-480}" snakemake -c all --
   > bench-out/snakemake.log 2>&1
 echo "== snakemake: $(( $(date +%s) - started )) s, exit status $?"
 grep -E "^\[$study/|trainbench:" bench-out/snakemake.log | grep -vE "window|warm-up" | tail -40
-python3 bench/predicted_then_run.py "results/predictions/$study-${GPU:-h200}.csv"
-tar czf "$out/$study.tgz" bench-out "results/runs/$study" results/tables/"$study".* .snakemake/log 2>/dev/null
+predictions="results/predictions/$study-${GPU:-h200}.csv"
+[ -f "$predictions" ] && python3 bench/predicted_then_run.py "$predictions"
+tar czf "$out/$study.tgz" bench-out "results/runs/$study" results/tables/"$study".* results/plots/"$study"_* \
+  .snakemake/log 2>/dev/null
 echo "packed $(tar tzf "$out/$study.tgz" | wc -l) files"

@@ -128,6 +128,8 @@ MODELS: dict[str, ModelSpec] = {
         _gpt("bert-180b-l4", 4, 12288, 96, vocab=30522, max_seq=2048, causal=False,
              note="bert-180b layer shapes, 4 layers: the scaled-down runnable version"),
         _llama("llama-tiny", 2, 64, 4, 172, vocab=512, max_seq=128, note="LLaMA layout for CPU tests"),
+        _llama("llama-1.3b", 24, 2048, 16, 5504,
+               note="Sheared-LLaMA-1.3B's layout: a LLaMA that one GPU trains whole"),
         _llama("llama-7b", 32, 4096, 32, 11008),
         _llama("llama-13b", 40, 5120, 40, 13824),
         _llama("llama-30b", 60, 6656, 52, 17920),
