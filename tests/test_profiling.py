@@ -16,6 +16,7 @@ from trainbench.study.timing import TimingSettings, fixed_step_count
 from trainbench.training import OPTIMIZER_RANGE
 from trainbench.workflow import Workflow
 
+from trainbench.cli import main
 from trainbench.execute.results import read_result
 
 from conftest import REPO, tiny_study
@@ -30,6 +31,7 @@ def test_each_instant_of_a_gpu_step_goes_to_the_first_part_active_then():
     # one 100 us step on the host thread (tid 1); kernels on streams 7 (compute) and 8 (NCCL)
     events = [
         span("ProfilerStep#1", 0, 100, cat="user_annotation", tid=1),
+        span("ProfilerStep#1", 1, 99, cat="gpu_user_annotation", tid=7),  # the same step, device side
         span("ampere_bf16_s16816gemm_128x64", 0, 20),               # matmul 0-20
         span("flash_fwd_kernel", 20, 10),                            # attention 20-30
         span("vectorized_elementwise_kernel", 30, 10),               # other 30-40
@@ -47,6 +49,21 @@ def test_each_instant_of_a_gpu_step_goes_to_the_first_part_active_then():
     assert found["timeline"] == "cuda" and found["steps"] == 1
     assert found["communication_s"] == pytest.approx(25e-6)
     assert found["communication_hidden"] == pytest.approx(0.2)  # 5 of its 25 us under compute
+
+
+def test_a_step_whose_closure_runs_forward_and_backward_is_the_optimizer_only_by_kernel_name():
+    # Lightning: optimizer.step(closure) runs forward and backward inside torch's optimizer range
+    events = [
+        span("ProfilerStep#1", 0, 100, cat="user_annotation", tid=1),
+        span("Optimizer.step#Adam.step", 0, 100, cat="user_annotation", tid=1),
+        span("autograd::engine::evaluate_function: MmBackward0", 40, 5, cat="cpu_op", tid=2),
+        span("cudaLaunchKernel", 1, 1, cat="cuda_runtime", tid=1, correlation=1),
+        span("nvjet_sm90_tst_256x128_64x4", 10, 50, correlation=1),
+        span("multi_tensor_apply_kernel", 70, 20, correlation=2),
+    ]
+    us = {part: round(seconds * 1e6, 3) for part, seconds in breakdown(events)["parts_s"].items()}
+    assert us["matmul"] == 50 and us["optimizer_kernels"] == 20
+    assert us["optimizer_host"] == 0 and us["idle"] == 30  # not the optimizer's host time either
 
 
 def test_a_trace_without_profiled_steps_is_refused():
@@ -78,6 +95,10 @@ def test_a_ddp_cell_on_cpu_ranks_profiles_steps_after_its_timed_ones(tmp_path):
     # the profiled steps are not timed: windows and losses are the warm-up's and the timed steps'
     assert m["steps_timed"] == sum(1 for _ in m["step_times_s"]) * m["steps_per_window"]
     assert m["phases_s"]["profiled"] > 0
+    # the traces are the measurement: read again (`trainbench breakdown`), they give the same parts
+    result = tmp_path / "results/runs/t/c/metrics.json"
+    assert main(["breakdown", str(result)]) == 0
+    assert read_result(result)["metrics"]["breakdown_per_rank"] == m["breakdown_per_rank"]
 
     # a rerun without profiling leaves no profile of the earlier run beside the new result
     cell = dataclasses.replace(cell, timing=dataclasses.replace(cell.timing, profile_steps=0))

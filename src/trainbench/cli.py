@@ -214,6 +214,21 @@ def cmd_predict(args) -> int:
     return 0
 
 
+def cmd_breakdown(args) -> int:
+    """Read profiled results' breakdowns again from their kept traces."""
+    from trainbench.execute.profiling import reread
+
+    for path in args.results:
+        try:
+            found = reread(Path(path))
+        except (OSError, ValueError, KeyError) as error:
+            raise UsageError(str(error)) from None
+        shares = ", ".join(f"{part} {seconds / found['step_s']:.0%}"
+                           for part, seconds in found["parts_s"].items() if seconds / found["step_s"] >= 0.005)
+        print(f"{path}: {found['step_s'] * 1e3:.1f} ms per profiled step: {shares}")
+    return 0
+
+
 def cmd_fit(args) -> int:
     from trainbench import fit
 
@@ -387,6 +402,13 @@ def parser() -> argparse.ArgumentParser:
     predict.add_argument("--host-mem-gib", type=positive(float), required=True,
                          help="host memory per node in GiB")
     predict.set_defaults(func=cmd_predict)
+
+    reread = sub.add_parser("breakdown", help="read profiled results' breakdowns again from their traces",
+                            description="Recompute metrics.breakdown of each result from the traces kept "
+                                        "beside it (docs/profiles.md): after a change to how traces are "
+                                        "read, the measurement stays, its reading follows the code.")
+    reread.add_argument("results", nargs="+", help="metrics.json files of profiled cells")
+    reread.set_defaults(func=cmd_breakdown)
 
     fit = sub.add_parser("fit", help="run one rank of a cell's world on this machine's GPU: does it fit, "
                                      "and at what micro batch?",

@@ -13,8 +13,10 @@ active, so the parts add up to the step:
 
   matmul, attention, other_kernels, optimizer_kernels
                           compute: the device's kernels (a CPU rank's ops, each op's own time
-                          outside the ops it calls), by name; the optimizer's are those the host launched
-                          inside an optimizer step (torch's `Optimizer.step#...`, OPTIMIZER_RANGE)
+                          outside the ops it calls), by name; the optimizer's are those named like
+                          it (multi-tensor Adam) and those the host launched inside an optimizer step
+                          (torch's `Optimizer.step#...`, the runners' OPTIMIZER_RANGE), except in a
+                          step that runs forward and backward in its closure (Lightning's)
   exposed_communication   a collective runs and no compute does: what overlap failed to hide
   exposed_copies          a host-device copy runs and neither compute nor a collective does
   optimizer_host          the host is inside an optimizer step and the device has nothing to do:
@@ -67,6 +69,8 @@ COLLECTIVE = re.compile(r"nccl|^gloo:", re.I)
 # a CPU rank's compute, by aten op
 CPU_MATMUL = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|matmul|_addmm_activation|linear)$")
 CPU_ATTENTION = re.compile(r"scaled_dot_product|flash_attention|efficient_attention")
+CPU_OPTIMIZER = re.compile(r"_foreach_|adam|addcdiv_|addcmul_|lerp_")
+BACKWARD = "autograd::engine::evaluate_function"
 
 
 def classify(kernel: str) -> str:
@@ -133,14 +137,20 @@ def _self_spans(events: list[dict]) -> list[tuple[dict, float, float]]:
 def breakdown(events: list[dict[str, Any]]) -> dict[str, Any]:
     """A rank's profiled steps split into PARTS (seconds per step), from its Chrome trace's events."""
     spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
-    steps = [e for e in spans if str(e.get("name", "")).startswith("ProfilerStep#")]
+    # the host's step ranges (a GPU trace repeats them on the device's timeline: gpu_user_annotation)
+    steps = [e for e in spans if str(e.get("name", "")).startswith("ProfilerStep#")
+             and e.get("cat") != "gpu_user_annotation"]
     if not steps:
         raise ValueError("the trace has no ProfilerStep# ranges: not a torch.profiler trace of steps")
     start = min(_span(e)[0] for e in steps)
     end = max(_span(e)[1] for e in steps)
     main = steps[0].get("tid")
-    optimizer = [_span(e) for e in spans if e.get("tid") == main and e.get("cat") == "user_annotation"
-                 and (str(e["name"]).startswith("Optimizer.step#") or e["name"] == OPTIMIZER_RANGE)]
+    stepping = [_span(e) for e in spans if e.get("tid") == main and e.get("cat") == "user_annotation"
+                and (str(e["name"]).startswith("Optimizer.step#") or e["name"] == OPTIMIZER_RANGE)]
+    # Lightning steps its optimizer with a closure that runs forward and backward inside the step: a
+    # range with backward work in it is not the optimizer's alone (only its kernels by name are)
+    backward = [_span(e)[0] for e in spans if str(e.get("name", "")).startswith(BACKWARD)]
+    optimizer = [r for r in stepping if not any(r[0] <= at <= r[1] for at in backward)]
     device = [e for e in spans if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     collectives = [_span(e) for e in spans if COLLECTIVE.search(str(e.get("name", "")))
                    and (e.get("cat") == "kernel" or not device)]
@@ -149,8 +159,9 @@ def breakdown(events: list[dict[str, Any]]) -> dict[str, Any]:
     if device:
         # a kernel is the optimizer's when its launch (same correlation id) was inside an optimizer step
         launched_by_optimizer = {e["args"]["correlation"] for e in spans
-                                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in
-                                 e.get("args", {}) and _inside(optimizer, float(e["ts"]))}
+                                 if e.get("cat") in ("cuda_runtime", "cuda_driver")
+                                 and e.get("tid") == main and "correlation" in e.get("args", {})
+                                 and _inside(optimizer, float(e["ts"]))}
         copies = []
         for e in device:
             if e.get("cat") != "kernel":
@@ -160,7 +171,7 @@ def breakdown(events: list[dict[str, Any]]) -> dict[str, Any]:
             if COLLECTIVE.search(name):
                 continue
             kind = classify(name)
-            if e.get("args", {}).get("correlation") in launched_by_optimizer:
+            if kind == "optimizer" or e.get("args", {}).get("correlation") in launched_by_optimizer:
                 part = "optimizer_kernels"
             else:
                 part = {"matmul": "matmul", "attention": "attention"}.get(kind, "other_kernels")
@@ -173,7 +184,8 @@ def breakdown(events: list[dict[str, Any]]) -> dict[str, Any]:
             name = str(e["name"])
             if COLLECTIVE.search(name) or name.startswith("c10d::") or name == "record_param_comms":
                 continue  # a collective's launch, or a wait for one: its work is gloo's
-            if _inside(optimizer, float(e["ts"])):
+            if _inside(optimizer, float(e["ts"])) or (_inside(stepping, float(e["ts"]))
+                                                      and CPU_OPTIMIZER.search(name)):
                 part = "optimizer_kernels"
             elif CPU_ATTENTION.search(name):
                 part = "attention"
@@ -339,3 +351,25 @@ class MemoryRecorder:
         summary = {**summarise_memory(snapshot, addresses), "snapshot": f"{PROFILE_DIR}/{name}"}
         self.summaries[why] = summary
         return summary
+
+
+def reread(result: Path) -> dict[str, Any]:
+    """A result's breakdowns read again from the traces kept beside it (after a change to `breakdown`:
+    the traces are the measurement, the parts a reading of them); the metrics.json rewritten."""
+    from trainbench.execute.results import read_json, write_json_atomic
+
+    doc = read_json(result)
+    metrics = doc["metrics"]
+    if not metrics.get("breakdown"):
+        raise ValueError(f"{result}: no breakdown (the cell was not profiled)")
+    ranks = metrics.get("breakdown_per_rank") or [metrics["breakdown"]]
+    fresh = []
+    for old in ranks:
+        trace = result.parent / old["trace"]
+        fresh.append({**breakdown(read_trace(trace)), "trace": old["trace"]})
+    reporting = metrics["breakdown"]["trace"]
+    metrics["breakdown"] = next(b for b, old in zip(fresh, ranks) if old["trace"] == reporting)
+    if metrics.get("breakdown_per_rank"):
+        metrics["breakdown_per_rank"] = fresh
+    write_json_atomic(result, doc)
+    return metrics["breakdown"]
