@@ -223,8 +223,9 @@ def cmd_breakdown(args) -> int:
             found = reread(Path(path))
         except (OSError, ValueError, KeyError) as error:
             raise UsageError(str(error)) from None
-        shares = ", ".join(f"{part} {seconds / found['step_s']:.0%}"
-                           for part, seconds in found["parts_s"].items() if seconds / found["step_s"] >= 0.005)
+        step = found["step_s"]
+        shares = ", ".join(f"{part} {seconds / step:.0%}" for part, seconds in found["parts_s"].items()
+                           if seconds / step >= 0.005)
         print(f"{path}: {found['step_s'] * 1e3:.1f} ms per profiled step: {shares}")
     return 0
 
