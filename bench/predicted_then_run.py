@@ -8,8 +8,11 @@ For every row of the predictions (`trainbench predict`'s CSV), the cell's metric
 --runs: its fit/OOM verdict against the outcome (a cell that ran `ok` fitted; `oom` did not), and
 for the cells that ran, the predicted per-GPU memory (NVML 'used', what the memory model predicts)
 and step time against the measured ones, as (predicted - measured) / measured. Cells with no
-result, or whose result is neither ok nor oom, are listed and left out of the figures. --json
-writes every row and the summary for machines.
+result, or whose result is neither ok nor oom, are listed and left out of the figures. Where the
+predictions have the step's parts (compute, communication, optimizer, framework) and the cell was
+profiled, each part against the profile's (reporting.predictions.MODEL_PARTS: the profile's shares
+of the timed median step), and the part that missed most. --json writes every row and the summary
+for machines.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 from trainbench.registry.hardware import MIB  # noqa: E402
 from trainbench.execute.results import InvalidResult, read_result  # noqa: E402
+from trainbench.reporting.predictions import MODEL_PARTS  # noqa: E402
 
 GIB = 1024 * MIB
 
@@ -48,7 +52,7 @@ def compare_row(row: dict, runs: Path) -> dict:
              "predicted_gpu_gib": float(row["gpu_mem_gib"]), "predicted_fits": predicted_fit,
              "predicted_step_s": float(row["step_time_s"]) if row.get("step_time_s") else None,
              "measured_gpu_gib": None, "measured_step_s": None, "verdict_right": None,
-             "gpu_error": None, "step_error": None}
+             "gpu_error": None, "step_error": None, "parts_ms": None}
     if status not in ("ok", "oom"):
         return entry
     entry["verdict_right"] = predicted_fit == (status == "ok")
@@ -59,6 +63,12 @@ def compare_row(row: dict, runs: Path) -> dict:
         entry["gpu_error"] = entry["predicted_gpu_gib"] / entry["measured_gpu_gib"] - 1
         if entry["predicted_step_s"]:
             entry["step_error"] = entry["predicted_step_s"] / entry["measured_step_s"] - 1
+        found = metrics.get("breakdown")
+        if found and row.get("compute_s"):  # the pre-registered parts against the profile's
+            scale = metrics["step_time_s"] / found["step_s"] * 1e3
+            entry["parts_ms"] = {part: (float(row[f"{part}_s"]) * 1e3,
+                                        sum(found["parts_s"][p] for p in profiled) * scale)
+                                 for part, profiled in MODEL_PARTS.items()}
     return entry
 
 
@@ -102,6 +112,20 @@ def render(entries: list[dict], summary: dict) -> str:
               f"worst {_pct(s['gpu_worst_abs_error']).lstrip('+')}",
               f"step time (cells that ran): median |error| {_pct(s['step_median_abs_error']).lstrip('+')}, "
               f"worst {_pct(s['step_worst_abs_error']).lstrip('+')}"]
+    parted = [e for e in entries if e["parts_ms"]]
+    if parted:
+        lines += ["", "the step's parts, ms predicted / profiled (the profile's shares of the timed step), "
+                      "and the part that missed most:"]
+        worst_parts = []
+        for e in parted:
+            misses = {part: predicted - measured for part, (predicted, measured) in e["parts_ms"].items()}
+            worst = max(misses, key=lambda part: abs(misses[part]))
+            worst_parts.append(worst)
+            lines.append(f"{e['cell']:<{width}}  " + "  ".join(
+                f"{part} {p:.0f}/{m:.0f}" for part, (p, m) in e["parts_ms"].items())
+                + f"  -> {worst} {misses[worst]:+.0f} ms")
+        lines.append("the part that missed most, by cells: "
+                     + ", ".join(f"{part} {worst_parts.count(part)}" for part in MODEL_PARTS))
     if s["not_judged"]:
         shown = s["not_judged"][:4]
         more = len(s["not_judged"]) - len(shown)

@@ -173,3 +173,19 @@ def test_the_comparison_sorts_kernels_into_the_classes_its_attribution_names():
     assert classify("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>") == "optimizer"
     assert classify("Memcpy HtoD (Pageable -> Device)") == "copies and fills"
     assert generic("triton_poi_fused_add_12") == "triton_poi_fused_add"
+
+
+def test_pre_registered_parts_are_held_against_the_profiles(tmp_path):
+    """A profiled round (holdout_frameworks): each cell's predicted parts beside its profile's, which
+    add up to its timed step, and the part that missed most named."""
+    report = tmp_path / "check.json"
+    run = subprocess.run([sys.executable, "bench/predicted_then_run.py",
+                          "results/predictions/holdout_frameworks-h200.csv", "--json", str(report)],
+                         cwd=REPO, capture_output=True, text=True, check=True)
+    assert "the part that missed most, by cells:" in run.stdout
+    entries = json.loads(report.read_text())["entries"]
+    assert entries and all(e["parts_ms"] for e in entries)
+    for e in entries:
+        assert set(e["parts_ms"]) == {"compute", "communication", "optimizer", "framework"}
+        profiled = sum(measured for _, measured in e["parts_ms"].values())
+        assert profiled == pytest.approx(e["measured_step_s"] * 1e3, rel=1e-3)
