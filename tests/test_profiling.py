@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -208,3 +209,19 @@ def test_a_runner_names_its_parameters_gradients_and_optimizer_states(tmp_path):
         moments = runner.optimizer.state[p]
         assert {id(moments["exp_avg"]), id(moments["exp_avg_sq"])} <= states
     assert not states & {id(p) for p in parameters}
+
+
+def test_trainbench_profile_runs_one_cell_again_with_its_steps_profiled(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    study = {**tiny_study(strategy="single", gpus=1), "axes": {"micro_batch": [1, 2]}}
+    (tmp_path / "config.yaml").write_text(json.dumps({"studies": {"t": study},
+                                                      "default_studies": {"without_gpus": ["t"]}}))
+    assert main(["profile", "t", "micro_batch~2", "--steps", "2"]) == 0
+    doc = read_result(tmp_path / "results/runs/t/micro_batch~2/metrics.json")
+    assert doc["status"] == "ok" and doc["metrics"]["breakdown"]["steps"] == 2
+    assert doc["metrics"]["timing"]["profile_steps"] == 2
+    assert (tmp_path / "results/runs/t/micro_batch~2/profile/rank0.json.gz").exists()
+    assert "of a" in capsys.readouterr().out  # the shares, printed
+    assert not (tmp_path / "results/runs/t/micro_batch~1").exists()  # that cell alone
+    assert main(["profile", "t", "micro_batch~3"]) != 0  # no such cell: said, nothing run
+    assert "has no cell 'micro_batch~3'" in capsys.readouterr().err

@@ -214,6 +214,29 @@ def cmd_predict(args) -> int:
     return 0
 
 
+def cmd_profile(args) -> int:
+    """Run one cell of config.yaml again with its steps profiled, in place of its result."""
+    import dataclasses
+
+    from trainbench.execute.cellrun import run_cell
+
+    cell = _config(args.config).study(args.study).cell(args.cell)  # an unknown one: ConfigError, named
+    timing = dataclasses.replace(cell.timing, profile_steps=args.steps, memory_snapshot=int(args.memory))
+    cell = dataclasses.replace(cell, timing=timing)
+    resources = cell.resources()
+    output = Path(cell.target)
+    print(f"trainbench: profiling {args.steps} step(s) of {args.study}/{args.cell} after its timed ones; "
+          f"its result, traces and breakdown go to {output.parent}", file=sys.stderr)
+    status = run_cell(cell, output, runtime_min=resources["runtime"], retries=resources["retries"])
+    if status == 0 and output.exists():
+        found = json.loads(output.read_text())["metrics"].get("breakdown")
+        if found:
+            step = found["step_s"]
+            print("; ".join(f"{part} {seconds / step:.0%}" for part, seconds in found["parts_s"].items()
+                            if seconds / step >= 0.005) + f" of a {step * 1e3:.1f} ms profiled step")
+    return status
+
+
 def cmd_breakdown(args) -> int:
     """Read profiled results' breakdowns again from their kept traces."""
     from trainbench.execute.profiling import reread
@@ -403,6 +426,21 @@ def parser() -> argparse.ArgumentParser:
     predict.add_argument("--host-mem-gib", type=positive(float), required=True,
                          help="host memory per node in GiB")
     predict.set_defaults(func=cmd_predict)
+
+    profile = sub.add_parser("profile", help="run one cell again with its steps profiled (torch.profiler)",
+                             description="Run a cell of config.yaml on this machine with PROFILE steps "
+                                         "profiled after its timed ones (timing's profile_steps): its "
+                                         "result is replaced, every rank's trace kept under profile/ "
+                                         "beside it, and metrics.breakdown says where a step's time went "
+                                         "(docs/profiles.md).")
+    profile.add_argument("study")
+    profile.add_argument("cell", help="the cell's id (`trainbench cells STUDY` lists them)")
+    profile.add_argument("--steps", type=positive(int), default=3, help="steps to profile (default 3)")
+    profile.add_argument("--memory", action="store_true",
+                         help="also record the GPU allocator's history and keep a snapshot (timing's "
+                              "memory_snapshot)")
+    profile.add_argument("--config", default="config.yaml")
+    profile.set_defaults(func=cmd_profile)
 
     reread = sub.add_parser("breakdown", help="read profiled results' breakdowns again from their traces",
                             description="Recompute metrics.breakdown of each result from the traces kept "
