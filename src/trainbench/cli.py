@@ -343,11 +343,13 @@ def cmd_vocabulary(args) -> int:
                   f"ctx={m.max_seq}  {m.note}{built}")
     elif args.command == "columns":
         from trainbench.reporting.findings import metrics
-        from trainbench.reporting.columns import COLUMNS
+        from trainbench.reporting.columns import COLUMN_SETS, COLUMNS
 
         width = max(len(c.header) for c in COLUMNS.values())
         for name, column in COLUMNS.items():
             print(f"{name:<23} {column.header:<{width}} {column.description}")
+        for name, members in COLUMN_SETS.items():
+            print(f"{name:<23} {'(a set)':<{width}} {', '.join(members)}")
         searched = [m for name, m in metrics().items() if name not in COLUMNS]
         print("findings also compare: " + ", ".join(f"{m.name} ({m.header})" for m in searched))
     return 0
