@@ -226,3 +226,30 @@ def test_the_report_of_the_smoke_study_renders_its_page_table_plots_and_provenan
         browser.save_screenshot(str(tmp_path / "report.png"))  # what it looked like, to look at
     print(f"report built in {built:.1f} s, "
           f"checked in a browser in {time.monotonic() - started - built:.1f} s")
+
+
+def test_a_fresh_clone_reports_the_published_studies_with_nothing_run_first(browser, tmp_path):
+    """`snakemake --report` on a clone where nothing ran (no smoke table, no study pages): the report of
+    what is published, every tabled study with its plots, each plot loading."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from conftest import Workflow
+
+    clone = Workflow(tmp_path / "clone", clone=True)
+    report = tmp_path / "report.html"
+    clone.shell(f"snakemake --report {report}", env=CPU_MACHINE)
+    assert not clone.path("results/tables/smoke.md").exists()  # nothing was run to make it
+    browser.get(report.as_uri())
+    WebDriverWait(browser, 10).until(lambda d: d.find_element(By.XPATH, "//h1[contains(., 'trainbench')]"))
+    for study, shows in (("baseline", "throughput with 95% intervals"),
+                         ("holdout_frameworks", "where a step's time went: profiled and predicted")):
+        _click(browser, study)
+        _click(browser, "plots")
+        _view(browser, shows)
+        image = WebDriverWait(browser, 10).until(lambda d: d.find_element(
+            By.CSS_SELECTOR, "img[src^='data:image/png']"))
+        assert image.is_displayed() and _loaded_images(browser, [image])[0] > 0, (study, shows)
+        browser.get(report.as_uri())
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors

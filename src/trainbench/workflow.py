@@ -186,8 +186,23 @@ class Workflow:
         return [paths.path(paths.STUDY_PAGE, study=name) for name in self.config.studies
                 if os.path.exists(paths.path(paths.TABLE_MD, study=name))]
 
-    def final_output(self, have_gpus: bool) -> list[str]:
-        """The default target: every output of the studies config.yaml names for this kind of machine."""
+    def final_output(self, have_gpus: bool, reporting: bool = False) -> list[str]:
+        """The default target: every output of the studies config.yaml names for this kind of machine.
+        For `snakemake --report` where those studies were never run here (a fresh clone: no smoke
+        table), what is on disk instead: every tabled study's tables, plots and page, those that exist
+        (the published studies), so that the report needs nothing run first."""
         names = self.config.default_targets_studies(have_gpus=have_gpus)
-        return [output for name in names
-                for output in paths.study_outputs(name, profiled=self.config.study(name).profiled)]
+        outputs = [output for name in names
+                   for output in paths.study_outputs(name, profiled=self.config.study(name).profiled)]
+        if reporting and not all(os.path.exists(o) for o in outputs):
+            return self.tabled_outputs()
+        return outputs
+
+    def tabled_outputs(self) -> list[str]:
+        """The tables, plots and pages on disk of every study that has a table (what a report of
+        published results shows)."""
+        tabled = [name for name in self.config.studies
+                  if os.path.exists(paths.path(paths.TABLE_MD, study=name))]
+        return [output for name in tabled
+                for output in paths.study_outputs(name, profiled=self.config.study(name).profiled)
+                if os.path.exists(output)]

@@ -160,4 +160,5 @@ def get_pages_of_tabled_studies():
 
 
 def get_final_output():
-    return WORKFLOW.final_output(have_gpus=local_gpu_count() > 0)
+    # `snakemake --report` reads Snakemake's own command line: the Snakefile is not told otherwise
+    return WORKFLOW.final_output(have_gpus=local_gpu_count() > 0, reporting="--report" in sys.argv)
