@@ -437,3 +437,27 @@ def test_shared_resources_are_those_every_cell_asks_for_alike():
                       if name not in ("cpus_per_task", "mem_mb", "threads")}
     assert shared["gres"] is None and shared["gpu"] == 0  # None is a value cells share too
     assert shared_resources([]) == {}
+
+
+def test_a_study_says_where_its_slurm_jobs_run_and_a_bad_value_is_named():
+    cluster = {"slurm_partition": "gpu-long", "slurm_account": "bench", "constraint": "nvlink&ib",
+               "gpu_model": "h100"}
+    grid = load_config(config_with(study(
+        settings={"model": "gpt2-tiny", "device": "cuda", "strategy": "ddp"},
+        include=[{"gpus": 4}, {"gpus": 16, "nodes": 2}, {"gpus": 2, "device": "cpu"}],
+        execution=cluster))).study("s")
+    one_node, two_nodes, cpu = (r.resources() for r in grid.cells)
+    assert {k: one_node[k] for k in cluster} == cluster
+    assert one_node["gpu"] == 4 and one_node["gres"] is None
+    # a multi-node cell asks per node, the model in its GRES; the plugin's gpu_model is per job
+    assert two_nodes["gres"] == "gpu:h100:8" and two_nodes["gpu_model"] is None
+    assert cpu["gpu_model"] is None and cpu["slurm_partition"] == "gpu-long"  # CPU ranks ask no GPU model
+    plain = load_config(config_with(study(settings={"model": "gpt2-tiny", "device": "cpu", "gpus": 2,
+                                                    "strategy": "ddp"}, axes={"micro_batch": [1]})))
+    plain = plain.study("s").cells[0].resources()
+    assert all(plain[k] is None for k in cluster)
+    for key, bad in (("slurm_partition", "gpu long"), ("gpu_model", "h100-80g"), ("constraint", "a;b")):
+        [problem] = problems(config_with(study(axes={"micro_batch": [1]}, execution={key: bad},
+                                               settings={"model": "gpt2-tiny", "device": "cpu", "gpus": 2,
+                                                         "strategy": "ddp"})))
+        assert f"studies.s.execution.{key}" in problem, problem

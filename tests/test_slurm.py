@@ -188,3 +188,47 @@ def test_the_srun_fan_out_starts_a_node_that_joins_its_rendezvous(tmp_path):
     outcome = classify(work, result.returncode, False, 300, warmup_steps=1)
     assert outcome.status == "ok"
     assert len(outcome.result["ranks"]) == 2
+
+
+def test_a_study_names_partition_account_gpu_model_and_constraint_and_sbatch_gets_them(workflow):
+    """execution's slurm_partition, slurm_account, gpu_model and constraint reach each cell's job: a
+    one-node cell's GPUs by model per job, a multi-node cell's per node (pending in the partition of
+    nodes that never come up, whose GPUs are h100s with the nvlink feature)."""
+    if not _sinfo("-p", PENDING_PARTITION, "-o", "%P"):
+        pytest.skip(f"no partition {PENDING_PARTITION!r} of nodes that never come up")
+    study = tiny_study(strategy="ddp", device="cuda")
+    study["include"] = [{"gpus": 2}, {"gpus": 16, "nodes": 2}]
+    study["execution"].update(slurm_partition=PENDING_PARTITION, slurm_account="bench",
+                              gpu_model="h100", constraint="nvlink")
+    workflow.write_config({"studies": {"c": study}})
+    cells = load_config(workflow.path("config.yaml")).study("c").cells
+    proc = subprocess.Popen([sys.executable, "-m", "snakemake", *(c.target for c in cells), *PROFILE,
+                             "-j", "4"], cwd=workflow.root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            queued = subprocess.run(["squeue", "-h", "-p", PENDING_PARTITION, "-o", "%i"],
+                                    capture_output=True, text=True).stdout.split()
+            if len(queued) == 2:
+                break
+            assert time.monotonic() < deadline and proc.poll() is None, (
+                proc.communicate()[0] if proc.poll() else "")
+            time.sleep(1)
+        requests = {}
+        for job in queued:
+            text = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+            fields = dict(item.split("=", 1) for item in text.split() if "=" in item)
+            requests[int(fields["NumNodes"].split("-")[0])] = fields
+        for fields in requests.values():
+            assert fields["Partition"] == PENDING_PARTITION and fields["Account"] == "bench"
+            assert fields["Features"] == "nvlink"
+        assert requests[1]["TresPerJob"] == "gres:gpu:h100:2"
+        assert requests[2]["TresPerNode"] == "gres:gpu:h100:8"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        subprocess.run(["scancel", "-p", PENDING_PARTITION], check=False)

@@ -119,3 +119,16 @@ def test_a_report_where_the_default_studies_never_ran_shows_what_is_on_disk(here
         os.makedirs(os.path.dirname(path), exist_ok=True)
         open(path, "w").close()
     assert flow.final_output(have_gpus=False, reporting=True) == default  # made here: those
+
+
+def test_slurm_placement_reaches_snakemake_only_where_a_study_names_it(here):
+    # a rule's resource replaces the profile's --default-resources of that name, even where None
+    plain = Workflow(load_checked(two_studies())).cell_resource_names()
+    assert not {"slurm_partition", "gpu_model"} & set(plain)
+    config = two_studies()
+    config["studies"]["gpu"]["execution"]["slurm_partition"] = "gpu"
+    flow = Workflow(load_checked(config))
+    names = flow.cell_resource_names()
+    assert names["slurm_partition"] == "slurm_partition" and "slurm_account" not in names
+    partition = flow.cell_resource("slurm_partition")
+    assert partition("gpu", "gpus~4") == "gpu" and partition("cpu", "micro_batch~1") is None

@@ -76,7 +76,8 @@ NodeName=$host CPUs=$CPUS RealMemory=$MEM_MB Gres=gpu:$GPUS State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
 # 16 nodes that never come up, in a partition of their own: multi-node jobs submitted there are
 # accepted and pend, so their exact request can be read back (scontrol show job), then cancelled.
-NodeName=far[01-16] NodeAddr=127.0.0.1 CPUs=64 RealMemory=512000 Gres=gpu:8 State=FUTURE
+# Their GPUs have a model and the nodes features, so GPU-model and constraint requests can be read too.
+NodeName=far[01-16] NodeAddr=127.0.0.1 CPUs=64 RealMemory=512000 Gres=gpu:h100:8 Feature=h100,nvlink State=FUTURE
 PartitionName=far Nodes=far[01-16] MaxTime=INFINITE State=UP
 EOF
   if [ "$GPUS" -gt 0 ]; then

@@ -33,7 +33,13 @@ CELL_RESOURCES = {
     "gpu": "gpu", "gres": "gres", "nodes": "nodes", "tasks": "tasks", "tasks_per_gpu": "tasks_per_gpu",
     "mpi": "mpi", "cpus_per_task": "cpus_per_task", "cpus_per_rank": "cpus_per_rank", "mem_mb": "mem_mb",
     "runtime": "runtime", "cell_retries": "retries", "timing": "timing",
+    "slurm_partition": "slurm_partition", "slurm_account": "slurm_account", "constraint": "constraint",
+    "gpu_model": "gpu_model",
 }
+# Where a cell's SLURM job runs (a study's execution). A rule's resource replaces the profile's
+# --default-resources of that name even where it is None, so these are declared to Snakemake only
+# where some cell names one.
+SLURM_PLACEMENT = ("slurm_partition", "slurm_account", "constraint", "gpu_model")
 
 
 def load_checked(source: dict[str, Any] | str | Path) -> Config:
@@ -76,6 +82,15 @@ class Workflow:
 
     def cell(self, study: str, cell: str) -> Cell:
         return self.study(study).cell(cell)
+
+    def cell_resource_names(self) -> dict[str, str]:
+        """The resources of a cell's job (CELL_RESOURCES), the SLURM placement ones only where a cell
+        of config.yaml names one."""
+        cells = [c for study in self.config.studies.values() for c in study.cells]
+        named = {name for name in SLURM_PLACEMENT if self.shared_resources.get(name, "") is not None
+                 and any(c.resources()[name] is not None for c in cells)}
+        return {resource: name for resource, name in CELL_RESOURCES.items()
+                if name not in SLURM_PLACEMENT or name in named}
 
     def cell_resource(self, name: str) -> Any | Callable[[str, str], Any]:
         """One of a cell's resources: its value where every cell shares it, else a function of the job's

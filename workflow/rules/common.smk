@@ -10,7 +10,6 @@ try:
     from trainbench.execute.gpus import local_gpu_count
     from trainbench.execute.lifetime import stale_lock_hint, stop_cells_on_sigterm
     from trainbench.execute.slurm import StatusCommandError, ensure_status_command
-    from trainbench.workflow import CELL_RESOURCES as CELL_RESOURCE_NAMES
     from trainbench.workflow import Workflow, load_checked
 except ImportError as error:
     sys.exit(f"error: cannot import trainbench ({error}); set up the environment first: make setup")
@@ -88,7 +87,9 @@ def cell_resource(name):
 
 
 # A cell job's resources (the train_cell and search_probe rules)
-CELL_RESOURCES = {resource: cell_resource(name) for resource, name in CELL_RESOURCE_NAMES.items()}
+CELL_RESOURCES = {
+    resource: cell_resource(name) for resource, name in WORKFLOW.cell_resource_names().items()
+}
 
 
 def get_cell_grid(wildcards):

@@ -81,7 +81,8 @@ class Cell:
             return {"gpu": 0, "gres": None, "nodes": 1, "tasks": None, "tasks_per_gpu": None, "mpi": None,
                     "cpus_per_task": 1, "cpus_per_rank": 1, "mem_mb": 1000, "runtime": 5, "threads": 1,
                     "retries": 0,
-                    "timing": self.timing.as_argument()}
+                    "timing": self.timing.as_argument(), "slurm_partition": None, "slurm_account": None,
+                    "constraint": None, "gpu_model": None}
         # an emulated cell is one process of its world on one device, whatever the world's size
         ranks_per_node = p.ranks_here
         cpus = ex["cpus_per_rank"] * ranks_per_node
@@ -89,7 +90,9 @@ class Cell:
         multinode = p.nodes > 1 and not p.emulate
         return {
             "gpu": ranks_per_node if cuda and not multinode else (None if multinode else 0),
-            "gres": f"gpu:{ranks_per_node}" if cuda and multinode else None,
+            # a multi-node cell's GPUs per node, of the model asked for (the plugin's gpu_model is per job)
+            "gres": (f"gpu:{ex['gpu_model'] + ':' if ex.get('gpu_model') else ''}{ranks_per_node}"
+                     if cuda and multinode else None),
             "nodes": p.nodes if multinode else 1,
             "tasks": p.nodes if multinode else None,
             "tasks_per_gpu": 0 if cuda and multinode else None,  # 0: no --ntasks-per-gpu from the plugin
@@ -103,6 +106,11 @@ class Cell:
             "retries": ex["retries"],
             # how long the cell times its steps: a setting of the run, not a parameter (no rerun)
             "timing": self.timing.as_argument(),
+            # where its SLURM job runs (None: the profile's or the cluster's default)
+            "slurm_partition": ex.get("slurm_partition"),
+            "slurm_account": ex.get("slurm_account"),
+            "constraint": ex.get("constraint"),
+            "gpu_model": ex.get("gpu_model") if cuda and not multinode else None,
         }
 
 

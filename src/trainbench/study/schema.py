@@ -23,6 +23,21 @@ EXECUTION: dict[str, dict[str, Any]] = {
     "retries": {"type": "integer", "minimum": 0, "default": 1,
                 "description": "Relaunches after an unexpected failure (not after OOM) before the cell is "
                                "recorded as 'failed' with its log."},
+    # Where a cell's SLURM job runs (the executor plugin's resources; a run on one machine ignores them)
+    "slurm_partition": {"type": ["string", "null"], "pattern": "^[A-Za-z0-9_.-]+$", "default": None,
+                        "description": "The SLURM partition of the cell's job (sbatch -p); null: the "
+                                       "profile's or the cluster's default."},
+    "slurm_account": {"type": ["string", "null"], "pattern": "^[A-Za-z0-9_.-]+$", "default": None,
+                      "description": "The SLURM account the job is charged to (sbatch -A); null: the "
+                                     "profile's or the user's default."},
+    "gpu_model": {"type": ["string", "null"], "pattern": "^[A-Za-z0-9_.]+$", "default": None,
+                  "description": "The GPU model a GPU cell's job asks for, as the cluster's GRES names "
+                                 "it (sbatch --gpus=MODEL:N, or --gres=gpu:MODEL:N per node of a "
+                                 "multi-node cell); null: any GPU."},
+    "constraint": {"type": ["string", "null"], "pattern": "^[A-Za-z0-9_.&|,:*()\\[\\]-]+$",
+                   "default": None,
+                   "description": "Node features the job needs (sbatch --constraint), e.g. "
+                                  "'nvlink&ib'; null: none."},
 }
 
 # The max-batch search's settings but its cell patterns (the grid fills a study's search from these
