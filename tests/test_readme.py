@@ -177,6 +177,26 @@ HOW: dict[str, How] = {
     "tools/gpu-runs/emulated-1.sh FILE...": How("elsewhere", GPU_HOST),
     "trainbench fit": How("name", "the command's name; tests/test_emulation.py runs it"),
     "make docs": How("elsewhere", "CI's .ci/run builds the site with every warning an error"),
+    "trainbench profile baseline <cell>": How(
+        "elsewhere", "a baseline cell needs a GPU; tests/test_profiling.py runs `trainbench profile` on "
+                     "a CPU cell"),
+    "trainbench profile baseline strategy~single__model~gpt2-124m__gpus~1__micro_batch~32 --steps 3":
+        How("elsewhere", "as above"),
+    "trainbench profile baseline strategy~single__model~gpt2-124m__gpus~1__micro_batch~32 --memory":
+        How("elsewhere", "as above, with the allocator's history (a GPU's)"),
+    "trainbench profile": How("name", "the command's name; tests/test_profiling.py runs it"),
+    "trainbench: optimizer step": How("name", "a profiler range's name, not a command"),
+    "trainbench breakdown RESULT...": How("name", "the command's synopsis; tests/test_profiling.py runs it"),
+    "trainbench breakdown": How("name", "the command's name"),
+    "python bench/predicted_then_run.py results/predictions/<study>-h200.csv":
+        How("run", line="python bench/predicted_then_run.py results/predictions/holdout_frameworks-h200.csv"),
+    "python bench/predicted_then_run.py results/predictions/holdout_frameworks-h200.csv": How("run"),
+    "snakemake -c1 results/dataset/cells.parquet": How("run"),
+    "trainbench query": How("name", "the command's name; its full forms are run"),
+    "trainbench query \"metric == 'mfu' and p_strategy == 'zero3'\"": How("run"),
+    "trainbench query \"metric == 'mfu' and p_strategy == 'zero3' and source == 'measured'\"": How("run"),
+    "trainbench query \"metric == 'gpu_mem_used_max_mib' and p_strategy == 'fsdp'\" --columns "
+    "study,p_model,p_gpus,value --csv": How("run"),
     "sudo tools/local-slurm-cluster.sh install && sudo tools/local-slurm-cluster.sh start":
         How("elsewhere", "root; CI's .ci/run starts the cluster this way (as root, without sudo)"),
 }

@@ -230,7 +230,7 @@ def test_the_report_of_the_smoke_study_renders_its_page_table_plots_and_provenan
 
 def test_a_fresh_clone_reports_the_published_studies_with_nothing_run_first(browser, tmp_path):
     """`snakemake --report` on a clone where nothing ran (no smoke table, no study pages): the report of
-    what is published, every tabled study with its plots, each plot loading."""
+    what is published, every tabled study with its plots, each plot loading, and the dataset."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -251,5 +251,9 @@ def test_a_fresh_clone_reports_the_published_studies_with_nothing_run_first(brow
             By.CSS_SELECTOR, "img[src^='data:image/png']"))
         assert image.is_displayed() and _loaded_images(browser, [image])[0] > 0, (study, shows)
         browser.get(report.as_uri())
+    # the dataset of every cell, to download
+    _click(browser, "dataset")
+    listed = browser.find_element(By.TAG_NAME, "body").text
+    assert "every cell of every study, one row per figure (parquet)" in listed
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors

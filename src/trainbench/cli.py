@@ -237,6 +237,38 @@ def cmd_profile(args) -> int:
     return status
 
 
+QUERY_COLUMNS = "study,cell_id,status,metric,value,low,high,source"
+
+
+def cmd_query(args) -> int:
+    """Rows of the dataset (every cell of every study, one row per figure) matching a pandas query."""
+    from trainbench.reporting.dataset import read
+
+    path = Path(args.dataset)
+    if not path.exists():
+        raise UsageError(f"{path}: no dataset; make it with `snakemake -c1 {path}`")
+    try:
+        table = read(path)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    try:
+        found = table.query(args.where) if args.where else table
+    except Exception as error:  # noqa: BLE001 - pandas raises many kinds for a bad expression
+        raise UsageError(f"query {args.where!r}: {type(error).__name__}: {error} "
+                         f"(columns: {', '.join(table.columns)})") from None
+    columns = [c.strip() for c in args.columns.split(",") if c.strip()]
+    unknown = [c for c in columns if c not in table.columns]
+    if unknown:
+        raise UsageError(f"--columns: no column {', '.join(map(repr, unknown))} "
+                         f"(columns: {', '.join(table.columns)})")
+    if args.csv:
+        found[columns].to_csv(sys.stdout, index=False)
+    else:
+        print(found[columns].to_string(index=False, max_colwidth=60) if len(found) else "no rows")
+        print(f"{len(found)} of {len(table)} rows", file=sys.stderr)
+    return 0
+
+
 def cmd_breakdown(args) -> int:
     """Read profiled results' breakdowns again from their kept traces."""
     from trainbench.execute.profiling import reread
@@ -443,6 +475,16 @@ def parser() -> argparse.ArgumentParser:
                               "memory_snapshot)")
     profile.add_argument("--config", default="config.yaml")
     profile.set_defaults(func=cmd_profile)
+
+    query = sub.add_parser("query", help="rows of the dataset of every cell matching a pandas query",
+                           description="Select rows of results/dataset/cells.parquet (every cell of every "
+                                       "study, one row per figure; docs/dataset.md) with a pandas query, "
+                                       "e.g. \"metric == 'mfu' and p_strategy == 'zero3'\".")
+    query.add_argument("where", nargs="?", default="", help="a pandas query expression (all rows: none)")
+    query.add_argument("--columns", default=QUERY_COLUMNS, help=f"columns to show (default {QUERY_COLUMNS})")
+    query.add_argument("--csv", action="store_true", help="CSV on stdout instead of a table")
+    query.add_argument("--dataset", default="results/dataset/cells.parquet")
+    query.set_defaults(func=cmd_query)
 
     reread = sub.add_parser("breakdown", help="read profiled results' breakdowns again from their traces",
                             description="Recompute metrics.breakdown of each result from the traces kept "

@@ -213,11 +213,16 @@ class Workflow:
             return self.tabled_outputs()
         return outputs
 
+    def results_on_disk(self) -> list[str]:
+        """Every result of config.yaml's cells that exists (what the dataset holds)."""
+        return [cell.target for study in self.config.studies.values() for cell in study.cells
+                if os.path.exists(cell.target)]
+
     def tabled_outputs(self) -> list[str]:
-        """The tables, plots and pages on disk of every study that has a table (what a report of
-        published results shows)."""
+        """The tables, plots and pages on disk of every study that has a table, and the dataset (what a
+        report of published results shows)."""
         tabled = [name for name in self.config.studies
                   if os.path.exists(paths.path(paths.TABLE_MD, study=name))]
         return [output for name in tabled
                 for output in paths.study_outputs(name, profiled=self.config.study(name).profiled)
-                if os.path.exists(output)]
+                if os.path.exists(output)] + ([paths.DATASET] if os.path.exists(paths.DATASET) else [])

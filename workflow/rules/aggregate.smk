@@ -41,3 +41,24 @@ rule study_table:
         planning=get_study_planning,
     script:
         "../scripts/make_tables.py"
+
+
+# Every cell of every study on disk as one long table (parquet), for slicing across studies:
+# `trainbench query`, pandas or DuckDB (docs/dataset.md).
+rule dataset:
+    input:
+        get_results_on_disk(),
+    output:
+        report(
+            paths.DATASET,
+            caption="../report/dataset.rst",
+            category="dataset",
+            labels={"shows": "every cell of every study, one row per figure (parquet)"},
+        ),
+    log:
+        paths.DATASET_LOG,
+    localrule: True
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/make_dataset.py"

@@ -1,5 +1,6 @@
 # The workflow's only Python layer: load config.yaml and hand Snakemake what trainbench.workflow
 # decides (which cells run and rerun, what a table waits for, what a job asks for), as input functions.
+import mimetypes
 import os
 import sys
 from pathlib import Path
@@ -19,6 +20,9 @@ except ImportError as error:
 # "cannot be locked" (not while unlocking, nor while another run here holds the lock).
 if "--unlock" not in sys.argv and (hint := stale_lock_hint()):
     print(f"trainbench: {hint}", file=sys.stderr)
+
+# the report offers the dataset for download as what it is (Python's table has no parquet)
+mimetypes.add_type("application/vnd.apache.parquet", ".parquet")
 
 try:
     WORKFLOW = Workflow(load_checked(config), remote=workflow.remote_exec)
@@ -158,6 +162,10 @@ get_study_planning = of_study(WORKFLOW.planning)
 
 def get_pages_of_tabled_studies():
     return WORKFLOW.pages_of_tabled_studies()
+
+
+def get_results_on_disk():
+    return WORKFLOW.results_on_disk()
 
 
 def get_final_output():

@@ -1,0 +1,11 @@
+"""Adapter for rule dataset: every result on disk into results/dataset/cells.parquet."""
+
+import sys
+
+from trainbench.execute.results import read_cells
+from trainbench.reporting.dataset import write
+
+with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
+    sys.stderr = log
+    rows = write(read_cells(snakemake.input), snakemake.output[0])  # noqa: F821
+    print(f"{rows} rows from {len(snakemake.input)} cells", file=log)  # noqa: F821
