@@ -192,6 +192,12 @@ HOW: dict[str, How] = {
         How("run", line="python bench/predicted_then_run.py results/predictions/holdout_frameworks-h200.csv"),
     "python bench/predicted_then_run.py results/predictions/holdout_frameworks-h200.csv": How("run"),
     "snakemake -c1 results/dataset/cells.parquet": How("run"),
+    "trainbench compare results/runs --history": How(
+        "elsewhere", "a clone's cells have no earlier run: tests/test_history.py runs a cell twice and "
+                     "compares"),
+    "trainbench compare results/runs --history --fail-on slower:5%": How("elsewhere", "as above"),
+    "trainbench history holdout_frameworks": How("run"),
+    "trainbench history --seed": How("run", "adds nothing to a clone's published histories"),
     "trainbench query": How("name", "the command's name; its full forms are run"),
     "trainbench query \"metric == 'mfu' and p_strategy == 'zero3'\"": How("run"),
     "trainbench query \"metric == 'mfu' and p_strategy == 'zero3' and source == 'measured'\"": How("run"),

@@ -8,7 +8,8 @@
 # TARGETS_FILE: Snakemake targets, one per line ('#' starts a comment). The files run in order, as
 # separate Snakemake invocations sharing the SECONDS budget, so the first file's cells come first.
 # When the budget ends Snakemake is interrupted: a cell still running leaves no metrics.json (see
-# cellrun.py), finished cells keep theirs. TARBALL gets results/runs, results/search and the logs.
+# cellrun.py), finished cells keep theirs. TARBALL gets results/runs, results/history,
+# results/search and the logs.
 # Set TRAINBENCH_GIT_COMMIT to the commit the tree was copied from (provenance).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,5 +36,5 @@ for file in "$@"; do
   echo "== $file: snakemake exit $?"
 done
 
-tar czf "$tarball" --ignore-failed-read results/runs results/search .snakemake/log 2>/dev/null
+tar czf "$tarball" --ignore-failed-read results/runs results/history results/search .snakemake/log 2>/dev/null
 echo "packed $(tar tzf "$tarball" | grep -c metrics.json) metrics.json files into $tarball"

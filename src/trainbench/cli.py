@@ -304,23 +304,57 @@ def cmd_search_summary(args) -> int:
 
 def cmd_compare(args) -> int:
     """Two result trees cell by cell (a rerun against what was published); with --fail-on, a gate."""
-    from trainbench.reporting.compare import as_json, compare, gate_failures, parse_gate, report
+    from trainbench.reporting.compare import (as_json, compare, compare_with_history, gate_failures,
+                                              parse_gate, report)
 
-    for root in (args.first, args.second):
+    if (args.second is None) != args.history:
+        raise UsageError("give two results/runs folders, or one and --history")
+    for root in (args.first, args.second or args.first):
         if not root.is_dir():
             raise UsageError(f"{root}: no such directory (give two results/runs folders)")
     gate = parse_gate(args.fail_on) if args.fail_on else None
     patterns = [*args.study, *args.cells]
-    result = compare(args.first, args.second, min_change=args.min_change, patterns=patterns)
-    if not result.cells:
-        raise UsageError(f"no cell{' matching ' + ', '.join(patterns) if patterns else ''} is in both "
-                          f"{args.first} and {args.second}")
+    if args.history:
+        result = compare_with_history(args.first, min_change=args.min_change, patterns=patterns)
+        first, second = Path("its cells' last earlier runs"), args.first
+        if not result.cells:
+            raise UsageError(f"no cell{' matching ' + ', '.join(patterns) if patterns else ''} of "
+                             f"{args.first} has an earlier run on the same GPU model in its history")
+    else:
+        result = compare(args.first, args.second, min_change=args.min_change, patterns=patterns)
+        first, second = args.first, args.second
+        if not result.cells:
+            raise UsageError(f"no cell{' matching ' + ', '.join(patterns) if patterns else ''} is in both "
+                             f"{args.first} and {args.second}")
     failures = gate_failures(result, gate) if gate is not None else None
     if args.json:
         print(json.dumps(as_json(result, failures), indent=1))
     else:
-        print(report(result, args.first, args.second, failures))
+        print(report(result, first, second, failures))
     return 1 if failures else 0
+
+
+def cmd_history(args) -> int:
+    """A study's runs, cell by cell, from the histories kept beside its results."""
+    from trainbench.execute.history import HISTORY, runs, seed
+
+    root = Path(args.results)
+    if args.seed:
+        added = seed(sorted((root / "runs").glob("*/*/metrics.json")))
+        print(f"{added} result(s) added to their cells' histories", file=sys.stderr)
+        return 0
+    files = sorted((root / HISTORY / args.study).glob("*.jsonl")) if args.study else []
+    if not files:
+        raise UsageError(f"no history for study {args.study!r} under {root / HISTORY}")
+    for path in files:
+        print(path.stem)
+        for run in runs(path):
+            prov, metrics = run["provenance"], run["metrics"]
+            step = metrics.get("step_time_s")
+            print(f"  {prov.get('started') or '-':<26} {(prov.get('git_commit') or '-')[:12]:<13} "
+                  f"{prov.get('hostname') or '-':<12} {prov.get('gpu_name') or 'CPU':<22} {run['status']:<8} "
+                  + (f"{step * 1e3:,.1f} ms" if step else ""))
+    return 0
 
 
 def cmd_cost(args) -> int:
@@ -533,7 +567,10 @@ def parser() -> argparse.ArgumentParser:
                                          "--min-change). Exit status: 0, or 1 when --fail-on's gate fails, "
                                          "2 for bad input or no cell in common.")
     compare.add_argument("first", type=Path, help="a results/runs folder (the published one)")
-    compare.add_argument("second", type=Path, help="another (the rerun)")
+    compare.add_argument("second", type=Path, nargs="?", help="another (the rerun)")
+    compare.add_argument("--history", action="store_true",
+                         help="set FIRST's cells against their last earlier runs on the same GPU model, "
+                              "from their histories (results/history/)")
     compare.add_argument("--study", action="append", default=[], help="only this study (repeatable)")
     compare.add_argument("--cells", action="append", default=[], metavar="PATTERN",
                          help="only cells matching this shell pattern of study/cell (repeatable)")
@@ -544,6 +581,15 @@ def parser() -> argparse.ArgumentParser:
                               "'slower:5%%,memory:5%%'")
     compare.add_argument("--json", action="store_true", help="machine-readable output")
     compare.set_defaults(func=cmd_compare)
+
+    history = sub.add_parser("history", help="a study's runs, cell by cell (results/history/)",
+                             description="List every run of each cell of a study, as its history keeps it "
+                                         "(commit, host, GPU, when, status, step time); --seed adds results "
+                                         "made before histories were kept.")
+    history.add_argument("study", nargs="?")
+    history.add_argument("--results", default="results", help="the results folder (default results)")
+    history.add_argument("--seed", action="store_true", help="add every result not yet in its history")
+    history.set_defaults(func=cmd_history)
 
     cost = sub.add_parser("cost", help="device hours of each study's results and the timed steps' share",
                           description="For the results on disk of each study (default: all): runs, device "

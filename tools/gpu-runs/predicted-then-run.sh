@@ -25,5 +25,6 @@ grep -E "^\[$study/|trainbench:" bench-out/snakemake.log | grep -vE "window|warm
 predictions="results/predictions/$study-${GPU:-h200}.csv"
 [ -f "$predictions" ] && python3 bench/predicted_then_run.py "$predictions"
 # the tool brings back 8 files of 16 MiB at most: profiles' traces in parts (pack_out.py)
-python3 tools/gpu-runs/pack_out.py "$out" bench-out "results/runs/$study" results/tables/"$study".* \
+python3 tools/gpu-runs/pack_out.py "$out" bench-out "results/runs/$study" "results/history/$study" \
+  results/tables/"$study".* \
   results/plots/"$study"_* .snakemake/log

@@ -26,7 +26,7 @@ from trainbench.study.params import CellParams
 from trainbench.training import emulation
 from trainbench.registry import frameworks
 from trainbench.predict import memory_model
-from trainbench.execute import provenance
+from trainbench.execute import history, provenance
 from trainbench.study.grid import Cell
 from trainbench.execute.gpus import NotEnoughGpus, devices_for_cell, machine_devices, under_slurm
 from trainbench.execute.lifetime import driver_pid, runner_environment, wait_for_an_exit, when_gone
@@ -209,6 +209,7 @@ class CellRun:
         with self.finishing:
             self._keep_profile()
             write_json_atomic(self.output, doc)
+            history.append(doc, self.output)  # kept when a rerun replaces it (history.py)
             shutil.rmtree(self.work_dir, ignore_errors=True)
         return doc
 

@@ -107,13 +107,17 @@ def shorten(text: str, width: int) -> str:
 
 
 def _metrics_docs(root: Path, patterns: list[str]) -> dict[str, dict]:
+    return {key: doc for key, (doc, _) in _results(root, patterns).items()}
+
+
+def _results(root: Path, patterns: list[str]) -> dict[str, tuple[dict, Path]]:
     docs = {}
     for path in sorted(root.glob("*/*/metrics.json")):
         key = f"{path.parent.parent.name}/{path.parent.name}"
         if not patterns or any(fnmatch.fnmatchcase(key, p) or fnmatch.fnmatchcase(path.parent.parent.name, p)
                                for p in patterns):
             try:
-                docs[key] = read_result(path)
+                docs[key] = (read_result(path), path)
             except InvalidResult as error:
                 raise UsageError(str(error)) from None
     return docs
@@ -139,7 +143,22 @@ def _change(figure: Figure, old: dict, new: dict, min_change: float) -> Change |
 
 
 def compare(first: Path, second: Path, *, min_change: float = 0.02, patterns: list[str] = ()) -> Comparison:
-    a, b = _metrics_docs(first, list(patterns)), _metrics_docs(second, list(patterns))
+    patterns = list(patterns)
+    return compare_docs(_metrics_docs(first, patterns), _metrics_docs(second, patterns), min_change)
+
+
+def compare_with_history(tree: Path, *, min_change: float = 0.02, patterns: list[str] = ()) -> Comparison:
+    """Each cell of a results tree against its last earlier run on the same GPU model with the same
+    parameters, from the cell's history (execute/history.py); a cell without one is listed as such."""
+    from trainbench.execute.history import last_comparable
+
+    now = _results(tree, list(patterns))
+    before = {key: old for key, (doc, path) in now.items() if (old := last_comparable(doc, path)) is not None}
+    return compare_docs(before, {key: doc for key, (doc, _) in now.items()}, min_change)
+
+
+def compare_docs(a: dict[str, dict], b: dict[str, dict], min_change: float) -> Comparison:
+    """Results (or history records) keyed by study/cell, the first set against the second."""
     cells = []
     for key in sorted(a.keys() & b.keys()):
         old, new = a[key], b[key]

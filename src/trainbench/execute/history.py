@@ -1,0 +1,97 @@
+"""Every run of a cell, kept: a result replaced by a rerun is not lost, it is history.
+
+Each time a cell's result is written (cellrun), one line is appended to
+`results/history/<study>/<cell>.jsonl`: the run's key (commit, host, GPU model, when) and the figures
+a comparison reads (step time and samples/s with their intervals, peak memory), with the cell's
+status and parameter hash. `trainbench compare RUNS --history` sets each cell of a results tree
+against its last earlier run on the same GPU model with the same parameters, with the significance
+`compare` has; `trainbench history STUDY` lists a study's runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+HISTORY = "history"  # beside runs/ under results/
+# a run's key: what ran it, where and when
+PROVENANCE = ("git_commit", "hostname", "gpu_name", "started", "ended")
+# the metrics a record keeps: what reporting.compare reads
+KEPT = ("step_time_s", "step_time_s_ci", "samples_per_s", "samples_per_s_ci", "gpu_mem_used_mib",
+        "torch_peak_allocated_mib", "host_mem_peak_mib", "mfu")
+
+
+def record(doc: dict[str, Any]) -> dict[str, Any]:
+    """A result as its history keeps it: shaped like a result (compare reads either), smaller."""
+    prov = doc.get("provenance") or {}
+    metrics = doc.get("metrics") or {}
+    return {"study": doc["study"], "cell_id": doc["cell_id"], "status": doc["status"],
+            "params_hash": doc.get("params_hash"), "emulation": bool(doc.get("emulation")),
+            "provenance": {k: prov.get(k) for k in PROVENANCE},
+            "metrics": {k: metrics.get(k) for k in KEPT}}
+
+
+def history_file(result: Path) -> Path | None:
+    """Where the history of the cell whose result is `result` (…/runs/<study>/<cell>/metrics.json)
+    lives; None for other results (a max-batch search's probes)."""
+    cell, study, runs = result.parent, result.parent.parent, result.parent.parent.parent
+    if runs.name != "runs":
+        return None
+    return runs.parent / HISTORY / study.name / f"{cell.name}.jsonl"
+
+
+def append(doc: dict[str, Any], result: Path) -> None:
+    """Add a written result to its cell's history (one line, appended in one write)."""
+    path = history_file(result)
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(record(doc), sort_keys=True) + "\n").encode()
+    with open(path, "ab") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def runs(path: Path) -> list[dict[str, Any]]:
+    """A cell's runs, oldest first (lines a crash cut short are skipped)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def last_comparable(doc: dict[str, Any], result: Path) -> dict[str, Any] | None:
+    """The last run before `doc` of the same cell, with the same parameters, on the same GPU model."""
+    path = history_file(result)
+    mine = doc.get("provenance") or {}
+    earlier = [r for r in runs(path) if path is not None
+               and r.get("params_hash") == doc.get("params_hash")
+               and r["provenance"].get("gpu_name") == mine.get("gpu_name")
+               and (r["provenance"].get("started") or "") < (mine.get("started") or "")]
+    return earlier[-1] if earlier else None
+
+
+def seed(results: Iterable[Path]) -> int:
+    """Add results not yet in their cells' history (a tree made before histories were kept); how many."""
+    from trainbench.execute.results import read_result
+
+    added = 0
+    for result in results:
+        path = history_file(result)
+        if path is None:
+            continue
+        doc = read_result(result)
+        started = (doc.get("provenance") or {}).get("started")
+        if any(r["provenance"].get("started") == started for r in runs(path)):
+            continue
+        append(doc, result)
+        added += 1
+    return added

@@ -1,0 +1,79 @@
+"""Every run of a cell kept (execute/history.py), and a rerun set against its cell's last earlier run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from trainbench.cli import main
+from trainbench.execute import history
+from trainbench.execute.results import read_result
+from trainbench.reporting.compare import compare_with_history
+
+from conftest import REPO
+from test_cellrun import make_cell, run
+
+
+def test_each_run_of_a_cell_is_kept_and_a_rerun_is_set_against_the_last(tmp_path, capsys):
+    cell = make_cell(strategy="single", gpus=1)
+    first = run(cell, tmp_path)
+    second = run(cell, tmp_path)  # the rerun replaces the result; the history keeps both
+    kept = history.runs(tmp_path / "results/history/t/c.jsonl")
+    assert [r["provenance"]["started"] for r in kept] == [first["provenance"]["started"],
+                                                           second["provenance"]["started"]]
+    assert kept[0]["metrics"]["step_time_s"] == first["metrics"]["step_time_s"]
+    comparison = compare_with_history(tmp_path / "results/runs")
+    [row] = comparison.cells
+    assert row.repeated and row.changes["step_time_s"].first == first["metrics"]["step_time_s"]
+    assert row.changes["step_time_s"].second == second["metrics"]["step_time_s"]
+    assert main(["compare", str(tmp_path / "results/runs"), "--history"]) == 0
+    assert "t/c" in capsys.readouterr().out
+    assert main(["history", "t", "--results", str(tmp_path / "results")]) == 0
+    assert capsys.readouterr().out.count("ok") == 2
+
+
+def test_only_a_run_with_the_same_parameters_on_the_same_gpu_model_is_comparable(tmp_path):
+    published = REPO / "results/runs/holdout_frameworks"
+    cell = next(published.iterdir()).name
+    runs = tmp_path / "results/runs/holdout_frameworks"
+    shutil.copytree(published / cell, runs / cell)
+    result = runs / cell / "metrics.json"
+    doc = read_result(result)
+    assert history.last_comparable(doc, result) is None  # no history yet
+    for gpu, started, params_hash in (("NVIDIA H100 80GB HBM3", "2026-01-01", doc["params_hash"]),
+                                      ("NVIDIA H200", "2026-01-02", "0" * 12),
+                                      ("NVIDIA H200", "2026-01-03", doc["params_hash"]),
+                                      ("NVIDIA H200", "2099-01-01", doc["params_hash"])):  # later: not before
+        earlier = json.loads(json.dumps(doc))
+        earlier["provenance"].update(gpu_name=gpu, started=started)
+        earlier["params_hash"] = params_hash
+        history.append(earlier, result)
+    assert history.last_comparable(doc, result)["provenance"]["started"] == "2026-01-03"
+    # a line a crash cut short is skipped, not fatal
+    with open(history.history_file(result), "a") as f:
+        f.write('{"study": "holdout_frame')
+    assert len(history.runs(history.history_file(result))) == 4
+
+
+def test_results_made_before_histories_are_added_once(tmp_path):
+    runs = tmp_path / "results/runs"
+    shutil.copytree(REPO / "results/runs/holdout_mix", runs / "holdout_mix")
+    results = sorted(runs.glob("*/*/metrics.json"))
+    assert history.seed(results) == len(results)
+    assert history.seed(results) == 0
+    assert history.history_file(tmp_path / "results/search/s/c/mb~4/metrics.json") is None  # probes: none
+
+
+def test_every_published_result_is_in_its_history():
+    for result in sorted((REPO / "results/runs").glob("*/*/metrics.json")):
+        started = read_result(result)["provenance"]["started"]
+        kept = history.runs(history.history_file(result))
+        assert started in {r["provenance"]["started"] for r in kept}, result
+
+
+@pytest.mark.parametrize("argv", [["compare", "results/runs"], ["compare", "a", "b", "--history"]])
+def test_compare_takes_two_trees_or_one_and_its_history(argv, capsys):
+    assert main(argv) != 0
+    assert "or one and --history" in capsys.readouterr().err
