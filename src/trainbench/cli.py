@@ -334,6 +334,21 @@ def cmd_compare(args) -> int:
     return 1 if failures else 0
 
 
+def cmd_references(args) -> int:
+    """A study's measured cells against its reference figures; exit 1 where one is outside its band."""
+    from trainbench.execute.results import read_cells
+    from trainbench.reporting.references import OUTSIDE, check, markdown
+
+    study = _config(args.config).study(args.study)
+    if not study.references:
+        raise UsageError(f"study {args.study!r} declares no references (config.yaml: studies.{args.study}."
+                         "references)")
+    docs = read_cells([c.target for c in study.cells if Path(c.target).exists()])
+    checks = check(study.references, docs)
+    print("\n".join(markdown(checks)[4:]) if checks else "no measured cell of the study is referenced")
+    return 1 if any(c.verdict == OUTSIDE for c in checks) else 0
+
+
 def cmd_history(args) -> int:
     """A study's runs, cell by cell, from the histories kept beside its results."""
     from trainbench.execute.history import HISTORY, runs, seed
@@ -581,6 +596,15 @@ def parser() -> argparse.ArgumentParser:
                               "'slower:5%%,memory:5%%'")
     compare.add_argument("--json", action="store_true", help="machine-readable output")
     compare.set_defaults(func=cmd_compare)
+
+    refs = sub.add_parser("references", help="a study's cells against its reference figures (exit 1: one "
+                                             "outside its tolerance)",
+                          description="Check a study's measured cells against the reference figures it "
+                                      "declares (config.yaml: references), as the table does; exit status "
+                                      "1 where a figure is outside its band: a gate for CI.")
+    refs.add_argument("study")
+    refs.add_argument("--config", default="config.yaml")
+    refs.set_defaults(func=cmd_references)
 
     history = sub.add_parser("history", help="a study's runs, cell by cell (results/history/)",
                              description="List every run of each cell of a study, as its history keeps it "

@@ -21,7 +21,7 @@ from trainbench.errors import ConfigError
 from trainbench.execute.gpus import short_of_gpus
 from trainbench.execute.results import read_json
 from trainbench.predict.batch_search import bounds_for, walk
-from trainbench.reporting import findings
+from trainbench.reporting import findings, references
 from trainbench.reporting.columns import report_problems
 from trainbench.reporting.freshness import prepare, set_aside_invalid, stamp_path
 from trainbench.study.config import Config, load_config
@@ -49,8 +49,9 @@ def load_checked(source: dict[str, Any] | str | Path) -> Config:
     problems: list[str] = []
     for name, study in config.studies.items():
         problems += report_problems(name, study.report)
-        problems += findings.problems(name, study.findings, [c.params.as_dict() for c in study.cells],
-                                      study.id_keys)
+        params = [c.params.as_dict() for c in study.cells]
+        problems += findings.problems(name, study.findings, params, study.id_keys)
+        problems += references.problems(name, study.references, params)
     if problems:
         raise ConfigError(problems)
     return config
@@ -175,7 +176,7 @@ class Workflow:
     def table_layout(study: Study) -> dict[str, Any]:
         """What the table shows (a change reruns the table alone)."""
         return {"description": study.description, "id_keys": study.id_keys, "report": study.report,
-                "findings": study.findings}
+                "findings": study.findings, "references": study.references}
 
     @staticmethod
     def plot_layout(study: Study) -> dict[str, Any]:

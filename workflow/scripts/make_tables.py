@@ -17,5 +17,5 @@ with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
     docs = with_searches(docs, [read_search(path) for path in snakemake.input.searches])  # noqa: F821
     write_tables(docs, study=study.name, description=layout["description"], id_keys=layout["id_keys"],
                  report=layout["report"], csv_path=snakemake.output.csv, md_path=snakemake.output.md,  # noqa: F821
-                 plan_for=study.plan_for, findings=layout["findings"],
+                 plan_for=study.plan_for, findings=layout["findings"], references=layout["references"],
                  findings_path=snakemake.output.findings)  # noqa: F821

@@ -226,9 +226,11 @@ def _time_model_note(docs: list[Doc]) -> list[str]:
 
 
 def study_markdown(study: str, description: str, docs: list[Doc], *, id_keys: list[str], report: list[str],
-                   plan_for: dict[str, Any] | None = None, judged: list | None = None) -> str:
-    """The study's markdown: its table, notes, the largest-batch searches, and its findings as `judged`
-    (findings.evaluate)."""
+                   plan_for: dict[str, Any] | None = None, judged: list | None = None,
+                   references: list[dict[str, Any]] | None = None) -> str:
+    """The study's markdown: its table, notes, the largest-batch searches, its findings as `judged`
+    (findings.evaluate) and its cells against its references."""
+    from trainbench.reporting import references as referenced
     from trainbench.reporting.findings import markdown as findings_markdown
 
     report = with_predictions(report, docs)
@@ -256,6 +258,7 @@ def study_markdown(study: str, description: str, docs: list[Doc], *, id_keys: li
         "",
         *search_markdown(docs, id_keys=id_keys),
         *findings_markdown(judged or []),
+        *referenced.markdown(referenced.check(references or [], docs)),
     ]
     return "\n".join(parts)
 
@@ -323,13 +326,14 @@ def with_planned(docs: list[Doc], study: Study, short_of_gpus: dict[str, str] | 
 
 def write_tables(docs: list[Doc], *, study: str, description: str, id_keys: list[str], report: list[str],
                  csv_path: Path, md_path: Path, plan_for: dict[str, Any] | None = None,
-                 findings: list[dict[str, Any]] | None = None, findings_path: Path | None = None) -> None:
+                 findings: list[dict[str, Any]] | None = None, findings_path: Path | None = None,
+                 references: list[dict[str, Any]] | None = None) -> None:
     """The study's CSV and markdown, and its findings judged once for both the markdown and their CSV."""
     from trainbench.reporting import findings as judging
 
     judged = judging.evaluate(findings, with_current_predictions(docs), id_keys)
     write_csv(csv_rows(docs, id_keys=id_keys, report=with_predictions(report, docs)), Path(csv_path))
     Path(md_path).write_text(study_markdown(study, description, docs, id_keys=id_keys, report=report,
-                                            plan_for=plan_for, judged=judged))
+                                            plan_for=plan_for, judged=judged, references=references))
     if findings_path is not None:
         judging.write_csv(judged, Path(findings_path))

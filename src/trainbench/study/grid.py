@@ -127,6 +127,8 @@ class Study:
     plot_panels: tuple[str, ...] = ()  # keys whose values split the plots into panels
     # as config.yaml declares them; trainbench.workflow.load_checked checks them (reporting.findings)
     findings: list[dict[str, Any]] = field(default_factory=list)
+    # reference figures with tolerances, checked by the reporting stage (reporting.references)
+    references: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # Every job of the workflow looks its cell up by id, several times (params, resources, the
@@ -393,7 +395,7 @@ def expand_study(name: str, spec: dict[str, Any]) -> Study:
     return Study(name, spec.get("description", ""), cells, id_keys,
                  list(spec.get("report") or REPORT_COLUMNS_DEFAULT), search,
                  (measure or {}).get("plan_for"), tuple(searched), plot_panels,
-                 list(spec.get("findings") or []))
+                 list(spec.get("findings") or []), list(spec.get("references") or []))
 
 
 def probe_cell(study: Study, cell: Cell, micro_batch: int) -> Cell:

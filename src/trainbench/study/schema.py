@@ -255,6 +255,27 @@ def build_schema() -> dict[str, Any]:
                                            "combination of their values with its own y axis (the other keys "
                                            "label the bars); empty: one panel."},
             "findings": _findings(),
+            "references": {
+                "type": "array", "default": [],
+                "description": "Reference figures the study's measured cells are checked against on every "
+                               "table build, with tolerances (reporting/references.py).",
+                "items": {
+                    "type": "object", "additionalProperties": False, "required": ["metric", "value"],
+                    "properties": {
+                        "cells": _cells("The cells the reference is for (all: none)."),
+                        "metric": {"type": "string", "default": None,
+                                   "description": "A measured table column (`trainbench columns`)."},
+                        "value": {"type": "number", "default": None, "description": "The reference figure."},
+                        "tolerance": {"type": "number", "minimum": 0, "default": 0.05,
+                                      "description": "Within ± this fraction of the reference."},
+                        "lower": {"type": "number", "default": None,
+                                  "description": "Instead of -tolerance: the lowest deviation allowed "
+                                                 "(-0.02: 2% below)."},
+                        "upper": {"type": "number", "default": None,
+                                  "description": "Instead of +tolerance: the highest deviation allowed."},
+                    },
+                },
+            },
             "report": {"type": "array", "items": {"type": "string"}, "default": REPORT_COLUMNS_DEFAULT,
                        "description": "Metric columns of the study's markdown table, in order "
                                       "(`trainbench columns` lists them)."},

@@ -1,0 +1,69 @@
+"""Reference figures a study declares (reporting/references.py): checked under its table and by
+`trainbench references`, a gate."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import yaml
+
+from trainbench.cli import main
+from trainbench.errors import ConfigError
+from trainbench.execute.results import read_cells
+from trainbench.reporting.references import NOT_MEASURED, OUTSIDE, WITHIN, check, markdown
+from trainbench.reporting.tables import study_markdown
+from trainbench.workflow import load_checked
+
+from conftest import REPO
+
+BASELINE = sorted((REPO / "results/runs/baseline").glob("*/metrics.json"))
+
+
+def test_each_referenced_cell_is_within_outside_or_not_measured():
+    docs = read_cells(BASELINE)
+    small = next(d for d in docs if d["params"]["model"] == "gpt2-124m")
+    measured = small["metrics"]["samples_per_s"]
+    references = [{"cells": {"model": "gpt2-124m"}, "metric": "samples_per_s", "value": measured * 1.03},
+                  {"cells": {"model": "gpt2-124m"}, "metric": "samples_per_s", "value": measured * 1.10,
+                   "lower": -0.05, "upper": 0.5}]
+    first, second = check(references, docs)
+    assert first.verdict == WITHIN and first.deviation == pytest.approx(1 / 1.03 - 1)
+    assert second.verdict == OUTSIDE and (second.lower, second.upper) == (-0.05, 0.5)
+    oom = {**small, "status": "oom"}
+    assert check(references[:1], [oom])[0].verdict == NOT_MEASURED
+    text = "\n".join(markdown([first, second]))
+    assert "## References" in text and "1 within, 1 outside" in text
+    page = study_markdown("baseline", "d", docs, id_keys=["model"], report=["samples_per_s"],
+                          references=references)
+    assert "## References" in page and "outside" in page
+
+
+def test_a_reference_naming_what_does_not_exist_is_refused_by_key():
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    config["studies"]["baseline"]["references"] = [
+        {"cells": {"model": "gpt2-124m"}, "metric": "samples_per_sec", "value": 500},
+        {"cells": {"model": "gpt2-9b"}, "metric": "mfu", "value": 0.4, "lower": 0.1, "upper": -0.1}]
+    with pytest.raises(ConfigError) as error:
+        load_checked(config)
+    text = str(error.value)
+    assert "studies.baseline.references[0].metric: 'samples_per_sec' is not a measured table column " \
+           "(did you mean 'samples_per_s'?)" in text
+    assert "studies.baseline.references[1].cells" in text and "lower (0.1) is above upper (-0.1)" in text
+
+
+def test_trainbench_references_is_a_gate(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(REPO / "results/runs/baseline", tmp_path / "results/runs/baseline")
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    docs = read_cells(BASELINE)
+    value = next(d for d in docs if d["params"]["model"] == "gpt2-350m")["metrics"]["step_time_s"] * 1e3
+    config["studies"]["baseline"]["references"] = [
+        {"cells": {"model": "gpt2-350m", "strategy": "single"}, "metric": "step_time_ms", "value": value}]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    assert main(["references", "baseline"]) == 0
+    assert " within |" in capsys.readouterr().out
+    config["studies"]["baseline"]["references"][0]["value"] = value / 1.2  # the cell got 20% slower
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    assert main(["references", "baseline"]) == 1
+    assert " outside |" in capsys.readouterr().out
