@@ -170,4 +170,5 @@ def get_results_on_disk():
 
 def get_final_output():
     # `snakemake --report` reads Snakemake's own command line: the Snakefile is not told otherwise
-    return WORKFLOW.final_output(have_gpus=local_gpu_count() > 0, reporting="--report" in sys.argv)
+    reporting = any(arg == "--report" or arg.startswith("--report=") for arg in sys.argv)
+    return WORKFLOW.final_output(have_gpus=local_gpu_count() > 0, reporting=reporting)
