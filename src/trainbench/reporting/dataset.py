@@ -3,9 +3,10 @@ parquet (`results/dataset/cells.parquet`, rule `dataset`) for slicing across stu
 DuckDB, and read back by `trainbench query`.
 
 Each row is one figure of one cell: who the cell is (study, cell id, status and reason, whether it was
-an emulated rank, every parameter as `p_<name>`), where and with what it ran (GPU, GPUs, nodes, host,
-commit, torch, when), and the figure (`metric`, `value`, its 95% interval `low`/`high` where it has one,
-`source`: measured, predicted by the models, or from the cell's profile). A cell that did not train
+an emulated rank, every parameter as `p_<name>`), where and with what it ran (GPU, GPUs, nodes,
+host, commit, when, the versions of python, torch and the frameworks), and the figure (`metric`,
+`value`, its 95% interval `low`/`high` where it has one, `source`: measured, predicted by the models,
+or from the cell's profile). A cell that did not train
 still has its rows: its status and whatever it measured (an OOM's memory), so a slice never loses a
 cell. The schema is SCHEMA (its version in the file's metadata, `trainbench.dataset_schema`).
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from trainbench.execute.profiling import PARTS
+from trainbench.execute.results import VERSION_KEYS
 from trainbench.reporting.predictions import Doc, prediction, time_prediction
 from trainbench.study.params import PARAMS
 
@@ -42,7 +44,8 @@ SCHEMA: dict[str, str] = {
     **{f"p_{p.name}": f"parameter {p.name}: {p.description}" for p in PARAMS},
     "gpu_name": "the GPU model it ran on (none: CPU ranks)",
     "gpu_count": "GPUs of the run", "nodes": "nodes of the run", "hostname": "the (first) node",
-    "git_commit": "the code's commit", "torch": "torch's version", "started": "when it started (ISO 8601)",
+    "git_commit": "the code's commit", "started": "when it started (ISO 8601)",
+    **{f"{name}_version": f"{name}'s version" for name in VERSION_KEYS},
     "metric": "the figure's name (metrics.json's key; *_max_mib: the busiest GPU's; "
               "breakdown.<part>_s: seconds per profiled step)",
     "value": "the figure", "low": "its 95% interval's low end, where it has one", "high": "its high end",
@@ -63,7 +66,8 @@ def cell_rows(doc: Doc) -> list[dict[str, Any]]:
             **{f"p_{p.name}": params.get(p.name) for p in PARAMS},
             "gpu_name": prov.get("gpu_name"), "gpu_count": prov.get("gpu_count"), "nodes": prov.get("nodes"),
             "hostname": prov.get("hostname"), "git_commit": prov.get("git_commit"),
-            "torch": (prov.get("versions") or {}).get("torch"), "started": prov.get("started")}
+            "started": prov.get("started"),
+            **{f"{name}_version": (prov.get("versions") or {}).get(name) for name in VERSION_KEYS}}
     metrics = doc.get("metrics") or {}
     rows = []
 
