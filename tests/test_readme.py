@@ -104,6 +104,8 @@ HOW: dict[str, How] = {
         "elsewhere", "rewrites the package's constants; tests/test_time_model.py fits on synthetic cells"),
     "trainbench compare results/runs rerun/results/runs": How("run", before=_a_rerun_tree),
     "snakemake --report report.html": How("run", "the report of the smoke study the quick start made"),
+    "snakemake --report": How("name", "Snakemake's option, named; its full forms are run (and on a fresh "
+                                      "clone by tests/test_report.py)"),
     "snakemake -c all report_all": How("run", "the published studies' pages: nothing may train"),
     "snakemake --report report.html report_all": How("run"),
     "trainbench strategies": How("run"),
