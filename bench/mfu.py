@@ -30,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
-from trainbench.execute.profiling import classify  # noqa: E402  (kernel classes: one list, the cells' too)
+from trainbench.execute.profiling import classify, union_length  # noqa: E402  (kernel classes: one list, the cells' too)
 CELLS = {"124m": "strategy~single__model~gpt2-124m__gpus~1__micro_batch~32",
          "350m": "strategy~single__model~gpt2-350m__gpus~1__micro_batch~16"}
 MAX_AUTOTUNE = {"mode": "max-autotune-no-cudagraphs"}
@@ -126,12 +126,8 @@ def profile(variant: Variant) -> dict:
     kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e]
     begin = min(e["ts"] for e in kernels)
     end = max(e["ts"] + e["dur"] for e in kernels)
-    busy, reach = 0.0, begin  # the union of kernel intervals: when the GPU was doing anything
-    for e in sorted(kernels, key=lambda e: e["ts"]):
-        start, stop = max(e["ts"], reach), e["ts"] + e["dur"]
-        if stop > start:
-            busy += stop - start
-            reach = stop
+    # the union of kernel intervals: when the GPU was doing anything
+    busy = union_length([(e["ts"], e["ts"] + e["dur"]) for e in kernels], begin, end)
     by_class: dict[str, float] = {}
     by_kernel: dict[str, float] = {}
     for e in kernels:

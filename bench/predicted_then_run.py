@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 from trainbench.registry.hardware import MIB  # noqa: E402
 from trainbench.execute.results import InvalidResult, read_result  # noqa: E402
-from trainbench.reporting.predictions import MODEL_PARTS  # noqa: E402
+from trainbench.reporting.predictions import MODEL_PARTS, profiled_parts  # noqa: E402
 
 GIB = 1024 * MIB
 
@@ -63,12 +63,10 @@ def compare_row(row: dict, runs: Path) -> dict:
         entry["gpu_error"] = entry["predicted_gpu_gib"] / entry["measured_gpu_gib"] - 1
         if entry["predicted_step_s"]:
             entry["step_error"] = entry["predicted_step_s"] / entry["measured_step_s"] - 1
-        found = metrics.get("breakdown")
-        if found and row.get("compute_s"):  # the pre-registered parts against the profile's
-            scale = metrics["step_time_s"] / found["step_s"] * 1e3
-            entry["parts_ms"] = {part: (float(row[f"{part}_s"]) * 1e3,
-                                        sum(found["parts_s"][p] for p in profiled) * scale)
-                                 for part, profiled in MODEL_PARTS.items()}
+        profiled = profiled_parts(metrics)
+        if profiled and row.get("compute_s"):  # the pre-registered parts against the profile's
+            entry["parts_ms"] = {part: (float(row[f"{part}_s"]) * 1e3, profiled[part] * 1e3)
+                                 for part in MODEL_PARTS}
     return entry
 
 

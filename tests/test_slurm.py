@@ -6,6 +6,7 @@ One node with 8 CPUs and 4 GPUs declared as GRES (character devices on a machine
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -127,6 +128,37 @@ def test_two_gpu_cells_get_two_devices_each_and_never_more_than_four_at_once(wor
     assert max_in_use(intervals) <= 4
 
 
+@contextlib.contextmanager
+def pending_requests(workflow, snakemake_args: list[str], jobs: int):
+    """Run Snakemake with `snakemake_args` until `jobs` jobs pend in PENDING_PARTITION, and give each
+    job's request as `scontrol show job` has it, by node count; then stop Snakemake and cancel them."""
+    proc = subprocess.Popen([sys.executable, "-m", "snakemake", *snakemake_args], cwd=workflow.root,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            queued = subprocess.run(["squeue", "-h", "-p", PENDING_PARTITION, "-o", "%i"],
+                                    capture_output=True, text=True).stdout.split()
+            if len(queued) == jobs:
+                break
+            assert time.monotonic() < deadline and proc.poll() is None, (
+                proc.communicate()[0] if proc.poll() else "")
+            time.sleep(1)
+        requests = {}
+        for job in queued:
+            text = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+            fields = dict(item.split("=", 1) for item in text.split() if "=" in item)
+            requests[int(fields["NumNodes"].split("-")[0])] = fields
+        yield requests
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        subprocess.run(["scancel", "-p", PENDING_PARTITION], check=False)
+
+
 def test_multi_node_cells_reach_slurm_as_one_task_per_node_with_their_gpus(workflow):
     if not _sinfo("-p", PENDING_PARTITION, "-o", "%P"):
         pytest.skip(f"no partition {PENDING_PARTITION!r} of nodes that never come up "
@@ -137,37 +169,14 @@ def test_multi_node_cells_reach_slurm_as_one_task_per_node_with_their_gpus(workf
     eight = next(c for c in study.cells if c.params.nodes == 8)
     sixteen = next(c for c in study.cells if c.params.nodes == 16)
     # targets before --default-resources, which takes every word after it
-    proc = subprocess.Popen([sys.executable, "-m", "snakemake", eight.target, sixteen.target, *PROFILE,
-                             "-j", "4", "--default-resources", f"slurm_partition={PENDING_PARTITION}"],
-                            cwd=workflow.root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            queued = subprocess.run(["squeue", "-h", "-p", PENDING_PARTITION, "-o", "%i"],
-                                    capture_output=True, text=True).stdout.split()
-            if len(queued) == 2:
-                break
-            assert time.monotonic() < deadline and proc.poll() is None, (
-                proc.communicate()[0] if proc.poll() else "")
-            time.sleep(1)
-        requests = {}
-        for job in queued:
-            text = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
-            fields = dict(item.split("=", 1) for item in text.split() if "=" in item)
-            requests[int(fields["NumNodes"].split("-")[0])] = fields
+    with pending_requests(workflow, [eight.target, sixteen.target, *PROFILE, "-j", "4", "--default-resources",
+                                     f"slurm_partition={PENDING_PARTITION}"], jobs=2) as requests:
         for nodes, cell in ((8, eight), (16, sixteen)):
             r = requests[nodes]
             assert r["NumTasks"] == str(nodes) and r["CPUs/Task"] == "64"
             assert r["TresPerNode"] == "gres:gpu:8"
             assert r["MinMemoryNode"] == f"{cell.resources()['mem_mb']}M"
             assert r["TimeLimit"] == "02:00:00" and r["Partition"] == PENDING_PARTITION
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        subprocess.run(["scancel", "-p", PENDING_PARTITION], check=False)
 
 
 def test_the_srun_fan_out_starts_a_node_that_joins_its_rendezvous(tmp_path):
@@ -202,33 +211,9 @@ def test_a_study_names_partition_account_gpu_model_and_constraint_and_sbatch_get
                               gpu_model="h100", constraint="nvlink")
     workflow.write_config({"studies": {"c": study}})
     cells = load_config(workflow.path("config.yaml")).study("c").cells
-    proc = subprocess.Popen([sys.executable, "-m", "snakemake", *(c.target for c in cells), *PROFILE,
-                             "-j", "4"], cwd=workflow.root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            queued = subprocess.run(["squeue", "-h", "-p", PENDING_PARTITION, "-o", "%i"],
-                                    capture_output=True, text=True).stdout.split()
-            if len(queued) == 2:
-                break
-            assert time.monotonic() < deadline and proc.poll() is None, (
-                proc.communicate()[0] if proc.poll() else "")
-            time.sleep(1)
-        requests = {}
-        for job in queued:
-            text = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
-            fields = dict(item.split("=", 1) for item in text.split() if "=" in item)
-            requests[int(fields["NumNodes"].split("-")[0])] = fields
+    with pending_requests(workflow, [*(c.target for c in cells), *PROFILE, "-j", "4"], jobs=2) as requests:
         for fields in requests.values():
             assert fields["Partition"] == PENDING_PARTITION and fields["Account"] == "bench"
             assert fields["Features"] == "nvlink"
         assert requests[1]["TresPerJob"] == "gres:gpu:h100:2"
         assert requests[2]["TresPerNode"] == "gres:gpu:h100:8"
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        subprocess.run(["scancel", "-p", PENDING_PARTITION], check=False)

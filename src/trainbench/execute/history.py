@@ -71,9 +71,10 @@ def runs(path: Path) -> list[dict[str, Any]]:
 def last_comparable(doc: dict[str, Any], result: Path) -> dict[str, Any] | None:
     """The last run before `doc` of the same cell, with the same parameters, on the same GPU model."""
     path = history_file(result)
+    if path is None:
+        return None
     mine = doc.get("provenance") or {}
-    earlier = [r for r in runs(path) if path is not None
-               and r.get("params_hash") == doc.get("params_hash")
+    earlier = [r for r in runs(path) if r.get("params_hash") == doc.get("params_hash")
                and r["provenance"].get("gpu_name") == mine.get("gpu_name")
                and (r["provenance"].get("started") or "") < (mine.get("started") or "")]
     return earlier[-1] if earlier else None

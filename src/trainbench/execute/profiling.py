@@ -101,7 +101,8 @@ def _sweep(intervals: list[tuple[float, float, int]], start: float, end: float, 
     return out
 
 
-def _union(intervals: list[tuple[float, float]], start: float, end: float) -> float:
+def union_length(intervals: list[tuple[float, float]], start: float, end: float) -> float:
+    """How long at least one of `intervals` is active within [start, end] (the GPU busy at all)."""
     return _sweep([(s, e, 0) for s, e in intervals], start, end, 1)[0]
 
 
@@ -201,14 +202,14 @@ def breakdown(events: list[dict[str, Any]]) -> dict[str, Any]:
     seconds = _sweep(intervals, start, end, len(PARTS) - 1)
     count = len(steps)
     per_step = {part: round(us / count / 1e6, 7) for part, us in zip(PARTS, seconds)}
-    communication = _union(collectives, start, end)
+    communication = union_length(collectives, start, end)
     return {
         "timeline": timeline, "steps": count, "step_s": round((end - start) / count / 1e6, 7),
         "parts_s": per_step,
         "communication_s": round(communication / count / 1e6, 7),
         "communication_hidden": (round(1 - seconds[index["exposed_communication"]] / communication, 4)
                                  if communication else None),
-        "copies_s": round(_union(copies, start, end) / count / 1e6, 7),
+        "copies_s": round(union_length(copies, start, end) / count / 1e6, 7),
     }
 
 
@@ -234,8 +235,8 @@ class StepProfiler:
         self.result: dict[str, Any] | None = None
         directory.mkdir(parents=True, exist_ok=True)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-        self.cuda = cuda
-        self._torch = torch
+        # the last step's kernels inside its range
+        self.synchronize = torch.cuda.synchronize if cuda else (lambda: None)
         self.profiler = profile(activities=activities,
                                 schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
                                 on_trace_ready=lambda p: p.export_chrome_trace(str(self.path)))
@@ -247,8 +248,8 @@ class StepProfiler:
     def step(self) -> bool:
         """After a step; True once the last profiled step is done and its breakdown read."""
         self.left -= 1
-        if self.left == 0 and self.cuda:
-            self._torch.cuda.synchronize()  # the last step's kernels inside its range
+        if self.left == 0:
+            self.synchronize()
         self.profiler.step()
         if self.left:
             return False

@@ -41,18 +41,26 @@ MODEL_PARTS = {"compute": ("matmul", "attention", "other_kernels"),
                "framework": ("idle",)}
 
 
-def parts_compared(doc: Doc) -> dict[str, tuple[float, float]]:
-    """Each part of the time model's step, (measured, predicted) seconds per step, for a profiled cell
-    the model predicts ({} otherwise). The profile's shares are applied to the timed median step: the
-    profiler's own cost lengthens the profiled steps, not the parts' proportions."""
-    measured = (doc.get("metrics") or {}).get("breakdown")
-    predicted = time_prediction(doc).get("parts_s")
-    step = (doc.get("metrics") or {}).get("step_time_s")
-    if not measured or not predicted or not step or doc.get("emulation"):
+def profiled_parts(metrics: dict[str, Any]) -> dict[str, float]:
+    """A profiled cell's step as the time model's parts, seconds at its timed median ({} where the
+    cell was not profiled): the profile's shares are applied to the timed step, since the profiler's
+    own cost lengthens the profiled steps, not the parts' proportions."""
+    measured, step = metrics.get("breakdown"), metrics.get("step_time_s")
+    if not measured or not step:
         return {}
     scale = step / measured["step_s"]
-    return {part: (sum(measured["parts_s"][p] for p in profiled) * scale, predicted[part])
+    return {part: sum(measured["parts_s"][p] for p in profiled) * scale
             for part, profiled in MODEL_PARTS.items()}
+
+
+def parts_compared(doc: Doc) -> dict[str, tuple[float, float]]:
+    """Each part of the time model's step, (measured, predicted) seconds per step, for a profiled cell
+    the model predicts ({} otherwise)."""
+    measured = profiled_parts(doc.get("metrics") or {})
+    predicted = time_prediction(doc).get("parts_s")
+    if not measured or not predicted or doc.get("emulation"):
+        return {}
+    return {part: (measured[part], predicted[part]) for part in MODEL_PARTS}
 
 
 def _study_gpu(docs: list[Doc]):

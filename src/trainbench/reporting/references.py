@@ -21,6 +21,7 @@ from typing import Any
 
 from trainbench.reporting.columns import COLUMNS, column_values
 from trainbench.reporting.predictions import Doc
+from trainbench.study.grid import selects
 
 WITHIN, OUTSIDE, NOT_MEASURED = "within", "outside", "not measured"
 
@@ -53,17 +54,13 @@ def bounds(reference: dict[str, Any]) -> tuple[float, float]:
     return (-tolerance if lower is None else lower), (tolerance if upper is None else upper)
 
 
-def _selects(params: dict[str, Any], selector: dict[str, Any]) -> bool:
-    return all(params.get(k) in (v if isinstance(v, list) else [v]) for k, v in selector.items())
-
-
 def check(references: list[dict[str, Any]], docs: list[Doc]) -> list[Check]:
     """Every reference against every cell it names."""
     checks = []
     for index, reference in enumerate(references, 1):
         lower, upper = bounds(reference)
         named = [d for d in docs if d["status"] not in ("planned", "not run")
-                 and _selects(d["params"], reference.get("cells") or {})]
+                 and selects(d["params"], reference.get("cells") or {})]
         for doc in named:
             value, _ = column_values(doc, reference["metric"])
             ran = isinstance(value, (int, float)) and doc["status"] == "ok"
@@ -89,7 +86,7 @@ def problems(study: str, references: list[dict[str, Any]], params: list[dict[str
             out.append(f"{key}: lower ({lower}) is above upper ({upper})")
         if reference.get("value") == 0:
             out.append(f"{key}.value: 0 has no relative tolerance")
-        if not any(_selects(p, reference.get("cells") or {}) for p in params):
+        if not any(selects(p, reference.get("cells") or {}) for p in params):
             out.append(f"{key}.cells: {reference.get('cells')!r} matches no cell of the study")
     return out
 

@@ -260,18 +260,18 @@ def _matches(params: CellParams, pattern: dict[str, Any]) -> bool:
     return all(params.get(k) == v for k, v in pattern.items())
 
 
-def _selects(params: CellParams, selector: dict[str, Any]) -> bool:
-    """A `measure` pattern: a list value matches any of its items."""
+def selects(params: CellParams | dict[str, Any], selector: dict[str, Any]) -> bool:
+    """A cell pattern (`measure`, `search`, `references`): a list value matches any of its items."""
     return all(params.get(k) in (v if isinstance(v, list) else [v]) for k, v in selector.items())
 
 
 def _selected(cells: list[Cell], selectors: list[dict[str, Any]], key: str, what: str) -> list[Cell]:
     """The cells any selector matches, in grid order; a selector matching none is a config error."""
     idle = [f"{key}[{i}]: {selector!r} matches no {what}" for i, selector in enumerate(selectors)
-            if not any(_selects(c.params, selector) for c in cells)]
+            if not any(selects(c.params, selector) for c in cells)]
     if idle:
         raise ConfigError(idle)
-    return [c for c in cells if any(_selects(c.params, s) for s in selectors)]
+    return [c for c in cells if any(selects(c.params, s) for s in selectors)]
 
 
 def _execution(study_spec: dict[str, Any], params: CellParams) -> dict[str, Any]:
