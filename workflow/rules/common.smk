@@ -91,9 +91,7 @@ def cell_resource(name):
 
 
 # A cell job's resources (the train_cell and search_probe rules)
-CELL_RESOURCES = {
-    resource: cell_resource(name) for resource, name in WORKFLOW.cell_resource_names().items()
-}
+CELL_RESOURCES = {resource: cell_resource(name) for resource, name in WORKFLOW.cell_resource_names().items()}
 
 
 def get_cell_grid(wildcards):
