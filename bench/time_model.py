@@ -49,13 +49,16 @@ CAVEATS = {
 
 
 def measured_cells(folders: list[Path]) -> list[dict]:
-    """Every cell that trained on a known GPU type, with its work on that GPU."""
+    """Every cell that trained on a known GPU type, with its work on that GPU (not emulated ranks: their
+    steps time one rank's compute alone, emulation.py)."""
     cells = []
     for path in sorted(p for folder in folders for p in folder.glob("**/metrics.json")):
         doc = read_result(path)  # checked, in the current shape (optional parameters filled in)
         gpu = gpu_type_of((doc.get("provenance") or {}).get("gpu_name"))
         step = (doc.get("metrics") or {}).get("step_time_s")
         if doc["status"] != "ok" or doc["params"].get("device") != "cuda" or gpu is None or not step:
+            continue
+        if doc.get("emulation"):  # one rank of a world alone: its step holds no communication
             continue
         try:
             work = time_model.work(CellParams.from_dict(doc["params"]), gpu, time_model.threads_of_run(doc))
