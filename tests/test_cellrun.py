@@ -105,6 +105,7 @@ def test_single_rank_cell_measures_and_records_everything(tmp_path):
     assert sum(m["params_per_module_rank0"].values()) == m["params_total"]
     assert math.isfinite(m["loss_first"]) and math.isfinite(m["loss_last"])
     assert m["mfu"] is None and m["gpu_mem_used_mib"] is None  # a CPU: no peak FLOPS, no GPU
+    assert "energy_j_per_step" not in m and "gpu_energy_j_per_rank" not in m  # nor a GPU's energy counter
     assert m["host_mem_peak_mib"] > 50
     prov = doc["provenance"]
     assert prov["versions"]["torch"] and prov["hostname"] and prov["started"] <= prov["ended"]

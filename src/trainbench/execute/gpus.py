@@ -144,3 +144,50 @@ def short_of_gpus(params: CellParams, gpus_here: int) -> str | None:
     if need > gpus_here:
         return f"needs {need} GPU{'s' if need > 1 else ''}"
     return None
+
+
+class EnergyCounter:
+    """One GPU's energy counter (NVML's total energy since the driver loaded, in millijoules; Volta and
+    later), read at the two ends of every timed window: its sum is the energy the timed steps took.
+
+    `read` returns the counter in millijoules, or None where it cannot be read; `for_rank` builds one
+    for a rank's device, None on CPU ranks or where NVML or the counter is missing."""
+
+    def __init__(self, read):
+        self._read = read
+        self._window_start: int | None = None
+        self.energy_mj = 0
+        self.windows = 0
+
+    @classmethod
+    def for_rank(cls, device_type: str, local_rank: int) -> EnergyCounter | None:
+        if device_type != "cuda":
+            return None
+        devices = machine_devices()
+        if local_rank >= len(devices):
+            return None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = nvml_handle(pynvml, devices[local_rank])
+            pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)  # raises where the GPU has no counter
+        except Exception:
+            return None
+        return cls(lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle))
+
+    def window_started(self) -> None:
+        """At a timed window's start, the device synchronised."""
+        self._window_start = self._read()
+
+    def window_ended(self) -> None:
+        """At its end, the device synchronised again."""
+        if self._window_start is None:
+            return
+        self.energy_mj += self._read() - self._window_start
+        self.windows += 1
+        self._window_start = None
+
+    @property
+    def energy_j(self) -> float | None:
+        return self.energy_mj / 1e3 if self.windows else None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
+import re
 import socket
 import subprocess
 import threading
@@ -115,15 +116,71 @@ def gpu_facts(devices: list[str] | None) -> dict[str, Any]:
                      driver=driver.decode() if isinstance(driver, bytes) else driver)
         if len(set(names)) > 1:
             facts["gpu_names"] = names
+        facts.update(_power_and_clocks(pynvml, nvml_handle(pynvml, devices[0])))
     finally:
         pynvml.nvmlShutdown()
+    topology = gpu_topology()
+    if topology:
+        facts["gpu_topology"] = topology
     return facts
+
+
+def _power_and_clocks(pynvml, handle) -> dict[str, Any]:
+    """What sets a GPU's speed and energy besides its model: the power limit it enforces and its
+    clocks (the maximum, and the application clocks it runs at), each left out where NVML cannot say."""
+    reads = {
+        "gpu_power_limit_w": lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000,
+        "gpu_sm_clock_max_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
+        "gpu_mem_clock_max_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM),
+        "gpu_sm_clock_app_mhz": lambda: pynvml.nvmlDeviceGetApplicationsClock(handle, pynvml.NVML_CLOCK_SM),
+    }
+    facts = {}
+    for key, read in reads.items():
+        try:
+            facts[key] = read()
+        except Exception:  # NVML_ERROR_NOT_SUPPORTED and the like: that fact is unknown here
+            continue
+    return facts
+
+
+def gpu_topology() -> str | None:
+    """How the node's GPUs connect (NVLink, PCIe switch, CPU socket): `nvidia-smi topo -m` as printed."""
+    try:
+        out = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None
 
 
 def slurm_facts() -> dict[str, Any]:
     env = os.environ
-    return {"slurm_job_id": env.get("SLURM_JOB_ID"), "slurm_nodelist": env.get("SLURM_JOB_NODELIST"),
-            "slurm_job_gpus": env.get("SLURM_JOB_GPUS") or env.get("SLURM_STEP_GPUS")}
+    facts = {"slurm_job_id": env.get("SLURM_JOB_ID"), "slurm_nodelist": env.get("SLURM_JOB_NODELIST"),
+             "slurm_job_gpus": env.get("SLURM_JOB_GPUS") or env.get("SLURM_STEP_GPUS")}
+    if env.get("SLURM_ARRAY_JOB_ID"):  # a task of a job array: the array's job and its task
+        facts.update(slurm_array_job_id=env["SLURM_ARRAY_JOB_ID"],
+                     slurm_array_task_id=env.get("SLURM_ARRAY_TASK_ID"))
+    if facts["slurm_job_id"]:
+        restarts = _slurm_restarts(facts["slurm_job_id"], env)
+        if restarts is not None:
+            facts["slurm_restart_count"] = restarts
+    return facts
+
+
+def _slurm_restarts(job: str, env) -> int | None:
+    """How often SLURM requeued the job (preemption, a node failure): SLURM_RESTART_COUNT where the
+    batch script's variables reached this process, else scontrol's Restarts (Snakemake's job step
+    keeps only the job's id of SLURM's variables for the step it starts)."""
+    if env.get("SLURM_RESTART_COUNT", "").isdigit():
+        return int(env["SLURM_RESTART_COUNT"])
+    try:
+        shown = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True,
+                               timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"\bRestarts=(\d+)", shown)
+    return int(found.group(1)) if found else None
 
 
 def host_facts() -> dict[str, Any]:

@@ -120,6 +120,13 @@ METRICS: tuple[Key, ...] = (
         "memory_snapshot asks: its peak by category (parameters, gradients, optimizer states, "
         "activations and other), allocated and reserved memory, the pickle beside metrics.json",
         required=False),
+    Key("gpu_energy_j_per_rank", _NUMBERS, "each rank's GPU energy over the timed windows (NVML's energy "
+        "counter read at both ends of every window), joules", required=False),
+    Key("energy_j_per_step", _NUMBER, "the cell's GPUs together, joules per optimizer step over the timed "
+        "windows (not for an emulated rank: its world's other GPUs were not there)", required=False),
+    Key("energy_j_per_token", _NUMBER, "energy_j_per_step / tokens per step", required=False),
+    Key("gpu_power_w", _NUMBER, "mean power of the cell's GPUs over the timed windows, watts",
+        required=False),
     Key("dataset", _TEXT, "the data accuracy was measured on", required=False),
     Key("test_samples", _INT, "held-out samples accuracy was measured on", required=False),
 )
@@ -140,6 +147,15 @@ PROVENANCE: tuple[Key, ...] = (
     Key("gpu_memory_mib", _NUMBER, "memory of one GPU (NVML)", required=False),
     Key("host_mem_total_mib", _NUMBER, "the node's memory", required=False),
     Key("cpu_count", _INT, "the node's CPUs", required=False),
+    Key("gpu_power_limit_w", _NUMBER, "the power limit the GPU enforces (NVML)", required=False),
+    Key("gpu_sm_clock_max_mhz", _INT, "the GPU's maximum SM clock", required=False),
+    Key("gpu_mem_clock_max_mhz", _INT, "its maximum memory clock", required=False),
+    Key("gpu_sm_clock_app_mhz", _INT, "the SM clock applications run at", required=False),
+    Key("gpu_topology", _TEXT, "how the node's GPUs connect: `nvidia-smi topo -m`", required=False),
+    Key("slurm_restart_count", _INT, "times SLURM requeued the job before this run (preemption)",
+        required=False),
+    Key("slurm_array_job_id", _TEXT, "the job array the cell's job was a task of", required=False),
+    Key("slurm_array_task_id", _TEXT, "its task in the array", required=False),
 )
 METRIC_KEYS = tuple(k.name for k in METRICS if k.required)
 PREDICTED_KEYS = tuple(k.name for k in PREDICTED if k.required)
@@ -342,9 +358,27 @@ def summarize(params: CellParams, result: dict[str, Any], wall_time_s: float,
         metrics["breakdown"] = ranks[0]["breakdown"]
         if len(ranks) > 1:
             metrics["breakdown_per_rank"] = [r.get("breakdown") for r in ranks]
+    metrics.update(energy_metrics(params, ranks, timed["steps_timed"]))
     if "dataset" in result:  # where accuracy was measured: real data, or the synthetic stand-in
         metrics.update(dataset=result["dataset"], test_samples=result["test_samples"])
     return metrics
+
+
+def energy_metrics(params: CellParams, ranks: list[dict[str, Any]], steps_timed: int) -> dict[str, Any]:
+    """Energy over the timed windows from every rank's GPU counter (worker.py), where each rank read
+    one: per rank, per step and token for the cell's GPUs together, and their mean power."""
+    energy = [r.get("gpu_energy_j") for r in ranks]
+    if not energy or any(e is None for e in energy) or not steps_timed:
+        return {}
+    out: dict[str, Any] = {"gpu_energy_j_per_rank": [_round(e, 2) for e in energy]}
+    timed = [r.get("gpu_energy_timed_s") for r in ranks]
+    if all(timed):
+        out["gpu_power_w"] = _round(sum(e / t for e, t in zip(energy, timed)) / len(energy), 1)
+    if not params.emulate:
+        per_step = sum(energy) / steps_timed
+        out["energy_j_per_step"] = _round(per_step, 3)
+        out["energy_j_per_token"] = _round(per_step / (params.global_batch * params.seq_len), 8)
+    return out
 
 
 def partial_metrics(rank_records: list[dict[str, Any]], wall_time_s: float) -> dict[str, Any]:

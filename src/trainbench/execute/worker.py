@@ -25,6 +25,7 @@ import torch.distributed as dist
 from trainbench.training import emulation
 from trainbench.registry.frameworks import deepspeed_ops
 from trainbench.training.gpt import hold_attention_kernel
+from trainbench.execute.gpus import EnergyCounter
 from trainbench.execute.launch import free_port
 from trainbench.execute.lifetime import runner_to_watch, when_gone
 from trainbench.execute.memory_sampler import MemorySampler
@@ -179,7 +180,7 @@ class Worker:
                 steps.end(runner.train_step())
         self._finish(runner, device, steps)
 
-    def _rank_figures(self, device: torch.device, runner: Runner) -> dict:
+    def _rank_figures(self, device: torch.device, runner: Runner, steps: StepRecorder) -> dict:
         figures = {"rank": self.rank, "local_rank": self.local_rank, "host": socket.gethostname(),
                    "host_rss_peak_mib": process_peak_rss_mib(),
                    # what a CPU rank keeps between steps (it has no allocator statistics; the census of
@@ -191,17 +192,22 @@ class Worker:
                    "params_per_module": params_per_module(runner),
                    "torch_peak_allocated_mib": None, "torch_peak_reserved_mib": None, "node_memory": None,
                    "breakdown": self.breakdown,
+                   "gpu_energy_j": None, "gpu_energy_timed_s": None,
                    "memory_snapshot": (self.memory.keep("end") if self.memory and self.timing.memory_snapshot
                                        else None)}
         if device.type == "cuda":
             figures["torch_peak_allocated_mib"] = torch.cuda.max_memory_allocated(device) / MIB
             figures["torch_peak_reserved_mib"] = torch.cuda.max_memory_reserved(device) / MIB
+        if steps.energy is not None and steps.energy.energy_j is not None:
+            # the timed windows' energy and time (the windows' steps times their mean step time)
+            figures["gpu_energy_j"] = steps.energy.energy_j
+            figures["gpu_energy_timed_s"] = steps.timed_s
         if self.sampler is not None:
             figures["node_memory"] = vars(self.sampler.stop())
         return figures
 
     def _finish(self, runner: Runner, device, steps: StepRecorder) -> None:
-        figures = self._rank_figures(device, runner)
+        figures = self._rank_figures(device, runner, steps)
         per_module = figures["params_per_module"]
         if self.emulated is not None:
             gathered = [figures]  # a fake all-gather would hand back this rank's figures N times
@@ -290,11 +296,18 @@ class StepRecorder:
         self._timed_s = 0.0
         self._last_report = time.monotonic()
         self.profiler: StepProfiler | None = None  # over the steps after the timed ones, where asked
+        # the rank's GPU's energy over the timed windows (None on CPU ranks, or without NVML's counter)
+        self.energy = EnergyCounter.for_rank(device.type, worker.local_rank)
 
     @property
     def total(self) -> int:
         """The step count of a loop that must know it up front (Lightning, the Trainer)."""
         return fixed_step_count(self.warmup, self.timed_steps, self.settings)
+
+    @property
+    def timed_s(self) -> float:
+        """Seconds spent in the timed windows so far."""
+        return self._timed_s
 
     def _in_warmup(self) -> bool:
         return self.worker.step <= self.warmup
@@ -308,6 +321,8 @@ class StepRecorder:
         if self._in_warmup() or (self._timed_index() - 1) % self.steps_per_window == 0:
             self._synchronize()
             self._started = time.perf_counter()
+            if self.energy is not None and not self._in_warmup():
+                self.energy.window_started()
 
     def end(self, loss) -> None:
         """`loss`: the step's mean loss, a tensor on the device (read at the window's end) or a float."""
@@ -337,6 +352,8 @@ class StepRecorder:
             return  # inside a window: nothing touches the device
         self._synchronize()
         elapsed = time.perf_counter() - self._started
+        if self.energy is not None:
+            self.energy.window_ended()
         self.window_step_times.append(elapsed / self.steps_per_window)
         self._timed_s += elapsed
         self._read_losses()

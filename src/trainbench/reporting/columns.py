@@ -280,8 +280,20 @@ BREAKDOWN_COLUMNS: dict[str, Column] = {
                           comparable=False),
 }
 COLUMNS.update(BREAKDOWN_COLUMNS)
+
+# what the timed steps cost in energy (NVML's counter on every GPU cell: execute/gpus.py EnergyCounter)
+ENERGY_COLUMNS: dict[str, Column] = {
+    "energy_j_step": Column("energy (J/step)", lambda d: metric(d, "energy_j_per_step"), _fmt(1),
+                            "joules per optimizer step, the cell's GPUs together, over the timed windows"),
+    "energy_mj_token": Column("energy (mJ/token)", lambda d: metric(d, "energy_j_per_token") and
+                              metric(d, "energy_j_per_token") * 1e3, _fmt(3),
+                              "millijoules per trained token, the cell's GPUs together"),
+    "gpu_power_w": Column("GPU power (W)", lambda d: metric(d, "gpu_power_w"), _fmt(0),
+                          "mean power of the cell's GPUs over the timed windows"),
+}
+COLUMNS.update(ENERGY_COLUMNS)
 # names a study's `report` may give for several columns at once
-COLUMN_SETS = {"breakdown": list(BREAKDOWN_COLUMNS)}
+COLUMN_SETS = {"breakdown": list(BREAKDOWN_COLUMNS), "energy": list(ENERGY_COLUMNS)}
 
 
 def expand_sets(report: list[str]) -> list[str]:

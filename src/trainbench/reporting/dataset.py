@@ -30,7 +30,7 @@ MEASURED = {"step_time_s": "step_time_s_ci", "samples_per_s": "samples_per_s_ci"
             "tokens_per_s": "tokens_per_s_ci", "tflops_per_gpu": "tflops_per_gpu_ci", "mfu": "mfu_ci",
             "ci_half_width": None, "host_mem_peak_mib": None, "loss_first": None, "loss_last": None,
             "test_accuracy": None, "params_total": None, "wall_time_s": None, "projected_run_s": None,
-            "timed_share": None}
+            "timed_share": None, "energy_j_per_step": None, "energy_j_per_token": None, "gpu_power_w": None}
 # per-GPU (per-rank) lists, kept as their largest entry: the busiest GPU
 PER_GPU = {"gpu_mem_used_mib": "gpu_mem_used_max_mib", "torch_peak_allocated_mib": "torch_alloc_max_mib",
            "torch_peak_reserved_mib": "torch_reserved_max_mib"}
