@@ -57,6 +57,18 @@ def finding(claim: str | None = "a claim", **relation) -> Callable[[dict], Any]:
     return edit
 
 
+def array_study(name: str = "t", settings: dict | None = None, **changes) -> Callable[[dict], Any]:
+    """The study submitted as SLURM job arrays (under `name`), with these changes."""
+    def edit(config):
+        spec = config["studies"].pop("t")
+        spec["execution"]["slurm_array"] = True
+        spec["settings"].update(settings or {})
+        spec.update(changes)
+        config["studies"][name] = spec
+        config["default_studies"] = {"without_gpus": [name], "with_gpus": [name]}
+    return edit
+
+
 CASES: dict[str, tuple[Callable[[dict], Any], str]] = {
     # the file's shape
     "not a mapping": (replace(["a", "b"]), "config.yaml must be a mapping with a 'studies' key"),
@@ -144,6 +156,16 @@ CASES: dict[str, tuple[Callable[[dict], Any], str]] = {
                                                                    "set": {"windows": 2}}]),
                                           "unknown key 'windows'"),
     "unknown timing key": (study(timing={"windows": 8}), "unknown key 'windows'"),
+    # SLURM job arrays: one sbatch request for all of a study's cells
+    "job array of cells asking for different CPUs": (
+        array_study(settings={"strategy": "ddp"}, axes={"gpus": [1, 2]}),
+        "studies.t.execution.slurm_array: one job array is one sbatch request, and its cells ask for 2 "
+        "different ones (cpus_per_task=1: 1 cell(s) (gpus~1)"),
+    "job array for some cells only": (
+        study(execution_overrides=[{"when": {"micro_batch": 1}, "set": {"slurm_array": True}}]),
+        "studies.t.execution.slurm_array: set for some of its cells only"),
+    "job array whose rule is taken": (array_study(name="cell"),
+                                      "studies.cell.execution.slurm_array: its rule would be 'train_cell'"),
     # what the tables and plots show
     "unknown report column": (study(report=["speed"]), "studies.t.report: unknown column 'speed'"),
     "report not a list": (study(report="mfu"), "studies.t.report: 'mfu' is not of type 'array'"),

@@ -92,3 +92,40 @@ def test_deepspeed_op_builds_are_told_apart_as_paid_once_per_environment():
     assert "op builds (compiled once per environment" in text
     assert "op builds" not in report([StudyCost("s", "GPU", study_cost(load_config(
         REPO / "config.yaml").study("baseline"), REPO).cells, Cost(), [])])  # none recorded, none reported
+
+
+def test_the_slurm_plugins_efficiency_report_is_summarised_by_study(tmp_path, capsys):
+    """The report as Snakemake's SLURM plugin writes it (its own parser, over sacct lines of two jobs:
+    the job, its batch step and the step the cell ran in), matched to the cells whose results the jobs
+    wrote."""
+    from snakemake_executor_plugin_slurm.efficiency_report import parse_sacct_data
+
+    from trainbench.cli import main
+    from trainbench.reporting.cost import EFFICIENCY_DIR
+
+    config = load_config(REPO / "config.yaml")
+    cells = config.study("holdout_mix").cells[:2]
+    for job, cell in zip(("7001", "7002"), cells):
+        doc = json.loads((REPO / cell.target).read_text())
+        doc["provenance"]["slurm_job_id"] = job
+        (tmp_path / cell.target).parent.mkdir(parents=True)
+        (tmp_path / cell.target).write_text(json.dumps(doc))
+    sacct = [  # JobID|JobName|Comment|Elapsed|TotalCPU|NNodes|NCPUS|MaxRSS|ReqMem
+        "7001|run|rule_train_cell|00:01:40||1|4||16000M", "7001.batch|batch||00:01:40|00:00.5|1|4|90M|",
+        "7001.0|python3|rule_train_cell|00:01:40|05:20.000|1|4|8000M|",  # 320 of 400 CPU-s, half the memory
+        "7002|run|rule_train_cell|00:01:00||1|4||16000M",
+        "7002.0|python3|rule_train_cell|00:01:00|01:00.000|1|4|4000M|",  # 60 of 240 CPU-s
+        "7003|run|rule_study_table|00:00:05||1|1||1000M",  # another rule's job: no cell's
+        "7003.0|python3|rule_study_table|00:00:05|00:04.000|1|1|100M|"]
+    report = tmp_path / EFFICIENCY_DIR / "efficiency_report_x.csv"
+    report.parent.mkdir(parents=True)
+    parse_sacct_data(sacct, 0.8, "x", logger=type("Quiet", (), {"warning": print})()).to_csv(report)
+
+    assert main(["cost", "holdout_mix", "--root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"SLURM efficiency ({report}, 3 jobs)" in out
+    # CPU efficiency 80% and 25%, median 52%; memory 50% and 25% of the 16 GB asked for
+    assert ("holdout_mix: 2 cells; CPU efficiency median 52% (lowest 25%, 1 under 50%); memory used "
+            "median 38% of the request (highest 50%)") in out
+    assert main(["cost", "holdout_mix", "--root", str(tmp_path), "--slurm-efficiency",
+                 str(tmp_path / "missing.csv")]) == 1

@@ -426,12 +426,12 @@ def test_shared_resources_are_those_every_cell_asks_for_alike():
 
     grid = large_grid(3)
     every = grid.cells[0].resources()
-    assert shared_resources(grid.cells) == every  # micro batch and seed change no resource
+    assert shared_resources(c.resources() for c in grid.cells) == every  # micro batch and seed change none
     # two ranks against one: the cores, memory and threads differ, what says how a cell runs does not
     one_rank = load_config(config_with(study(settings={"model": "gpt2-tiny", "device": "cpu", "gpus": 1,
                                                        "strategy": "ddp"},
                                              axes={"micro_batch": [1]}))).study("s").cells
-    shared = shared_resources([*grid.cells, *one_rank])
+    shared = shared_resources(c.resources() for c in [*grid.cells, *one_rank])
     assert {"cpus_per_task", "mem_mb", "threads"}.isdisjoint(shared)
     assert shared == {name: value for name, value in every.items()
                       if name not in ("cpus_per_task", "mem_mb", "threads")}

@@ -15,9 +15,11 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from trainbench.execute import history
 from trainbench.execute.cellrun import classify
 from trainbench.study.config import load_config
 from trainbench.study.params import CellParams
@@ -83,7 +85,7 @@ def test_the_smoke_study_through_slurm_is_one_job_per_cell_and_the_local_table_s
     workflow.write_config((REPO / "config.yaml").read_text())
     started = time.monotonic()
     run = workflow.snakemake("results/tables/smoke.md", *PROFILE, "-j", "8", *ON_PARTITION, timeout=1800)
-    if not probe("sacct").works:  # the workflow said so and followed the jobs with squeue
+    if not probe("sacct").works:  # the workflow said so and followed the jobs with squeue (and below)
         assert "following jobs with squeue instead" in run.stdout + run.stderr
     print(f"smoke study through SLURM: {time.monotonic() - started:.1f} s; "
           f"locally: {smoke_run_locally[1]:.1f} s")
@@ -95,6 +97,12 @@ def test_the_smoke_study_through_slurm_is_one_job_per_cell_and_the_local_table_s
         assert doc["provenance"]["slurm_job_id"] and doc["provenance"]["slurm_nodelist"]
         jobs.add(doc["provenance"]["slurm_job_id"])
     assert len(jobs) == len(smoke.cells)  # every cell its own SLURM job
+    if probe("sacct").works:  # with accounting: the plugin's efficiency report, summarised by study
+        assert len(list(workflow.path(".snakemake/slurm_efficiency").glob("efficiency_report_*.csv"))) == 1
+        cost = subprocess.run([sys.executable, "-m", "trainbench", "cost", "smoke"], cwd=workflow.root,
+                              capture_output=True, text=True, timeout=120)
+        assert cost.returncode == 0, cost.stderr
+        assert f"smoke: {len(smoke.cells)} cells; CPU efficiency median" in cost.stdout, cost.stdout
 
     def shape(table: str):
         rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ")]
@@ -217,3 +225,103 @@ def test_a_study_names_partition_account_gpu_model_and_constraint_and_sbatch_get
             assert fields["Features"] == "nvlink"
         assert requests[1]["TresPerJob"] == "gres:gpu:h100:2"
         assert requests[2]["TresPerNode"] == "gres:gpu:h100:8"
+
+
+def _sacct_records(job: str) -> list[str]:
+    """Every start of a job as accounting kept it (a requeued job has one per start), as 'STATE'."""
+    out = subprocess.run(["sacct", "-j", job, "-X", "--duplicates", "-n", "-P", "-o", "State"],
+                         capture_output=True, text=True, timeout=30)
+    return out.stdout.split() if out.returncode == 0 else []
+
+
+def test_a_preempted_cell_is_requeued_by_slurm_and_writes_one_result(workflow):
+    """The profile submits requeueable jobs: a cell's job requeued while its cell trains (what a
+    preemption or a node failure does) starts again under its job id; the stopped run writes
+    nothing, the requeued one writes the cell's only result and history line."""
+    if not probe("sacct").works:
+        pytest.skip("the cluster keeps no accounting: sacct cannot show the requeue")
+    study = tiny_study(strategy="single")
+    study["include"] = [{}]
+    # timed until the time cap: long enough to be caught training (the interval never reaches 0.01%)
+    study["timing"] = {"target_ci": 0.0001, "max_timed_s": 6, "min_window_s": 0.2}
+    workflow.write_config({"studies": {"r": study}})
+    cell = load_config(workflow.path("config.yaml")).study("r").cells[0]
+    proc = subprocess.Popen([sys.executable, "-m", "snakemake", cell.target, *PROFILE, "-j", "1",
+                             *ON_PARTITION], cwd=workflow.root, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        started = workflow.path(cell.target).parent / ".work" / "cell.json"  # the cell runner is at work
+        deadline = time.monotonic() + 300
+        while not started.exists():
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0][-3000:]
+            time.sleep(0.5)
+        queued = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i %k"], capture_output=True,
+                                text=True).stdout.splitlines()
+        job = [line.split()[0] for line in queued if "rule_train_cell" in line]  # its comment: the rule
+        assert len(job) == 1, queued
+        requeue = subprocess.run(["scontrol", "requeue", job[0]], capture_output=True, text=True)
+        assert requeue.returncode == 0, requeue.stderr
+        # SLURM holds a requeued job for two minutes before it may start again (once back in the
+        # queue, pending); the test does not wait for that
+        while subprocess.run(["squeue", "-h", "-j", job[0], "-o", "%T"], capture_output=True,
+                             text=True).stdout.strip() != "PENDING":
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        subprocess.run(["scontrol", "update", f"jobid={job[0]}", "StartTime=now"], check=True)
+        output = proc.communicate(timeout=600)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output[-4000:]
+    doc = json.loads(workflow.path(cell.target).read_text())
+    assert doc["status"] == "ok"
+    assert doc["provenance"]["slurm_job_id"] == job[0] and doc["provenance"]["slurm_restart_count"] == 1
+    kept = history.runs(history.history_file(workflow.path(cell.target)))
+    assert len(kept) == 1 and kept[0]["provenance"]["slurm_restart_count"] == 1
+    assert output.count("has been submitted with SLURM jobid") == 1  # Snakemake did not resubmit it
+    assert _sacct_records(job[0]) == ["REQUEUED", "COMPLETED"]
+
+
+def test_on_a_cluster_without_accounting_the_jobs_are_followed_with_squeue(workflow, tmp_path):
+    """The cluster's configuration as a site without job accounting has it (a copy, read by the client
+    commands through SLURM_CONF): sacct fails for real, and the workflow follows its job with squeue."""
+    conf = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
+    lines = [line for line in conf.read_text().splitlines()
+             if not line.startswith(("AccountingStorage", "JobAcctGather"))]
+    (tmp_path / "conf").mkdir()
+    lines.append("AccountingStorageType=accounting_storage/none")
+    (tmp_path / "conf/slurm.conf").write_text("\n".join(lines) + "\n")
+    shutil.copy(conf.parent / "gres.conf", tmp_path / "conf/gres.conf")
+    env = {"SLURM_CONF": str(tmp_path / "conf/slurm.conf")}
+    assert "accounting storage is disabled" in subprocess.run(
+        ["sacct", "-n"], capture_output=True, text=True, env={**os.environ, **env}).stderr.lower()
+    study = tiny_study(strategy="single")
+    study["include"] = [{}]
+    workflow.write_config({"studies": {"n": study}})
+    cell = load_config(workflow.path("config.yaml")).study("n").cells[0]
+    run = workflow.snakemake(cell.target, *PROFILE, "-j", "1", *ON_PARTITION, env=env, timeout=600)
+    assert "following jobs with squeue instead" in run.stdout + run.stderr
+    assert json.loads(workflow.path(cell.target).read_text())["status"] == "ok"
+
+
+def test_a_study_submitted_as_job_arrays_takes_one_sbatch_for_its_cells(workflow):
+    """execution.slurm_array: the study's cells go through a rule of its own, which the SLURM plugin
+    submits as one job array (--slurm-array-jobs train_<study>): six cells, one sbatch, six tasks,
+    each with the largest memory any cell asks for."""
+    study = tiny_study(strategy="single")
+    study["axes"] = {"seed": list(range(6))}
+    study["execution"].update(slurm_array=True)
+    study["execution_overrides"] = [{"when": {"seed": 5}, "set": {"mem_mb_per_rank": 1500}}]
+    workflow.write_config({"studies": {"a": study}})
+    partition = ("--set-resources", f"train_a:slurm_partition={cluster_partition()}") if ON_PARTITION else ()
+    run = workflow.snakemake("results/tables/a.md", *PROFILE, "-j", "6", "--slurm-array-jobs", "train_a",
+                             *partition, timeout=900)
+    docs = [json.loads(p.read_text()) for p in sorted(workflow.path("results/runs/a").glob("*/metrics.json"))]
+    assert len(docs) == 6 and all(d["status"] == "ok" for d in docs)
+    arrays = {d["provenance"]["slurm_array_job_id"] for d in docs}
+    assert len(arrays) == 1, run.stdout[-3000:]  # one sbatch for the six cells
+    assert sorted(int(d["provenance"]["slurm_array_task_id"]) for d in docs) == [1, 2, 3, 4, 5, 6]
+    if probe("sacct").works:  # every task asks for what the largest cell asks (the others, 1000 MB)
+        asked = subprocess.run(["sacct", "-j", arrays.pop(), "-X", "-n", "-P", "-o", "ReqMem"],
+                               capture_output=True, text=True).stdout.split()
+        assert len(asked) == 6 and len(set(asked)) == 1 and 1500 <= int(asked[0].rstrip("M")) < 1600

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from types import SimpleNamespace
 
 import pytest
 
 from conftest import tiny_study
 from trainbench.errors import ConfigError
-from trainbench.workflow import Workflow, load_checked
+from trainbench.workflow import STUDY_NAME, Workflow, load_checked
 
 
 def two_studies() -> dict:
@@ -132,3 +133,25 @@ def test_slurm_placement_reaches_snakemake_only_where_a_study_names_it(here):
     assert names["slurm_partition"] == "slurm_partition" and "slurm_account" not in names
     partition = flow.cell_resource("slurm_partition")
     assert partition("gpu", "gpus~4") == "gpu" and partition("cpu", "micro_batch~1") is None
+
+
+def test_a_study_submitted_as_job_arrays_has_its_own_rule_and_one_request(here):
+    """train_cell trains every study but an array study, whose rule is its own (the SLURM plugin makes
+    an array of one rule's jobs, with the first one's request), and whose cells all ask for the largest
+    memory and time any of them asks for."""
+    config = two_studies()
+    config["studies"]["cpu"]["execution"].update(slurm_array=True, runtime_min=5)
+    config["studies"]["cpu"]["execution_overrides"] = [{"when": {"micro_batch": 2},
+                                                        "set": {"mem_mb_per_rank": 3000, "runtime_min": 9}}]
+    config["studies"]["cpu-2"] = config["studies"]["gpu"]  # a name that starts like the array study's
+    workflow = Workflow(load_checked(config))
+    rules = dict(workflow.train_rules())
+    assert set(rules) == {"train_cell", "train_cpu"}
+    assert re.fullmatch(rules["train_cpu"], "cpu")
+    assert not re.fullmatch(rules["train_cell"], "cpu")
+    assert re.fullmatch(rules["train_cell"], "cpu-2") and re.fullmatch(rules["train_cell"], "gpu")
+    memory, runtime = workflow.cell_resource("mem_mb"), workflow.cell_resource("runtime")
+    assert {memory("cpu", c) for c in ("micro_batch~1", "micro_batch~2")} == {2 * 3000}  # two ranks each
+    assert {runtime("cpu", c) for c in ("micro_batch~1", "micro_batch~2")} == {9}
+    assert memory("gpu", "gpus~1") == 1000  # not an array: its own
+    assert Workflow(load_checked(two_studies())).train_rules() == [("train_cell", STUDY_NAME)]  # no array

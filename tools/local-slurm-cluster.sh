@@ -5,13 +5,20 @@
 # devices made with mknod (c 1 3, like /dev/null): SLURM allocates them and sets
 # CUDA_VISIBLE_DEVICES as it would for real ones, but nothing can compute on them.
 #
-#   tools/local-slurm-cluster.sh install   apt-get install slurm-wlm munge (root)
-#   tools/local-slurm-cluster.sh start     write the configuration, start munged, slurmctld, slurmd
+#   tools/local-slurm-cluster.sh install   apt-get install slurm-wlm munge slurmdbd mariadb-server (root)
+#   tools/local-slurm-cluster.sh start     write the configuration, start munged, the accounting
+#                                          (MariaDB, slurmdbd), slurmctld, slurmd
 #   tools/local-slurm-cluster.sh stop      stop the daemons
 #   tools/local-slurm-cluster.sh status    sinfo
 #
 # It also declares 16 nodes of 8 GPUs that never come up, in partition `far`: a multi-node job
 # submitted there is accepted and pends, so its request can be checked and cancelled.
+#
+# Job accounting as a site keeps it (slurmdbd on a MariaDB database, jobacct_gather/linux, job
+# comments stored), so that sacct answers as Snakemake's SLURM plugin expects, with each job's CPU
+# time, peak memory and requeues (its efficiency report; `trainbench cost --slurm-efficiency`). Where
+# slurmdbd or MariaDB is not installed (or ACCOUNTING=0), the cluster runs without accounting and sacct
+# cannot answer (the workflow then follows jobs with squeue).
 #
 # Settings (environment): GPUS (4), CPUS (8; more than a small machine has, so that several
 # GPU jobs can be placed at once: SlurmdParameters=config_overrides lets slurmd accept it),
@@ -23,6 +30,10 @@ GPUS=${GPUS:-4}
 CPUS=${CPUS:-8}
 MEM_MB=${MEM_MB:-64000}
 STATE_DIR=${STATE_DIR:-/var/lib/trainbench-slurm}
+ACCOUNTING=${ACCOUNTING:-auto}
+DB_DIR=$STATE_DIR/mariadb  # MariaDB runs as mysql: its data, pid and log in a folder it owns
+# the socket where MariaDB's clients (slurmdbd among them) look for it by default
+DB_SOCKET=/run/mysqld/mysqld.sock
 CONF_DIR=/etc/slurm
 MARKER="# written by trainbench tools/local-slurm-cluster.sh"
 host=$(hostname -s)
@@ -32,7 +43,63 @@ say() { echo "local-slurm: $*"; }
 install() {
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q
-  apt-get install -y -q --no-install-recommends slurm-wlm munge
+  apt-get install -y -q --no-install-recommends slurm-wlm munge slurmdbd mariadb-server
+}
+
+with_accounting() {
+  case "$ACCOUNTING" in
+    0|no|off) return 1 ;;
+    *) command -v slurmdbd >/dev/null && command -v mariadbd >/dev/null ;;
+  esac
+}
+
+accounting_config() {
+  if with_accounting; then
+    # every job's CPU time and peak memory sampled every 5 s, its comment (the rule) kept
+    printf '%s\n' "JobAcctGatherType=jobacct_gather/linux" "JobAcctGatherFrequency=task=5" \
+      "AccountingStorageType=accounting_storage/slurmdbd" "AccountingStorageHost=localhost" \
+      "AccountingStoreFlags=job_comment"
+  else
+    printf '%s\n' "JobAcctGatherType=jobacct_gather/none" "AccountingStorageType=accounting_storage/none"
+  fi
+}
+
+# MariaDB on a socket of its own (no TCP), its data under STATE_DIR, then slurmdbd on it (as root,
+# through the socket: no password anywhere); the cluster is registered once.
+start_accounting() {
+  mkdir -p "$DB_DIR/data" "$(dirname "$DB_SOCKET")"
+  chown -R mysql:mysql "$DB_DIR" "$(dirname "$DB_SOCKET")"
+  if [ ! -d "$DB_DIR/data/mysql" ]; then
+    mariadb-install-db --user=mysql --datadir="$DB_DIR/data" >"$STATE_DIR/log/mariadb-install.log" 2>&1
+  fi
+  if ! mariadb-admin --socket="$DB_SOCKET" ping >/dev/null 2>&1; then
+    mariadbd --user=mysql --datadir="$DB_DIR/data" --socket="$DB_SOCKET" --skip-networking \
+      --pid-file="$DB_DIR/mysqld.pid" --log-error="$DB_DIR/mariadb.log" >>"$DB_DIR/mariadb.log" 2>&1 &
+    for _ in $(seq 150); do mariadb-admin --socket="$DB_SOCKET" ping >/dev/null 2>&1 && break; sleep 0.2; done
+  fi
+  mariadb --socket="$DB_SOCKET" -e "CREATE DATABASE IF NOT EXISTS slurm_acct_db"
+  {
+    echo "$MARKER"
+    echo "AuthType=auth/munge"
+    echo "DbdHost=localhost"
+    echo "SlurmUser=root"
+    echo "PidFile=$STATE_DIR/slurmdbd.pid"
+    echo "LogFile=$STATE_DIR/log/slurmdbd.log"
+    echo "StorageType=accounting_storage/mysql"
+    echo "StorageHost=localhost"
+    echo "StoragePort=0"
+    echo "StorageLoc=slurm_acct_db"
+    echo "StorageUser=root"
+  } > "$CONF_DIR/slurmdbd.conf"
+  chmod 600 "$CONF_DIR/slurmdbd.conf"
+  pgrep -x slurmdbd >/dev/null || slurmdbd
+  for _ in $(seq 150); do sacctmgr -n list cluster >/dev/null 2>&1 && break; sleep 0.2; done
+  sacctmgr -n list cluster format=cluster | grep -qw trainbench || sacctmgr -i add cluster trainbench >/dev/null
+  # an account of a project besides root's own, as a site has them (the tests route jobs to it)
+  if ! sacctmgr -n list assoc user=root account=bench format=account | grep -qw bench; then
+    sacctmgr -i add account bench cluster=trainbench >/dev/null
+    sacctmgr -i add user root account=bench cluster=trainbench >/dev/null
+  fi
 }
 
 write_config() {
@@ -61,8 +128,7 @@ SlurmdLogFile=$STATE_DIR/log/slurmd.log
 # no cgroups: containers and CI machines rarely delegate them
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
+$(accounting_config)
 JobCompType=jobcomp/none
 MpiDefault=none
 ReturnToService=2
@@ -106,12 +172,15 @@ start() {
   command -v slurmctld >/dev/null || { say "slurmctld not found: run '$0 install' first"; exit 1; }
   write_config
   start_munge
+  if with_accounting; then start_accounting; fi
   pgrep -x slurmctld >/dev/null || slurmctld -i
   pgrep -x slurmd >/dev/null || slurmd
   for _ in $(seq 100); do
     state=$(timeout 5 sinfo -h -N -o "%t" -n "$host" 2>/dev/null || true)
     case "$state" in
-      idle*|mix*|alloc*) say "up: $host with $CPUS CPUs, $MEM_MB MB, $GPUS GPUs ($state)"; return ;;
+      idle*|mix*|alloc*)
+        say "up: $host with $CPUS CPUs, $MEM_MB MB, $GPUS GPUs ($state), accounting $(with_accounting && echo on || echo off)"
+        return ;;
       down*|drain*) scontrol update nodename="$host" state=resume >/dev/null 2>&1 || true ;;
     esac
     sleep 0.2
@@ -120,15 +189,16 @@ start() {
 }
 
 stop() {
-  pkill -x slurmd || true
-  pkill -x slurmctld || true
+  local daemons=(slurmd slurmctld slurmdbd mariadbd)
+  for daemon in "${daemons[@]}"; do pkill -x "$daemon" || true; done
   for _ in $(seq 100); do
-    pgrep -x slurmd >/dev/null || pgrep -x slurmctld >/dev/null || { say "stopped"; return; }
+    local left=""
+    for daemon in "${daemons[@]}"; do pgrep -x "$daemon" >/dev/null && left="$left $daemon"; done
+    [ -z "$left" ] && { say "stopped"; return; }
     sleep 0.2
   done
-  pkill -9 -x slurmd || true
-  pkill -9 -x slurmctld || true
-  say "stopped (killed)"
+  for daemon in "${daemons[@]}"; do pkill -9 -x "$daemon" || true; done
+  say "stopped (killed:$left)"
 }
 
 case "${1:-}" in

@@ -374,11 +374,18 @@ def cmd_history(args) -> int:
 
 def cmd_cost(args) -> int:
     """Device hours of a study's results on disk and the timed steps' share of them."""
-    from trainbench.reporting.cost import report, study_cost
+    from trainbench.reporting.cost import efficiency_report, newest_efficiency_report, report, study_cost
 
     config = _config(args.config)
     studies = [config.study(name) for name in args.studies or list(config.studies)]  # unknown ones: an error
     print(report([study_cost(study, args.root) for study in studies]))
+    efficiency = Path(args.slurm_efficiency) if args.slurm_efficiency else newest_efficiency_report(args.root)
+    if efficiency is not None:
+        try:
+            print("\n" + efficiency_report(efficiency, studies, args.root))
+        except (OSError, ValueError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -622,6 +629,9 @@ def parser() -> argparse.ArgumentParser:
     cost.add_argument("studies", nargs="*")
     cost.add_argument("--config", default="config.yaml")
     cost.add_argument("--root", default=".", help="the directory results/ lives in")
+    cost.add_argument("--slurm-efficiency", metavar="CSV",
+                      help="the SLURM plugin's efficiency report to summarise (default: the newest in "
+                           ".snakemake/slurm_efficiency, which profiles/slurm has it write after each run)")
     cost.set_defaults(func=cmd_cost)
 
     schema = sub.add_parser("schema", help="print, write or check workflow/schemas/config.schema.yaml")

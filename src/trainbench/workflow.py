@@ -11,6 +11,7 @@ about 1% of a 10,000-cell plan, results/bench/snakemake_tuning/, and it went.)
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -40,6 +41,13 @@ CELL_RESOURCES = {
 # --default-resources of that name even where it is None, so these are declared to Snakemake only
 # where some cell names one.
 SLURM_PLACEMENT = ("slurm_partition", "slurm_account", "constraint", "gpu_model")
+# what a study's name may be (the {study} wildcard)
+STUDY_NAME = r"[A-Za-z0-9][A-Za-z0-9_-]*"
+
+
+def array_rule(study: str) -> str:
+    """The rule that trains a study submitted as SLURM job arrays (--slurm-array-jobs names it)."""
+    return "train_" + study.replace("-", "_")
 
 
 def load_checked(source: dict[str, Any] | str | Path) -> Config:
@@ -52,6 +60,14 @@ def load_checked(source: dict[str, Any] | str | Path) -> Config:
         params = [c.params.as_dict() for c in study.cells]
         problems += findings.problems(name, study.findings, params, study.id_keys)
         problems += references.problems(name, study.references, params)
+    rules: dict[str, str] = {}
+    for name in (n for n, study in config.studies.items() if study.slurm_array):
+        rule = array_rule(name)
+        if rule == "train_cell" or rule in rules:
+            taken = "trains every other study" if rule == "train_cell" else f"study {rules[rule]} has"
+            problems.append(f"studies.{name}.execution.slurm_array: its rule would be {rule!r}, which "
+                            f"{taken} already; rename the study")
+        rules[rule] = name
     if problems:
         raise ConfigError(problems)
     return config
@@ -75,7 +91,7 @@ class Workflow:
         # costs a call through Snakemake's input-function machinery for every job it plans (thirteen per
         # cell job: 2 s of a dry run of 10,000 cells).
         self.shared_resources = {} if remote else shared_resources(
-            c for study in config.studies.values() for c in study.cells)
+            study.job_resources(c) for study in config.studies.values() for c in study.cells)
         self._said_short: set[str] = set()
 
     def study(self, name: str) -> Study:
@@ -93,12 +109,25 @@ class Workflow:
         return {resource: name for resource, name in CELL_RESOURCES.items()
                 if name not in SLURM_PLACEMENT or name in named}
 
+    def train_rules(self) -> list[tuple[str, str]]:
+        """The training rules, each with the studies it trains (a pattern of the {study} wildcard):
+        `train_cell` for every study but those submitted as SLURM job arrays, and `train_<study>` for
+        each of those. Snakemake's SLURM plugin makes an array of one rule's ready jobs and gives it the
+        first job's request, so a rule of its own per array study keeps an array to cells that ask for
+        the same (grid.array_problems)."""
+        arrays = [name for name, study in self.config.studies.items() if study.slurm_array]
+        if not arrays:
+            return [("train_cell", STUDY_NAME)]
+        # not one of them: no array study's name followed by anything but more of a name
+        others = f"(?!(?:{'|'.join(re.escape(name) for name in arrays)})(?![A-Za-z0-9_-])){STUDY_NAME}"
+        return [("train_cell", others), *((array_rule(name), re.escape(name)) for name in arrays)]
+
     def cell_resource(self, name: str) -> Any | Callable[[str, str], Any]:
         """One of a cell's resources: its value where every cell shares it, else a function of the job's
         study and cell giving that cell's."""
         if name in self.shared_resources:
             return self.shared_resources[name]
-        return lambda study, cell: self.cell(study, cell).resources()[name]
+        return lambda study, cell: self.study(study).job_resources(self.cell(study, cell))[name]
 
     def any_stale(self) -> bool:
         return any(self.stale.values())

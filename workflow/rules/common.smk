@@ -11,7 +11,7 @@ try:
     from trainbench.execute.gpus import local_gpu_count
     from trainbench.execute.lifetime import stale_lock_hint, stop_cells_on_sigterm
     from trainbench.execute.slurm import StatusCommandError, ensure_status_command
-    from trainbench.workflow import Workflow, load_checked
+    from trainbench.workflow import STUDY_NAME, Workflow, load_checked
 except ImportError as error:
     sys.exit(f"error: cannot import trainbench ({error}); set up the environment first: make setup")
 
@@ -53,7 +53,7 @@ os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), search_p
 
 
 wildcard_constraints:
-    study=r"[A-Za-z0-9][A-Za-z0-9_-]*",
+    study=STUDY_NAME,
     cell=r"[^/]+",
     micro_batch=r"[0-9]+",
 

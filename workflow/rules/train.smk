@@ -1,24 +1,32 @@
 # One job per grid cell: launch its ranks, write results/runs/{study}/{cell}/metrics.json.
 # OOM, timeout and failure after retries are results in that file, not failed jobs.
+# train_cell trains every study but those submitted as SLURM job arrays, which have a rule each
+# (train_<study>: the SLURM plugin makes arrays of one rule's jobs; Workflow.train_rules).
 
 
-rule train_cell:
-    input:
-        # the study's grid stamp, a trigger only when the cell's result is stale: see freshness.py
-        grid=CELL_GRID_INPUT,
-    output:
-        metrics=paths.RUN,
-    log:
-        paths.RUN_LOG,
-    conda:
-        "../../envs/train.yaml"
-    threads: cell_resource("threads")
-    resources:
-        **CELL_RESOURCES,
-    params:
-        # the cell's parameters, and nothing else: params are what trigger a rerun
-        cell=get_cell_params,
-    shell:
-        "trainbench run-cell --study {wildcards.study} --cell {wildcards.cell} --params {params.cell:q}"
-        " --retries {resources.cell_retries} --cpus-per-rank {resources.cpus_per_rank}"
-        " --runtime-min {resources.runtime} --timing {resources.timing} --output {output.metrics} > {log} 2>&1"
+for train_rule, studies in WORKFLOW.train_rules():
+
+    rule:
+        name:
+            train_rule
+        input:
+            # the study's grid stamp, a trigger only when the cell's result is stale: see freshness.py
+            grid=CELL_GRID_INPUT,
+        output:
+            metrics=paths.RUN,
+        log:
+            paths.RUN_LOG,
+        wildcard_constraints:
+            study=studies,
+        conda:
+            "../../envs/train.yaml"
+        threads: cell_resource("threads")
+        resources:
+            **CELL_RESOURCES,
+        params:
+            # the cell's parameters, and nothing else: params are what trigger a rerun
+            cell=get_cell_params,
+        shell:
+            "trainbench run-cell --study {wildcards.study} --cell {wildcards.cell} --params {params.cell:q}"
+            " --retries {resources.cell_retries} --cpus-per-rank {resources.cpus_per_rank}"
+            " --runtime-min {resources.runtime} --timing {resources.timing} --output {output.metrics} > {log} 2>&1"

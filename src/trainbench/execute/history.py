@@ -18,6 +18,8 @@ from typing import Any, Iterable
 HISTORY = "history"  # beside runs/ under results/
 # a run's key: what ran it, where and when
 PROVENANCE = ("git_commit", "hostname", "gpu_name", "started", "ended")
+# and, where a SLURM job ran it, which job and how often SLURM had requeued it (preemption)
+SLURM = ("slurm_job_id", "slurm_restart_count")
 # the metrics a record keeps: what reporting.compare reads
 KEPT = ("step_time_s", "step_time_s_ci", "samples_per_s", "samples_per_s_ci", "gpu_mem_used_mib",
         "torch_peak_allocated_mib", "host_mem_peak_mib", "mfu")
@@ -29,7 +31,8 @@ def record(doc: dict[str, Any]) -> dict[str, Any]:
     metrics = doc.get("metrics") or {}
     return {"study": doc["study"], "cell_id": doc["cell_id"], "status": doc["status"],
             "params_hash": doc.get("params_hash"), "emulation": bool(doc.get("emulation")),
-            "provenance": {k: prov.get(k) for k in PROVENANCE},
+            "provenance": {**{k: prov.get(k) for k in PROVENANCE},
+                           **{k: prov[k] for k in SLURM if prov.get(k) is not None}},
             "metrics": {k: metrics.get(k) for k in KEPT}}
 
 

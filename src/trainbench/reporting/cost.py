@@ -161,3 +161,69 @@ def report(costs: list[StudyCost]) -> str:
         for problem in c.unreadable:
             lines.append(f"not counted: {problem}")
     return "\n".join(lines)
+
+
+# Where profiles/slurm has Snakemake's SLURM plugin write its efficiency report after every run
+# (--slurm-efficiency-report: one CSV per run, from sacct)
+EFFICIENCY_DIR = Path(".snakemake/slurm_efficiency")
+LOW_CPU_EFFICIENCY_PCT = 50.0  # below this, a job's CPUs mostly waited: a request worth shrinking
+
+
+def newest_efficiency_report(root: Path | str = ".") -> Path | None:
+    found = sorted((Path(root) / EFFICIENCY_DIR).glob("efficiency_report_*.csv"),
+                   key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def _jobs_of_report(path: Path) -> dict[str, dict[str, float]]:
+    """The plugin's report, one entry per SLURM job: its longest step's CPU efficiency (CPU time over
+    elapsed time x CPUs) and peak memory against the request, in percent."""
+    import csv
+
+    jobs: dict[str, dict[str, float]] = {}
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            try:
+                step = {"elapsed_s": float(row["Elapsed_sec"]), "cpu_pct": float(row["CPU Efficiency (%)"]),
+                        "mem_pct": float(row["Memory Usage (%)"])}
+            except (KeyError, ValueError) as error:
+                raise ValueError(f"{path}: not a SLURM efficiency report ({error})") from None
+            job = row["JobID"].split(".")[0]  # a job's steps are <job>.<step>; an array task's <array>_<task>
+            if job not in jobs or step["elapsed_s"] > jobs[job]["elapsed_s"]:
+                jobs[job] = step
+    return jobs
+
+
+def efficiency_report(path: Path, studies, root: Path | str = ".") -> str:
+    """What the SLURM efficiency report at `path` says of each study's cells whose results its jobs
+    wrote (matched by provenance.slurm_job_id): CPU efficiency and memory used of the request."""
+    jobs = _jobs_of_report(path)
+    lines = [f"SLURM efficiency ({path}, {len(jobs)} jobs): each cell's job, its longest step"]
+    matched = 0
+    for study in studies:
+        cells = []
+        for cell in study.cells:
+            result = Path(root) / cell.target
+            if not result.exists():
+                continue
+            try:
+                prov = read_result(result).get("provenance") or {}
+            except InvalidResult:
+                continue
+            job = (f"{prov['slurm_array_job_id']}_{prov.get('slurm_array_task_id')}"
+                   if prov.get("slurm_array_job_id") else prov.get("slurm_job_id"))
+            if job in jobs:
+                cells.append(jobs[job])
+        if not cells:
+            continue
+        matched += len(cells)
+        cpu = [c["cpu_pct"] for c in cells]
+        mem = [c["mem_pct"] for c in cells]
+        low = sum(v < LOW_CPU_EFFICIENCY_PCT for v in cpu)
+        lines.append(f"  {study.name}: {len(cells)} cells; CPU efficiency median "
+                     f"{statistics.median(cpu):.0f}% (lowest {min(cpu):.0f}%, {low} under "
+                     f"{LOW_CPU_EFFICIENCY_PCT:.0f}%); memory used median {statistics.median(mem):.0f}% "
+                     f"of the request (highest {max(mem):.0f}%)")
+    if not matched:
+        lines.append("  none of its jobs wrote a current result of these studies")
+    return "\n".join(lines)

@@ -136,6 +136,26 @@ class Study:
         # A study's cells are fixed once it is made.
         self._cells_by_id = {c.cell_id: c for c in self.cells}
 
+    @property
+    def slurm_array(self) -> bool:
+        """Whether its cells go to SLURM as job arrays (execution.slurm_array; array_problems checks
+        that its cells agree)."""
+        return any(c.execution.get("slurm_array") for c in self.cells)
+
+    @cached_property
+    def _array_request(self) -> dict[str, int]:
+        runnable = [c.resources() for c in self.cells if c.unsupported is None] or [{}]
+        return {name: max(r.get(name) or 0 for r in runnable) for name in ARRAY_RAISED}
+
+    def job_resources(self, cell: Cell) -> dict[str, int | str | None]:
+        """What the cell's job asks the scheduler for: its resources, and in a study submitted as job
+        arrays (one sbatch request for all its cells, which Snakemake's SLURM plugin takes from the
+        first), the largest memory and time any of its cells asks for."""
+        resources = cell.resources()
+        if self.slurm_array and cell.unsupported is None:
+            resources.update(self._array_request)
+        return resources
+
     def cell(self, cell_id: str) -> Cell:
         try:
             return self._cells_by_id[cell_id]
@@ -166,16 +186,47 @@ class Study:
         return [c for c in self.cells if not c.measured]
 
 
-def shared_resources(cells: Iterable[Cell]) -> dict[str, int | str | None]:
-    """The resources (Cell.resources) that every one of `cells` asks for alike, with their value.
+# A job array is one sbatch request: the resources its cells must share, and those raised to the
+# largest any of them asks for (asking a cell more memory or time than it needs costs the queue, not the
+# result)
+ARRAY_SHARED = ("gpu", "gres", "nodes", "tasks", "tasks_per_gpu", "mpi", "cpus_per_task", "slurm_partition",
+                "slurm_account", "constraint", "gpu_model")
+ARRAY_RAISED = ("mem_mb", "runtime")
+
+
+def array_problems(name: str, cells: list[Cell]) -> list[str]:
+    """What keeps a study's cells from one job array: execution.slurm_array set for some cells only,
+    or cells that ask for different GPUs, nodes, CPUs or placement (unsupported cells run no training
+    and ask for a minimal job of their own)."""
+    flags = {bool(c.execution.get("slurm_array")) for c in cells}
+    if flags == {False}:
+        return []
+    if len(flags) > 1:
+        return [f"studies.{name}.execution.slurm_array: set for some of its cells only "
+                "(execution_overrides); a study goes to SLURM as arrays or not"]
+    requests: dict[tuple, list[str]] = {}
+    for cell in cells:
+        if cell.unsupported is None:
+            resources = cell.resources()
+            requests.setdefault(tuple(resources[key] for key in ARRAY_SHARED), []).append(cell.cell_id)
+    if len(requests) <= 1:
+        return []
+    differ = [i for i, _ in enumerate(ARRAY_SHARED) if len({request[i] for request in requests}) > 1]
+    shown = "; ".join(f"{', '.join(f'{ARRAY_SHARED[i]}={request[i]}' for i in differ)}: {len(ids)} cell(s) "
+                      f"({ids[0]}{', ...' if len(ids) > 1 else ''})" for request, ids in requests.items())
+    return [f"studies.{name}.execution.slurm_array: one job array is one sbatch request, and its cells ask "
+            f"for {len(requests)} different ones ({shown}); split the study, or leave slurm_array off"]
+
+
+def shared_resources(jobs: Iterable[dict[str, int | str | None]]) -> dict[str, int | str | None]:
+    """The resources (Study.job_resources) that every one of the jobs asks for alike, with their value.
 
     The workflow hands Snakemake these as values and the others as functions of a job's cell: Snakemake
     takes a value as it is, and calls a function through its input-function machinery for every job
     it plans. On a grid swept over batch sizes and seeds most resources are the same in every cell.
     Of no cells, nothing: there is no value to give."""
     shared: dict[str, int | str | None] | None = None
-    for cell in cells:
-        resources = cell.resources()
+    for resources in jobs:
         if shared is None:
             shared = resources
         else:
@@ -371,6 +422,7 @@ def expand_study(name: str, spec: dict[str, Any]) -> Study:
     for (key, message), ids in grouped.items():
         shown = ", ".join(repr(i) for i in ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
         problems.append(f"study {name!r}, cell {shown}: {key}: {message}")
+    problems += array_problems(name, cells)
     if problems:
         raise ConfigError(problems)
 

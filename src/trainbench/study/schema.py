@@ -38,6 +38,11 @@ EXECUTION: dict[str, dict[str, Any]] = {
                    "default": None,
                    "description": "Node features the job needs (sbatch --constraint), e.g. "
                                   "'nvlink&ib'; null: none."},
+    "slurm_array": {"type": "boolean", "default": False,
+                    "description": "Submit the study's cells as SLURM job arrays: one sbatch for many "
+                                   "cells, under the rule train_<study> (--slurm-array-jobs "
+                                   "train_<study>). Its cells must ask for the same GPUs, nodes, CPUs "
+                                   "and placement; each asks for the largest memory and time of any."},
 }
 
 # The max-batch search's settings but its cell patterns (the grid fills a study's search from these
