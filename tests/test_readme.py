@@ -137,6 +137,11 @@ HOW: dict[str, How] = {
             "submits to a cluster's 'gpu' partition; tests/test_slurm.py runs the profile for real"),
     "snakemake results/tables/gpt2_zero.md --profile profiles/slurm --default-resources slurm_partition=gpu":
         How("dry-run", "as above"),
+    "snakemake results/tables/sweep.md --profile profiles/slurm --slurm-array-jobs train_sweep":
+        How("elsewhere", "names a study of the reader's (sweep); tests/test_slurm.py submits a study as "
+                         "job arrays on the CI's cluster"),
+    "TRAINBENCH_GIT_COMMIT=$(git rev-parse HEAD) OUT=out LIMIT=540 GPU=h200 bash "
+    "tools/gpu-runs/predicted-then-run.sh float8": How("elsewhere", GPU_HOST),
     "python3 tools/build_wheelhouse.py wheels --python 3.12":
         How("elsewhere", "as the .whl wheelhouse above"),
     "python -m pip install --no-index --find-links wheels -r envs/requirements.txt":

@@ -172,7 +172,7 @@ def cmd_predict(args) -> int:
     import csv
 
     from trainbench.predict import time_model
-    from trainbench.predict.memory_model import hardware_from_args, predict
+    from trainbench.predict.memory_model import emulated_node, hardware_from_args, predict
 
     try:
         hardware = hardware_from_args(args.gpu, args.gpu_mem_gib, args.host_mem_gib, args.gpus_per_node)
@@ -192,7 +192,10 @@ def cmd_predict(args) -> int:
         name = study.name
         for cell in study.cells:
             p = cell.params
-            prediction = predict(p, hardware)
+            # an emulated rank runs on one GPU of this hardware, standing for a node of its world's ranks
+            here = (emulated_node(hardware.gpu_mem_mib, hardware.host_mem_mib, p, hardware.name, hardware.gpu)
+                    if p.emulate else hardware)
+            prediction = predict(p, here)
             gpu = prediction.gpu_mem_mib
             timed = (None if hardware.gpu is None or cell.unsupported else
                      time_model.predict(p, hardware.gpu, constants, cell.execution.get("cpus_per_rank") or

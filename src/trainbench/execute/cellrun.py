@@ -33,7 +33,7 @@ from trainbench.execute.lifetime import driver_pid, runner_environment, wait_for
 from trainbench.execute.launch import (WORKER_MODULE, Rendezvous, free_port, launch_environment,
                                       multinode_command,
                               node_command, srun_command, worker_args)
-from trainbench.registry.hardware import host_memory_mib
+from trainbench.registry.hardware import gpu_type_of, host_memory_mib
 from trainbench.execute.profiling import PROFILE_DIR
 from trainbench.execute.results import (SCHEMA_VERSION, empty_metrics, empty_predicted, node_memory,
                                        partial_metrics,
@@ -62,6 +62,29 @@ def memory_limits_override() -> dict[str, float]:
         except ValueError:
             raise CellCannotRun(f"{MEMORY_LIMITS_ENV}={text!r}: {value!r} is not a number of GiB") from None
     return limits
+
+
+def _missing_package(params: CellParams) -> str | None:
+    """What a cell needs that this environment lacks: torchao for float8 cells."""
+    if params.float8:
+        import importlib.util
+
+        if importlib.util.find_spec("torchao") is None:
+            return "float8 trains through torchao, which is not installed here (pip install torchao)"
+    return None
+
+
+def no_float8_here(params: CellParams, gpu_name: str | None) -> str | None:
+    """Why a float8 cell cannot run on these GPUs: they have no FP8 tensor cores (the hardware table's
+    FP8 peak; compute capability 8.9, Ada and Hopper, has them). None where it can, or where the GPU
+    type is unknown (the run then says)."""
+    if not params.float8 or params.device != "cuda":
+        return None
+    gpu = gpu_type_of(gpu_name)
+    if gpu is not None and gpu.peak_flops.get("fp8") is None:
+        return (f"float8 matmuls need FP8 tensor cores (compute capability 8.9 or later: Ada, Hopper); "
+                f"{gpu_name} has none")
+    return None
 
 
 def gpus_here(devices: list[str] | None, device_type: str) -> dict[str, Any]:
@@ -227,7 +250,7 @@ class CellRun:
         if self.cell.unsupported:
             self._say(f"unsupported: {self.cell.unsupported}")
             return self._write(self._base_document("unsupported", self.cell.unsupported), started=started)
-        missing = frameworks.not_implemented(self.params)
+        missing = frameworks.not_implemented(self.params) or _missing_package(self.params)
         if missing:
             raise CellCannotRun(f"{missing}; this cell can be listed and dry-run, not run")
         if self.params.nodes > 1 and not self.params.emulate:
@@ -256,6 +279,11 @@ class CellRun:
         if devices is not None:
             self._say(f"GPUs {','.join(devices)}")
         gpu = gpus_here(devices, self.params.device)
+        without = no_float8_here(self.params, gpu.get("gpu_name"))
+        if without:
+            self._say(f"unsupported: {without}")
+            return self._write(self._base_document("unsupported", without), started=started, asked=asked,
+                               devices=devices, gpu=gpu)
         hardware = hardware_here(gpu, self.params.device, self.params)
         prediction = memory_model.predict(self.params, hardware)
         self.predicted = {**prediction.as_dict(), "hardware": hardware.describe()}

@@ -108,6 +108,13 @@ def timed_metrics(params: CellParams, step_times_s: list[float], *, steps_per_wi
     figures = {"step_time_s": (rate.step_time_s, 6), "samples_per_s": (rate.samples_per_s, 3),
                "tokens_per_s": (rate.tokens_per_s, 1), "tflops_per_gpu": (rate.tflops_per_gpu, 4),
                "mfu": (rate.mfu, 4)}
+    if params.float8:
+        # MFU stays against the precision's (bf16) dense peak, comparable across cells; a float8 cell
+        # also has it against the FP8 tensor cores' peak, what its matmuls could reach at most
+        fp8 = throughput(step_times_s, global_batch=params.global_batch, seq_len=params.seq_len,
+                         flops_per_token=flops_per_token, gpus=params.gpus,
+                         peak=hardware.peak_flops_of(hardware.gpu_type_of(gpu_name), "fp8"))
+        figures["mfu_fp8"] = (fp8.mfu, 4)
     out: dict = {"steps_timed": len(step_times_s) * steps_per_window, "steps_per_window": steps_per_window,
                  "windows": len(step_times_s), "flops_per_token": flops_per_token}
     for key, (figure, digits) in figures.items():

@@ -73,6 +73,9 @@ METRICS: tuple[Key, ...] = (
     Key("tokens_per_s_ci", _INTERVAL, "tokens/s's 95% interval"),
     Key("tflops_per_gpu_ci", _INTERVAL, "TFLOPS/GPU's 95% interval"),
     Key("mfu_ci", _INTERVAL, "MFU's 95% interval"),
+    Key("mfu_fp8", _NUMBER, "a float8 cell's MFU against the GPU's dense FP8 peak (mfu: against the "
+        "bf16 peak, comparable across cells)", required=False),
+    Key("mfu_fp8_ci", _INTERVAL, "its 95% interval", required=False),
     Key("ci_half_width", _NUMBER, "half the step time's interval over its median (0.02: ±2%)"),
     Key("noisy", {"type": ["boolean", "null"]}, "the interval stayed wider than the study's target_ci"),
     Key("steps_per_window", _INT, "optimizer steps per timed window"),

@@ -13,7 +13,7 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
       + node_params / R_host                         the node's CPU optimizers share its host memory
 
     busy = (H^4 + D^4)^(1/4)      the host queues work while the GPU runs it: the slower sets the pace
-    D = F / (e_mm x peak) + k_elem x elem_bytes / B_hbm                          the device's compute
+    D = F / (e_mm x peak) + k_elem x elem_bytes / B_hbm (+ cast_bytes / B_hbm)   the device's compute
     H = t_layer x layer_passes + t_call x calls                                the host's launches
 
 - F, the matmul and attention FLOPs of the step on the GPU: per token 6 x the block parameters of the
@@ -22,6 +22,8 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
   rank; vocabulary-parallel tensor parallelism divides it by tp), and with activation checkpointing
   the blocks' forward again (2N + 4 L d S per token); times micro batch x sequence x accumulation.
   peak: the GPU's dense peak at the cell's compute type.
+- float8 cells (torchao): the blocks' linear FLOPs at the FP8 peak, and cast_bytes, the scaling and
+  casting of each linear's input and output gradient (5 bytes per element); unfitted.
 - elem_bytes: what the blocks read and write outside matmuls (norms, activations, residual adds), in
   proportion to the tensors a block saves for backward (the memory model's count, per family and
   dtype) once forward, twice backward, once more when recomputed. This is the term that makes small
@@ -77,7 +79,7 @@ import numpy as np
 
 from trainbench.registry.frameworks import framework_of, offloads, registry, strategy_of
 from trainbench.study.params import CellParams
-from trainbench.registry.hardware import GpuType, peak_flops
+from trainbench.registry.hardware import GpuType, peak_flops, peak_flops_of
 from trainbench.predict.memory_model import (block_bytes_per_token, eager_score_bytes_per_token, shard_params,
                                      vocab_parallel)
 from trainbench.registry.models import ModelSpec, get_model
@@ -107,6 +109,7 @@ class Work:
     engine: str  # DeepSpeed's engine, by ZeRO stage ("ZeRO-0", "ZeRO-1/2", "ZeRO-3"; "" without it)
     matmul_s: float  # FLOPs / peak
     elementwise_s: float  # bytes a block moves outside matmuls (one pass) / HBM bandwidth
+    cast_s: float  # float8's scaling and casts of the linear layers' operands / HBM bandwidth
     layer_passes: float  # block forward/backward passes
     calls: float  # framework-level collective calls the host makes
     micro_link_s: float  # tensor- and pipeline-parallel traffic per step, not overlapped / link bandwidth
@@ -229,10 +232,20 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
     split_vocabulary = vocab_parallel(params)
     if split_vocabulary:  # the LM head's columns split over the tensor-parallel ranks
         head /= tp
-    per_token = 6 * block * layers / tp + 12 * layers * d * seq / tp + 6 * head
+    linear = 6 * block * layers / tp + (2 * block * layers / tp if ac else 0)  # the blocks' matmuls
+    per_token = linear + 12 * layers * d * seq / tp + 6 * head
     if ac:
-        per_token += 2 * block * layers / tp + 4 * layers * d * seq / tp
+        per_token += 4 * layers * d * seq / tp
     tokens = mb * seq * ga
+    cast = 0.0
+    fp8_peak = peak_flops_of(gpu, "fp8") if params.float8 else None
+    if fp8_peak:
+        # float8 (torchao, trainbench's GPT): the blocks' linear layers at the FP8 peak, attention and
+        # the LM head at the precision's; each linear's input (forward: 3d + ffn elements per token) and
+        # output gradient (backward: 5d + ffn) scaled (amax: 2 bytes read) and cast (2 read, 1 written),
+        # at HBM bandwidth. Not yet fitted on float8 cells: the bf16 efficiencies carry over.
+        per_token -= linear * (1 - peak / fp8_peak)
+        cast = tokens * layers * (8 * d + 2 * spec.ffn) * 5 / hbm
     passes = 3 + ac
     # eager attention's score matrices are elementwise work too (scale, mask, softmax, casts)
     saved = block_bytes_per_token(params, spec) + eager_score_bytes_per_token(params, spec)
@@ -325,7 +338,7 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
     return Work(
         loop="" if framework.time.loop_step_s is None else framework.name,
         engine="" if layout != "zero" else f"ZeRO-{'1/2' if stage in (1, 2) else stage}",
-        matmul_s=tokens * per_token / peak, elementwise_s=elementwise / hbm,
+        matmul_s=tokens * per_token / peak, elementwise_s=elementwise / hbm, cast_s=cast,
         layer_passes=ga * layers * passes, calls=calls, micro_link_s=micro_link,
         overlapped_link_s=overlapped, overlapped_pcie_s=overlapped_pcie, overlap_budget=budget,
         sync_link_s=sync, optimizer_hbm_s=optimizer_hbm, torch_optimizer_hbm_s=torch_optimizer_hbm,
@@ -353,7 +366,7 @@ def parts(w, c: Constants) -> dict[str, Any]:
     else:
         step = c.step_s.get(w.loop, 0.0) + c.step_s.get(w.engine, 0.0)
     g = (lambda k: w[k]) if isinstance(w, dict) else (lambda k: getattr(w, k))
-    device = g("matmul_s") / c.eta_matmul + c.elementwise_passes * g("elementwise_s")
+    device = g("matmul_s") / c.eta_matmul + c.elementwise_passes * g("elementwise_s") + g("cast_s")
     host = c.layer_pass_s * g("layer_passes") + c.call_s * g("calls")
     # the host queues work while the GPU computes: the slower of the two sets the pace
     busy = (host ** SHARPNESS + device ** SHARPNESS) ** (1 / SHARPNESS)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # a type only: the registry sits below the study stage that d
 # whether a strategy offloads: never, if the cell asks, itself
 NO, OPTIONAL, ALWAYS = "no", "optional", "always"
 # parameters only some runners read: a cell that sets one for a runner that ignores it is refused
-OPTIONAL_SETTINGS = ("overlap_comm", "dataset_path", "pretrained_path")
+OPTIONAL_SETTINGS = ("overlap_comm", "dataset_path", "pretrained_path", "float8")
 # switches (off by default) only some runners honour: a cell may turn one on only for those
 OPTIONAL_SWITCHES = ("checkpoint_in_cpu",)
 
@@ -206,7 +206,7 @@ register(Framework(
                  "tensor parallel", layout="fsdp", offload_param=OPTIONAL, tensor_parallel=SHARDED_TP),
     ),
     MemoryFacts(fsdp_casts_parameters=True, replicated_gradients_freed=True, fsdp_reduce_bytes=4),
-    honours=("checkpoint_in_cpu",), time=TimeFacts(loop_step_s=0.005), compiles=("gpt",)))
+    honours=("checkpoint_in_cpu", "float8"), time=TimeFacts(loop_step_s=0.005), compiles=("gpt",)))
 
 register(Framework(
     "deepspeed", "the DeepSpeed engine: ZeRO stages 0-3, offload, AutoTP tensor and pipeline parallelism",
@@ -342,6 +342,9 @@ def not_implemented(params: CellParams) -> str | None:
     """Why this version cannot run the cell although the stack could; None if it can."""
     if params.pp > 1 and params.tp > 1:
         return "pipeline and tensor parallelism together have no runner in this version"
+    if params.float8 and params.tp > 1:
+        return ("float8 with tensor parallelism needs torchao's float8 tensor-parallel plans "
+                "(Float8ColwiseParallel, Float8RowwiseParallel), which this version does not apply")
     if params.pp > 1 and params.checkpoint_in_cpu:
         return ("the pipeline engine checkpoints its stages itself: checkpoint_in_cpu has no runner for it "
                 "in this version")

@@ -5,8 +5,9 @@ node they typically sit in. Edit GPUS to add a GPU or correct a figure; everythi
 Sources and assumptions (data sheets; "per direction" is half the bidirectional figure vendors quote):
 
 - memory: what NVML reports as the total (MiB), which is what a run's measured peak is held against.
-- peaks: dense tensor-core FLOP/s (not 2:4 sparse) for bf16/fp16/tf32; fp32 is the CUDA cores' figure
-  (torch's default for fp32 matmuls: TF32 off). None: the GPU has no such format.
+- peaks: dense tensor-core FLOP/s (not 2:4 sparse) for bf16/fp16/tf32/fp8; fp32 is the CUDA cores'
+  figure (torch's default for fp32 matmuls: TF32 off). None: the GPU has no such format (FP8 tensor
+  cores came with compute capability 8.9: Ada's L40S 733 TFLOPS, Hopper's 1,979).
 - hbm_gb_s: device memory bandwidth (GB/s).
 - nvlink_gb_s: NVLink bandwidth of one GPU, per direction (GB/s): NVLink 4 (H100/H200 SXM) 18 links x
   25 GB/s = 450; NVLink 3 (A100 SXM) 300; NVLink 2 (V100 SXM2) 150. None: no NVLink, peers talk over
@@ -45,7 +46,7 @@ class GpuType:
     name: str  # what it is
     nvml: tuple[str, ...]  # substrings NVML's device name has (all of them), to recognise a run's GPU
     memory_mib: float
-    peak_flops: dict[str, float | None]  # by compute type: bf16, fp16, tf32, fp32
+    peak_flops: dict[str, float | None]  # by compute type: bf16, fp16, tf32, fp32, fp8
     hbm_gb_s: float
     nvlink_gb_s: float | None
     pcie_gb_s: float
@@ -57,9 +58,10 @@ class GpuType:
         return self.nvlink_gb_s or self.pcie_gb_s
 
 
-_HOPPER = {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "fp32": 67e12}
-_AMPERE = {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12}
-_VOLTA = {"bf16": None, "fp16": 125e12, "tf32": 15.7e12, "fp32": 15.7e12}  # no TF32: fp32 runs
+# fp8: the FP8 tensor cores' dense peak (float8 cells' second MFU); None where a GPU has none
+_HOPPER = {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "fp32": 67e12, "fp8": 1979e12}
+_AMPERE = {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12, "fp8": None}
+_VOLTA = {"bf16": None, "fp16": 125e12, "tf32": 15.7e12, "fp32": 15.7e12, "fp8": None}  # no TF32: fp32 runs
 
 # Order matters for recognising NVML names: the first entry whose substrings all appear wins
 # ("A100-SXM4-80GB" is an a100-80g before it is an a100-40g; "A100" before "A10").
@@ -72,9 +74,11 @@ GPUS: dict[str, GpuType] = {g.key: g for g in (
     GpuType("v100-32g", "NVIDIA V100 SXM2 32 GB", ("V100", "32GB"), 32768.0, _VOLTA, 900, 150, 16, 12.5),
     GpuType("v100-16g", "NVIDIA V100 SXM2 16 GB", ("V100",), 16384.0, _VOLTA, 900, 150, 16, 12.5),
     GpuType("l40s", "NVIDIA L40S 48 GB (PCIe, no NVLink)", ("L40S",), 46068.0,
-            {"bf16": 362e12, "fp16": 362e12, "tf32": 183e12, "fp32": 91.6e12}, 864, None, 32, 12.5),
+            {"bf16": 362e12, "fp16": 362e12, "tf32": 183e12, "fp32": 91.6e12, "fp8": 733e12}, 864, None, 32,
+            12.5),
     GpuType("a10", "NVIDIA A10 24 GB (PCIe, no NVLink)", ("A10",), 23028.0,
-            {"bf16": 125e12, "fp16": 125e12, "tf32": 62.5e12, "fp32": 31.2e12}, 600, None, 32, 6.25),
+            {"bf16": 125e12, "fp16": 125e12, "tf32": 62.5e12, "fp32": 31.2e12, "fp8": None}, 600, None, 32,
+            6.25),
 )}
 
 
@@ -118,4 +122,9 @@ def compute_type(precision: str, tf32: bool) -> str:
 
 def peak_flops(gpu: GpuType | None, precision: str, tf32: bool) -> float | None:
     """Dense peak FLOP/s of one GPU for a cell's precision; None without a GPU or without the format."""
-    return None if gpu is None else gpu.peak_flops.get(compute_type(precision, tf32))
+    return peak_flops_of(gpu, compute_type(precision, tf32))
+
+
+def peak_flops_of(gpu: GpuType | None, kind: str) -> float | None:
+    """Dense peak FLOP/s of one GPU in a compute type (bf16, fp16, tf32, fp32, fp8); None without."""
+    return None if gpu is None else gpu.peak_flops.get(kind)

@@ -193,7 +193,11 @@ COLUMNS: dict[str, Column] = {
     "tflops_per_gpu": Column("TFLOPS/GPU", lambda d: metric(d, "tflops_per_gpu"), _fmt(2),
                              "model TFLOP/s per GPU (6N + 12LHQT per token)", interval=_ci("tflops_per_gpu")),
     "mfu": Column("MFU", lambda d: metric(d, "mfu"), lambda v: f"{v:.1%}",
-                  "model FLOPs utilisation against the GPU's dense peak", interval=_ci("mfu")),
+                  "model FLOPs utilisation against the GPU's dense peak at the cell's precision (bf16 for "
+                  "float8 cells: comparable across cells)", interval=_ci("mfu")),
+    "mfu_fp8": Column("MFU (FP8 peak)", lambda d: metric(d, "mfu_fp8"), lambda v: f"{v:.1%}",
+                      "a float8 cell's model FLOPs utilisation against the GPU's dense FP8 peak",
+                      interval=_ci("mfu_fp8")),
     # Device memory as nvidia-smi shows it (NVML 'used': the caching allocator's reserve, the CUDA context,
     # NCCL) and the tensors torch allocated (what a strategy controls), for rank 0 (the figure
     # campaigns that read one nvidia-smi line reported) and for the worst rank: they differ where ranks

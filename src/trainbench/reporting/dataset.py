@@ -28,6 +28,7 @@ METADATA_KEY = b"trainbench.dataset_schema"
 # The scalar figures of metrics.json kept as rows, with their interval's key where they have one
 MEASURED = {"step_time_s": "step_time_s_ci", "samples_per_s": "samples_per_s_ci",
             "tokens_per_s": "tokens_per_s_ci", "tflops_per_gpu": "tflops_per_gpu_ci", "mfu": "mfu_ci",
+            "mfu_fp8": "mfu_fp8_ci",
             "ci_half_width": None, "host_mem_peak_mib": None, "loss_first": None, "loss_last": None,
             "test_accuracy": None, "params_total": None, "wall_time_s": None, "projected_run_s": None,
             "timed_share": None, "energy_j_per_step": None, "energy_j_per_token": None, "gpu_power_w": None}

@@ -298,6 +298,8 @@ def check_cell(p: CellParams) -> tuple[list[tuple[str, str]], str | None]:
     if p.emulate and p.gpus == 1:
         errors.append(("emulate", "a one-rank cell already runs alone on one device; emulate is for cells "
                                   "of several ranks"))
+    if p.float8 and p.precision != "bf16":
+        errors.append(("float8", "float8 training runs what is not a matmul in bf16; set precision: bf16"))
     if p.checkpoint_in_cpu and not p.activation_checkpointing:
         errors.append(("checkpoint_in_cpu", "keeps checkpointed activations in host memory; set "
                                             "activation_checkpointing: true"))

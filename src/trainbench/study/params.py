@@ -167,6 +167,13 @@ class CellParams:
         "and NCCL's buffers, and runs out where it would. Null: the GPU's own memory. CUDA only; always in "
         "the cell's id when set.",
         minimum=1, optional=True)
+    float8: str | None = param(None, "Train the blocks' linear layers in float8 through torchao's float8 "
+        "training (convert_to_float8_training): its recipe, tensorwise (one scale per tensor) or rowwise "
+        "(one per row); what is not a matmul stays bf16 (precision: bf16). The LM head and any layer whose "
+        "sizes are not multiples of 16 stay bf16, as torchtitan leaves them. FP8 tensor cores (compute "
+        "capability 8.9: Ada, Hopper) on GPUs; CPU ranks run it through torch's CPU scaled matmul. "
+        "torch framework; null: off.",
+        choices=("tensorwise", "rowwise"), optional=True)
     ort: bool = param(False, "Run the model under ONNX Runtime training (ORTModule).")
     compile: bool = param(False, "Compile the model with torch.compile.")
     lr: float = param(0.0001, "Peak learning rate.",

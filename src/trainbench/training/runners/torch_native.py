@@ -25,6 +25,23 @@ from trainbench.training.runners import RunContext, StepRunner, optimizer_range
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def to_float8(model: GPT, recipe: str) -> int:
+    """The blocks' linear layers as torchao's Float8Linear (float8 matmuls with dynamic scales, the
+    recipe's: tensorwise or rowwise), in place, before any wrapper or compilation sees the model; the LM
+    head (F.linear on the tied embedding), a classifier and layers whose sizes are not multiples of 16
+    (what FP8 matmuls tile) stay as they are, as torchtitan leaves its output layer. Returns how many
+    layers were converted."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    def chosen(module: torch.nn.Module, name: str) -> bool:
+        return (name.startswith("blocks.") and isinstance(module, torch.nn.Linear)
+                and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
+                               module_filter_fn=chosen)
+    return sum(type(m).__name__ == "Float8Linear" for m in model.modules())
+
+
 class ShardedGradScaler:
     """fp16 dynamic loss scaling (GradScaler's defaults: 2^16, halved on overflow, doubled after 2000
     good steps) for sharded parameters wherever their shards live. torch's GradScaler hands FSDP2's
@@ -88,6 +105,7 @@ class TorchRunner(StepRunner):
         self.inner: GPT | None = None
         self.wrapped: torch.nn.Module | None = None
         self.tp_group = None  # the tensor-parallel process group, where tp > 1
+        self.float8_layers = 0  # linear layers trained in float8 (float8: a recipe)
 
     def _new_model(self) -> GPT:
         return GPT(self.ctx.built_spec, head=self.p.head, num_classes=self.p.num_classes,
@@ -102,6 +120,8 @@ class TorchRunner(StepRunner):
             with device:
                 self.inner = self._new_model()
             self.inner.init_weights(self.p.seed)
+            if self.p.float8:
+                self.float8_layers = to_float8(self.inner, self.p.float8)
             self.wrapped = self.inner
             if self.data_parallel:
                 self.wrapped = DistributedDataParallel(
@@ -139,6 +159,8 @@ class TorchRunner(StepRunner):
             options = {"mesh": mesh["dp"]}
         else:
             options = {"mesh": init_device_mesh(device.type, (self.ctx.world_size,))}
+        if self.p.float8:  # on the meta model, before it is sharded (torchtitan's order)
+            self.float8_layers = to_float8(model, self.p.float8)
         if self.p.precision != "fp32":
             options["mp_policy"] = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
         if self.p.offload_param:
@@ -214,6 +236,10 @@ class TorchRunner(StepRunner):
                   "optimizer": {"type": "AdamW", "lr": self.p.lr, "weight_decay": self.p.weight_decay,
                                 "fused": on_device},
                   "grad_scaler": None if self.p.precision != "fp16" else type(self.scaler).__name__}
+        if self.p.float8:
+            config["float8"] = {"implementation": "torchao.float8.convert_to_float8_training",
+                                "recipe": self.p.float8, "layers": self.float8_layers,
+                                "left_in_bf16": "the LM head, any classifier, layers not multiples of 16"}
         if self.sharded and self.tp > 1:
             from trainbench.training.tensor_parallel import COLUMN_PARALLEL, ROW_PARALLEL
 

@@ -1,0 +1,116 @@
+"""float8 training (the `float8` cell parameter, torchao): real cells on CPU ranks, which run torchao's
+float8 linear layers through torch's CPU scaled matmul; what the config refuses; what the GPU check,
+MFU and both models make of it. Its speed is a GPU's to measure (docs/float8.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainbench.errors import ConfigError
+from trainbench.execute.cellrun import no_float8_here, run_cell
+from trainbench.execute.metrics import timed_metrics
+from trainbench.execute.results import read_json, schema_problems
+from trainbench.predict import memory_model, time_model
+from trainbench.registry import frameworks
+from trainbench.registry.hardware import GPUS
+from trainbench.registry.models import get_model
+from trainbench.study.params import CellParams
+from trainbench.workflow import load_checked
+
+from conftest import make_cell, tiny_study
+
+pytest.importorskip("torchao")
+
+
+def run(cell, folder: Path) -> tuple[dict, dict]:
+    output = folder / "metrics.json"
+    assert run_cell(cell, output, runtime_min=5, retries=0) == 0
+    doc = read_json(output)
+    assert schema_problems(doc) == []
+    return doc, json.loads((folder / "torch_config.json").read_text())
+
+
+def test_a_float8_cell_trains_beside_its_bf16_twin(tmp_path):
+    """gpt2-tiny's two blocks: their eight linear layers in float8 (the tied LM head stays bf16); the
+    losses follow bf16's closely without being bf16's (the matmuls really are float8's)."""
+    bf16, _ = run(make_cell(strategy="single", precision="bf16", timed_steps=6), tmp_path / "bf16")
+    fp8, config = run(make_cell(strategy="single", precision="bf16", float8="tensorwise", timed_steps=6),
+                      tmp_path / "fp8")
+    assert fp8["status"] == bf16["status"] == "ok"
+    assert config["float8"]["recipe"] == "tensorwise" and config["float8"]["layers"] == 8
+    first, last = fp8["metrics"]["loss_first"], fp8["metrics"]["loss_last"]
+    assert last < first  # it learns
+    assert first != bf16["metrics"]["loss_first"]
+    assert first == pytest.approx(bf16["metrics"]["loss_first"], rel=1e-3)
+    assert last == pytest.approx(bf16["metrics"]["loss_last"], rel=1e-3)
+    assert fp8["metrics"]["mfu_fp8"] is None  # a CPU: no peak to hold it against
+
+
+def test_fsdp2_shards_a_float8_model_over_two_ranks(tmp_path):
+    doc, config = run(make_cell(strategy="fsdp", gpus=2, precision="bf16", float8="rowwise", timed_steps=6),
+                      tmp_path)
+    assert doc["status"] == "ok"
+    assert (config["float8"]["recipe"], config["float8"]["layers"]) == ("rowwise", 8)
+    assert config["fully_shard"]["units"] == "every Block, then the root"
+
+
+@pytest.mark.parametrize("settings, words", [
+    ({"precision": "fp16"}, "float8: float8 training runs what is not a matmul in bf16; set precision: bf16"),
+    ({"framework": "deepspeed", "strategy": "zero2"}, "float8: the deepspeed runner does not read it"),
+    ({"float8": "blockwise"}, "float8: 'blockwise' is not allowed; float8 must be one of 'tensorwise', "
+                              "'rowwise' or null"),
+])
+def test_the_config_refuses_float8_where_it_cannot_mean_anything(settings, words):
+    study = tiny_study(strategy="single", precision="bf16", float8="tensorwise")
+    study["settings"].update(settings)
+    study["include"] = [{}]
+    with pytest.raises(ConfigError) as raised:
+        load_checked({"studies": {"t": study}})
+    assert words in str(raised.value), str(raised.value)
+
+
+def test_float8_with_tensor_parallelism_is_not_run_and_says_why():
+    params = CellParams.resolve({"framework": "torch", "strategy": "fsdp", "model": "gpt2-tiny", "gpus": 2,
+                                 "tp": 2, "precision": "bf16", "float8": "tensorwise", "device": "cpu"})
+    assert "Float8ColwiseParallel" in frameworks.not_implemented(params)
+
+
+def test_gpus_without_fp8_tensor_cores_make_a_float8_cell_unsupported():
+    params = CellParams.resolve({"framework": "torch", "strategy": "single", "model": "gpt2-tiny",
+                                 "precision": "bf16", "float8": "rowwise", "device": "cuda"})
+    assert "NVIDIA A100-SXM4-80GB has none" in no_float8_here(params, "NVIDIA A100-SXM4-80GB")
+    assert no_float8_here(params, "NVIDIA H100 80GB HBM3") is None
+    assert no_float8_here(params, "a GPU the table does not know") is None  # the run says
+    assert no_float8_here(params.replace(float8=None), "NVIDIA A100-SXM4-80GB") is None
+
+
+def test_a_float8_cells_mfu_is_held_against_both_peaks():
+    params = CellParams.resolve({"framework": "torch", "strategy": "single", "model": "gpt2-124m",
+                                 "seq_len": 1024, "micro_batch": 8, "precision": "bf16",
+                                 "float8": "tensorwise", "device": "cuda"})
+    figures = timed_metrics(params, [0.1] * 6, steps_per_window=1, gpu_name="NVIDIA H200")
+    assert figures["mfu_fp8"] == pytest.approx(figures["mfu"] * 989 / 1979, abs=1e-4)
+    assert figures["mfu_fp8_ci"] is not None
+    assert "mfu_fp8" not in timed_metrics(params.replace(float8=None), [0.1] * 6, steps_per_window=1,
+                                          gpu_name="NVIDIA H200")
+
+
+def test_both_models_see_what_float8_changes():
+    """The blocks' matmuls at the FP8 peak (less time where they dominate, a 5.8B model), the linear
+    layers' inputs kept for backward at one byte (less activation memory, uncompiled)."""
+    def cell(**changes):
+        return CellParams.resolve({"framework": "torch", "strategy": "single", "model": "gpt-5.8b",
+                                   "seq_len": 1024, "micro_batch": 4, "precision": "bf16", "device": "cuda",
+                                   **changes})
+    h200 = GPUS["h200"]
+    bf16 = time_model.predict(cell(), h200)
+    fp8 = time_model.predict(cell(float8="rowwise"), h200)
+    assert fp8.parts_s["compute"] < 0.8 * bf16.parts_s["compute"]
+    assert fp8.mfu > bf16.mfu  # the same model FLOPs in less time, against bf16's peak
+    spec = get_model("gpt-5.8b")
+    saved, saved_fp8 = (memory_model.block_bytes_per_token(p, spec) for p in (cell(), cell(float8="rowwise")))
+    d, ffn = spec.d_model, spec.ffn
+    assert saved - saved_fp8 == 2 * d + ffn  # two norms' outputs and the GELU's, 2 bytes -> 1
