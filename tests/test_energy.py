@@ -32,7 +32,23 @@ def test_the_counter_adds_only_what_the_timed_windows_took():
 
 
 def test_a_cpu_rank_has_no_counter():
-    assert EnergyCounter.for_rank("cpu", 0) is None
+    assert EnergyCounter.for_device("cpu", None) is None
+
+
+def test_a_counter_that_fails_mid_run_gives_no_energy_and_stops_nothing():
+    readings = iter([1_000, 4_000, 10_000])
+
+    def read():
+        value = next(readings, None)
+        if value is None:
+            raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+        return value
+
+    counter = EnergyCounter(read)
+    for _ in range(3):
+        counter.window_started()
+        counter.window_ended()
+    assert counter.failed and counter.energy_j is None  # a partial sum would pass for the whole
 
 
 def ranks(*energy_and_time):

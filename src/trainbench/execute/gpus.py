@@ -150,44 +150,55 @@ class EnergyCounter:
     """One GPU's energy counter (NVML's total energy since the driver loaded, in millijoules; Volta and
     later), read at the two ends of every timed window: its sum is the energy the timed steps took.
 
-    `read` returns the counter in millijoules, or None where it cannot be read; `for_rank` builds one
-    for a rank's device, None on CPU ranks or where NVML or the counter is missing."""
+    `read` returns the counter in millijoules; `for_device` builds one for a rank's CUDA device (its
+    index among the visible devices), None on CPU ranks or where NVML or the counter is missing. A read
+    that fails mid-run leaves the rank without energy figures, never stops its training."""
 
     def __init__(self, read):
         self._read = read
         self._window_start: int | None = None
         self.energy_mj = 0
         self.windows = 0
+        self.failed = False
 
     @classmethod
-    def for_rank(cls, device_type: str, local_rank: int) -> EnergyCounter | None:
+    def for_device(cls, device_type: str, index: int | None) -> EnergyCounter | None:
         if device_type != "cuda":
             return None
         devices = machine_devices()
-        if local_rank >= len(devices):
+        if (index or 0) >= len(devices):
             return None
         try:
             import pynvml
 
             pynvml.nvmlInit()
-            handle = nvml_handle(pynvml, devices[local_rank])
+            handle = nvml_handle(pynvml, devices[index or 0])
             pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)  # raises where the GPU has no counter
         except Exception:
             return None
         return cls(lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle))
 
+    def _reading(self) -> int | None:
+        if self.failed:
+            return None
+        try:
+            return self._read()
+        except Exception:  # NVML gone or the GPU lost: no energy for this run, nothing else lost
+            self.failed = True
+            return None
+
     def window_started(self) -> None:
         """At a timed window's start, the device synchronised."""
-        self._window_start = self._read()
+        self._window_start = self._reading()
 
     def window_ended(self) -> None:
         """At its end, the device synchronised again."""
-        if self._window_start is None:
-            return
-        self.energy_mj += self._read() - self._window_start
-        self.windows += 1
-        self._window_start = None
+        start, self._window_start = self._window_start, None
+        end = None if start is None else self._reading()
+        if end is not None:
+            self.energy_mj += end - start
+            self.windows += 1
 
     @property
     def energy_j(self) -> float | None:
-        return self.energy_mj / 1e3 if self.windows else None
+        return self.energy_mj / 1e3 if self.windows and not self.failed else None

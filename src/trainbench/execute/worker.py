@@ -297,7 +297,7 @@ class StepRecorder:
         self._last_report = time.monotonic()
         self.profiler: StepProfiler | None = None  # over the steps after the timed ones, where asked
         # the rank's GPU's energy over the timed windows (None on CPU ranks, or without NVML's counter)
-        self.energy = EnergyCounter.for_rank(device.type, worker.local_rank)
+        self.energy = EnergyCounter.for_device(device.type, device.index)
 
     @property
     def total(self) -> int:
