@@ -5,6 +5,7 @@ MFU and both models make of it. Its speed is a GPU's to measure (docs/float8.md)
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from trainbench.registry.models import get_model
 from trainbench.study.params import CellParams
 from trainbench.workflow import load_checked
 
-from conftest import make_cell, tiny_study
+from conftest import REPO, make_cell, tiny_study
 
 pytest.importorskip("torchao")
 
@@ -47,6 +48,15 @@ def test_a_float8_cell_trains_beside_its_bf16_twin(tmp_path):
     assert first == pytest.approx(bf16["metrics"]["loss_first"], rel=1e-3)
     assert last == pytest.approx(bf16["metrics"]["loss_last"], rel=1e-3)
     assert fp8["metrics"]["mfu_fp8"] is None  # a CPU: no peak to hold it against
+    # the whole curve, warm-up included, as bench/float8_loss.py holds a GPU run's against bf16's
+    curve = fp8["metrics"]["loss_curve"]
+    assert curve[0] == first and curve[-1] == last and len(curve) == 1 + fp8["metrics"]["steps_timed"]
+    sys.path.insert(0, str(REPO / "bench"))
+    from float8_loss import compare
+
+    [row] = compare([bf16, fp8])
+    assert (row["recipe"], row["steps"], row["twin"]) == ("tensorwise", len(curve), bf16["cell_id"])
+    assert 0 < row["last_quarter_gap"] <= row["max_gap"] < 1e-3
 
 
 def test_fsdp2_shards_a_float8_model_over_two_ranks(tmp_path):

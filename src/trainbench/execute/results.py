@@ -89,6 +89,8 @@ METRICS: tuple[Key, ...] = (
     Key("host_mem_peak_mib", _NUMBER, "peak resident memory of the busiest node's ranks together"),
     Key("loss_first", _NUMBER, "training loss at the first step"),
     Key("loss_last", _NUMBER, "training loss at the last step"),
+    Key("loss_curve", _NUMBERS, "the training loss at every step, warm-up included (the rank that "
+        "reports: its micro batches' mean)", required=False),
     Key("test_accuracy", _NUMBER, "accuracy on held-out data, where the study measures it"),
     Key("params_total", _INT, "parameters of the whole model"),
     Key("params_per_module_rank0", {"type": ["object", "null"]},
@@ -345,6 +347,7 @@ def summarize(params: CellParams, result: dict[str, Any], wall_time_s: float,
     metrics.update(
         step_times_s=[_round(t, 6) for t in result["step_times_s"]],
         warmup_step_times_s=[_round(t, 6) for t in result["warmup_step_times_s"]],
+        loss_curve=[_round(v, 5) for v in result["losses"]],
         timing={"method": "windows", "stopped": result["timing_stopped"], **timing.as_dict()},
         host_rss_peak_mib_per_rank=[_round(r["host_rss_peak_mib"], 1) for r in ranks],
         tensors_held_bytes_per_rank=[r.get("tensors_held_bytes") for r in ranks],

@@ -1,0 +1,73 @@
+"""Does float8 train like bf16? Each float8 cell's loss curve against its bf16 twin's.
+
+    python bench/float8_loss.py results/runs/float8 [--json FILE]
+
+For every float8 cell under the folder (metrics.json with a `loss_curve`: the loss at every step,
+warm-up included) whose twin (the same parameters, float8 off) is there too: the steps both ran,
+each one's first and last loss, the largest relative gap between the curves over those steps, and
+the mean gap over their last quarter (where a recipe that trains worse shows it: the curves drift
+apart rather than jump). Both cells start from the same weights and see the same batches (the seed
+is a parameter), so the gap is float8's alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from trainbench.execute.results import read_result
+from trainbench.reporting.compare import shorten
+
+
+def twin_key(params: dict) -> str:
+    """What a cell and its bf16 twin share: every parameter but float8."""
+    return json.dumps({k: v for k, v in params.items() if k != "float8"}, sort_keys=True, default=str)
+
+
+def compare(docs: list[dict]) -> list[dict]:
+    """One row per float8 cell with a bf16 twin and both loss curves."""
+    twins = {twin_key(d["params"]): d for d in docs if not d["params"].get("float8")}
+    rows = []
+    for doc in docs:
+        recipe = doc["params"].get("float8")
+        twin = twins.get(twin_key(doc["params"]))
+        curve = (doc.get("metrics") or {}).get("loss_curve")
+        base = ((twin or {}).get("metrics") or {}).get("loss_curve")
+        if not recipe or not curve or not base:
+            continue
+        steps = min(len(curve), len(base))
+        gaps = [abs(a - b) / abs(b) for a, b in zip(curve[:steps], base[:steps])]
+        tail = gaps[steps - max(1, steps // 4):]
+        rows.append({"cell": doc["cell_id"], "twin": twin["cell_id"], "recipe": recipe, "steps": steps,
+                     "bf16_first": base[0], "bf16_last": base[steps - 1],
+                     "float8_first": curve[0], "float8_last": curve[steps - 1],
+                     "max_gap": max(gaps), "last_quarter_gap": statistics.mean(tail)})
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args(argv)
+    docs = [read_result(p) for p in sorted(args.folder.glob("*/metrics.json"))]
+    rows = compare([d for d in docs if d["status"] == "ok"])
+    if not rows:
+        print(f"no float8 cell with a bf16 twin and both loss curves under {args.folder}", file=sys.stderr)
+        return 1
+    print(f"{'cell':<60} {'steps':>5} {'bf16 first/last':>17} {'float8 first/last':>19} {'max gap':>8} "
+          f"{'last 1/4':>8}")
+    for r in rows:
+        print(f"{shorten(r['cell'], 60):<60} {r['steps']:>5} {r['bf16_first']:>8.4f}/{r['bf16_last']:<8.4f} "
+              f"{r['float8_first']:>9.4f}/{r['float8_last']:<9.4f} {r['max_gap']:>7.2%} "
+              f"{r['last_quarter_gap']:>7.2%}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
