@@ -26,10 +26,23 @@ def test_parameter_counts_match_published_models(name, published):
 
 @pytest.mark.parametrize("name, head", [("gpt2-tiny", "lm"), ("gpt2-tiny", "classifier"),
                                         ("gpt2-small-cpu", "lm")])
-def test_analytic_count_equals_the_built_module(name, head):
-    spec = get_model(name)
+@pytest.mark.parametrize("bias", [True, False])
+def test_analytic_count_equals_the_built_module(name, head, bias):
+    spec = dataclasses.replace(get_model(name), bias=bias)
     model = GPT(spec, head=head, num_classes=5)
+    model.init_weights(0)  # GPT-2's init, where there are biases to zero and where there are none
     assert sum(p.numel() for p in model.parameters()) == spec.param_count(head, 5)
+    biases = [n for n, p in model.named_parameters() if n.endswith(".bias") and "classifier" not in n]
+    assert bool(biases) == bias  # nanoGPT's bias=False leaves none in the blocks and the final norm
+
+
+def test_the_bias_free_gpt2s_are_gpt2_less_its_biases():
+    for size in ("124m", "350m"):
+        plain, free = get_model(f"gpt2-{size}"), get_model(f"gpt2-{size}-nobias")
+        d, f = plain.d_model, plain.ffn
+        per_block = 4 * d + f + d + 2 * d  # qkv, proj, fc, proj biases; the two LayerNorms' biases
+        assert plain.param_count() - free.param_count() == plain.n_layer * per_block + d  # and ln_f's
+        assert free.train_flops_per_token(1024) < plain.train_flops_per_token(1024)
 
 
 def test_flops_per_token_is_palm_formula_on_gpt2_small():

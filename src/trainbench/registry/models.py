@@ -30,6 +30,8 @@ class ModelSpec:
     # whether eager attention computes its softmax in fp32 whatever the model's dtype (trainbench's GPT
     # and Hugging Face's LLaMA do; DistilBERT's follows the dtype: fp32 under autocast, half under DeepSpeed)
     softmax_fp32: bool = True
+    # GPT: biases in the linear layers and LayerNorms (GPT-2's shape); False is nanoGPT's bias=False
+    bias: bool = True
     note: str = ""
 
     @property
@@ -46,13 +48,15 @@ class ModelSpec:
             # q, k, v, o without bias; gated MLP (gate, up, down); two RMSNorm weights
             return 4 * d * d + 3 * d * f + 2 * d
         # GPT-2 and DistilBERT: qkv and out projections and a 2-layer MLP, all with bias; two LayerNorms
+        if not self.bias:  # the weights alone, and the LayerNorms' scales
+            return 4 * d * d + 2 * d * f + 2 * d
         return 4 * d * d + 4 * d + 2 * d * f + f + d + 4 * d
 
     def block_whole_params(self) -> int:
         """Parameters of a block that tensor parallelism in Megatron's layout leaves whole on every rank:
         the norms, and the biases of the row-parallel output projections (added after their all-reduce)."""
-        if self.family == "llama":
-            return 2 * self.d_model  # two RMSNorm weights; no biases
+        if self.family == "llama" or not self.bias:
+            return 2 * self.d_model  # two norms' weights; no biases
         return 6 * self.d_model  # two LayerNorms (weight and bias), the two output projections' biases
 
     def largest_param(self) -> int:
@@ -71,7 +75,7 @@ class ModelSpec:
         return dataclasses.replace(self, vocab_size=-(-self.vocab_size // multiple) * multiple)
 
     def param_count(self, head: str = "lm", num_classes: int = 2) -> int:
-        final_norm = self.d_model if self.family == "llama" else 2 * self.d_model
+        final_norm = self.d_model if self.family == "llama" or not self.bias else 2 * self.d_model
         total = self.embedding_params() + self.n_layer * self.block_params() + final_norm
         return total + self.head_params(head, num_classes)
 
@@ -120,6 +124,9 @@ MODELS: dict[str, ModelSpec] = {
              note="a CPU study that still has some work"),
         _gpt("gpt2-124m", 12, 768, 12, note="GPT-2 small"),
         _gpt("gpt2-350m", 24, 1024, 16, note="GPT-2 medium"),
+        _gpt("gpt2-124m-nobias", 12, 768, 12, bias=False,
+             note="GPT-2 small without biases (nanoGPT's bias=False): another model, lighter per step"),
+        _gpt("gpt2-350m-nobias", 24, 1024, 16, bias=False, note="GPT-2 medium without biases"),
         _gpt("gpt-345m", 24, 1024, 16, vocab=50304, note="Megatron GPT-345M"),
         _gpt("gpt-2.5b", 48, 2048, 16, vocab=50304, note="Megatron GPT-2.5B"),
         _gpt("gpt-5.8b", 72, 2560, 32, vocab=50304, note="Megatron GPT-5.8B"),

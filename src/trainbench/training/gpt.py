@@ -48,8 +48,8 @@ class SelfAttention(nn.Module):
         self.head_dim = spec.head_dim
         self.causal = spec.causal
         self.eager = attention == "eager"
-        self.qkv = nn.Linear(spec.d_model, 3 * spec.d_model)
-        self.proj = nn.Linear(spec.d_model, spec.d_model)
+        self.qkv = nn.Linear(spec.d_model, 3 * spec.d_model, bias=spec.bias)
+        self.proj = nn.Linear(spec.d_model, spec.d_model, bias=spec.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
@@ -69,8 +69,8 @@ class SelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        self.fc = nn.Linear(spec.d_model, spec.ffn)
-        self.proj = nn.Linear(spec.ffn, spec.d_model)
+        self.fc = nn.Linear(spec.d_model, spec.ffn, bias=spec.bias)
+        self.proj = nn.Linear(spec.ffn, spec.d_model, bias=spec.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(F.gelu(self.fc(x), approximate="tanh"))
@@ -79,9 +79,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, spec: ModelSpec, attention: str = "sdpa"):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(spec.d_model)
+        self.ln_1 = nn.LayerNorm(spec.d_model, bias=spec.bias)
         self.attn = SelfAttention(spec, attention)
-        self.ln_2 = nn.LayerNorm(spec.d_model)
+        self.ln_2 = nn.LayerNorm(spec.d_model, bias=spec.bias)
         self.mlp = MLP(spec)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -111,7 +111,8 @@ def init_gpt_module(module: nn.Module, name: str, n_layer: int, generator: torch
             nn.init.zeros_(module.bias)
     elif isinstance(module, nn.LayerNorm):
         nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
 
 
 class CheckpointsInHostMemory:
@@ -179,7 +180,7 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(spec.vocab_size, spec.d_model)
         self.wpe = nn.Embedding(spec.max_seq, spec.d_model)
         self.blocks = nn.ModuleList(Block(spec, attention) for _ in range(spec.n_layer))
-        self.ln_f = nn.LayerNorm(spec.d_model)
+        self.ln_f = nn.LayerNorm(spec.d_model, bias=spec.bias)
         # The LM head reuses the token embedding (GPT-2 ties them); a classifier has its own layer.
         self.classifier = nn.Linear(spec.d_model, num_classes) if head == "classifier" else None
 
