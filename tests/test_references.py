@@ -67,3 +67,18 @@ def test_trainbench_references_is_a_gate(tmp_path, monkeypatch, capsys):
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     assert main(["references", "baseline"]) == 1
     assert " outside |" in capsys.readouterr().out
+
+
+def test_every_published_study_declares_references_its_published_cells_meet():
+    """A rerun of any published study is checked against what was published: each declares reference
+    figures, and the published cells themselves are within them (and every reference finds its cell)."""
+    config = load_checked(REPO / "config.yaml")
+    published = sorted(p.name for p in (REPO / "results/runs").iterdir() if p.is_dir())
+    assert len(published) >= 11
+    for name in published:
+        study = config.study(name)
+        assert study.references, f"studies.{name} declares no references"
+        docs = read_cells(sorted((REPO / "results/runs" / name).glob("*/metrics.json")))
+        checks = check(study.references, docs)
+        assert {c.index for c in checks} == set(range(1, len(study.references) + 1)), name
+        assert all(c.verdict == WITHIN for c in checks), [(name, c.cell_id, c.deviation) for c in checks]
