@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -39,12 +40,17 @@ def compare(docs: list[dict]) -> list[dict]:
         if not recipe or not curve or not base:
             continue
         steps = min(len(curve), len(base))
-        gaps = [abs(a - b) / abs(b) for a, b in zip(curve[:steps], base[:steps])]
-        tail = gaps[steps - max(1, steps // 4):]
+        # a step where either loss is not a finite number (a diverged run) is a gap without measure
+        diverged = next((i for i, (a, b) in enumerate(zip(curve[:steps], base[:steps]))
+                         if not (a is not None and b and math.isfinite(a) and math.isfinite(b))), None)
+        gaps = [abs(a - b) / abs(b) for a, b in zip(curve[:diverged], base[:diverged])]
+        tail = gaps[len(gaps) - max(1, len(gaps) // 4):]
         rows.append({"cell": doc["cell_id"], "twin": twin["cell_id"], "recipe": recipe, "steps": steps,
                      "bf16_first": base[0], "bf16_last": base[steps - 1],
                      "float8_first": curve[0], "float8_last": curve[steps - 1],
-                     "max_gap": max(gaps), "last_quarter_gap": statistics.mean(tail)})
+                     "diverged_at": diverged,
+                     "max_gap": max(gaps) if gaps else None,
+                     "last_quarter_gap": statistics.mean(tail) if tail else None})
     return rows
 
 
@@ -61,9 +67,11 @@ def main(argv=None) -> int:
     print(f"{'cell':<60} {'steps':>5} {'bf16 first/last':>17} {'float8 first/last':>19} {'max gap':>8} "
           f"{'last 1/4':>8}")
     for r in rows:
+        gaps = (f"{r['max_gap']:>7.2%} {r['last_quarter_gap']:>7.2%}" if r["max_gap"] is not None else
+                f"{'-':>8} {'-':>8}")
         print(f"{shorten(r['cell'], 60):<60} {r['steps']:>5} {r['bf16_first']:>8.4f}/{r['bf16_last']:<8.4f} "
-              f"{r['float8_first']:>9.4f}/{r['float8_last']:<9.4f} {r['max_gap']:>7.2%} "
-              f"{r['last_quarter_gap']:>7.2%}")
+              f"{r['float8_first']:>9.4f}/{r['float8_last']:<9.4f} {gaps}"
+              + (f"  not finite from step {r['diverged_at']}" if r["diverged_at"] is not None else ""))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
     return 0

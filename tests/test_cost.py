@@ -129,3 +129,7 @@ def test_the_slurm_plugins_efficiency_report_is_summarised_by_study(tmp_path, ca
             "median 38% of the request (highest 50%)") in out
     assert main(["cost", "holdout_mix", "--root", str(tmp_path), "--slurm-efficiency",
                  str(tmp_path / "missing.csv")]) == 1
+    other = tmp_path / "other.csv"
+    other.write_text("JobID,Elapsed\n7001,100\n")
+    assert main(["cost", "holdout_mix", "--root", str(tmp_path), "--slurm-efficiency", str(other)]) == 1
+    assert "not a SLURM efficiency report (no Elapsed_sec" in capsys.readouterr().err

@@ -109,8 +109,8 @@ def test_a_float8_cells_mfu_is_held_against_both_peaks():
 
 
 def test_both_models_see_what_float8_changes():
-    """The blocks' matmuls at the FP8 peak (less time where they dominate, a 5.8B model), the linear
-    layers' inputs kept for backward at one byte (less activation memory, uncompiled)."""
+    """The blocks' matmuls at the FP8 peak (less time where they dominate, a 5.8B model); activation
+    memory as bf16's (torchao keeps its linear layers' inputs in bf16 for backward)."""
     def cell(**changes):
         return CellParams.resolve({"framework": "torch", "strategy": "single", "model": "gpt-5.8b",
                                    "seq_len": 1024, "micro_batch": 4, "precision": "bf16", "device": "cuda",
@@ -118,9 +118,11 @@ def test_both_models_see_what_float8_changes():
     h200 = GPUS["h200"]
     bf16 = time_model.predict(cell(), h200)
     fp8 = time_model.predict(cell(float8="rowwise"), h200)
-    assert fp8.parts_s["compute"] < 0.8 * bf16.parts_s["compute"]
+    assert fp8.parts_s["compute"] < 0.9 * bf16.parts_s["compute"]
     assert fp8.mfu > bf16.mfu  # the same model FLOPs in less time, against bf16's peak
     spec = get_model("gpt-5.8b")
     saved, saved_fp8 = (memory_model.block_bytes_per_token(p, spec) for p in (cell(), cell(float8="rowwise")))
-    d, ffn = spec.d_model, spec.ffn
-    assert saved - saved_fp8 == 2 * d + ffn  # two norms' outputs and the GELU's, 2 bytes -> 1
+    assert saved_fp8 == saved
+    # on a GPU without FP8 tensor cores the model says nothing new: the cell would not run
+    assert time_model.predict(cell(float8="rowwise"), GPUS["a100-80g"]).step_time_s == pytest.approx(
+        time_model.predict(cell(), GPUS["a100-80g"]).step_time_s)

@@ -135,6 +135,19 @@ def test_slurm_placement_reaches_snakemake_only_where_a_study_names_it(here):
     assert partition("gpu", "gpus~4") == "gpu" and partition("cpu", "micro_batch~1") is None
 
 
+def test_an_unsupported_cell_of_an_array_study_asks_what_the_array_asks(here):
+    """The SLURM plugin gives an array the request of whichever job comes first: a cell that only
+    writes why it cannot run must not be the one that strips the others of their GPUs."""
+    study = tiny_study(device="cuda", strategy="ddp", gpus=2)
+    study["execution"].update(slurm_array=True)
+    study["include"] = [{}, {"framework": "lightning", "strategy": "colossalai"}]  # unsupported by the stack
+    workflow = Workflow(load_checked({"studies": {"a": study}}))
+    cells = workflow.study("a").cells
+    assert cells[1].unsupported and cells[1].resources()["gpu"] == 0
+    gpus = workflow.cell_resource("gpu")
+    assert [gpus("a", c.cell_id) if callable(gpus) else gpus for c in cells] == [2, 2]
+
+
 def test_a_study_submitted_as_job_arrays_has_its_own_rule_and_one_request(here):
     """train_cell trains every study but an array study, whose rule is its own (the SLURM plugin makes
     an array of one rule's jobs, with the first one's request), and whose cells all ask for the largest
@@ -153,5 +166,7 @@ def test_a_study_submitted_as_job_arrays_has_its_own_rule_and_one_request(here):
     memory, runtime = workflow.cell_resource("mem_mb"), workflow.cell_resource("runtime")
     assert {memory("cpu", c) for c in ("micro_batch~1", "micro_batch~2")} == {2 * 3000}  # two ranks each
     assert {runtime("cpu", c) for c in ("micro_batch~1", "micro_batch~2")} == {9}
+    own_limit = workflow.cell_resource("cell_runtime")  # what the run stops at stays the cell's own
+    assert (own_limit("cpu", "micro_batch~1"), own_limit("cpu", "micro_batch~2")) == (5, 9)
     assert memory("gpu", "gpus~1") == 1000  # not an array: its own
     assert Workflow(load_checked(two_studies())).train_rules() == [("train_cell", STUDY_NAME)]  # no array

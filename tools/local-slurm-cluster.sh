@@ -22,8 +22,10 @@
 #
 # Settings (environment): GPUS (4), CPUS (8; more than a small machine has, so that several
 # GPU jobs can be placed at once: SlurmdParameters=config_overrides lets slurmd accept it),
-# MEM_MB (64000), STATE_DIR (/var/lib/trainbench-slurm). Needs root. Refuses to overwrite an
-# /etc/slurm/slurm.conf it did not write.
+# MEM_MB (64000), STATE_DIR (/var/lib/trainbench-slurm), ACCOUNTING (auto: where slurmdbd and
+# MariaDB are installed; 1: required, an error without them; 0: off). Needs root. Refuses to
+# overwrite an /etc/slurm/slurm.conf or slurmdbd.conf it did not write, and to use a MariaDB it did not
+# start.
 set -euo pipefail
 
 GPUS=${GPUS:-4}
@@ -49,8 +51,25 @@ install() {
 with_accounting() {
   case "$ACCOUNTING" in
     0|no|off) return 1 ;;
+    1|yes|on)
+      command -v slurmdbd >/dev/null && command -v mariadbd >/dev/null && return 0
+      say "ACCOUNTING=$ACCOUNTING, but slurmdbd or mariadbd is missing: run '$0 install'"; exit 1 ;;
     *) command -v slurmdbd >/dev/null && command -v mariadbd >/dev/null ;;
   esac
+}
+
+# wait_for WHAT COMMAND...: run COMMAND until it succeeds (30 s at most), or say what did not come up
+wait_for() {
+  local what=$1; shift
+  for _ in $(seq 150); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
+  say "$what did not come up; see $STATE_DIR/log and $DB_DIR"; exit 1
+}
+
+# the pid in a pid file, where that process is alive
+live_pid() {
+  local pid
+  pid=$(cat "$1" 2>/dev/null) || return 1
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && echo "$pid"
 }
 
 accounting_config() {
@@ -72,12 +91,19 @@ start_accounting() {
   if [ ! -d "$DB_DIR/data/mysql" ]; then
     mariadb-install-db --user=mysql --datadir="$DB_DIR/data" >"$STATE_DIR/log/mariadb-install.log" 2>&1
   fi
-  if ! mariadb-admin --socket="$DB_SOCKET" ping >/dev/null 2>&1; then
+  if ! live_pid "$DB_DIR/mysqld.pid" >/dev/null; then
+    if mariadb-admin --socket="$DB_SOCKET" ping >/dev/null 2>&1; then
+      say "a MariaDB this script did not start answers on $DB_SOCKET; not using it (ACCOUNTING=0 to start without accounting)"
+      exit 1
+    fi
     mariadbd --user=mysql --datadir="$DB_DIR/data" --socket="$DB_SOCKET" --skip-networking \
       --pid-file="$DB_DIR/mysqld.pid" --log-error="$DB_DIR/mariadb.log" >>"$DB_DIR/mariadb.log" 2>&1 &
-    for _ in $(seq 150); do mariadb-admin --socket="$DB_SOCKET" ping >/dev/null 2>&1 && break; sleep 0.2; done
+    wait_for MariaDB mariadb-admin --socket="$DB_SOCKET" ping
   fi
   mariadb --socket="$DB_SOCKET" -e "CREATE DATABASE IF NOT EXISTS slurm_acct_db"
+  if [ -f "$CONF_DIR/slurmdbd.conf" ] && ! grep -qF "$MARKER" "$CONF_DIR/slurmdbd.conf"; then
+    say "$CONF_DIR/slurmdbd.conf exists and is not ours; not touching it"; exit 1
+  fi
   {
     echo "$MARKER"
     echo "AuthType=auth/munge"
@@ -92,8 +118,8 @@ start_accounting() {
     echo "StorageUser=root"
   } > "$CONF_DIR/slurmdbd.conf"
   chmod 600 "$CONF_DIR/slurmdbd.conf"
-  pgrep -x slurmdbd >/dev/null || slurmdbd
-  for _ in $(seq 150); do sacctmgr -n list cluster >/dev/null 2>&1 && break; sleep 0.2; done
+  live_pid "$STATE_DIR/slurmdbd.pid" >/dev/null || slurmdbd
+  wait_for slurmdbd sacctmgr -n list cluster
   sacctmgr -n list cluster format=cluster | grep -qw trainbench || sacctmgr -i add cluster trainbench >/dev/null
   # an account of a project besides root's own, as a site has them (the tests route jobs to it)
   if ! sacctmgr -n list assoc user=root account=bench format=account | grep -qw bench; then
@@ -189,16 +215,21 @@ start() {
 }
 
 stop() {
-  local daemons=(slurmd slurmctld slurmdbd mariadbd)
-  for daemon in "${daemons[@]}"; do pkill -x "$daemon" || true; done
+  # SLURM's daemons by name (this cluster's config is the machine's), the accounting's by the pid
+  # files it wrote: a MariaDB of the machine's own is left alone
+  local pids=() pid
+  for daemon in slurmd slurmctld; do pids+=($(pgrep -x "$daemon" || true)); done
+  for file in "$STATE_DIR/slurmdbd.pid" "$DB_DIR/mysqld.pid"; do
+    pid=$(live_pid "$file") && pids+=("$pid")
+  done
+  [ ${#pids[@]} -eq 0 ] && { say "stopped"; return; }
+  kill "${pids[@]}" 2>/dev/null || true
   for _ in $(seq 100); do
-    local left=""
-    for daemon in "${daemons[@]}"; do pgrep -x "$daemon" >/dev/null && left="$left $daemon"; done
-    [ -z "$left" ] && { say "stopped"; return; }
+    kill -0 "${pids[@]}" 2>/dev/null || { say "stopped"; return; }
     sleep 0.2
   done
-  for daemon in "${daemons[@]}"; do pkill -9 -x "$daemon" || true; done
-  say "stopped (killed:$left)"
+  kill -9 "${pids[@]}" 2>/dev/null || true
+  say "stopped (killed)"
 }
 
 case "${1:-}" in
@@ -206,5 +237,5 @@ case "${1:-}" in
   start) start ;;
   stop) stop ;;
   status) timeout 10 sinfo -N -o "%N %t %c %m %G" ;;
-  *) sed -n '2,17p' "$0"; exit 2 ;;
+  *) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 2 ;;
 esac

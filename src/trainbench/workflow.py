@@ -33,7 +33,7 @@ from trainbench.study.grid import Cell, Study, probe_cell, shared_resources
 CELL_RESOURCES = {
     "gpu": "gpu", "gres": "gres", "nodes": "nodes", "tasks": "tasks", "tasks_per_gpu": "tasks_per_gpu",
     "mpi": "mpi", "cpus_per_task": "cpus_per_task", "cpus_per_rank": "cpus_per_rank", "mem_mb": "mem_mb",
-    "runtime": "runtime", "cell_retries": "retries", "timing": "timing",
+    "runtime": "runtime", "cell_runtime": "cell_runtime", "cell_retries": "retries", "timing": "timing",
     "slurm_partition": "slurm_partition", "slurm_account": "slurm_account", "constraint": "constraint",
     "gpu_model": "gpu_model",
 }
@@ -50,6 +50,11 @@ def array_rule(study: str) -> str:
     return "train_" + study.replace("-", "_")
 
 
+def array_studies(config: Config) -> list[str]:
+    """The studies submitted as SLURM job arrays (execution.slurm_array), each under a rule of its own."""
+    return [name for name, study in config.studies.items() if study.slurm_array]
+
+
 def load_checked(source: dict[str, Any] | str | Path) -> Config:
     """config.yaml as the workflow and the command line take it: the studies (study.config.load_config)
     and what each study reports, its table columns and its findings, checked before any job runs."""
@@ -61,7 +66,7 @@ def load_checked(source: dict[str, Any] | str | Path) -> Config:
         problems += findings.problems(name, study.findings, params, study.id_keys)
         problems += references.problems(name, study.references, params)
     rules: dict[str, str] = {}
-    for name in (n for n, study in config.studies.items() if study.slurm_array):
+    for name in array_studies(config):
         rule = array_rule(name)
         if rule == "train_cell" or rule in rules:
             taken = "trains every other study" if rule == "train_cell" else f"study {rules[rule]} has"
@@ -115,7 +120,7 @@ class Workflow:
         each of those. Snakemake's SLURM plugin makes an array of one rule's ready jobs and gives it the
         first job's request, so a rule of its own per array study keeps an array to cells that ask for
         the same (grid.array_problems)."""
-        arrays = [name for name, study in self.config.studies.items() if study.slurm_array]
+        arrays = array_studies(self.config)
         if not arrays:
             return [("train_cell", STUDY_NAME)]
         # not one of them: no array study's name followed by anything but more of a name

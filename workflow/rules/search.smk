@@ -20,7 +20,7 @@ checkpoint search_probe:
     shell:
         "trainbench run-cell --study {wildcards.study} --cell {params.probe_id:q} --params {params.cell:q}"
         " --retries {resources.cell_retries} --cpus-per-rank {resources.cpus_per_rank}"
-        " --runtime-min {resources.runtime} --timing {resources.timing} --search-probe --output {output.metrics:q} > {log:q} 2>&1"
+        " --runtime-min {resources.cell_runtime} --timing {resources.timing} --search-probe --output {output.metrics:q} > {log:q} 2>&1"
 
 
 rule search_result:

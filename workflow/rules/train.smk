@@ -29,4 +29,4 @@ for train_rule, studies in WORKFLOW.train_rules():
         shell:
             "trainbench run-cell --study {wildcards.study} --cell {wildcards.cell} --params {params.cell:q}"
             " --retries {resources.cell_retries} --cpus-per-rank {resources.cpus_per_rank}"
-            " --runtime-min {resources.runtime} --timing {resources.timing} --output {output.metrics} > {log} 2>&1"
+            " --runtime-min {resources.cell_runtime} --timing {resources.timing} --output {output.metrics} > {log} 2>&1"

@@ -171,7 +171,8 @@ def slurm_facts() -> dict[str, Any]:
 def _slurm_restarts(job: str, env) -> int | None:
     """How often SLURM requeued the job (preemption, a node failure): SLURM_RESTART_COUNT where the
     batch script's variables reached this process, else scontrol's Restarts (Snakemake's job step
-    keeps only the job's id of SLURM's variables for the step it starts)."""
+    passes few of the batch script's SLURM variables to the step it starts: the job's and an array
+    task's ids, not SLURM_RESTART_COUNT)."""
     if env.get("SLURM_RESTART_COUNT", "").isdigit():
         return int(env["SLURM_RESTART_COUNT"])
     try:

@@ -320,9 +320,9 @@ class StepRecorder:
         self.worker._inject_faults(self.device)
         if self._in_warmup() or (self._timed_index() - 1) % self.steps_per_window == 0:
             self._synchronize()
-            self._started = time.perf_counter()
             if self.energy is not None and not self._in_warmup():
-                self.energy.window_started()
+                self.energy.window_started()  # before the clock starts: the read is not the window's
+            self._started = time.perf_counter()
 
     def end(self, loss) -> None:
         """`loss`: the step's mean loss, a tensor on the device (read at the window's end) or a float."""

@@ -240,7 +240,7 @@ def _compiled(params: CellParams, spec: ModelSpec) -> bool:
     return bool(params.compile) and spec.family in framework_of(params).compiles
 
 
-def _block_tensors(spec: ModelSpec, compiled: bool = False, float8: bool = False) -> list[tuple[float, str]]:
+def _block_tensors(spec: ModelSpec, compiled: bool = False) -> list[tuple[float, str]]:
     """What one block saves for backward, per token: (width in elements, which dtype class).
 
     'res' tensors are in the residual-stream dtype (fp32 under autocast), 'c' in the compute dtype,
@@ -263,11 +263,8 @@ def _block_tensors(spec: ModelSpec, compiled: bool = False, float8: bool = False
                 (2 * h, "mask")]
     # trainbench's GPT-2: LayerNorm input and output (qkv input), q, k, v, attention output
     # (proj input); LayerNorm input and output (fc input), fc output (GELU input), GELU output.
-    if float8 and not compiled:
-        # torchao's Float8Linear keeps its input for backward as float8 (one byte): the norms' outputs
-        # and the GELU's; the attention output is SDPA's own saved output, kept in bf16. (Not yet
-        # measured on a GPU; compiled, inductor's recomputation below is assumed to hold.)
-        return [(h, "res"), (h, "f8"), (3 * h, "c"), (h, "c"), (h, "res"), (h, "f8"), (f, "c"), (f, "f8")]
+    # float8 (torchao) changes none of it: its linear layers keep their bf16 inputs for backward and
+    # cast them again there (matmul_with_hp_or_float8_args saves input_hp)
     # In fp16 under tensor parallelism t that is 8 + 24/t bytes per token and hidden unit: Megatron's
     # 10 + 24/t less its two dropout masks (no dropout here) and the attention scores (fused attention
     # keeps none)
@@ -294,12 +291,11 @@ def block_bytes_per_token(params: CellParams, spec: ModelSpec) -> float:
     """Bytes one block saves for backward per token on one rank (also the time model's measure of a
     block's elementwise memory traffic)."""
     compute, residual = _dtype_bytes(params)
-    sizes = {"c": compute, "rep": compute, "res": residual, "mask": 1, "f8": 1}
+    sizes = {"c": compute, "rep": compute, "res": residual, "mask": 1}
     # tensor parallelism splits what is inside attention and the MLP, not the residual stream nor
     # the norms' outputs that enter them (measured: 2.5B's largest micro batch at tp 2 and 4)
     return sum(width * sizes[dtype] / (params.tp if dtype == "c" else 1)
-               for width, dtype in _block_tensors(spec, _compiled(params, spec),
-                                                  float8=bool(params.float8) and spec.family == "gpt"))
+               for width, dtype in _block_tensors(spec, _compiled(params, spec)))
 
 
 def _logit_bytes(params: CellParams, spec: ModelSpec, compute: int) -> int:

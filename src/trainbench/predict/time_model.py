@@ -23,7 +23,8 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
   the blocks' forward again (2N + 4 L d S per token); times micro batch x sequence x accumulation.
   peak: the GPU's dense peak at the cell's compute type.
 - float8 cells (torchao): the blocks' linear FLOPs at the FP8 peak, and cast_bytes, the scaling and
-  casting of each linear's input and output gradient (5 bytes per element); unfitted.
+  casting of each linear's input (twice: forward and backward) and output gradient (5 bytes per
+  element); unfitted.
 - elem_bytes: what the blocks read and write outside matmuls (norms, activations, residual adds), in
   proportion to the tensors a block saves for backward (the memory model's count, per family and
   dtype) once forward, twice backward, once more when recomputed. This is the term that makes small
@@ -238,14 +239,15 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
         per_token += 4 * layers * d * seq / tp
     tokens = mb * seq * ga
     cast = 0.0
-    fp8_peak = peak_flops_of(gpu, "fp8") if params.float8 else None
+    fp8_peak = peak_flops_of(gpu, "fp8") if params.float8 and spec.family == "gpt" else None
     if fp8_peak:
         # float8 (torchao, trainbench's GPT): the blocks' linear layers at the FP8 peak, attention and
-        # the LM head at the precision's; each linear's input (forward: 3d + ffn elements per token) and
-        # output gradient (backward: 5d + ffn) scaled (amax: 2 bytes read) and cast (2 read, 1 written),
-        # at HBM bandwidth. Not yet fitted on float8 cells: the bf16 efficiencies carry over.
+        # the LM head at the precision's; each linear's input scaled (amax: 2 bytes read) and cast (2
+        # read, 1 written) in forward (3d + ffn elements per token) and again in backward (torchao
+        # keeps it in bf16), and its output gradient once (5d + ffn), at HBM bandwidth. Not yet fitted
+        # on float8 cells: the bf16 efficiencies carry over.
         per_token -= linear * (1 - peak / fp8_peak)
-        cast = tokens * layers * (8 * d + 2 * spec.ffn) * 5 / hbm
+        cast = tokens * layers * (2 * (3 * d + spec.ffn) + 5 * d + spec.ffn) * 5 / hbm
     passes = 3 + ac
     # eager attention's score matrices are elementwise work too (scale, mask, softmax, casts)
     saved = block_bytes_per_token(params, spec) + eager_score_bytes_per_token(params, spec)

@@ -182,12 +182,17 @@ def _jobs_of_report(path: Path) -> dict[str, dict[str, float]]:
 
     jobs: dict[str, dict[str, float]] = {}
     with path.open(newline="") as f:
-        for row in csv.DictReader(f):
+        reader = csv.DictReader(f)
+        columns = ("JobID", "Elapsed_sec", "CPU Efficiency (%)", "Memory Usage (%)")
+        missing = [c for c in columns if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path}: not a SLURM efficiency report (no {', '.join(missing)})")
+        for row in reader:
             try:
                 step = {"elapsed_s": float(row["Elapsed_sec"]), "cpu_pct": float(row["CPU Efficiency (%)"]),
                         "mem_pct": float(row["Memory Usage (%)"])}
-            except (KeyError, ValueError) as error:
-                raise ValueError(f"{path}: not a SLURM efficiency report ({error})") from None
+            except ValueError:  # a step sacct knew little of (cancelled before it started): not counted
+                continue
             job = row["JobID"].split(".")[0]  # a job's steps are <job>.<step>; an array task's <array>_<task>
             if job not in jobs or step["elapsed_s"] > jobs[job]["elapsed_s"]:
                 jobs[job] = step

@@ -79,8 +79,8 @@ class Cell:
         p, ex = self.params, self.execution
         if self.unsupported is not None:  # recorded without launching anything
             return {"gpu": 0, "gres": None, "nodes": 1, "tasks": None, "tasks_per_gpu": None, "mpi": None,
-                    "cpus_per_task": 1, "cpus_per_rank": 1, "mem_mb": 1000, "runtime": 5, "threads": 1,
-                    "retries": 0,
+                    "cpus_per_task": 1, "cpus_per_rank": 1, "mem_mb": 1000, "runtime": 5, "cell_runtime": 5,
+                    "threads": 1, "retries": 0,
                     "timing": self.timing.as_argument(), "slurm_partition": None, "slurm_account": None,
                     "constraint": None, "gpu_model": None}
         # an emulated cell is one process of its world on one device, whatever the world's size
@@ -100,7 +100,8 @@ class Cell:
             "cpus_per_task": cpus,
             "cpus_per_rank": ex["cpus_per_rank"],  # what run-cell gives each rank (OMP threads)
             "mem_mb": ex["mem_mb_per_rank"] * ranks_per_node,
-            "runtime": ex["runtime_min"],
+            "runtime": ex["runtime_min"],  # the job's time limit
+            "cell_runtime": ex["runtime_min"],  # the run's own (a job array's limit may be longer)
             # cores Snakemake books on one machine: CPU ranks need their cores; GPU ranks one each
             "threads": cpus if not cuda else ranks_per_node,
             "retries": ex["retries"],
@@ -143,16 +144,19 @@ class Study:
         return any(c.execution.get("slurm_array") for c in self.cells)
 
     @cached_property
-    def _array_request(self) -> dict[str, int]:
+    def _array_request(self) -> dict[str, int | str | None]:
+        """The one request of a job-array study's jobs (array_problems checked its cells agree on
+        ARRAY_SHARED): the runnable cells' shared resources, and the largest of the raised ones."""
         runnable = [c.resources() for c in self.cells if c.unsupported is None] or [{}]
-        return {name: max(r.get(name) or 0 for r in runnable) for name in ARRAY_RAISED}
+        return {**{name: runnable[0].get(name) for name in ARRAY_SHARED},
+                **{name: max(r.get(name) or 0 for r in runnable) for name in ARRAY_RAISED}}
 
     def job_resources(self, cell: Cell) -> dict[str, int | str | None]:
         """What the cell's job asks the scheduler for: its resources, and in a study submitted as job
-        arrays (one sbatch request for all its cells, which Snakemake's SLURM plugin takes from the
-        first), the largest memory and time any of its cells asks for."""
+        arrays (one sbatch request for all its cells, which Snakemake's SLURM plugin takes from
+        whichever job comes first) the array's request, an unsupported cell's minimal job included."""
         resources = cell.resources()
-        if self.slurm_array and cell.unsupported is None:
+        if self.slurm_array:
             resources.update(self._array_request)
         return resources
 
@@ -187,8 +191,8 @@ class Study:
 
 
 # A job array is one sbatch request: the resources its cells must share, and those raised to the
-# largest any of them asks for (asking a cell more memory or time than it needs costs the queue, not the
-# result)
+# largest any of them asks for (more memory or time than a cell needs costs the queue, not the result:
+# the run keeps its own time limit, cell_runtime)
 ARRAY_SHARED = ("gpu", "gres", "nodes", "tasks", "tasks_per_gpu", "mpi", "cpus_per_task", "slurm_partition",
                 "slurm_account", "constraint", "gpu_model")
 ARRAY_RAISED = ("mem_mb", "runtime")
@@ -196,8 +200,8 @@ ARRAY_RAISED = ("mem_mb", "runtime")
 
 def array_problems(name: str, cells: list[Cell]) -> list[str]:
     """What keeps a study's cells from one job array: execution.slurm_array set for some cells only,
-    or cells that ask for different GPUs, nodes, CPUs or placement (unsupported cells run no training
-    and ask for a minimal job of their own)."""
+    or cells that ask for different GPUs, nodes, CPUs or placement (unsupported cells, which run no
+    training, take the others' request: Study.job_resources)."""
     flags = {bool(c.execution.get("slurm_array")) for c in cells}
     if flags == {False}:
         return []
