@@ -181,7 +181,7 @@ def test_every_published_study_declares_findings_and_its_table_shows_them_as_its
         assert config.study(name).findings, name
         md = (REPO / "results" / "tables" / f"{name}.md").read_text()
         csv = pandas.read_csv(REPO / "results" / "tables" / f"{name}.findings.csv")
-        section = md.split("## Findings", 1)[1]
+        section = md.split("## Findings", 1)[1].split("\n## ", 1)[0]  # up to the next section (References)
         rows = [line.strip("|").split(" | ") for line in section.splitlines() if line.startswith("| ") and
                 not line.startswith("| #") and not line.startswith("| ---")]
         assert len(rows) == len(config.study(name).findings) == csv.finding.nunique()
