@@ -137,10 +137,10 @@ class Study:
         # A study's cells are fixed once it is made.
         self._cells_by_id = {c.cell_id: c for c in self.cells}
 
-    @property
+    @cached_property
     def slurm_array(self) -> bool:
         """Whether its cells go to SLURM as job arrays (execution.slurm_array; array_problems checks
-        that its cells agree)."""
+        that its cells agree). Asked for every job's every resource: read once, not once per cell."""
         return any(c.execution.get("slurm_array") for c in self.cells)
 
     @cached_property
