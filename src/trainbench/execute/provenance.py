@@ -119,9 +119,6 @@ def gpu_facts(devices: list[str] | None) -> dict[str, Any]:
         facts.update(_power_and_clocks(pynvml, nvml_handle(pynvml, devices[0])))
     finally:
         pynvml.nvmlShutdown()
-    topology = gpu_topology()
-    if topology:
-        facts["gpu_topology"] = topology
     return facts
 
 
@@ -186,7 +183,9 @@ def _slurm_restarts(job: str, env) -> int | None:
 
 def host_facts() -> dict[str, Any]:
     """What a run's provenance says of the host and the environment, the same for every run here:
-    the host, its CPUs and memory, every package's version, the git commit."""
+    the host, its CPUs and memory, how its GPUs connect (where it has any), every package's version,
+    the git commit."""
+    topology = gpu_topology()  # a process of nvidia-smi: read here, beside the ranks' start-up
     return {
         "hostname": socket.gethostname(),
         "cpu": platform.processor() or platform.machine(),
@@ -195,6 +194,7 @@ def host_facts() -> dict[str, Any]:
         "versions": package_versions(),
         "packages": installed_packages(),
         "git_commit": git_commit(),
+        **({"gpu_topology": topology} if topology else {}),
     }
 
 
