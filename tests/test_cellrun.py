@@ -75,6 +75,14 @@ def _in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
+def test_a_result_is_kept_when_its_history_cannot_be_written(tmp_path, capsys):
+    (tmp_path / "results/history").mkdir(parents=True)
+    (tmp_path / "results/history/t").write_text("")  # a file where the study's history folder goes
+    doc = run(make_cell(strategy="single", timed_steps=2), tmp_path)
+    assert doc["status"] == "ok"
+    assert "could not add the result to its history" in capsys.readouterr().out
+
+
 def test_single_rank_cell_measures_and_records_everything(tmp_path):
     cell = make_cell(strategy="single", timed_steps=4)
     doc = run(cell, tmp_path)

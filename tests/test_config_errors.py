@@ -141,6 +141,8 @@ CASES: dict[str, tuple[Callable[[dict], Any], str]] = {
     "no cells": (study(axes={}), "studies.t: no cells; give it axes, variants or include entries"),
     "a value that cannot name a cell": (study(axes={"dataset_path": ["a/b", "c"]}),
                                         "value 'a/b' of dataset_path cannot name a cell"),
+    "a cell id too long to name a folder": (study(axes={"dataset_path": ["d" * 250, "c"]}),
+                                            "more than a folder's name may be (255)"),
     # execution and timing
     "unknown execution key": (study(execution={"runtime": 5}),
                               "unknown key 'runtime' (did you mean 'runtime_min'?)"),

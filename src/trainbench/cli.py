@@ -365,8 +365,9 @@ def cmd_history(args) -> int:
     if not files:
         raise UsageError(f"no history for study {args.study!r} under {root / HISTORY}")
     for path in files:
-        print(path.stem)
-        for run in runs(path):
+        kept = runs(path)
+        print(kept[0]["cell_id"] if kept else path.stem)  # a long id's file name is cut short
+        for run in kept:
             prov, metrics = run["provenance"], run["metrics"]
             step = metrics.get("step_time_s")
             print(f"  {prov.get('started') or '-':<26} {(prov.get('git_commit') or '-')[:12]:<13} "

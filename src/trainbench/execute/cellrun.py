@@ -232,7 +232,11 @@ class CellRun:
         with self.finishing:
             self._keep_profile()
             write_json_atomic(self.output, doc)
-            history.append(doc, self.output)  # kept when a rerun replaces it (history.py)
+            try:
+                history.append(doc, self.output)  # kept when a rerun replaces it (history.py)
+            except OSError as error:  # the result stands without its history line: say so, lose nothing
+                self._say(f"could not add the result to its history ({error}); "
+                          "`trainbench history --seed` adds it later")
             shutil.rmtree(self.work_dir, ignore_errors=True)
         return doc
 

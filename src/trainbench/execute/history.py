@@ -10,10 +10,13 @@ against its last earlier run on the same GPU model with the same parameters, wit
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any, Iterable
+
+from trainbench.paths import NAME_MAX
 
 HISTORY = "history"  # beside runs/ under results/
 # a run's key: what ran it, where and when
@@ -42,7 +45,18 @@ def history_file(result: Path) -> Path | None:
     cell, study, runs = result.parent, result.parent.parent, result.parent.parent.parent
     if runs.name != "runs":
         return None
-    return runs.parent / HISTORY / study.name / f"{cell.name}.jsonl"
+    return runs.parent / HISTORY / study.name / file_name(cell.name)
+
+
+def file_name(cell_id: str) -> str:
+    """`<cell>.jsonl`, or, where that would be longer than a file name may be, the id cut short and
+    told apart by a digest of the whole id (each record names its cell in full)."""
+    name = f"{cell_id}.jsonl"
+    if len(name.encode()) <= NAME_MAX:
+        return name
+    digest = hashlib.sha256(cell_id.encode()).hexdigest()[:16]
+    keep = NAME_MAX - len(".jsonl") - len(digest) - 1
+    return f"{cell_id.encode()[:keep].decode(errors='ignore')}~{digest}.jsonl"
 
 
 def append(doc: dict[str, Any], result: Path) -> None:
