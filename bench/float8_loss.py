@@ -6,7 +6,7 @@ For every float8 cell under the folder (metrics.json with a `loss_curve`: the lo
 warm-up included) whose twin (the same parameters, float8 off) is there too: the steps both ran,
 each one's first and last loss, the largest relative gap between the curves over those steps, and
 the mean gap over their last quarter (where a recipe that trains worse shows it: the curves drift
-apart rather than jump). Both cells start from the same weights and see the same batches (the seed
+apart rather than jump), and the first step at which they are more than 1% apart. Both cells start from the same weights and see the same batches (the seed
 is a parameter), so the gap is float8's alone.
 """
 
@@ -21,6 +21,9 @@ from pathlib import Path
 
 from trainbench.execute.results import read_result
 from trainbench.reporting.compare import shorten
+
+
+APART = 0.01  # curves more than 1% apart at a step: where a table's eye would see two lines
 
 
 def twin_key(params: dict) -> str:
@@ -46,6 +49,8 @@ def compare(docs: list[dict]) -> list[dict]:
         gaps = [abs(a - b) / abs(b) for a, b in zip(curve[:diverged], base[:diverged])]
         tail = gaps[len(gaps) - max(1, len(gaps) // 4):]
         rows.append({"cell": doc["cell_id"], "twin": twin["cell_id"], "recipe": recipe, "steps": steps,
+                     "model": doc["params"].get("model"), "compile": bool(doc["params"].get("compile")),
+                     "apart_from": next((i for i, gap in enumerate(gaps) if gap > APART), None),
                      "bf16_first": base[0], "bf16_last": base[steps - 1],
                      "float8_first": curve[0], "float8_last": curve[steps - 1],
                      "diverged_at": diverged,
@@ -64,13 +69,15 @@ def main(argv=None) -> int:
     if not rows:
         print(f"no float8 cell with a bf16 twin and both loss curves under {args.folder}", file=sys.stderr)
         return 1
-    print(f"{'cell':<60} {'steps':>5} {'bf16 first/last':>17} {'float8 first/last':>19} {'max gap':>8} "
-          f"{'last 1/4':>8}")
+    print(f"{'model':<12} {'compiled':<8} {'recipe':<10} {'steps':>5} {'bf16 first/last':>17} "
+          f"{'float8 first/last':>19} {'1% apart at':>11} {'max gap':>8} {'last 1/4':>8}")
     for r in rows:
-        gaps = (f"{r['max_gap']:>7.2%} {r['last_quarter_gap']:>7.2%}" if r["max_gap"] is not None else
+        gaps = (f"{r['max_gap']:>8.2%} {r['last_quarter_gap']:>8.2%}" if r["max_gap"] is not None else
                 f"{'-':>8} {'-':>8}")
-        print(f"{shorten(r['cell'], 60):<60} {r['steps']:>5} {r['bf16_first']:>8.4f}/{r['bf16_last']:<8.4f} "
-              f"{r['float8_first']:>9.4f}/{r['float8_last']:<9.4f} {gaps}"
+        apart = "-" if r["apart_from"] is None else f"step {r['apart_from']}"
+        print(f"{shorten(r['model'], 12):<12} {'yes' if r['compile'] else 'no':<8} {r['recipe']:<10} "
+              f"{r['steps']:>5} {r['bf16_first']:>8.4f}/{r['bf16_last']:<8.4f} "
+              f"{r['float8_first']:>9.4f}/{r['float8_last']:<9.4f} {apart:>11} {gaps}"
               + (f"  not finite from step {r['diverged_at']}" if r["diverged_at"] is not None else ""))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
