@@ -77,9 +77,10 @@ def test_a_cell_whose_id_nearly_fills_a_file_name_keeps_its_history(tmp_path, ca
     # the profiles study's llama FSDP offload cell: a 251-character id, whose `.jsonl` would not fit
     # a file name; its first H200 run was lost to that (tools/gpu-runs/profiles-2.log)
     ids = ["x" * 240 + "~a" * 5, "x" * 240 + "~b" * 5]
+    published = read_result(next((REPO / "results/runs/holdout_mix").glob("*/metrics.json")))
     for cell_id in ids:
         result = tmp_path / "results/runs/s" / cell_id / "metrics.json"
-        doc = json.loads(json.dumps(read_result(next((REPO / "results/runs/holdout_mix").glob("*/metrics.json")))))
+        doc = json.loads(json.dumps(published))
         doc.update(study="s", cell_id=cell_id)
         history.append(doc, result)
         assert history.runs(history.history_file(result))[0]["cell_id"] == cell_id

@@ -205,3 +205,20 @@ def test_deepspeeds_optimizer_and_torchs_have_their_own_efficiency():
         torch_cell.torch_optimizer_hbm_s / 0.5)
     assert time_model.parts(deepspeed_cell, constants)["optimizer"] == pytest.approx(
         deepspeed_cell.optimizer_hbm_s / 0.1)
+
+
+def test_time_the_gpu_waits_on_the_hosts_launches_is_the_frameworks_part_not_compute():
+    """A ZeRO-3 step of many small layers is host-bound (its fetch calls): the model's compute part
+    is the device's own work, and what the host adds beyond it goes with the loop's fixed costs, as a
+    profile counts it (idle: GPU waiting). The step itself does not depend on the split."""
+    constants = time_model.Constants(call_s=0.01, layer_pass_s=0.002, step_s={"ZeRO-3": 0.05})
+    host_bound = time_model.work(cell(strategy="zero3", gpus=1, precision="bf16", micro_batch=1), H200)
+    parts = time_model.parts(host_bound, constants)
+    device = (host_bound.matmul_s / constants.eta_matmul
+              + constants.elementwise_passes * host_bound.elementwise_s + host_bound.cast_s)
+    host = constants.layer_pass_s * host_bound.layer_passes + constants.call_s * host_bound.calls
+    assert host > 2 * device
+    assert parts["compute"] == pytest.approx(host_bound.pipeline_factor * device)
+    busy = (host ** time_model.SHARPNESS + device ** time_model.SHARPNESS) ** (1 / time_model.SHARPNESS)
+    assert parts["framework"] == pytest.approx(0.05 + host_bound.pipeline_factor * (busy - device))
+    assert time_model.step_time(host_bound, constants) == pytest.approx(sum(parts.values()))

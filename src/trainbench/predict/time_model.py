@@ -381,8 +381,11 @@ def parts(w, c: Constants) -> dict[str, Any]:
                  + g("cpu_torch_params") / c.cpu_torch_per_thread
                  + g("cpu_unscale_params") / c.cpu_unscale_per_thread
                  + g("cpu_host_params") / c.cpu_host_rate)
-    return {"compute": g("pipeline_factor") * busy, "communication": micro - g("pipeline_factor") * busy
-            + exposed + g("sync_link_s") / c.eta_link, "optimizer": optimizer, "framework": step}
+    # compute is the device's own work; the rest of `busy`, where the host's launches are the slower,
+    # is time the GPU waits on the host: a profile's idle, with the loop's fixed costs (`framework`)
+    waiting = g("pipeline_factor") * (busy - device)
+    return {"compute": g("pipeline_factor") * device, "communication": micro - g("pipeline_factor") * busy
+            + exposed + g("sync_link_s") / c.eta_link, "optimizer": optimizer, "framework": step + waiting}
 
 
 def step_time(w, c: Constants):
