@@ -6,7 +6,8 @@ For every float8 cell under the folder (metrics.json with a `loss_curve`: the lo
 warm-up included) whose twin (the same parameters, float8 off) is there too: the steps both ran,
 each one's first and last loss, the largest relative gap between the curves over those steps, and
 the mean gap over their last quarter (where a recipe that trains worse shows it: the curves drift
-apart rather than jump), and the first step at which they are more than 1% apart. Both cells start from the same weights and see the same batches (the seed
+apart rather than jump), and the first step at which they are more than 1% apart. Both cells start
+from the same weights and see the same batches (the seed
 is a parameter), so the gap is float8's alone.
 """
 

@@ -142,9 +142,9 @@ HOW: dict[str, How] = {
                          "job arrays on the CI's cluster"),
     "TRAINBENCH_GIT_COMMIT=$(git rev-parse HEAD) OUT=out LIMIT=540 GPU=h200 bash "
     "tools/gpu-runs/predicted-then-run.sh float8": How("elsewhere", GPU_HOST),
-    "python bench/float8_loss.py results/runs/float8":
-        How("elsewhere", "needs the float8 study's GPU results; tests/test_float8.py runs its comparison on "
-                         "CPU cells"),
+    "python bench/float8_loss.py results/runs/float8": How("run", "reads the float8 study's published cells"),
+    "python bench/mfu_bound.py tools/gpu-runs/minimal-loop-3-124m.json tools/gpu-runs/minimal-loop-2.json":
+        How("run", "arithmetic on committed profiles"),
     "python3 tools/build_wheelhouse.py wheels --python 3.12":
         How("elsewhere", "as the .whl wheelhouse above"),
     "python -m pip install --no-index --find-links wheels -r envs/requirements.txt":
