@@ -4,7 +4,7 @@ A step is what one GPU (the busiest: the last pipeline stage, which holds the LM
 physical quantities computed from the cell and the hardware table alone (`work`), turned into seconds
 by a handful of efficiency constants fitted on the measured cells (`step_time`, `fit`):
 
-    T = t_loop[framework] + t_engine[ZeRO stage]                  fixed costs per step (loop, engine)
+    T = r x t_loop[framework] + t_engine[ZeRO stage]      fixed costs (r: 1, or ga for a loop per micro batch)
       + (ga + pp - 1) / ga x (busy + tp_bytes / (e_link x B_link))          micro batches, the bubble
       + max(0, hidden_bytes / (e_link x B_link) + prefetch_bytes / (e_pcie x B_pcie) - budget x D)
       + sync_bytes / (e_link x B_link)                              gradient and weight synchronisation
@@ -107,6 +107,7 @@ class Work:
     the hardware's figure, counts): nothing here is fitted."""
 
     loop: str  # whose training loop drives the step (a fixed cost per step; "" for one without: TimeFacts)
+    loop_repeats: float  # how often its fixed cost is paid a step: once, or once a micro batch (TimeFacts)
     engine: str  # DeepSpeed's engine, by ZeRO stage ("ZeRO-0", "ZeRO-1/2", "ZeRO-3"; "" without it)
     matmul_s: float  # FLOPs / peak
     elementwise_s: float  # bytes a block moves outside matmuls (one pass) / HBM bandwidth
@@ -339,6 +340,7 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
 
     return Work(
         loop="" if framework.time.loop_step_s is None else framework.name,
+        loop_repeats=ga if framework.time.loop_per_micro_batch else 1,
         engine="" if layout != "zero" else f"ZeRO-{'1/2' if stage in (1, 2) else stage}",
         matmul_s=tokens * per_token / peak, elementwise_s=elementwise / hbm, cast_s=cast,
         layer_passes=ga * layers * passes, calls=calls, micro_link_s=micro_link,
@@ -364,9 +366,10 @@ def parts(w, c: Constants) -> dict[str, Any]:
     """Seconds by part of the step (each an array where `w` holds arrays): compute, communication
     that is not hidden, the optimizer, the framework's fixed cost."""
     if isinstance(w, dict):
-        step = np.array([c.step_s.get(a, 0.0) + c.step_s.get(b, 0.0) for a, b in zip(w["loop"], w["engine"])])
+        step = np.array([c.step_s.get(a, 0.0) * r + c.step_s.get(b, 0.0)
+                         for a, r, b in zip(w["loop"], w["loop_repeats"], w["engine"])])
     else:
-        step = c.step_s.get(w.loop, 0.0) + c.step_s.get(w.engine, 0.0)
+        step = c.step_s.get(w.loop, 0.0) * w.loop_repeats + c.step_s.get(w.engine, 0.0)
     g = (lambda k: w[k]) if isinstance(w, dict) else (lambda k: getattr(w, k))
     device = g("matmul_s") / c.eta_matmul + c.elementwise_passes * g("elementwise_s") + g("cast_s")
     host = c.layer_pass_s * g("layer_passes") + c.call_s * g("calls")
