@@ -142,6 +142,10 @@ HOW: dict[str, How] = {
                          "job arrays on the CI's cluster"),
     "TRAINBENCH_GIT_COMMIT=$(git rev-parse HEAD) OUT=out LIMIT=540 GPU=h200 bash "
     "tools/gpu-runs/predicted-then-run.sh float8": How("elsewhere", GPU_HOST),
+    "TRAINBENCH_GIT_COMMIT=$(git rev-parse HEAD) OUT=out LIMIT=540 GPU=h200 bash "
+    "tools/gpu-runs/predicted-then-run.sh holdout_accum": How("elsewhere", GPU_HOST),
+    "python bench/predicted_then_run.py results/predictions/holdout_accum-h200.csv":
+        How("run", "before the cells ran: every cell is listed as not judged"),
     "python bench/float8_loss.py results/runs/float8": How("run", "reads the float8 study's published cells"),
     "python bench/mfu_bound.py tools/gpu-runs/minimal-loop-3-124m.json tools/gpu-runs/minimal-loop-2.json":
         How("run", "arithmetic on committed profiles"),
