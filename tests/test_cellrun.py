@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import statistics
 import subprocess
@@ -36,6 +37,17 @@ def test_provenance_reads_each_packages_name_and_version_as_importlib_metadata_d
         assert name_and_version(dist) == (dist.metadata["Name"], dist.version), dist
     assert installed_packages()["torch"] == package_versions()["torch"] == importlib.metadata.version("torch")
 
+
+
+def test_the_gpu_topology_is_kept_as_text_without_terminal_styling(tmp_path, monkeypatch):
+    # nvidia-smi underlines `topo -m`'s header with escapes even into a pipe (the H200 hosts' 580 driver)
+    from trainbench.execute.provenance import gpu_topology
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\nprintf '\\033[4mGPU0\\tCPU Affinity\\033[0m\\nGPU0\\t X \\t0-15\\n'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert gpu_topology() == "GPU0\tCPU Affinity\nGPU0\t X \t0-15"
 
 
 def test_host_memory_is_what_psutil_says_without_importing_it():

@@ -140,6 +140,10 @@ def _power_and_clocks(pynvml, handle) -> dict[str, Any]:
     return facts
 
 
+# nvidia-smi underlines the matrix's header with terminal escapes even into a pipe
+TERMINAL_STYLE = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def gpu_topology() -> str | None:
     """How the node's GPUs connect (NVLink, PCIe switch, CPU socket): `nvidia-smi topo -m` as printed."""
     try:
@@ -148,7 +152,7 @@ def gpu_topology() -> str | None:
         return None
     if out.returncode != 0:
         return None
-    return out.stdout.strip() or None
+    return TERMINAL_STYLE.sub("", out.stdout).strip() or None
 
 
 def slurm_facts() -> dict[str, Any]:
