@@ -363,8 +363,9 @@ def stack(works: list[Work]) -> dict[str, np.ndarray]:
 
 
 def parts(w, c: Constants) -> dict[str, Any]:
-    """Seconds by part of the step (each an array where `w` holds arrays): compute, communication
-    that is not hidden, the optimizer, the framework's fixed cost."""
+    """Seconds by part of the step (each an array where `w` holds arrays): the device's compute,
+    communication that is not hidden, the optimizer, and the framework's part: the loop's and the
+    engine's fixed costs with the time the GPU waits on the host's launches (a profile's idle)."""
     if isinstance(w, dict):
         step = np.array([c.step_s.get(a, 0.0) * r + c.step_s.get(b, 0.0)
                          for a, r, b in zip(w["loop"], w["loop_repeats"], w["engine"])])
