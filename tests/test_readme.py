@@ -146,7 +146,7 @@ HOW: dict[str, How] = {
     "tools/gpu-runs/predicted-then-run.sh holdout_accum": How("elsewhere", GPU_HOST),
     "snakemake --profile profiles/slurm -n results/runs/float8/"
     "strategy~fsdp__model~gpt-5.8b__gpus~8__micro_batch~4__float8~tensorwise__compile~true/metrics.json":
-        How("run", "a dry run of the SLURM profile: no cluster needed"),
+        How("dry-run", "a dry run of the SLURM profile already: no cluster needed"),
     "python bench/predicted_then_run.py results/predictions/holdout_accum-h200.csv":
         How("run", "before the cells ran: every cell is listed as not judged"),
     "python bench/float8_loss.py results/runs/float8": How("run", "reads the float8 study's published cells"),
