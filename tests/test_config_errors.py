@@ -143,6 +143,8 @@ CASES: dict[str, tuple[Callable[[dict], Any], str]] = {
                                         "value 'a/b' of dataset_path cannot name a cell"),
     "a cell id too long to name a folder": (study(axes={"dataset_path": ["d" * 250, "c"]}),
                                             "more than a folder's name may be (255)"),
+    "a cell id too long for SLURM's log folder": (study(axes={"dataset_path": ["d" * 241, "c"]}),
+                                                  "with the study's name more than a folder's name may be"),
     # execution and timing
     "unknown execution key": (study(execution={"runtime": 5}),
                               "unknown key 'runtime' (did you mean 'runtime_min'?)"),

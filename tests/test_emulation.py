@@ -390,7 +390,7 @@ def test_fit_runs_one_rank_of_a_configured_cell_and_says_whether_it_fits(workflo
 def test_the_published_emulated_cells_say_what_they_are():
     docs = [read_result(p) for p in REPO.glob("results/runs/*/*emulate~true*/metrics.json")]
     ran = [d for d in docs if d["status"] in ("ok", "oom")]
-    assert len(docs) >= 40 and {d["study"] for d in docs} == {"llama", "megatron", "zero3_pipeline", "profiles"}
+    assert len(docs) >= 40 and {"llama", "megatron", "zero3_pipeline"} <= {d["study"] for d in docs}
     for doc in ran:
         section = doc["emulation"]
         assert section["world_size"] == doc["params"]["gpus"] and section["ranks_per_node"] == doc["params"][

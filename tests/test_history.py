@@ -75,7 +75,7 @@ def test_every_published_result_is_in_its_history():
 
 def test_a_cell_whose_id_nearly_fills_a_file_name_keeps_its_history(tmp_path, capsys):
     # the profiles study's llama FSDP offload cell: a 251-character id, whose `.jsonl` would not fit
-    # a file name; its first H200 run was lost to that (tools/gpu-runs/profiles-2.log)
+    # a file name; its first H200 run was lost to that (tools/gpu-runs/profiles-2-llama-offload.log)
     ids = ["x" * 240 + "~a" * 5, "x" * 240 + "~b" * 5]
     published = read_result(next((REPO / "results/runs/holdout_mix").glob("*/metrics.json")))
     for cell_id in ids:

@@ -8,7 +8,8 @@ that its results sit under the cell's search folder.
 
 from __future__ import annotations
 
-# bytes in one file or folder name (ext4, xfs, tmpfs): a cell's id names its folder, so it is held to this
+# bytes in one file or folder name (ext4, xfs, tmpfs): a cell's id names its folder (and, with its study's
+# name, the SLURM plugin's log folder), so it is held to this
 NAME_MAX = 255
 RUNS = "results/runs/{study}"  # a study's cells, one folder each
 RUN = RUNS + "/{cell}/metrics.json"

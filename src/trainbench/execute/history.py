@@ -1,11 +1,12 @@
 """Every run of a cell, kept: a result replaced by a rerun is not lost, it is history.
 
 Each time a cell's result is written (cellrun), one line is appended to
-`results/history/<study>/<cell>.jsonl`: the run's key (commit, host, GPU model, when) and the figures
-a comparison reads (step time and samples/s with their intervals, peak memory), with the cell's
-status and parameter hash. `trainbench compare RUNS --history` sets each cell of a results tree
-against its last earlier run on the same GPU model with the same parameters, with the significance
-`compare` has; `trainbench history STUDY` lists a study's runs.
+`results/history/<study>/<cell>.jsonl` (a long id cut short, with a digest): the run's key (commit,
+host, GPU model, when) and the figures a comparison reads (step time and samples/s with their
+intervals, peak memory), with the cell's status and parameter hash. `trainbench compare RUNS
+--history` sets each cell of a results tree against its last earlier run on the same GPU model with
+the same parameters, with the significance `compare` has; `trainbench history STUDY` lists a study's
+runs.
 """
 
 from __future__ import annotations

@@ -414,10 +414,12 @@ def expand_study(name: str, spec: dict[str, Any]) -> Study:
                 problems.append(f"studies.{name}: value {params.get(key)!r} of {key} cannot name a cell; "
                                 "use letters, digits, '.', '_', '+' and '-'")
         cell_id = make_cell_id(params, id_keys) if id_keys else "default"
-        if len(cell_id.encode()) > paths.NAME_MAX:  # its folder could not be made
-            problems.append(f"studies.{name}: cell {cell_id!r} is {len(cell_id.encode())} characters long, "
-                            f"more than a folder's name may be ({paths.NAME_MAX}); vary fewer keys between "
-                            "its entries (keys every entry shares belong in settings)")
+        # its folder, and the SLURM plugin's log folder `<study>_<cell>`, could not be made
+        if len(f"{name}_{cell_id}".encode()) > paths.NAME_MAX:
+            problems.append(f"studies.{name}: cell {cell_id!r} is {len(cell_id.encode())} characters long: "
+                            f"with the study's name more than a folder's name may be ({paths.NAME_MAX}); "
+                            "vary fewer keys between its entries (keys every entry shares belong in "
+                            "settings; a key at its default value need not be given)")
             continue
         if cell_id in seen_ids:
             problems.append(f"studies.{name}: two entries make the same cell {cell_id!r}; "
