@@ -126,3 +126,19 @@ def test_both_models_see_what_float8_changes():
     # on a GPU without FP8 tensor cores the model says nothing new: the cell would not run
     assert time_model.predict(cell(float8="rowwise"), GPUS["a100-80g"]).step_time_s == pytest.approx(
         time_model.predict(cell(), GPUS["a100-80g"]).step_time_s)
+
+
+def test_a_compiled_float8_block_keeps_fewer_activation_bytes_for_backward_than_bf16():
+    # bench/saved_tensors.py reads inductor's partition on CPU: float8 keeps one float8 input per
+    # block and recomputes the bf16 norms' and GELU outputs bf16 keeps (docs/float8.md)
+    import torch
+
+    sys.path.insert(0, str(REPO / "bench"))
+    from saved_tensors import saved_for_backward, split
+
+    kept = {}
+    for recipe in ("bf16", "tensorwise"):
+        activations, _ = split(saved_for_backward(recipe, 64, 1, tokens=32, batch=2), 2, 32)
+        kept[recipe] = (sum(a[3] for a in activations), {a[1] for a in activations})
+    assert kept["tensorwise"][0] < kept["bf16"][0]
+    assert torch.float8_e4m3fn in kept["tensorwise"][1] and torch.float8_e4m3fn not in kept["bf16"][1]

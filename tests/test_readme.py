@@ -149,7 +149,10 @@ HOW: dict[str, How] = {
         How("dry-run", "a dry run of the SLURM profile already: no cluster needed"),
     "python bench/predicted_then_run.py results/predictions/holdout_accum-h200.csv":
         How("run", "before the cells ran: every cell is listed as not judged"),
-    "python bench/float8_loss.py results/runs/float8": How("run", "reads the float8 study's published cells"),
+    "python bench/float8_loss.py results/runs/float8":
+        How("run", "reads the float8 study's published cells"),
+    "python bench/saved_tensors.py":
+        How("elsewhere", "compiles three models (a minute); tests/test_float8.py compares a small one's"),
     "python bench/mfu_bound.py tools/gpu-runs/minimal-loop-3-124m.json tools/gpu-runs/minimal-loop-2.json":
         How("run", "arithmetic on committed profiles"),
     "python3 tools/build_wheelhouse.py wheels --python 3.12":
