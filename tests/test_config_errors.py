@@ -28,6 +28,15 @@ def study(**changes) -> Callable[[dict], Any]:
     return edit
 
 
+def long_named_study(**changes) -> Callable[[dict], Any]:
+    """The study renamed with 20 characters, and changed."""
+    def edit(config):
+        name = "t" * 20
+        config["studies"][name] = {**config["studies"].pop("t"), **changes}
+        config["default_studies"] = {"without_gpus": [name], "with_gpus": [name]}
+    return edit
+
+
 def settings(**changes) -> Callable[[dict], Any]:
     def edit(config):
         config["studies"]["t"]["settings"].update(changes)
@@ -142,9 +151,14 @@ CASES: dict[str, tuple[Callable[[dict], Any], str]] = {
     "a value that cannot name a cell": (study(axes={"dataset_path": ["a/b", "c"]}),
                                         "value 'a/b' of dataset_path cannot name a cell"),
     "a cell id too long to name a folder": (study(axes={"dataset_path": ["d" * 250, "c"]}),
-                                            "more than a folder's name may be (255)"),
-    "a cell id too long for SLURM's log folder": (study(axes={"dataset_path": ["d" * 241, "c"]}),
-                                                  "with the study's name more than a folder's name may be"),
+                                            "more than a file's name may be (255)"),
+    # 250 characters: its folder fits, its history file (the profiles study's LLaMA offload rank's was
+    # 257 bytes, and its first H200 result was lost to it: tools/gpu-runs/profiles-2-llama-offload.log)
+    "a cell id too long for its history file": (study(axes={"dataset_path": ["d" * 237, "c"]}),
+                                                "as 'dddddd.jsonl' more than a file's name may be"),
+    # 240 characters in a study named with 20: SLURM's log folder `<study>_<cell>` would not fit
+    "a cell id too long for SLURM's log folder": (long_named_study(axes={"dataset_path": ["d" * 227, "c"]}),
+                                                  "as 'dddddddddddd' more than a file's name may be"),
     # execution and timing
     "unknown execution key": (study(execution={"runtime": 5}),
                               "unknown key 'runtime' (did you mean 'runtime_min'?)"),

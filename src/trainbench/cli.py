@@ -365,9 +365,8 @@ def cmd_history(args) -> int:
     if not files:
         raise UsageError(f"no history for study {args.study!r} under {root / HISTORY}")
     for path in files:
-        kept = runs(path)
-        print(kept[0]["cell_id"] if kept else path.stem)  # a long id's file name is cut short
-        for run in kept:
+        print(path.stem)
+        for run in runs(path):
             prov, metrics = run["provenance"], run["metrics"]
             step = metrics.get("step_time_s")
             print(f"  {prov.get('started') or '-':<26} {(prov.get('git_commit') or '-')[:12]:<13} "

@@ -8,9 +8,10 @@ that its results sit under the cell's search folder.
 
 from __future__ import annotations
 
-# bytes in one file or folder name (ext4, xfs, tmpfs): a cell's id names its folder (and, with its study's
-# name, the SLURM plugin's log folder), so it is held to this
+# bytes in one file or folder name (ext4, xfs, tmpfs): a cell's id names its folder, its history file
+# (HISTORY_SUFFIX) and, with its study's name, the SLURM plugin's log folder, so all are held to this
 NAME_MAX = 255
+HISTORY_SUFFIX = ".jsonl"
 RUNS = "results/runs/{study}"  # a study's cells, one folder each
 RUN = RUNS + "/{cell}/metrics.json"
 RUN_LOG = "results/runs/{study}/{cell}/log"

@@ -1,23 +1,22 @@
 """Every run of a cell, kept: a result replaced by a rerun is not lost, it is history.
 
 Each time a cell's result is written (cellrun), one line is appended to
-`results/history/<study>/<cell>.jsonl` (a long id cut short, with a digest): the run's key (commit,
-host, GPU model, when) and the figures a comparison reads (step time and samples/s with their
-intervals, peak memory), with the cell's status and parameter hash. `trainbench compare RUNS
---history` sets each cell of a results tree against its last earlier run on the same GPU model with
-the same parameters, with the significance `compare` has; `trainbench history STUDY` lists a study's
-runs.
+`results/history/<study>/<cell>.jsonl` (config.yaml holds cell ids to lengths where that fits a file
+name): the run's key (commit, host, GPU model, when) and the figures a comparison reads (step time and
+samples/s with their intervals, peak memory), with the cell's status and parameter hash. `trainbench
+compare RUNS --history` sets each cell of a results tree against its last earlier run on the same GPU
+model with the same parameters, with the significance `compare` has; `trainbench history STUDY` lists
+a study's runs.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from trainbench.paths import NAME_MAX
+from trainbench.paths import HISTORY_SUFFIX
 
 HISTORY = "history"  # beside runs/ under results/
 # a run's key: what ran it, where and when
@@ -46,18 +45,7 @@ def history_file(result: Path) -> Path | None:
     cell, study, runs = result.parent, result.parent.parent, result.parent.parent.parent
     if runs.name != "runs":
         return None
-    return runs.parent / HISTORY / study.name / file_name(cell.name)
-
-
-def file_name(cell_id: str) -> str:
-    """`<cell>.jsonl`, or, where that would be longer than a file name may be, the id cut short and
-    told apart by a digest of the whole id (each record names its cell in full)."""
-    name = f"{cell_id}.jsonl"
-    if len(name.encode()) <= NAME_MAX:
-        return name
-    digest = hashlib.sha256(cell_id.encode()).hexdigest()[:16]
-    keep = NAME_MAX - len(".jsonl") - len(digest) - 1
-    return f"{cell_id.encode()[:keep].decode(errors='ignore')}~{digest}.jsonl"
+    return runs.parent / HISTORY / study.name / f"{cell.name}{HISTORY_SUFFIX}"
 
 
 def append(doc: dict[str, Any], result: Path) -> None:

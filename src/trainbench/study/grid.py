@@ -414,10 +414,12 @@ def expand_study(name: str, spec: dict[str, Any]) -> Study:
                 problems.append(f"studies.{name}: value {params.get(key)!r} of {key} cannot name a cell; "
                                 "use letters, digits, '.', '_', '+' and '-'")
         cell_id = make_cell_id(params, id_keys) if id_keys else "default"
-        # its folder, and the SLURM plugin's log folder `<study>_<cell>`, could not be made
-        if len(f"{name}_{cell_id}".encode()) > paths.NAME_MAX:
+        # every name made of it must fit a file name: its folder, its history `<cell>.jsonl` and the
+        # SLURM plugin's log folder `<study>_<cell>`
+        longest = max(f"{name}_{cell_id}", f"{cell_id}{paths.HISTORY_SUFFIX}", key=len)
+        if len(longest.encode()) > paths.NAME_MAX:
             problems.append(f"studies.{name}: cell {cell_id!r} is {len(cell_id.encode())} characters long: "
-                            f"with the study's name more than a folder's name may be ({paths.NAME_MAX}); "
+                            f"as {longest[-12:]!r} more than a file's name may be ({paths.NAME_MAX}); "
                             "vary fewer keys between its entries (keys every entry shares belong in "
                             "settings; a key at its default value need not be given)")
             continue
