@@ -60,13 +60,12 @@ def measured_cells(folders: list[Path]) -> list[dict]:
             continue
         if doc.get("emulation"):  # one rank of a world alone: its step holds no communication
             continue
-        if doc["params"].get("float8") and not doc["params"].get("compile"):
-            # eager float8: torchao's scaling and casts as separate kernels, 2.4 times bf16's step
-            # (docs/float8.md), where the model assumes them compiled: a cell it does not describe
-            print(f"left out {doc['study']}/{doc['cell_id']}: float8 without torch.compile", file=sys.stderr)
+        params = CellParams.from_dict(doc["params"])
+        if (why := time_model.outside(params)) is not None:  # a step the model does not describe
+            print(f"left out {doc['study']}/{doc['cell_id']}: {why}", file=sys.stderr)
             continue
         try:
-            work = time_model.work(CellParams.from_dict(doc["params"]), gpu, time_model.threads_of_run(doc))
+            work = time_model.work(params, gpu, time_model.threads_of_run(doc))
         except (KeyError, ValueError) as error:
             print(f"skipped {doc['study']}/{doc['cell_id']}: {error}", file=sys.stderr)
             continue

@@ -141,6 +141,16 @@ def test_the_time_model_fit_leaves_out_float8_cells_it_does_not_describe():
     assert run.returncode == 0, run.stderr
     eager = "float8/model~gpt-2.5b__micro_batch~8__float8~tensorwise"
     assert f"left out {eager}: float8 without torch.compile" in run.stderr
+    # and its prediction says so wherever it is shown
+    from trainbench.execute.results import read_result
+    from trainbench.predict import time_model
+    from trainbench.registry.hardware import GPUS
+    from trainbench.study.params import CellParams
+
+    eager_cell = CellParams.from_dict(read_result(REPO / "results/runs" / eager / "metrics.json")["params"])
+    assert "float8 without torch.compile" in time_model.predict(eager_cell, GPUS["h200"]).note
+    compiled_cell = eager_cell.replace(compile=True)
+    assert time_model.predict(compiled_cell, GPUS["h200"]).note is None
     assert "h200: 6 cells, leave-one-out" in run.stdout  # 7 published, the eager float8 one left out
 
 
