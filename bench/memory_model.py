@@ -13,6 +13,10 @@ Where the GPU figure is wrong, the last lines say which half is: the tensors (th
 allocation against torch's peak allocated) or the caching allocator's reserve over them (torch's
 peak reserved over its peak allocated, against the ALLOCATOR_SLACK the model assumes), by engine.
 
+With --snapshots, instead: every cell whose run kept an allocator snapshot (metrics.memory_snapshot,
+docs/profiles.md "Memory snapshots") has the snapshot's peak by category set beside the model's parts
+summed into the same categories, and torch's reserve over that peak beside the model's slack.
+
 Emulated cells (one rank of a world of 8 to 128 on one GPU, docs/emulation.md) are the model
 checked at scale: they are listed and summarised apart (goal: median GPU error <= 10%, verdicts >=
 95%), and take no part in the figures above them nor in refitting the constants (their GPU figure
@@ -246,7 +250,11 @@ def main(argv=None) -> int:
     parser.add_argument("folders", nargs="*", type=Path,
                         default=[Path("results/runs"), Path("results/search")])
     parser.add_argument("--csv", type=Path, help="also write the per-cell comparison here")
+    parser.add_argument("--snapshots", action="store_true",
+                        help="the cells' allocator snapshots beside the model's parts, by category")
     args = parser.parse_args(argv)
+    if args.snapshots:
+        return print_snapshots(sorted(p for folder in args.folders for p in folder.glob("**/metrics.json")))
     rows = []
     for path in sorted(p for folder in args.folders for p in folder.glob("**/metrics.json")):
         doc = read_result(path)  # checked, in the current shape (optional parameters filled in)
@@ -306,6 +314,49 @@ def main(argv=None) -> int:
             writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
             writer.writeheader()
             writer.writerows(rows + emulated)
+    return 0
+
+
+# The model's parts as a snapshot sorts the allocator's blocks (trainbench.execute.profiling): by the
+# runner's parameters, gradients and optimizer states; all else is activations and other.
+SNAPSHOT_CATEGORY = {"weights": "parameters", "weights_at_init": "parameters",
+                     "gradients": "gradients", "gradients_beyond_activations": "gradients",
+                     "unsharded_gradients": "gradients", "optimizer": "optimizer_states"}
+
+
+def print_snapshots(paths: list[Path]) -> int:
+    """Each kept snapshot's peak by category (MiB) against the memory model's parts in the same categories."""
+    found = 0
+    for path in paths:
+        doc = read_result(path)
+        snapshot = doc["metrics"].get("memory_snapshot") if doc["status"] in ("ok", "oom") else None
+        if not snapshot:
+            continue
+        found += 1
+        params = CellParams.from_dict(doc["params"])
+        parts = predict(params, hardware_of_run(doc)).parts_mib
+        model: dict[str, float] = {}
+        for part, mib in parts.items():
+            if part not in ("allocator_slack", "cuda_context"):
+                category = SNAPSHOT_CATEGORY.get(part, "activations_and_other")
+                model[category] = model.get(category, 0.0) + mib
+        measured = snapshot["peak_by_category_mib"]
+        print(f"{doc['study']}/{doc['cell_id']} ({doc['status']}, rank {snapshot['rank']}; {path})")
+        print(f"  {'category':<24} {'snapshot MiB':>13} {'model MiB':>10} {'model - snapshot':>17}")
+        for category in ("parameters", "gradients", "optimizer_states", "activations_and_other"):
+            got, want = measured.get(category, 0.0), model.get(category, 0.0)
+            print(f"  {category:<24} {got:>13.0f} {want:>10.0f} {want - got:>+17.0f}")
+        total = allocated_mib(parts)
+        print(f"  {'peak allocated':<24} {snapshot['peak_allocated_mib']:>13.0f} {total:>10.0f} "
+              f"{total - snapshot['peak_allocated_mib']:>+17.0f}")
+        if snapshot.get("reserved_mib"):
+            print(f"  reserved / peak allocated: {snapshot['reserved_mib'] / snapshot['peak_allocated_mib']:.3f}"
+                  f" measured, {ALLOCATOR_SLACK:.3f} the model's slack")
+        print("  model's parts (MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in parts.items()))
+    if not found:
+        print("no cell with an allocator snapshot (timing's memory_snapshot, `trainbench profile --memory`)",
+              file=sys.stderr)
+        return 1
     return 0
 
 

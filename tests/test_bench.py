@@ -154,6 +154,27 @@ def test_the_time_model_fit_leaves_out_float8_cells_it_does_not_describe():
     assert "h200: 6 cells, leave-one-out" in run.stdout  # 7 published, the eager float8 one left out
 
 
+def test_a_kept_allocator_snapshot_is_set_beside_the_memory_models_parts():
+    """bench/memory_model.py --snapshots on the float8 cell's snapshot from an H200: the model's
+    parameters and optimizer states are what the allocator held; its float8 layers keep no autocast
+    copy of their weights, so what is left (activations and other) is within 3% of the snapshot's."""
+    run = subprocess.run([sys.executable, "bench/memory_model.py", "--snapshots",
+                          "results/bench/float8/memory_snapshot"], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    rows = {line.split()[0]: [float(x) for x in line.split()[1:4]] for line in run.stdout.splitlines()
+            if line.strip().split(" ")[0] in ("parameters", "optimizer_states", "activations_and_other")}
+    for category in ("parameters", "optimizer_states"):
+        snapshot, model, _ = rows[category]
+        assert model == pytest.approx(snapshot, rel=0.01), category
+    snapshot, model, _ = rows["activations_and_other"]
+    assert model == pytest.approx(snapshot, rel=0.03)
+    assert "reserved / peak allocated: 1.016 measured" in run.stdout
+    empty = subprocess.run([sys.executable, "bench/memory_model.py", "--snapshots", "results/runs/holdout"],
+                           cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert empty.returncode == 1 and "no cell with an allocator snapshot" in empty.stderr
+
+
 def test_the_minimal_loop_is_gpt2_of_the_cells_shape_written_apart_from_trainbench():
     # bench/minimal_loop.py: the independent reference of bench/minimal_vs_cell.py (issue 34)
     import ast

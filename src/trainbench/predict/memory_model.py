@@ -156,6 +156,15 @@ def shard_params(params: CellParams, spec: ModelSpec) -> float:
     return psi / params.pp
 
 
+def float8_linear_params(params: CellParams, spec: ModelSpec) -> float:
+    """Weights of the linear layers a float8 cell trains in float8 (torchao): the blocks' of trainbench's
+    GPT (qkv, attention output, the MLP's two), without their biases; 0 for other cells."""
+    if not params.float8 or spec.family != "gpt":
+        return 0.0
+    d, f = spec.d_model, spec.ffn
+    return spec.n_layer * (4 * d * d + 2 * d * f) / params.tp
+
+
 def model_states(params: CellParams, spec: ModelSpec) -> tuple[dict[str, float], dict[str, float]]:
     """Bytes of weights, gradients, optimizer states and buffers: (on the device, on the host) per rank."""
     psi = shard_params(params, spec)
@@ -173,7 +182,12 @@ def model_states(params: CellParams, spec: ModelSpec) -> tuple[dict[str, float],
         if params.gpus > 1:
             device["buffers"] = 4 * psi  # DDP's gradient buckets
         if mixed:
-            device["buffers"] = device.get("buffers", 0) + 2 * psi  # autocast's cached half weights
+            # autocast's cached half weights, but for float8's linear layers: torchao casts their
+            # weights to float8 at each use and keeps no copy (the float8 study's compiled GPT-2.5B
+            # tensorwise cell, allocator snapshot at its peak: parameters, optimizer states and
+            # activations, nothing else; tools/gpu-runs/gpu-session-6.log)
+            cached = psi - float8_linear_params(params, spec)
+            device["buffers"] = device.get("buffers", 0) + 2 * cached
     elif kind == "fsdp":
         block = block_shard_params(params, spec)
         compute = 2 if mixed else 4
