@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One GPU host, in the checkout: published one-GPU studies run again by the pipeline, every cell
+# forced (--forcerun train_cell), so that their results gain what the pipeline now measures (NVML
+# energy per step and per token, power, clocks, topology) and their history a second run to set
+# the first against (`trainbench compare --history`). --keep-going; Snakemake is stopped at LIMIT
+# seconds so that what finished still comes back (cells are written whole or not at all).
+#   TRAINBENCH_GIT_COMMIT=<sha> OUT=<dir> LIMIT=540 bash tools/gpu-runs/energy-rerun.sh STUDY ...
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:?OUT}
+mkdir -p bench-out
+bash tools/install_offline.sh .whl > bench-out/install.log 2>&1 || { tail bench-out/install.log; exit 1; }
+nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit --format=csv,noheader
+targets=() paths=()
+for study in "$@"; do
+  targets+=("results/tables/$study.md")
+  paths+=("results/runs/$study" "results/history/$study" "results/tables/$study".*)
+done
+started=$(date +%s)
+timeout -s INT "${LIMIT:-540}" snakemake -c all --keep-going --forcerun train_cell -- "${targets[@]}" \
+  > bench-out/snakemake.log 2>&1
+echo "== snakemake: $(( $(date +%s) - started )) s, exit status $?"
+grep -E "trainbench .* wrote|received SIGINT" bench-out/snakemake.log | sed 's/results\/runs\///' | cut -c1-200
+python3 tools/gpu-runs/pack_out.py "$out" bench-out "${paths[@]}" .snakemake/log
