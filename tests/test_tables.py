@@ -83,3 +83,11 @@ def test_tables_give_the_time_model_for_planned_cells_and_its_error_for_measured
             < 1e-3).all()
     md = (REPO / "results" / "tables" / "llama.md").read_text()
     assert "predicted step (ms)" in md and "time model error" in md and "in sample" in md
+
+
+def test_a_table_names_a_commit_once_whether_its_runs_were_given_the_full_or_the_short_hash():
+    # published tables mix both: TRAINBENCH_GIT_COMMIT set to `git rev-parse HEAD` or to its short form
+    text = (REPO / "results/tables/holdout_frameworks.md").read_text()
+    code = next(line for line in text.splitlines() if line.startswith("Code: "))
+    commits = code.removeprefix("Code: ").split(". Generated")[0].split(", ")
+    assert commits == ["031a24a", "32041df"]  # its cells ran at 031a24a, nine of them again at 32041dff...

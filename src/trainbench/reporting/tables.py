@@ -73,6 +73,12 @@ def markdown_table(docs: list[Doc], *, id_keys: list[str], report: list[str]) ->
     return "\n".join(lines)
 
 
+def _short_commit(commit: str) -> str:
+    """A commit as git abbreviates it: a run given the full hash (TRAINBENCH_GIT_COMMIT) and one given the
+    short one name the same code."""
+    return commit[:7] if len(commit) == 40 and all(c in "0123456789abcdef" for c in commit) else commit
+
+
 def _probe_outcome(status: str, reason: str | None) -> str:
     """A probe in a few characters: "ok", "OOM at step 3", "OOM at init", "timeout"."""
     if status != "oom":
@@ -236,7 +242,7 @@ def study_markdown(study: str, description: str, docs: list[Doc], *, id_keys: li
     report = with_predictions(report, docs)
     docs = with_current_predictions(docs)
     statuses = Counter(d["status"] for d in docs)
-    commits = sorted({(d.get("provenance") or {}).get("git_commit") or "unknown" for d in docs
+    commits = sorted({_short_commit((d.get("provenance") or {}).get("git_commit") or "unknown") for d in docs
                       if d["status"] not in ("planned", "not run")})
     parts = [
         f"# {study}",
