@@ -254,7 +254,8 @@ def main(argv=None) -> int:
                         help="the cells' allocator snapshots beside the model's parts, by category")
     args = parser.parse_args(argv)
     if args.snapshots:
-        return print_snapshots(sorted(p for folder in args.folders for p in folder.glob("**/metrics.json")))
+        found = sorted(p for folder in args.folders for p in folder.glob("**/metrics.json"))
+        return print_snapshots(found)
     rows = []
     for path in sorted(p for folder in args.folders for p in folder.glob("**/metrics.json")):
         doc = read_result(path)  # checked, in the current shape (optional parameters filled in)
@@ -350,8 +351,9 @@ def print_snapshots(paths: list[Path]) -> int:
         print(f"  {'peak allocated':<24} {snapshot['peak_allocated_mib']:>13.0f} {total:>10.0f} "
               f"{total - snapshot['peak_allocated_mib']:>+17.0f}")
         if snapshot.get("reserved_mib"):
-            print(f"  reserved / peak allocated: {snapshot['reserved_mib'] / snapshot['peak_allocated_mib']:.3f}"
-                  f" measured, {ALLOCATOR_SLACK:.3f} the model's slack")
+            over = snapshot["reserved_mib"] / snapshot["peak_allocated_mib"]
+            print(f"  reserved / peak allocated: {over:.3f} measured, "
+                  f"{ALLOCATOR_SLACK:.3f} the model's slack")
         print("  model's parts (MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in parts.items()))
     if not found:
         print("no cell with an allocator snapshot (timing's memory_snapshot, `trainbench profile --memory`)",

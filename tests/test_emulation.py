@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -291,6 +292,16 @@ def test_an_emulated_rank_holds_what_the_real_rank_of_its_number_holds(case, tmp
         assert abs(held - expected) <= SCALAR_SLACK_BYTES, (rank, held, expected)
         assert math.isfinite(emulated["loss_first"]) and math.isfinite(emulated["loss_last"])
         assert "worker" in doc["provenance"]["command"] and "torchrun" not in doc["provenance"]["command"]
+    # the comparison a multi-GPU host runs (bench/emulated_vs_real.py) pairs each emulated rank with its
+    # real twin's rank and finds what the checks above found; CPU ranks have no device memory to set beside
+    bench = subprocess.run([sys.executable, "bench/emulated_vs_real.py", str(tmp_path)], cwd=REPO,
+                           capture_output=True, text=True, timeout=120)
+    assert bench.returncode == 0, bench.stderr
+    assert f"parameter shards the same on {len(ranks)} of {len(ranks)}" in bench.stdout
+    held_line = next(line for line in bench.stdout.splitlines() if line.startswith("tensors kept"))
+    worst_held = float(held_line.split("worst |error| ")[1].split("%")[0])
+    assert worst_held < 0.01
+    assert f"host memory: {len(ranks)} ranks" in bench.stdout and "device memory" not in bench.stdout
 
 
 # --- worlds larger than any test machine ------------------------------------------------------------------

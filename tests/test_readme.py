@@ -97,6 +97,13 @@ HOW: dict[str, How] = {
         How("run", trains=True),
     "trainbench predict llama --gpu h200 --gpus-per-node 8 --host-mem-gib 2048": How("run"),
     "python bench/memory_model.py": How("run"),
+    "python bench/memory_model.py --snapshots results/bench/float8/memory_snapshot": How("run"),
+    "trainbench profile float8 <cell> --memory": How(
+        "elsewhere", "a float8 cell needs a GPU with FP8 tensor cores; tests/test_profiling.py profiles CPU "
+                     "cells and reads a snapshot by category"),
+    "python bench/emulated_vs_real.py results/runs/emulation_check": How(
+        "elsewhere", "needs the emulation_check study run on a host of 4 GPUs; tests/test_emulation.py "
+                     "runs it on real and emulated CPU worlds"),
     "python bench/time_model.py --held-out results/bench/threads": How("run"),
     "trainbench predict megatron --gpu a100-80g --gpus-per-node 8 --host-mem-gib 1024": How("run"),
     "trainbench predict zero3_pipeline --gpu a100-40g --gpus-per-node 8 --host-mem-gib 1024": How("run"),
@@ -148,7 +155,7 @@ HOW: dict[str, How] = {
     "strategy~fsdp__model~gpt-5.8b__gpus~8__micro_batch~4__float8~tensorwise__compile~true/metrics.json":
         How("dry-run", "a dry run of the SLURM profile already: no cluster needed"),
     "python bench/predicted_then_run.py results/predictions/holdout_accum-h200.csv":
-        How("run", "before the cells ran: every cell is listed as not judged"),
+        How("run", "the published cells held against their committed predictions"),
     "python bench/float8_loss.py results/runs/float8":
         How("run", "reads the float8 study's published cells"),
     "python bench/saved_tensors.py":

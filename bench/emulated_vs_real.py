@@ -1,0 +1,169 @@
+"""Emulated ranks against the real ranks of their number: the same cell run whole and as one rank.
+
+    python bench/emulated_vs_real.py [FOLDER ...] [--json FILE]
+
+Every emulated result (metrics.json with `emulation`) under the folders (default
+results/runs/emulation_check) is paired with the real run of the same cell (the same parameters but
+`emulate` and `emulate_rank`), and its rank set beside the real world's rank of that number: torch's
+peak allocated and reserved memory, the device memory NVML reports for the rank's GPU (one node: rank r
+on GPU r), the rank's peak host memory, the tensors it keeps between steps and its parameter shard (CPU
+and GPU ranks alike), and the step time: the emulated rank's is compute alone (its collectives complete
+at once), so emulated / real is the share of the real step that is not waiting for the others. Where the
+real cell was profiled, its compute and exposed communication are shown beside it.
+
+The device memory a real rank uses beyond its emulated twin is what the emulated rank does not have:
+NCCL's buffers and communicators, mostly. Their median over the GPU pairs is printed against the memory
+model's NCCL_MIB, the constant it adds to an emulated rank's prediction. Goal (issue 35): every emulated
+rank's device memory within 5% of the real rank's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from trainbench.execute.results import read_result
+from trainbench.predict.memory_model import NCCL_MIB
+from trainbench.reporting.compare import shorten
+
+EMULATION_KEYS = ("emulate", "emulate_rank")
+# per-rank figures of a result: (label, metrics key, unit); lists with one entry per rank (GPU for NVML)
+MEMORY = (("allocated", "torch_peak_allocated_mib", "MiB"), ("reserved", "torch_peak_reserved_mib", "MiB"),
+          ("device", "gpu_mem_used_mib", "MiB"), ("host", "host_rss_peak_mib_per_rank", "MiB"))
+GOAL_DEVICE_PCT = 5.0
+
+
+def twin_key(doc: dict) -> str:
+    """What a cell is, emulated or not: its parameters without the emulation's."""
+    return json.dumps({k: v for k, v in doc["params"].items() if k not in EMULATION_KEYS}, sort_keys=True)
+
+
+def rank_figure(metrics: dict, key: str, index: int) -> float | None:
+    values = metrics.get(key) or []
+    return values[index] if index < len(values) and values[index] is not None else None
+
+
+def held_bytes(metrics: dict, index: int) -> float | None:
+    per_rank = metrics.get("tensors_held_bytes_per_rank") or []
+    return float(sum(per_rank[index].values())) if index < len(per_rank) and per_rank[index] else None
+
+
+def pairs(paths: list[Path]) -> tuple[list[dict], list[str]]:
+    """(one row per emulated rank that has a real twin, the emulated results that have none)."""
+    docs = [read_result(p) for p in paths]
+    real = {twin_key(d): d for d in docs if not d.get("emulation") and d["status"] == "ok"}
+    rows, alone = [], []
+    for doc in docs:
+        if not doc.get("emulation") or doc["status"] != "ok":
+            continue
+        twin = real.get(twin_key(doc))
+        if twin is None:
+            alone.append(f"{doc['study']}/{doc['cell_id']}")
+            continue
+        rank, world = doc["emulation"]["rank"], doc["emulation"]["world_size"]
+        em, real_m = doc["metrics"], twin["metrics"]
+        row = {"cell": f"{twin['study']}/{twin['cell_id']}", "rank": rank, "world": world}
+        for label, key, _ in MEMORY:
+            row[f"{label}_real"] = rank_figure(real_m, key, rank)
+            row[f"{label}_emulated"] = rank_figure(em, key, 0)
+        row["held_real"], row["held_emulated"] = held_bytes(real_m, rank), held_bytes(em, 0)
+        row["shard_real"] = rank_figure(real_m, "params_held_per_rank", rank)
+        row["shard_emulated"] = rank_figure(em, "params_held_per_rank", 0)
+        row["step_real_s"], row["step_emulated_s"] = real_m.get("step_time_s"), em.get("step_time_s")
+        parts = (real_m.get("breakdown") or {}).get("parts_s") or {}
+        row["real_exposed_comm_s"] = parts.get("exposed_communication")
+        rows.append(row)
+    return rows, alone
+
+
+def error_pct(emulated: float | None, real: float | None) -> float | None:
+    return None if emulated is None or not real else 100.0 * (emulated - real) / real
+
+
+def memory_error(row: dict, label: str) -> float | None:
+    return error_pct(row[f"{label}_emulated"], row[f"{label}_real"])
+
+
+def ratio(row: dict) -> float | None:
+    """The emulated rank's step over the real one's."""
+    real, emulated = row["step_real_s"], row["step_emulated_s"]
+    return emulated / real if real and emulated else None
+
+
+ERR = "+11.1f"  # an error's format in the table
+
+
+def _f(value, fmt: str = "9.0f") -> str:
+    return format(value, fmt) if value is not None else "-".rjust(len(format(0, fmt)))
+
+
+def _pct(value, fmt: str) -> str:
+    return _f(value, fmt) + ("%" if value is not None else " ")
+
+
+def print_rows(rows: list[dict]) -> None:
+    labels = [label for label, _, _ in MEMORY]
+    header = "  ".join(f"{label + ' real / emulated, err':>32}" for label in labels)
+    print(f"{'cell':<60} {'rank':>7}  {header}  {'held err':>9} {'shard':>5}  "
+          f"{'step real / emulated ms':>23} {'ratio':>6}")
+    for r in rows:
+        memory = "  ".join(f"{_f(r[m + '_real'])} {_f(r[m + '_emulated'])} {_pct(memory_error(r, m), ERR)}"
+                           for m in labels)
+        shard = "same" if r["shard_real"] == r["shard_emulated"] else "DIFF"
+        held = _pct(error_pct(r["held_emulated"], r["held_real"]), "+8.3f")
+        steps = [None if s is None else s * 1e3 for s in (r["step_real_s"], r["step_emulated_s"])]
+        print(f"{shorten(r['cell'], 60):<60} {r['rank']:>2} of {r['world']:<2} {memory}  {held} {shard:>5}  "
+              f"{_f(steps[0], '11.1f')} {_f(steps[1], '11.1f')} {_f(ratio(r), '6.3f')}")
+
+
+def print_summary(rows: list[dict]) -> None:
+    print()
+    for label, _, _ in MEMORY:
+        errors = [abs(e) for r in rows if (e := memory_error(r, label)) is not None]
+        if not errors:
+            continue
+        within = sum(e <= GOAL_DEVICE_PCT for e in errors)
+        goal = (f" (goal: within {GOAL_DEVICE_PCT:.0f}%: {within} of {len(errors)})"
+                if label == "device" else "")
+        print(f"{label} memory: {len(errors)} ranks, |emulated - real| median "
+              f"{statistics.median(errors):.1f}%, worst {max(errors):.1f}%{goal}")
+    held = [abs(e) for r in rows if (e := error_pct(r["held_emulated"], r["held_real"])) is not None]
+    if held:
+        same = sum(r["shard_real"] == r["shard_emulated"] for r in rows)
+        print(f"tensors kept between steps: {len(held)} ranks, worst |error| {max(held):.4f}%; "
+              f"parameter shards the same on {same} of {len(rows)}")
+    beyond = [r["device_real"] - r["device_emulated"] for r in rows
+              if r["device_real"] is not None and r["device_emulated"] is not None]
+    if beyond:
+        print(f"device memory a real rank uses beyond its emulated twin (NCCL's buffers, mostly): median "
+              f"{statistics.median(beyond):.0f} MiB over {len(beyond)} ranks; the memory model's NCCL_MIB: "
+              f"{NCCL_MIB:.0f}")
+    ratios = [x for r in rows if (x := ratio(r)) is not None]
+    if ratios:
+        print(f"step time, emulated / real: median {statistics.median(ratios):.3f} over {len(ratios)} ranks "
+              f"(the emulated rank's step is its compute alone)")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folders", nargs="*", type=Path, default=[Path("results/runs/emulation_check")])
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args(argv)
+    rows, alone = pairs(sorted(p for folder in args.folders for p in folder.glob("**/metrics.json")))
+    for cell in alone:
+        print(f"no real run of {cell}: not compared", file=sys.stderr)
+    if not rows:
+        print(f"no emulated rank with a real twin under {', '.join(map(str, args.folders))}", file=sys.stderr)
+        return 1
+    print_rows(rows)
+    print_summary(rows)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
