@@ -9,7 +9,8 @@ peak allocated and reserved memory, the device memory NVML reports for the rank'
 on GPU r), the rank's peak host memory, the tensors it keeps between steps and its parameter shard (CPU
 and GPU ranks alike), and the step time: the emulated rank's is compute alone (its collectives complete
 at once), so emulated / real is the share of the real step that is not waiting for the others. Where the
-real cell was profiled, its compute and exposed communication are shown beside it.
+real cell was profiled, its exposed communication is shown beside it, and the emulated step is also set
+against the real step less that communication (what emulation claims to measure: the rank's compute).
 
 The device memory a real rank uses beyond its emulated twin is what the emulated rank does not have:
 NCCL's buffers and communicators, mostly. Their median over the GPU pairs is printed against the memory
@@ -30,9 +31,9 @@ from trainbench.predict.memory_model import NCCL_MIB
 from trainbench.reporting.compare import shorten
 
 EMULATION_KEYS = ("emulate", "emulate_rank")
-# per-rank figures of a result: (label, metrics key, unit); lists with one entry per rank (GPU for NVML)
-MEMORY = (("allocated", "torch_peak_allocated_mib", "MiB"), ("reserved", "torch_peak_reserved_mib", "MiB"),
-          ("device", "gpu_mem_used_mib", "MiB"), ("host", "host_rss_peak_mib_per_rank", "MiB"))
+# per-rank memory of a result, MiB: (label, metrics key); lists with one entry per rank (per GPU for NVML)
+MEMORY = (("allocated", "torch_peak_allocated_mib"), ("reserved", "torch_peak_reserved_mib"),
+          ("device", "gpu_mem_used_mib"), ("host", "host_rss_peak_mib_per_rank"))
 GOAL_DEVICE_PCT = 5.0
 
 
@@ -66,7 +67,7 @@ def pairs(paths: list[Path]) -> tuple[list[dict], list[str]]:
         rank, world = doc["emulation"]["rank"], doc["emulation"]["world_size"]
         em, real_m = doc["metrics"], twin["metrics"]
         row = {"cell": f"{twin['study']}/{twin['cell_id']}", "rank": rank, "world": world}
-        for label, key, _ in MEMORY:
+        for label, key in MEMORY:
             row[f"{label}_real"] = rank_figure(real_m, key, rank)
             row[f"{label}_emulated"] = rank_figure(em, key, 0)
         row["held_real"], row["held_emulated"] = held_bytes(real_m, rank), held_bytes(em, 0)
@@ -93,6 +94,14 @@ def ratio(row: dict) -> float | None:
     return emulated / real if real and emulated else None
 
 
+def compute_ratio(row: dict) -> float | None:
+    """The emulated rank's step over the real one's less its exposed communication (profiled cells)."""
+    real, emulated, exposed = row["step_real_s"], row["step_emulated_s"], row["real_exposed_comm_s"]
+    if not (real and emulated) or exposed is None or real <= exposed:
+        return None
+    return emulated / (real - exposed)
+
+
 ERR = "+11.1f"  # an error's format in the table
 
 
@@ -105,10 +114,10 @@ def _pct(value, fmt: str) -> str:
 
 
 def print_rows(rows: list[dict]) -> None:
-    labels = [label for label, _, _ in MEMORY]
+    labels = [label for label, _ in MEMORY]
     header = "  ".join(f"{label + ' real / emulated, err':>32}" for label in labels)
     print(f"{'cell':<60} {'rank':>7}  {header}  {'held err':>9} {'shard':>5}  "
-          f"{'step real / emulated ms':>23} {'ratio':>6}")
+          f"{'step real / emulated ms':>23} {'ratio':>6} {'exposed comm ms':>15}")
     for r in rows:
         memory = "  ".join(f"{_f(r[m + '_real'])} {_f(r[m + '_emulated'])} {_pct(memory_error(r, m), ERR)}"
                            for m in labels)
@@ -116,12 +125,13 @@ def print_rows(rows: list[dict]) -> None:
         held = _pct(error_pct(r["held_emulated"], r["held_real"]), "+8.3f")
         steps = [None if s is None else s * 1e3 for s in (r["step_real_s"], r["step_emulated_s"])]
         print(f"{shorten(r['cell'], 60):<60} {r['rank']:>2} of {r['world']:<2} {memory}  {held} {shard:>5}  "
-              f"{_f(steps[0], '11.1f')} {_f(steps[1], '11.1f')} {_f(ratio(r), '6.3f')}")
+              f"{_f(steps[0], '11.1f')} {_f(steps[1], '11.1f')} {_f(ratio(r), '6.3f')} "
+              f"{_f(r['real_exposed_comm_s'] and r['real_exposed_comm_s'] * 1e3, '15.1f')}")
 
 
 def print_summary(rows: list[dict]) -> None:
     print()
-    for label, _, _ in MEMORY:
+    for label, _ in MEMORY:
         errors = [abs(e) for r in rows if (e := memory_error(r, label)) is not None]
         if not errors:
             continue
@@ -145,6 +155,10 @@ def print_summary(rows: list[dict]) -> None:
     if ratios:
         print(f"step time, emulated / real: median {statistics.median(ratios):.3f} over {len(ratios)} ranks "
               f"(the emulated rank's step is its compute alone)")
+    computes = [x for r in rows if (x := compute_ratio(r)) is not None]
+    if computes:
+        print(f"emulated / (real less its exposed communication, profiled): median "
+              f"{statistics.median(computes):.3f} over {len(computes)} ranks")
 
 
 def main(argv=None) -> int:
