@@ -17,11 +17,12 @@ import pytest
 
 from trainbench.execute.cellrun import CellRun, classify, run_cell
 from trainbench.study.grid import Cell
+from trainbench.study.params import CellParams
 from trainbench.registry.models import get_model
 from trainbench.execute.results import PHASES, read_json, schema_problems
 from trainbench.execute.worker import FAIL_AT_STEP_ENV
 
-from conftest import make_cell
+from conftest import TINY, make_cell
 
 
 def test_provenance_reads_each_packages_name_and_version_as_importlib_metadata_does():
@@ -54,6 +55,18 @@ def test_host_memory_is_what_psutil_says_without_importing_it():
     from trainbench.registry.hardware import host_memory_mib
 
     assert host_memory_mib() == psutil.virtual_memory().total / 2**20
+
+
+def test_the_host_cpu_model_is_read_from_cpuinfo(tmp_path):
+    from trainbench.execute.provenance import cpu_model
+
+    cpuinfo = tmp_path / "cpuinfo"
+    name = "AMD EPYC 9654 96-Core Processor"
+    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: {name}\nflags\t\t: fpu\n\n"
+                       f"processor\t: 1\nmodel name\t: {name}\n")
+    assert cpu_model(cpuinfo) == name
+    if Path("/proc/cpuinfo").exists():  # this host's, as every run's provenance has it
+        assert cpu_model() and cpu_model() in Path("/proc/cpuinfo").read_text()
 
 
 def test_host_facts_come_from_their_own_thread_and_its_errors_are_not_lost():
@@ -250,6 +263,24 @@ def test_an_unsupported_cell_is_recorded_without_launching(tmp_path):
     doc = run(make_cell(framework="deepspeed", strategy="zero1", ort=True), tmp_path)
     assert doc["status"] == "unsupported" and "onnxruntime-training" in doc["reason"]
     assert doc["provenance"]["command"] == ""
+
+
+def test_deepspeed_fp16_on_a_cpu_that_does_not_compute_fp16_is_unsupported_not_failed(tmp_path, monkeypatch):
+    """DeepSpeed's CPU accelerator refuses fp16 where oneDNN has none (AMD EPYC, older Intel): the cell
+    says so without launching, as any cell the stack cannot run here does."""
+    from trainbench.execute import cellrun
+
+    monkeypatch.setattr(cellrun, "cpu_computes_fp16", lambda: False)
+    doc = run(make_cell(framework="deepspeed", strategy="zero1", gpus=2, precision="fp16"), tmp_path)
+    assert doc["status"] == "unsupported" and "AVX512-FP16" in doc["reason"], doc["reason"]
+    assert doc["provenance"]["command"] == ""
+    for allowed in ({"framework": "deepspeed", "strategy": "zero1", "precision": "bf16"},
+                    {"framework": "torch", "strategy": "single", "precision": "fp16"},
+                    {"framework": "deepspeed", "strategy": "zero1", "precision": "fp16", "device": "cuda"}):
+        assert cellrun.no_fp16_here(CellParams.resolve({**TINY, **allowed})) is None, allowed
+    monkeypatch.setattr(cellrun, "cpu_computes_fp16", lambda: True)
+    assert cellrun.no_fp16_here(CellParams.resolve({**TINY, "framework": "deepspeed", "strategy": "zero1",
+                                                    "precision": "fp16"})) is None
 
 
 @pytest.mark.parametrize("params, message", [

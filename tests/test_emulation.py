@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from trainbench.training import emulation
-from trainbench.execute.cellrun import run_cell
+from trainbench.execute.cellrun import cpu_computes_fp16, run_cell
 from trainbench.errors import ConfigError
 from trainbench.study.grid import Cell, expand_study
 from trainbench.study.params import CellParams
@@ -257,11 +257,14 @@ def test_the_memory_model_judges_an_emulated_run_on_the_node_it_stands_for():
 
 # --- rank for rank against real worlds ---------------------------------------------------------------------
 
+# DeepSpeed's engine takes fp16 on a CPU that computes it (cellrun.no_fp16_here), bf16 elsewhere
+DEEPSPEED_HALF = "fp16" if cpu_computes_fp16() else "bf16"
+
 RANK_FOR_RANK = [
     # (cell, the ranks to emulate)
     ({"strategy": "ddp", "gpus": 2}, [1]),
     ({"strategy": "fsdp", "gpus": 4, "tp": 2, "precision": "fp16"}, [0, 1, 2, 3]),
-    ({"framework": "deepspeed", "strategy": "zero0", "gpus": 2, "precision": "fp16"}, [1]),
+    ({"framework": "deepspeed", "strategy": "zero0", "gpus": 2, "precision": DEEPSPEED_HALF}, [1]),
     ({"framework": "deepspeed", "strategy": "zero2", "gpus": 2, "offload_optimizer": True}, [0, 1]),
     ({"framework": "deepspeed", "strategy": "zero3", "gpus": 4, "tp": 2}, [0, 3]),
     ({"framework": "deepspeed", "strategy": "zero1", "gpus": 4, "pp": 2, "grad_accum": 2}, [0, 3]),

@@ -87,6 +87,33 @@ def no_float8_here(params: CellParams, gpu_name: str | None) -> str | None:
     return None
 
 
+def cpu_computes_fp16() -> bool:
+    """Whether this CPU computes fp16 through oneDNN (AVX512-FP16 or AMX-FP16: Intel's Sapphire Rapids
+    and later; not AMD's EPYC up to Zen 5), the test DeepSpeed's CPU accelerator makes."""
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def no_fp16_here(params: CellParams) -> str | None:
+    """Why a CPU cell cannot train under DeepSpeed's engine in fp16 on this CPU: deepspeed.initialize
+    refuses ('Type fp16 is not supported on your device') where the CPU does not compute fp16. None
+    where it can, and for every cell that does not ask DeepSpeed for fp16 on CPU ranks."""
+    if (params.device != "cpu" or params.precision != "fp16"
+            or frameworks.strategy_of(params).zero_stage is None or cpu_computes_fp16()):
+        return None
+    return ("DeepSpeed's CPU accelerator trains fp16 only on a CPU that computes it (AVX512-FP16 or "
+            "AMX-FP16, which oneDNN reports); this CPU does not: use bf16 or fp32, or such a CPU")
+
+
+def not_on_this_hardware(params: CellParams, gpu_name: str | None) -> str | None:
+    """Why a cell cannot run on the devices it got, which its result says (status unsupported)."""
+    return no_float8_here(params, gpu_name) or no_fp16_here(params)
+
+
 def gpus_here(devices: list[str] | None, device_type: str) -> dict[str, Any]:
     """NVML's facts of the GPUs a cell gets on this node (a SLURM node: all it gave), read once per run."""
     if device_type != "cuda":
@@ -283,7 +310,7 @@ class CellRun:
         if devices is not None:
             self._say(f"GPUs {','.join(devices)}")
         gpu = gpus_here(devices, self.params.device)
-        without = no_float8_here(self.params, gpu.get("gpu_name"))
+        without = not_on_this_hardware(self.params, gpu.get("gpu_name"))
         if without:
             self._say(f"unsupported: {without}")
             return self._write(self._base_document("unsupported", without), started=started, asked=asked,

@@ -11,6 +11,7 @@ import re
 import socket
 import subprocess
 import threading
+from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
@@ -185,6 +186,19 @@ def _slurm_restarts(job: str, env) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The host CPU's model name (Linux's /proc/cpuinfo): host-bound steps (launches, DeepSpeed's hooks,
+    a CPU optimizer) run at its pace, and what it computes decides what CPU ranks can train."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def host_facts() -> dict[str, Any]:
     """What a run's provenance says of the host and the environment, the same for every run here:
     the host, its CPUs and memory, how its GPUs connect (where it has any), every package's version,
@@ -193,6 +207,7 @@ def host_facts() -> dict[str, Any]:
     return {
         "hostname": socket.gethostname(),
         "cpu": platform.processor() or platform.machine(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "host_mem_total_mib": round(host_memory_mib(), 1),
         "versions": package_versions(),

@@ -152,6 +152,8 @@ PROVENANCE: tuple[Key, ...] = (
     Key("gpu_memory_mib", _NUMBER, "memory of one GPU (NVML)", required=False),
     Key("host_mem_total_mib", _NUMBER, "the node's memory", required=False),
     Key("cpu_count", _INT, "the node's CPUs", required=False),
+    Key("cpu_model", _TEXT, "the node's CPU model (/proc/cpuinfo): host-bound steps run at its pace",
+        required=False),
     Key("gpu_power_limit_w", _NUMBER, "the power limit the GPU enforces (NVML)", required=False),
     Key("gpu_sm_clock_max_mhz", _INT, "the GPU's maximum SM clock", required=False),
     Key("gpu_mem_clock_max_mhz", _INT, "its maximum memory clock", required=False),

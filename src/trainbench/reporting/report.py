@@ -44,9 +44,11 @@ def _machine(provenance: dict[str, Any]) -> str:
 
 
 def _host(provenance: dict[str, Any]) -> str:
-    """The host's name, CPUs and memory, as far as the run recorded them (older runs: no memory)."""
+    """The host's name, CPUs and memory, as far as the run recorded them (older runs: no memory, no
+    CPU model)."""
     cores, memory = provenance.get("cpu_count"), provenance.get("host_mem_total_mib")
-    facts = [f"{cores} CPUs" if cores else "", _gib(memory) if memory else ""]
+    model = provenance.get("cpu_model")
+    facts = [f"{cores} CPUs" if cores else "", model or "", _gib(memory) if memory else ""]
     return f"{provenance.get('hostname') or '?'}: {', '.join(f for f in facts if f) or '?'}"
 
 
