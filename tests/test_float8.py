@@ -34,12 +34,18 @@ def run(cell, folder: Path) -> tuple[dict, dict]:
     return doc, json.loads((folder / "torch_config.json").read_text())
 
 
-def test_a_float8_cell_trains_beside_its_bf16_twin(tmp_path):
+@pytest.fixture(scope="module")
+def single_rank(tmp_path_factory):
+    """gpt2-tiny on one rank in bf16 and in tensorwise float8: {recipe: (result, torch_config)}."""
+    folder = tmp_path_factory.mktemp("single")
+    return {recipe: run(make_cell(strategy="single", precision="bf16", float8=recipe, timed_steps=6),
+                        folder / str(recipe)) for recipe in (None, "tensorwise")}
+
+
+def test_a_float8_cell_trains_beside_its_bf16_twin(single_rank):
     """gpt2-tiny's two blocks: their eight linear layers in float8 (the tied LM head stays bf16); the
     losses follow bf16's closely without being bf16's (the matmuls really are float8's)."""
-    bf16, _ = run(make_cell(strategy="single", precision="bf16", timed_steps=6), tmp_path / "bf16")
-    fp8, config = run(make_cell(strategy="single", precision="bf16", float8="tensorwise", timed_steps=6),
-                      tmp_path / "fp8")
+    (bf16, _), (fp8, config) = single_rank[None], single_rank["tensorwise"]
     assert fp8["status"] == bf16["status"] == "ok"
     assert config["float8"]["recipe"] == "tensorwise" and config["float8"]["layers"] == 8
     first, last = fp8["metrics"]["loss_first"], fp8["metrics"]["loss_last"]
@@ -82,10 +88,43 @@ def test_the_config_refuses_float8_where_it_cannot_mean_anything(settings, words
     assert words in str(raised.value), str(raised.value)
 
 
-def test_float8_with_tensor_parallelism_is_not_run_and_says_why():
-    params = CellParams.resolve({"framework": "torch", "strategy": "fsdp", "model": "gpt2-tiny", "gpus": 2,
-                                 "tp": 2, "precision": "bf16", "float8": "tensorwise", "device": "cpu"})
-    assert "Float8ColwiseParallel" in frameworks.not_implemented(params)
+def test_float8_layers_split_by_tensor_parallelism_train_over_two_ranks(tmp_path):
+    """FSDP2 on a 1 x 2 mesh, the blocks' linear layers split in Megatron's layout: tensorwise float8
+    through torchao's float8 plans (one scale over a sharded tensor), rowwise through the plain ones
+    (as torchtitan does), each beside its bf16 twin on the same split."""
+    settings = {"strategy": "fsdp", "gpus": 2, "tp": 2, "precision": "bf16", "timed_steps": 6}
+    resolved = CellParams.resolve({**settings, "framework": "torch", "model": "gpt2-tiny",
+                                   "float8": "tensorwise", "device": "cpu"})
+    assert frameworks.not_implemented(resolved) is None
+    plans = {None: ["ColwiseParallel", "RowwiseParallel"], "rowwise": ["ColwiseParallel", "RowwiseParallel"],
+             "tensorwise": ["Float8ColwiseParallel", "Float8RowwiseParallel"]}
+    spec = get_model("gpt2-tiny")
+    h, f = spec.d_model, spec.ffn
+    curves = {}
+    for recipe, expected_plans in plans.items():
+        doc, config = run(make_cell(**settings, float8=recipe), tmp_path / str(recipe))
+        assert doc["status"] == "ok", doc["reason"]
+        assert config["tensor_parallel"]["plans"] == expected_plans
+        curves[recipe] = doc["metrics"]["loss_curve"]
+        if recipe:
+            assert (config["float8"]["recipe"], config["float8"]["layers"]) == (recipe, 8)
+            # rank 0 holds half of every block matrix: torchao's layers are split as nn.Linear's are
+            assert doc["metrics"]["params_per_module_rank0"]["Float8Linear"] == spec.n_layer * (
+                (3 * h * h + 3 * h) // 2 + (h * f + f) // 2 + (h * h + h * f) // 2 + 2 * h)
+        if recipe == "tensorwise":
+            # one rank of it emulated (collectives that return at once) holds what the real rank 1 holds
+            real = doc["metrics"]
+            emulated = run(make_cell(**settings, float8=recipe, emulate=True, emulate_rank=1),
+                           tmp_path / "emulated")[0]["metrics"]
+            assert emulated["params_held_per_rank"] == [real["params_held_per_rank"][1]]
+            held, expected = (emulated["tensors_held_bytes_per_rank"][0]["cpu"],
+                              real["tensors_held_bytes_per_rank"][1]["cpu"])
+            assert abs(held - expected) <= 64, (held, expected)
+    for recipe in ("tensorwise", "rowwise"):
+        # float8's matmuls, not bf16's: the curve follows its bf16 twin's, never equal to it
+        assert curves[recipe][-1] < curves[recipe][0]
+        assert curves[recipe] != curves[None]
+        assert curves[recipe] == pytest.approx(curves[None], rel=1e-3)
 
 
 def test_gpus_without_fp8_tensor_cores_make_a_float8_cell_unsupported():
@@ -128,6 +167,10 @@ def test_both_models_see_what_float8_changes():
               - memory_model.predict(cell(float8="rowwise")).parts_mib["buffers"])
     linears = spec.n_layer * (4 * spec.d_model ** 2 + 2 * spec.d_model * spec.ffn)
     assert spared * 2 ** 20 == pytest.approx(2 * linears)  # their bf16 copies; the embedding's is kept
+    # tensor parallelism splits the casts of what is sharded on a rank and not of what is replicated
+    casts = [time_model.work(cell(float8="tensorwise", strategy="fsdp", gpus=tp, tp=tp), h200).cast_s
+             for tp in (1, 2, 4)]
+    assert casts[0] > casts[1] > casts[2] > casts[0] / 4
     # on a GPU without FP8 tensor cores the model says nothing new: the cell would not run
     assert time_model.predict(cell(float8="rowwise"), GPUS["a100-80g"]).step_time_s == pytest.approx(
         time_model.predict(cell(), GPUS["a100-80g"]).step_time_s)

@@ -244,11 +244,16 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
     if fp8_peak:
         # float8 (torchao, trainbench's GPT): the blocks' linear layers at the FP8 peak, attention and
         # the LM head at the precision's; each linear's input scaled (amax: 2 bytes read) and cast (2
-        # read, 1 written) in forward (3d + ffn elements per token) and again in backward (torchao
-        # keeps it in bf16), and its output gradient once (5d + ffn), at HBM bandwidth. Not yet fitted
-        # on float8 cells: the bf16 efficiencies carry over.
+        # read, 1 written) in forward and again in backward (torchao keeps it in bf16), and its output
+        # gradient once, at HBM bandwidth. Per token, at tp 1: inputs 3d + ffn elements (qkv and fc
+        # read d, the projections d and ffn), output gradients 5d + ffn. Tensor parallelism splits
+        # what is sharded on this rank (the projections' inputs, the qkv's and fc's outputs) and
+        # leaves the replicated ones whole. Not yet fitted on float8 cells: the bf16 efficiencies carry
+        # over; tensorwise TP's amax all-reduces of sharded tensors are not counted (not measured).
         per_token -= linear * (1 - peak / fp8_peak)
-        cast = tokens * layers * (2 * (3 * d + spec.ffn) + 5 * d + spec.ffn) * 5 / hbm
+        inputs = 2 * d + (d + spec.ffn) / tp
+        output_grads = 2 * d + (3 * d + spec.ffn) / tp
+        cast = tokens * layers * (2 * inputs + output_grads) * 5 / hbm
     passes = 3 + ac
     # eager attention's score matrices are elementwise work too (scale, mask, softmax, casts)
     saved = block_bytes_per_token(params, spec) + eager_score_bytes_per_token(params, spec)

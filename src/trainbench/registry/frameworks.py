@@ -347,9 +347,6 @@ def not_implemented(params: CellParams) -> str | None:
     """Why this version cannot run the cell although the stack could; None if it can."""
     if params.pp > 1 and params.tp > 1:
         return "pipeline and tensor parallelism together have no runner in this version"
-    if params.float8 and params.tp > 1:
-        return ("float8 with tensor parallelism needs torchao's float8 tensor-parallel plans "
-                "(Float8ColwiseParallel, Float8RowwiseParallel), which this version does not apply")
     if params.pp > 1 and params.checkpoint_in_cpu:
         return ("the pipeline engine checkpoints its stages itself: checkpoint_in_cpu has no runner for it "
                 "in this version")

@@ -43,15 +43,32 @@ COLUMN_PARALLEL = ("attn.qkv", "mlp.fc")
 ROW_PARALLEL = ("attn.proj", "mlp.proj")
 
 
-def parallelize(model: GPT, tp_mesh) -> None:
-    """Swap the model's (meta) parameters for DTensors sharded over `tp_mesh` in Megatron's layout."""
+def linear_plans(float8: str | None) -> tuple[type, type]:
+    """The (column-parallel, row-parallel) plan classes for a block's linear layers. torchao's float8
+    plans for the tensorwise recipe: they cast a layer's input to float8 where it enters the layer and
+    its output gradient where it leaves, with one scale over the whole (sharded) tensor, so the
+    all-gathers and reductions around the matmul move float8 and the scale agrees across ranks. They
+    assume tensorwise scaling; rowwise layers (a scale per row, computed where the matmul runs) take
+    the plain plans, as torchtitan's `parallelize_llama` does."""
+    if float8 == "tensorwise":
+        from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel
+
+        return Float8ColwiseParallel, Float8RowwiseParallel
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return ColwiseParallel, RowwiseParallel
+
+
+def parallelize(model: GPT, tp_mesh, float8: str | None = None) -> None:
+    """Swap the model's (meta) parameters for DTensors sharded over `tp_mesh` in Megatron's layout. A
+    float8 model's linear layers must already be torchao's (`float8`: their recipe)."""
     from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
 
     # vocabulary-parallel embedding: token ids replicated in, the looked-up rows all-reduced out
     parallelize_module(model, tp_mesh, {"wte": RowwiseParallel(input_layouts=Replicate())})
-    plan = {**{name: ColwiseParallel() for name in COLUMN_PARALLEL},
-            **{name: RowwiseParallel() for name in ROW_PARALLEL}}
+    column, row = linear_plans(float8)
+    plan = {**{name: column() for name in COLUMN_PARALLEL}, **{name: row() for name in ROW_PARALLEL}}
     for block in model.blocks:
         parallelize_module(block, tp_mesh, plan)
 

@@ -149,18 +149,20 @@ class TorchRunner(StepRunner):
         device = self.ctx.device
         with torch.device("meta"):
             model = self._new_model()
+        # float8 on the meta model, before tensor parallelism and FSDP shard it (torchtitan's order:
+        # the float8 tensor-parallel plans apply to torchao's layers)
+        if self.p.float8:
+            self.float8_layers = to_float8(model, self.p.float8)
         if self.tp > 1:
             from trainbench.training.tensor_parallel import parallelize
 
             mesh = init_device_mesh(device.type, (self.ctx.world_size // self.tp, self.tp),
                                     mesh_dim_names=("dp", "tp"))
-            parallelize(model, mesh["tp"])
+            parallelize(model, mesh["tp"], self.p.float8)
             self.tp_group = mesh["tp"].get_group()
             options = {"mesh": mesh["dp"]}
         else:
             options = {"mesh": init_device_mesh(device.type, (self.ctx.world_size,))}
-        if self.p.float8:  # on the meta model, before it is sharded (torchtitan's order)
-            self.float8_layers = to_float8(model, self.p.float8)
         if self.p.precision != "fp32":
             options["mp_policy"] = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
         if self.p.offload_param:
@@ -241,11 +243,12 @@ class TorchRunner(StepRunner):
                                 "recipe": self.p.float8, "layers": self.float8_layers,
                                 "left_in_bf16": "the LM head, any classifier, layers not multiples of 16"}
         if self.sharded and self.tp > 1:
-            from trainbench.training.tensor_parallel import COLUMN_PARALLEL, ROW_PARALLEL
+            from trainbench.training.tensor_parallel import COLUMN_PARALLEL, ROW_PARALLEL, linear_plans
 
             config["tensor_parallel"] = {
                 "implementation": "torch.distributed.tensor.parallel (DTensor), built on the meta device",
                 "size": self.tp, "column_parallel": list(COLUMN_PARALLEL), "row_parallel": list(ROW_PARALLEL),
+                "plans": [plan.__name__ for plan in linear_plans(self.p.float8)],
                 "qkv": "rows laid out per rank [q_r; k_r; v_r]",
                 "vocabulary_parallel": ["wte (RowwiseParallel, input Replicate)",
                                         "LM head tied to wte (Shard(-1) logits, loss_parallel)"],
