@@ -338,7 +338,9 @@ def print_snapshots(paths: list[Path]) -> int:
         parts = predict(params, hardware_of_run(doc)).parts_mib
         model: dict[str, float] = {}
         for part, mib in parts.items():
-            if part not in ("allocator_slack", "cuda_context"):
+            # what allocated_mib counts (not the allocator's reserve or gradient shards it holds
+            # beyond the allocation, not the CUDA context), so the categories add up to its total
+            if not part.startswith("allocator_") and part != "cuda_context":
                 category = SNAPSHOT_CATEGORY.get(part, "activations_and_other")
                 model[category] = model.get(category, 0.0) + mib
         measured = snapshot["peak_by_category_mib"]

@@ -232,3 +232,35 @@ def test_pre_registered_parts_are_held_against_the_profiles(tmp_path):
         assert set(e["parts_ms"]) == {"compute", "communication", "optimizer", "framework"}
         profiled = sum(measured for _, measured in e["parts_ms"].values())
         assert profiled == pytest.approx(e["measured_step_s"] * 1e3, rel=1e-3)
+
+
+def test_emulated_vs_real_takes_communication_as_a_share_and_nccl_beyond_what_the_twin_measured(capsys):
+    """bench/emulated_vs_real.py's arithmetic on rows a 2-GPU host would give: the exposed communication
+    of the real rank of the emulated rank's number, as a share of its (slower) profiled step; NCCL's
+    buffers as the real rank's device memory beyond what the emulated rank measured (its stored figure
+    already adds the memory model's constant); a rank whose outcome differs, listed with both."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import emulated_vs_real as bench
+
+    real = {"breakdown_per_rank": [{"step_s": 1.0, "parts_s": {"exposed_communication": 0.5}},
+                                   {"step_s": 2.0, "parts_s": {"exposed_communication": 0.5}}]}
+    assert bench.exposed_share(real, 1) == 0.25 and bench.exposed_share(real, 0) == 0.5
+    assert bench.exposed_share({"breakdown": {"step_s": 4.0, "parts_s": {}}}, 0) is None  # not profiled
+
+    def row(rank, status_emulated="ok"):
+        figures = {f"{label}_{side}": None for label, _ in bench.MEMORY for side in ("real", "emulated")}
+        return {**figures, "cell": "s/c", "rank": rank, "world": 2, "status_real": "ok",
+                "status_emulated": status_emulated, "device_real": 10_700.0, "device_emulated": 10_650.0,
+                "device_emulated_measured": 10_100.0, "held_real": None, "held_emulated": None,
+                "shard_real": 5, "shard_emulated": 5, "step_real_s": 0.5, "step_emulated_s": 0.3,
+                "real_exposed_comm_share": 0.25}
+
+    ok = row(1)
+    assert bench.ratio(ok) == pytest.approx(0.6)
+    assert bench.compute_ratio(ok) == pytest.approx(0.3 / (0.5 * 0.75))
+    assert bench.compute_ratio({**ok, "real_exposed_comm_share": None}) is None
+    bench.print_summary([ok, row(0, status_emulated="oom")])
+    said = capsys.readouterr().out
+    assert "outcomes: 1 of 2 ranks the same emulated and real; s/c rank 0: real ok, emulated oom" in said
+    assert "NCCL's buffers, mostly): median 600 MiB over 1 ranks" in said  # 10,700 - 10,100, not - 10,650
+    assert "device memory: 1 ranks, |emulated - real| median 0.5%" in said and "median 0.800 over 1" in said

@@ -19,6 +19,7 @@ done
 started=$(date +%s)
 timeout -s INT "${LIMIT:-540}" snakemake -c all --keep-going --forcerun train_cell -- "${targets[@]}" \
   > bench-out/snakemake.log 2>&1
-echo "== snakemake: $(( $(date +%s) - started )) s, exit status $?"
+status=$?  # snakemake's (124 where the limit stopped it), before anything else sets $?
+echo "== snakemake: $(( $(date +%s) - started )) s, exit status $status"
 grep -E "trainbench .* wrote|received SIGINT" bench-out/snakemake.log | sed 's/results\/runs\///' | cut -c1-200
 python3 tools/gpu-runs/pack_out.py "$out" bench-out "${paths[@]}" .snakemake/log

@@ -20,7 +20,8 @@ targets=("$@")
 started=$(date +%s)
 TRAINBENCH_FORCE_INFEASIBLE=1 timeout -s INT "${LIMIT:-480}" snakemake -c all --keep-going "${targets[@]}" \
   > bench-out/snakemake.log 2>&1
-echo "== snakemake: $(( $(date +%s) - started )) s, exit status $?"
+status=$?  # snakemake's (124 where the limit stopped it), before anything else sets $?
+echo "== snakemake: $(( $(date +%s) - started )) s, exit status $status"
 grep -E "^\[$study/|trainbench:" bench-out/snakemake.log | grep -vE "window|warm-up" | tail -40
 predictions="results/predictions/$study-${GPU:-h200}.csv"
 [ -f "$predictions" ] && python3 bench/predicted_then_run.py "$predictions"
