@@ -196,7 +196,10 @@ def model_states(params: CellParams, spec: ModelSpec) -> tuple[dict[str, float],
             # the dtype of the reduction (fp32: bert-180b's 1.8B-parameter blocks as rank 0 of 64 at tp 1,
             # 23.2 GiB allocated, 19.3 predicted without the copy; the emulated rank's reduce-scatter
             # completes at once, where a real one may keep the previous unit's copy while it runs)
-            in_flight = 2 * block * compute + block * (compute + memory.fsdp_reduce_bytes)
+            gathered = block * compute
+            if params.float8_all_gather:  # the float8 layers' weights gathered in float8, 1 byte each
+                gathered -= (compute - 1) * float8_linear_params(params, spec) / spec.n_layer
+            in_flight = 2 * gathered + block * (compute + memory.fsdp_reduce_bytes)
         else:
             in_flight = 2 * block * (compute + compute)  # current and prefetched unit, weights and gradients
         states = {"weights": 4 * psi / n, "gradients": 4 * psi / n, "optimizer": 8 * psi / n}

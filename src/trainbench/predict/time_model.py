@@ -81,8 +81,8 @@ import numpy as np
 from trainbench.registry.frameworks import framework_of, offloads, registry, strategy_of
 from trainbench.study.params import CellParams
 from trainbench.registry.hardware import GpuType, peak_flops, peak_flops_of
-from trainbench.predict.memory_model import (block_bytes_per_token, eager_score_bytes_per_token, shard_params,
-                                     vocab_parallel)
+from trainbench.predict.memory_model import (block_bytes_per_token, eager_score_bytes_per_token,
+                                     float8_linear_params, shard_params, vocab_parallel)
 from trainbench.registry.models import ModelSpec, get_model
 
 # DeepSpeed's CPU Adam and torch's optimizer threads per rank where a cell does not say (the
@@ -287,7 +287,10 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
         # weights gathered for forward and backward of every micro batch, gradients reduce-scattered
         # once (accumulation without synchronisation), in the framework's reduce dtype (torch's FSDP2: fp32)
         reduce_bytes = framework.memory.fsdp_reduce_bytes or weight_bytes
-        overlapped = (2 * ga * weight_bytes + reduce_bytes) * ring * psi / dp_link
+        gathered = weight_bytes * psi
+        if params.float8_all_gather:  # the float8 layers' weights gathered in float8, 1 byte each
+            gathered -= (weight_bytes - 1) * float8_linear_params(params, spec)
+        overlapped = (2 * ga * gathered + reduce_bytes * psi) * ring / dp_link
         calls += (2 * ga + 1) * spec.n_layer
     elif layout == "zero":
         grad_bytes = weight_bytes

@@ -29,7 +29,7 @@ NO, OPTIONAL, ALWAYS = "no", "optional", "always"
 # parameters only some runners read: a cell that sets one for a runner that ignores it is refused
 OPTIONAL_SETTINGS = ("overlap_comm", "dataset_path", "pretrained_path", "float8")
 # switches (off by default) only some runners honour: a cell may turn one on only for those
-OPTIONAL_SWITCHES = ("checkpoint_in_cpu",)
+OPTIONAL_SWITCHES = ("checkpoint_in_cpu", "float8_all_gather")
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,8 @@ register(Framework(
                  "tensor parallel", layout="fsdp", offload_param=OPTIONAL, tensor_parallel=SHARDED_TP),
     ),
     MemoryFacts(fsdp_casts_parameters=True, replicated_gradients_freed=True, fsdp_reduce_bytes=4),
-    honours=("checkpoint_in_cpu", "float8"), time=TimeFacts(loop_step_s=0.005), compiles=("gpt",)))
+    honours=("checkpoint_in_cpu", "float8", "float8_all_gather"), time=TimeFacts(loop_step_s=0.005),
+    compiles=("gpt",)))
 
 register(Framework(
     "deepspeed", "the DeepSpeed engine: ZeRO stages 0-3, offload, AutoTP tensor and pipeline parallelism",

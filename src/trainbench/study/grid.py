@@ -304,6 +304,10 @@ def check_cell(p: CellParams) -> tuple[list[tuple[str, str]], str | None]:
                                   "of several ranks"))
     if p.float8 and p.precision != "bf16":
         errors.append(("float8", "float8 training runs what is not a matmul in bf16; set precision: bf16"))
+    if p.float8_all_gather and (p.float8 != "tensorwise" or p.strategy != "fsdp"):
+        errors.append(("float8_all_gather", "all-gathers FSDP2's tensorwise float8 weights in float8 "
+                                            "(torchao has none for rowwise scales); set float8: tensorwise "
+                                            "and strategy: fsdp, or leave it off"))
     if p.checkpoint_in_cpu and not p.activation_checkpointing:
         errors.append(("checkpoint_in_cpu", "keeps checkpointed activations in host memory; set "
                                             "activation_checkpointing: true"))

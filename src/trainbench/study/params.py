@@ -174,6 +174,11 @@ class CellParams:
         "capability 8.9: Ada, Hopper) on GPUs; CPU ranks run it through torch's CPU scaled matmul. "
         "torch framework; null: off.",
         choices=("tensorwise", "rowwise"), optional=True)
+    float8_all_gather: bool = param(False, "With float8: tensorwise under FSDP2, all-gather the float8 "
+        "layers' weights in float8 rather than bf16 (torchao's enable_fsdp_float8_all_gather: half the "
+        "bytes), their scales computed in one all-reduce after each optimizer step "
+        "(precompute_float8_dynamic_scale_for_fsdp), as torchtitan's float8 runs do. torch framework.",
+        optional=True)
     ort: bool = param(False, "Run the model under ONNX Runtime training (ORTModule).")
     compile: bool = param(False, "Compile the model with torch.compile.")
     lr: float = param(0.0001, "Peak learning rate.",

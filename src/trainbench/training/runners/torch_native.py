@@ -25,20 +25,25 @@ from trainbench.training.runners import RunContext, StepRunner, optimizer_range
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def to_float8(model: GPT, recipe: str) -> int:
+def to_float8(model: GPT, recipe: str, fsdp_all_gather: bool = False) -> int:
     """The blocks' linear layers as torchao's Float8Linear (float8 matmuls with dynamic scales, the
     recipe's: tensorwise or rowwise), in place, before any wrapper or compilation sees the model; the LM
     head (F.linear on the tied embedding), a classifier and layers whose sizes are not multiples of 16
-    (what FP8 matmuls tile) stay as they are, as torchtitan leaves its output layer. Returns how many
+    (what FP8 matmuls tile) stay as they are, as torchtitan leaves its output layer. `fsdp_all_gather`:
+    their weights become tensors that FSDP2 all-gathers in float8 (tensorwise only). Returns how many
     layers were converted."""
+    import dataclasses
+
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     def chosen(module: torch.nn.Module, name: str) -> bool:
         return (name.startswith("blocks.") and isinstance(module, torch.nn.Linear)
                 and module.in_features % 16 == 0 and module.out_features % 16 == 0)
 
-    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
-                               module_filter_fn=chosen)
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    if fsdp_all_gather:
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
+    convert_to_float8_training(model, config=config, module_filter_fn=chosen)
     return sum(type(m).__name__ == "Float8Linear" for m in model.modules())
 
 
@@ -152,7 +157,7 @@ class TorchRunner(StepRunner):
         # float8 on the meta model, before tensor parallelism and FSDP shard it (torchtitan's order:
         # the float8 tensor-parallel plans apply to torchao's layers)
         if self.p.float8:
-            self.float8_layers = to_float8(model, self.p.float8)
+            self.float8_layers = to_float8(model, self.p.float8, self.p.float8_all_gather)
         if self.tp > 1:
             from trainbench.training.tensor_parallel import parallelize
 
@@ -224,6 +229,12 @@ class TorchRunner(StepRunner):
             self.scaler.step(self.optimizer)
             self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
+            if self.p.float8_all_gather:
+                # every float8 weight's scale for the next all-gathers, in one all-reduce of their amaxes
+                # (torchtitan's precompute_float8_dynamic_scale_for_fsdp) instead of one per weight
+                from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+                precompute_float8_dynamic_scale_for_fsdp(self.inner)
         return total
 
     CONFIG_FILE = "torch_config.json"
@@ -241,6 +252,7 @@ class TorchRunner(StepRunner):
         if self.p.float8:
             config["float8"] = {"implementation": "torchao.float8.convert_to_float8_training",
                                 "recipe": self.p.float8, "layers": self.float8_layers,
+                                "fsdp_float8_all_gather": bool(self.p.float8_all_gather),
                                 "left_in_bf16": "the LM head, any classifier, layers not multiples of 16"}
         if self.sharded and self.tp > 1:
             from trainbench.training.tensor_parallel import COLUMN_PARALLEL, ROW_PARALLEL, linear_plans
