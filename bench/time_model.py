@@ -75,11 +75,14 @@ def measured_cells(folders: list[Path]) -> list[dict]:
     return cells
 
 
-def leave_one_out(works: dict, measured: np.ndarray) -> np.ndarray:
+def leave_one_out(works: dict, measured: np.ndarray,
+                  everything: time_model.Constants | None = None) -> np.ndarray:
+    """Each cell's step time from a fit of all the others. `everything`, the fit of all cells, is only
+    where each search begins: the held-out cell's fit minimises its own objective."""
     predicted = np.empty(len(measured))
     for i in range(len(measured)):
         keep = np.arange(len(measured)) != i
-        constants = time_model.fit({k: v[keep] for k, v in works.items()}, measured[keep])
+        constants = time_model.fit({k: v[keep] for k, v in works.items()}, measured[keep], initial=everything)
         predicted[i] = time_model.step_time({k: v[i:i + 1] for k, v in works.items()}, constants)[0]
     return predicted
 
@@ -140,7 +143,7 @@ def report(cells: list[dict], gpu: str) -> tuple[time_model.Constants, dict]:
     constants = time_model.fit(works, measured)
     constants.gpu = gpu
     fitted = time_model.step_time(works, constants)
-    predicted = leave_one_out(works, measured)
+    predicted = leave_one_out(works, measured, constants)
     errors = 100 * (predicted - measured) / measured
     print(f"{'study':<15} {'cell':<52} {'measured':>10} {'predicted':>10} {'error':>7} {'all-fit':>10}")
     for c, m, p, e, f in sorted(zip(cells, measured, predicted, errors, fitted),
