@@ -42,4 +42,16 @@ quiet_pip --no-deps -e .
 if [ "$with_tests" = 1 ]; then
   quiet_pip -r envs/requirements-test.txt
 fi
+# DeepSpeed's CPU accelerator compiles its shared-memory collectives (a C++ op, 25-55 s on 2 cores)
+# the first time a CPU cell starts its engine; built here, every CPU cell after loads it from torch's
+# extensions cache. A GPU machine's accelerator has no such op: nothing to do there.
+"$venv/bin/python" - <<'PY' 2>&1 | grep -v "real_accelerator"
+import deepspeed.ops
+from deepspeed.accelerator import get_accelerator
+
+builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+if builder is not None and deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+    builder.load(verbose=False)
+    print(f"DeepSpeed's {builder.NAME} op built for CPU cells")
+PY
 "$venv/bin/python" -c "import torch, deepspeed, snakemake, trainbench; print('environment ready:', '$venv', 'torch', torch.__version__, 'deepspeed', deepspeed.__version__, 'snakemake', snakemake.__version__)" 2>&1 | grep -v "real_accelerator"
