@@ -43,9 +43,17 @@ if [ "$with_tests" = 1 ]; then
   quiet_pip -r envs/requirements-test.txt
 fi
 # DeepSpeed's CPU accelerator compiles its shared-memory collectives (a C++ op, 25-55 s on 2 cores)
-# the first time a CPU cell starts its engine; built here, every CPU cell after loads it from torch's
-# extensions cache. A GPU machine's accelerator has no such op: nothing to do there.
-"$venv/bin/python" - <<'PY' 2>&1 | grep -v "real_accelerator"
+# the first time a CPU cell starts its engine; built here, into the folder the cells' ranks use
+# (this environment's own: trainbench.execute.launch.cache_environment), every CPU cell after loads
+# it. A GPU machine's accelerator has no such op: nothing to do there. The environment's own tools
+# first on PATH, as the ranks have them (launch.launch_environment): a build made with another ninja
+# is built again.
+PATH="$(cd "$venv/bin" && pwd):$PATH" "$venv/bin/python" - <<'PY' 2>&1 | grep -v "real_accelerator"
+import os
+
+from trainbench.execute.launch import cache_environment
+
+os.environ.update({k: v for k, v in cache_environment(os.environ).items() if k == "TORCH_EXTENSIONS_DIR"})
 import deepspeed.ops
 from deepspeed.accelerator import get_accelerator
 

@@ -95,6 +95,11 @@ def test_compiled_graphs_are_cached_per_environment_where_the_user_did_not_say(t
     mine = launch_environment(params(), cpus_per_rank=1, devices=None,
                               base={"TRAINBENCH_CACHE_DIR": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": "/x"})
     assert mine["TORCHINDUCTOR_CACHE_DIR"] == "/x"
+    # DeepSpeed's op builds too: torch's default folder is shared by every environment, which then
+    # rebuild each other's ops
+    assert Path(env["TORCH_EXTENSIONS_DIR"]) == cache.parent / "torch_extensions"
+    assert launch_environment(params(), cpus_per_rank=1, devices=None,
+                              base={"TORCH_EXTENSIONS_DIR": "/ops"})["TORCH_EXTENSIONS_DIR"] == "/ops"
 
 
 def test_ranks_cache_bytecode_where_the_environment_says_not_to_write_it(tmp_path):

@@ -118,8 +118,13 @@ def cache_environment(base: Mapping[str, str]) -> dict[str, str]:
       is what not writing it was for; Python writes each file atomically. A PYTHONPYCACHEPREFIX the
       caller set is left alone.
 
-    Triton's kernels (~/.triton) and DeepSpeed's op builds (~/.cache/torch_extensions) already
-    persist by default."""
+    - DeepSpeed's op builds (CPU Adam; on CPU ranks its shared-memory collectives). torch's default,
+      ~/.cache/torch_extensions, is one folder per op name and Python version for every environment:
+      two environments (two clones' venvs) rebuild each other's op whenever they alternate, since
+      the build names the environment's headers (deepspeed_shm_comm: 27 s each time on a 2-core
+      box). A TORCH_EXTENSIONS_DIR the caller set is left alone (tools/gpu-host-run.sh sets one).
+
+    Triton's kernels (~/.triton) already persist by default."""
     root = base.get(CACHE_DIR_ENV) or str(Path(base.get("XDG_CACHE_HOME") or Path.home() / ".cache")
                                           / "trainbench")
     prefix = sys.prefix  # one per environment: its torch and Triton versions
@@ -127,6 +132,8 @@ def cache_environment(base: Mapping[str, str]) -> dict[str, str]:
     env = {}
     if not base.get("TORCHINDUCTOR_CACHE_DIR"):
         env["TORCHINDUCTOR_CACHE_DIR"] = str(folder / "inductor")
+    if not base.get("TORCH_EXTENSIONS_DIR"):
+        env["TORCH_EXTENSIONS_DIR"] = str(folder / "torch_extensions")
     if base.get("PYTHONDONTWRITEBYTECODE") and not base.get("PYTHONPYCACHEPREFIX"):
         env["PYTHONDONTWRITEBYTECODE"] = ""  # empty is unset to Python
         env["PYTHONPYCACHEPREFIX"] = str(folder / "bytecode")
