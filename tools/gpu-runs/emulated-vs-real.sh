@@ -12,8 +12,9 @@ mkdir -p bench-out
 bash tools/install_offline.sh .whl > bench-out/install.log 2>&1 || { tail bench-out/install.log; exit 1; }
 nvidia-smi --query-gpu=index,name,memory.total,power.limit --format=csv,noheader
 nvidia-smi topo -m
+source tools/gpu-runs/scheduler.sh
 started=$(date +%s)
-timeout -s INT "${LIMIT:-520}" snakemake -c all --keep-going results/tables/emulation_check.md \
+timeout -s INT "${LIMIT:-520}" snakemake -c all --keep-going "${scheduler[@]}" results/tables/emulation_check.md \
   > bench-out/snakemake.log 2>&1
 status=$?  # snakemake's (124 where the limit stopped it), before anything else sets $?
 echo "== snakemake: $(( $(date +%s) - started )) s, exit status $status"

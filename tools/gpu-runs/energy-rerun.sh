@@ -16,8 +16,9 @@ for study in "$@"; do
   targets+=("results/tables/$study.md")
   paths+=("results/runs/$study" "results/history/$study" "results/tables/$study".*)
 done
+source tools/gpu-runs/scheduler.sh
 started=$(date +%s)
-timeout -s INT "${LIMIT:-540}" snakemake -c all --keep-going --forcerun train_cell -- "${targets[@]}" \
+timeout -s INT "${LIMIT:-540}" snakemake -c all --keep-going "${scheduler[@]}" --forcerun train_cell -- "${targets[@]}" \
   > bench-out/snakemake.log 2>&1
 status=$?  # snakemake's (124 where the limit stopped it), before anything else sets $?
 echo "== snakemake: $(( $(date +%s) - started )) s, exit status $status"

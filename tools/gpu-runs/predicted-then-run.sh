@@ -17,8 +17,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 free -g | head -2; nproc
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=("results/tables/$study.md")
+source tools/gpu-runs/scheduler.sh
 started=$(date +%s)
-TRAINBENCH_FORCE_INFEASIBLE=1 timeout -s INT "${LIMIT:-480}" snakemake -c all --keep-going "${targets[@]}" \
+TRAINBENCH_FORCE_INFEASIBLE=1 timeout -s INT "${LIMIT:-480}" snakemake -c all --keep-going "${scheduler[@]}" "${targets[@]}" \
   > bench-out/snakemake.log 2>&1
 status=$?  # snakemake's (124 where the limit stopped it), before anything else sets $?
 echo "== snakemake: $(( $(date +%s) - started )) s, exit status $status"
