@@ -18,7 +18,8 @@ for study in "$@"; do
 done
 source tools/gpu-runs/scheduler.sh
 started=$(date +%s)
-timeout -s INT "${LIMIT:-540}" snakemake -c all --keep-going "${scheduler[@]}" --forcerun train_cell -- "${targets[@]}" \
+# forced past the memory model's verdict, as the published cells were: an OOM stays a measured OOM
+TRAINBENCH_FORCE_INFEASIBLE=1 timeout -s INT "${LIMIT:-540}" snakemake -c all --keep-going "${scheduler[@]}" --forcerun train_cell -- "${targets[@]}" \
   > bench-out/snakemake.log 2>&1
 status=$?  # snakemake's (124 where the limit stopped it), before anything else sets $?
 echo "== snakemake: $(( $(date +%s) - started )) s, exit status $status"
