@@ -20,7 +20,7 @@ summed into the same categories, and torch's reserve over that peak beside the m
 Emulated cells (one rank of a world of 8 to 128 on one GPU, docs/emulation.md) are the model
 checked at scale: they are listed and summarised apart (goal: median GPU error <= 10%, verdicts >=
 95%), and take no part in the figures above them nor in refitting the constants (their GPU figure
-carries the model's own NCCL constant, and their host figure is derived from one rank's).
+carries the model's own NCCL figure, and their host figure is derived from one rank's).
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ import sys
 from pathlib import Path
 
 from trainbench.reporting.compare import shorten
-from trainbench.predict.memory_model import ALLOCATOR_SLACK, allocated_mib, engine, hardware_of_run, predict
+from trainbench.predict.memory_model import (ALLOCATOR_SLACK, allocated_mib, engine, hardware_of_run,
+                                             nccl_buffers_mib, predict)
 from trainbench.execute.results import read_result
 from trainbench.study.params import CellParams
 
@@ -68,12 +69,12 @@ def print_gpu_split(rows: list[dict]) -> None:
 
 # --- out of sample -------------------------------------------------------------------------------
 # The memory model's constants set from measurements (the others are data-sheet or library facts, or
-# structure): the GPU figure is allocation x ALLOCATOR_SLACK + CUDA_CONTEXT_MIB (+ NCCL_MIB with more
-# than one rank), the host figure ranks x (HOST_RANK_BASE_MIB + the framework's own + model states +
-# OFFLOAD_STAGING_BYTES per offloaded parameter). Both are linear in their constants, so a fit is a
+# structure): the GPU figure is allocation x ALLOCATOR_SLACK + CUDA_CONTEXT_MIB (+ NCCL_SCALE x the
+# layout's NCCL figure with more than one rank), the host figure ranks x (HOST_RANK_BASE_MIB + the
+# framework's own + model states + OFFLOAD_STAGING_BYTES per offloaded parameter). Both are linear in their constants, so a fit is a
 # least-squares solve on relative error; the out-of-sample figures refit them without the held-out
 # cell (leave-one-out) or study (leave-one-study-out) and predict it with the refit constants.
-GPU_CONSTANTS = ("ALLOCATOR_SLACK", "CUDA_CONTEXT_MIB", "NCCL_MIB")
+GPU_CONSTANTS = ("ALLOCATOR_SLACK", "CUDA_CONTEXT_MIB", "NCCL_SCALE")
 HOST_CONSTANTS = ("HOST_RANK_BASE_MIB[cuda]", "OFFLOAD_STAGING_BYTES")
 NOT_REFIT = (
     "not refit (no constant of them is fitted from data, or it is structure chosen after looking at a "
@@ -89,7 +90,8 @@ NOT_REFIT = (
 
 def linear_terms(doc: dict) -> dict | None:
     """A measured cell's predictions as linear functions of the fitted constants: GPU = slack x alloc +
-    context + nccl x multi; host = ranks x (base + rest + staging x offloaded) (MiB)."""
+    context + nccl scale x the layout's NCCL figure; host = ranks x (base + rest + staging x offloaded)
+    (MiB)."""
     from trainbench.registry.frameworks import framework_of
     from trainbench.predict.memory_model import (DEEPSPEED_IMPORT_MIB, HOST_RANK_BASE_MIB,
                                                  OFFLOAD_STAGING_BYTES,
@@ -112,29 +114,32 @@ def linear_terms(doc: dict) -> dict | None:
     # what the allocator holds beyond its slack (FSDP1's reserved gradient shards) is not scaled by it
     reserved = sum(v for k, v in pred.parts_mib.items()
                    if k.startswith("allocator_") and k != "allocator_slack")
-    return {"alloc": allocated_mib(pred.parts_mib), "reserved": reserved, "multi": float(params.gpus > 1),
+    return {"alloc": allocated_mib(pred.parts_mib), "reserved": reserved, "nccl": nccl_buffers_mib(params),
             "ranks": ranks, "rest": rest, "staging": staging}
 
 
 def fit_constants(rows: list[dict]) -> dict[str, float]:
     """The constants from `rows` (cells that ran): the CUDA context as what NVML shows over torch's peak
-    reservation on one GPU, NCCL's as that over the context with more (medians: what they are by
+    reservation on one GPU, NCCL's scale as that over the context with more, over the layout's figure
+    (medians: what they are by
     definition); the allocator slack, the host base per rank and the offload staging by least squares on
     the relative error of the GPU and host figures."""
     import numpy as np
 
-    from trainbench.predict.memory_model import CUDA_CONTEXT_MIB, NCCL_MIB, OFFLOAD_STAGING_BYTES
+    from trainbench.predict.memory_model import CUDA_CONTEXT_MIB, OFFLOAD_STAGING_BYTES
 
-    beyond = [(r["gpu_meas_mib"] - r["torch_reserved_mib"], r["terms"]["multi"]) for r in rows
+    beyond = [(r["gpu_meas_mib"] - r["torch_reserved_mib"], r["terms"]["nccl"]) for r in rows
               if r["gpu_meas_mib"] and r["torch_reserved_mib"]]
-    one = [b for b, multi in beyond if not multi]
+    one = [b for b, nccl in beyond if not nccl]
     context = statistics.median(one) if one else CUDA_CONTEXT_MIB
-    many = [b - context for b, multi in beyond if multi]
-    nccl = statistics.median(many) if many else NCCL_MIB
+    # NCCL's figures are the layouts' (memory_model.NCCL_MIB_BY_LAYOUT): refit as one scale on them all
+    many = [(b - context) / nccl for b, nccl in beyond if nccl]
+    nccl_scale = statistics.median(many) if many else 1.0
     gpu = [r for r in rows if r["gpu_meas_mib"]]
     measured = np.array([r["gpu_meas_mib"] for r in gpu])
     alloc = np.array([r["terms"]["alloc"] for r in gpu]) / measured
-    fixed = np.array([context + nccl * r["terms"]["multi"] + r["terms"]["reserved"] for r in gpu]) / measured
+    fixed = np.array([context + nccl_scale * r["terms"]["nccl"] + r["terms"]["reserved"]
+                      for r in gpu]) / measured
     slack = float(alloc @ (1 - fixed) / (alloc @ alloc))
     host = [r for r in rows if r["host_meas_mib"]]
     t = [r["terms"] for r in host]
@@ -146,14 +151,14 @@ def fit_constants(rows: list[dict]) -> dict[str, float]:
     else:  # no offloaded cell to fit the staging on: keep the model's
         staging = OFFLOAD_STAGING_BYTES
         base = float(a[:, 0] @ (b - a[:, 1] * staging) / (a[:, 0] @ a[:, 0]))
-    return {"ALLOCATOR_SLACK": slack, "CUDA_CONTEXT_MIB": context, "NCCL_MIB": nccl,
+    return {"ALLOCATOR_SLACK": slack, "CUDA_CONTEXT_MIB": context, "NCCL_SCALE": nccl_scale,
             "HOST_RANK_BASE_MIB[cuda]": float(base), "OFFLOAD_STAGING_BYTES": float(staging)}
 
 
 def predict_with(row: dict, constants: dict[str, float]) -> tuple[float, float]:
     t = row["terms"]
     gpu = (constants["ALLOCATOR_SLACK"] * t["alloc"] + t["reserved"] + constants["CUDA_CONTEXT_MIB"]
-           + constants["NCCL_MIB"] * t["multi"])
+           + constants["NCCL_SCALE"] * t["nccl"])
     host = t["ranks"] * (constants["HOST_RANK_BASE_MIB[cuda]"] + t["rest"]
                          + constants["OFFLOAD_STAGING_BYTES"] * t["staging"])
     return gpu, host
@@ -164,7 +169,7 @@ def shipped_constants() -> dict[str, float]:
 
     return {"ALLOCATOR_SLACK": memory_model.ALLOCATOR_SLACK,
             "CUDA_CONTEXT_MIB": memory_model.CUDA_CONTEXT_MIB,
-            "NCCL_MIB": memory_model.NCCL_MIB,
+            "NCCL_SCALE": 1.0,  # on NCCL_MIB_BY_LAYOUT
             "HOST_RANK_BASE_MIB[cuda]": memory_model.HOST_RANK_BASE_MIB["cuda"],
             "OFFLOAD_STAGING_BYTES": memory_model.OFFLOAD_STAGING_BYTES}
 
@@ -236,7 +241,7 @@ def print_out_of_sample(rows: list[dict]) -> None:
         print(f"    {study:<15} {summary_text(errors_of(members, predictions))}; verdicts {right}/{judged}; "
               f"in sample {summary_text(errors_of(members, [predict_with(r, shipped) for r in members]))}; "
               f"refit slack {constants['ALLOCATOR_SLACK']:.2f}, context {constants['CUDA_CONTEXT_MIB']:.0f}, "
-              f"NCCL {constants['NCCL_MIB']:.0f}, host base {constants['HOST_RANK_BASE_MIB[cuda]']:.0f}, "
+              f"NCCL x{constants['NCCL_SCALE']:.2f}, host base {constants['HOST_RANK_BASE_MIB[cuda]']:.0f}, "
               f"staging {constants['OFFLOAD_STAGING_BYTES']:.1f}")
     members, predictions = zip(*held_out)
     print("    every cell predicted with its study held out: "

@@ -238,7 +238,7 @@ def test_emulated_vs_real_takes_communication_as_a_share_and_nccl_beyond_what_th
     """bench/emulated_vs_real.py's arithmetic on rows a 2-GPU host would give: the exposed communication
     of the real rank of the emulated rank's number, as a share of its (slower) profiled step; NCCL's
     buffers as the real rank's device memory beyond what the emulated rank measured (its stored figure
-    already adds the memory model's constant); a rank whose outcome differs, listed with both."""
+    already adds the memory model's figure), by layout; a rank whose outcome differs, listed with both."""
     sys.path.insert(0, str(REPO / "bench"))
     import emulated_vs_real as bench
 
@@ -253,7 +253,7 @@ def test_emulated_vs_real_takes_communication_as_a_share_and_nccl_beyond_what_th
                 "status_emulated": status_emulated, "device_real": 10_700.0, "device_emulated": 10_650.0,
                 "device_emulated_measured": 10_100.0, "held_real": None, "held_emulated": None,
                 "shard_real": 5, "shard_emulated": 5, "step_real_s": 0.5, "step_emulated_s": 0.3,
-                "real_exposed_comm_share": 0.25}
+                "real_exposed_comm_share": 0.25, "layout": "data", "modelled_mib": 550.0}
 
     ok = row(1)
     assert bench.ratio(ok) == pytest.approx(0.6)
@@ -262,5 +262,6 @@ def test_emulated_vs_real_takes_communication_as_a_share_and_nccl_beyond_what_th
     bench.print_summary([ok, row(0, status_emulated="oom")])
     said = capsys.readouterr().out
     assert "outcomes: 1 of 2 ranks the same emulated and real; s/c rank 0: real ok, emulated oom" in said
-    assert "NCCL's buffers, mostly): median 600 MiB over 1 ranks" in said  # 10,700 - 10,100, not - 10,650
+    # 10,700 - 10,100, not - 10,650, beside what the model adds for the layout
+    assert "NCCL's buffers, mostly), data: median 600 MiB over 1 ranks (600-600); the model adds 550" in said
     assert "device memory: 1 ranks, |emulated - real| median 0.5%" in said and "median 0.800 over 1" in said

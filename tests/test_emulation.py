@@ -126,17 +126,38 @@ def test_the_heaviest_rank_of_a_pipeline_is_on_the_stage_that_held_the_most(cell
 
 
 def test_a_gpu_limit_leaves_the_allocator_what_the_smaller_gpu_would():
-    from trainbench.predict.memory_model import CUDA_CONTEXT_MIB, NCCL_MIB
+    from trainbench.predict.memory_model import CUDA_CONTEXT_MIB, nccl_buffers_mib
 
-    limit = emulation.device_limit(40, device_total_mib=143771, ranks=64)
-    assert limit.allocator_mib == pytest.approx(40 * 1024 - CUDA_CONTEXT_MIB - NCCL_MIB)
+    params = resolve({**TINY, "device": "cuda", "gpus": 64, "nodes": 8, "strategy": "fsdp", "emulate": True})
+    limit = emulation.device_limit(40, device_total_mib=143771, params=params)
+    assert limit.allocator_mib == pytest.approx(40 * 1024 - CUDA_CONTEXT_MIB - nccl_buffers_mib(params))
     assert limit.fraction == pytest.approx(limit.allocator_mib / 143771)
-    assert (emulation.device_limit(40, 143771, ranks=1).allocator_mib
+    alone = resolve({**TINY, "device": "cuda", "gpus": 1})
+    assert (emulation.device_limit(40, 143771, alone).allocator_mib
             == pytest.approx(40 * 1024 - CUDA_CONTEXT_MIB))
     with pytest.raises(ValueError, match="can only emulate a smaller GPU"):
-        emulation.device_limit(200, 143771, ranks=8)
+        emulation.device_limit(200, 143771, params)
     with pytest.raises(ValueError, match="leaves nothing for tensors"):
-        emulation.device_limit(1, 143771, ranks=8)
+        emulation.device_limit(1, 143771, params)
+
+
+def test_nccl_buffers_follow_the_communicators_of_the_cells_layout():
+    """Real ranks on 4 x H200 held NCCL memory by layout (issue 35), not one constant: the model's figure
+    for each must be the one measured for that layout, and none where no communicator opens."""
+    from trainbench.predict.memory_model import NCCL_MIB_BY_LAYOUT, nccl_buffers_mib, nccl_layout
+
+    def layout(**extra):
+        return nccl_layout(resolve({**TINY, "device": "cuda", "gpus": 4, **extra}))
+
+    assert layout(strategy="fsdp") == layout(framework="hf_trainer", strategy="fsdp") == "data"
+    assert layout(framework="deepspeed", strategy="zero3") == "zero3"
+    assert layout(framework="hf_trainer", strategy="zero3") == "zero3"
+    assert layout(framework="deepspeed", strategy="zero2", offload_optimizer=True) == "zero"
+    assert layout(strategy="fsdp", tp=2) == "tensor"
+    assert layout(framework="deepspeed", strategy="zero1", pp=2) == "pipeline"
+    assert len(set(NCCL_MIB_BY_LAYOUT.values())) == len(NCCL_MIB_BY_LAYOUT)
+    assert nccl_buffers_mib(resolve({**TINY, "device": "cuda", "gpus": 1})) == 0.0
+    assert nccl_buffers_mib(resolve({**TINY, "gpus": 4, "strategy": "fsdp"})) == 0.0  # CPU ranks
 
 
 # --- the fake process group's outputs ------------------------------------------------------------------
@@ -176,13 +197,34 @@ def test_an_emulated_result_completes_what_one_rank_cannot_see_and_says_so():
     params = resolve({**TINY, "device": "cuda", "gpus": 8, "strategy": "fsdp", "emulate": True})
     metrics = {"gpu_mem_used_mib": [1000.0], "host_mem_peak_mib": 300.0}
     section = emulation.account(metrics, {"rank": 0, "world_size": 8, "ranks_per_node": 8}, params)
-    from trainbench.predict.memory_model import NCCL_MIB
+    from trainbench.predict.memory_model import EMULATED_CONTEXT_SHORTFALL_MIB, NCCL_MIB_BY_LAYOUT
 
-    assert metrics == {"gpu_mem_used_mib": [1000.0 + NCCL_MIB], "host_mem_peak_mib": 2400.0}
+    nccl = NCCL_MIB_BY_LAYOUT["data"] + EMULATED_CONTEXT_SHORTFALL_MIB
+    assert metrics == {"gpu_mem_used_mib": [1000.0 + nccl], "host_mem_peak_mib": 2400.0}
     assert section["measured"] == {"gpu_mem_used_mib": [1000.0], "host_rss_peak_mib": 300.0}
-    assert section["modelled"] == {"nccl_buffers_mib": NCCL_MIB}
+    assert section["modelled"] == {"nccl_buffers_mib": nccl}
     assert set(section["derived"]) == {"gpu_mem_used_mib", "host_mem_peak_mib"}
     assert "communication time" in section["not_measured"]
+
+
+def test_a_stored_emulated_result_is_read_with_the_models_nccl_figure_of_now():
+    """A result written when the model added 550 MiB for every layout reads with today's figure for its
+    own layout: tables, findings and benches set every emulated rank against the same model."""
+    from trainbench.execute.results import with_current_emulation
+    from trainbench.predict.memory_model import emulated_rank_shortfall_mib
+
+    params = resolve({**TINY, "device": "cuda", "gpus": 4, "framework": "deepspeed", "strategy": "zero1",
+                      "pp": 2, "emulate": True})
+    doc = {"params": params.as_dict(), "metrics": {"gpu_mem_used_mib": [1550.0]},
+           "emulation": {"measured": {"gpu_mem_used_mib": [1000.0]}, "modelled": {"nccl_buffers_mib": 550.0}}}
+    now = with_current_emulation(doc)
+    added = emulated_rank_shortfall_mib(params)
+    assert added > 550.0  # a pipeline's ranks open more communicators than the old constant allowed
+    assert now["metrics"]["gpu_mem_used_mib"] == [1000.0 + added]
+    assert now["emulation"]["modelled"]["nccl_buffers_mib"] == added
+    assert doc["metrics"]["gpu_mem_used_mib"] == [1550.0]  # the stored document is left as it was
+    real = {"params": params.replace(emulate=False).as_dict(), "metrics": {"gpu_mem_used_mib": [9.0]}}
+    assert with_current_emulation(real) is real
 
 
 def _emulated_doc(status="ok", **metrics) -> dict:

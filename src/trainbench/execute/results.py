@@ -433,7 +433,24 @@ def current(doc: dict[str, Any]) -> dict[str, Any]:
         return doc  # not a result: schema_problems says why
     gpu_name = (doc.get("provenance") or {}).get("gpu_name")
     params = with_optional_defaults(doc["params"])  # made before an optional parameter: its default
-    return {**doc, "params": params, "metrics": with_intervals(params, doc["metrics"], gpu_name)}
+    doc = {**doc, "params": params, "metrics": with_intervals(params, doc["metrics"], gpu_name)}
+    return with_current_emulation(doc)
+
+
+def with_current_emulation(doc: dict[str, Any]) -> dict[str, Any]:
+    """An emulated result's GPU 'used' completed as the memory model completes it now (its measured
+    figure, kept in its `emulation` section, plus what a real rank shows beyond it): a result written
+    under an older model carries that model's NCCL figure."""
+    emulation = doc.get("emulation") or {}
+    measured = (emulation.get("measured") or {}).get("gpu_mem_used_mib")
+    if not measured or not doc["metrics"].get("gpu_mem_used_mib"):
+        return doc
+    from trainbench.predict.memory_model import emulated_rank_shortfall_mib
+
+    added = emulated_rank_shortfall_mib(CellParams.from_dict(doc["params"]))
+    modelled = {**(emulation.get("modelled") or {}), "nccl_buffers_mib": added}
+    return {**doc, "metrics": {**doc["metrics"], "gpu_mem_used_mib": [round(u + added, 1) for u in measured]},
+            "emulation": {**emulation, "modelled": modelled}}
 
 
 class InvalidResult(ValueError):

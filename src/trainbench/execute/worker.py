@@ -142,7 +142,7 @@ class Worker:
         device = self._device()
         if self.params.gpu_mem_limit_gib is not None:
             self.device_limit = emulation.device_limit(self.params.gpu_mem_limit_gib,
-                                                       emulation.device_total_mib(device), self.world_size)
+                                                       emulation.device_total_mib(device), self.params)
             emulation.hold_to(self.device_limit, device)
         if device.type == "cuda":
             self.memory = MemoryRecorder(self.work_dir / PROFILE_DIR, self.rank,

@@ -67,9 +67,23 @@ from trainbench.registry.models import ModelSpec, get_model
 DS_MAX_LIVE_PARAMETERS = 1e9
 
 # Measured on H200 (published runs): NVML 'used' minus torch's peak reservation on a one-GPU run
-# (CUDA context with lazy loading, cuBLAS workspace) and the extra with NCCL communicators.
+# (CUDA context with lazy loading, cuBLAS workspace).
 CUDA_CONTEXT_MIB = 1850.0
-NCCL_MIB = 550.0
+# NCCL's buffers and communicators on a GPU rank of a world of several, by the communicators its layout
+# opens: what NVML shows over torch's peak reservation on a real rank, less a one-GPU rank's context
+# (the median of the published one-GPU torch cells, 1,940 MiB on the same driver). From 4 x H200 over
+# NVLink (issue 35: tools/gpu-runs/emulated-vs-real-2.log), where real ranks showed over their
+# reservation 1,464 MiB (an emulated rank's context, below) plus, alike at 2 and 4 GPUs and across
+# frameworks of one layout: torch FSDP2 774, the HF Trainer's FSDP 772; DeepSpeed ZeRO-3 974, the HF
+# Trainer's ZeRO-3 973; ZeRO-1/2 1,264 with or without offload (its own data-parallel group beside the
+# world's); FSDP2 over tensor parallelism of 2, 1,748 (two mesh groups); ZeRO-1 over a pipeline of 2,
+# 3,748 (data-parallel, pipeline, point-to-point and tied-weight groups). DDP and ZeRO-0 were not
+# measured: DDP opens one communicator as FSDP does, ZeRO-0 DeepSpeed's groups as ZeRO-1 does.
+NCCL_MIB_BY_LAYOUT = {"data": 298.0, "zero3": 498.0, "zero": 788.0, "tensor": 1272.0, "pipeline": 3272.0}
+# What an emulated rank shows over its reservation is 476 MiB less than a real one-GPU rank's context:
+# 1,452-1,464 MiB on every emulated GPU rank published (H200, driver 580), 1,924-1,954 on the one-GPU
+# torch cells of the same days. Its figure completed to a real rank's adds this and NCCL's buffers.
+EMULATED_CONTEXT_SHORTFALL_MIB = 476.0
 # The caching allocator reserves more than the peak it hands out (measured 1.04-1.24x).
 ALLOCATOR_SLACK = 1.10
 # Host memory each rank process holds before its share of model states: torch (CPU ranks), plus the
@@ -113,6 +127,33 @@ class Prediction:
         return {"gpu_mem_mib": _r(self.gpu_mem_mib), "host_mem_mib": _r(self.host_mem_mib), "fits": self.fits,
                 "why_not": self.why_not, "short_of": self.short_of,
                 "parts_mib": {k: _r(v) for k, v in self.parts_mib.items()}}
+
+
+
+def nccl_layout(params: CellParams) -> str:
+    """Which of NCCL_MIB_BY_LAYOUT's layouts a cell's ranks communicate in."""
+    if params.pp > 1:
+        return "pipeline"
+    if params.tp > 1:
+        return "tensor"
+    strategy = strategy_of(params)
+    if strategy.layout == "zero":
+        return "zero3" if strategy.zero_stage == 3 else "zero"
+    return "data"
+
+
+def nccl_buffers_mib(params: CellParams) -> float:
+    """NCCL's device memory on one GPU rank of the cell, over a one-GPU rank's context: none on a CPU
+    rank or a GPU alone."""
+    if params.device != "cuda" or params.gpus <= 1:
+        return 0.0
+    return NCCL_MIB_BY_LAYOUT[nccl_layout(params)]
+
+def emulated_rank_shortfall_mib(params: CellParams) -> float:
+    """What a real GPU rank of the cell's world shows beyond its emulated twin: NCCL's buffers for its
+    layout, and the context an emulated rank does not load (both measured against real ranks)."""
+    nccl = nccl_buffers_mib(params)
+    return nccl + EMULATED_CONTEXT_SHORTFALL_MIB if nccl else 0.0
 
 
 def _r(value):
@@ -422,7 +463,7 @@ def predict(params: CellParams, hardware: Hardware | None = None) -> Prediction:
     allocated = allocated_mib(parts)
     if params.device == "cuda":
         parts["allocator_slack"] = allocated * (ALLOCATOR_SLACK - 1)
-        parts["cuda_context"] = CUDA_CONTEXT_MIB + (NCCL_MIB if params.gpus > 1 else 0)
+        parts["cuda_context"] = CUDA_CONTEXT_MIB + nccl_buffers_mib(params)
         gpu = sum(parts.values())
         split = strategy_of(params).tensor_parallel if params.tp > 1 else None
         if split is not None and split.builds_whole_model:

@@ -180,8 +180,9 @@ def _emulation_note(docs: list[Doc]) -> list[str]:
     rows = [d for d in docs if d.get("emulation")]
     if not rows:
         return []
-    from trainbench.predict.memory_model import NCCL_MIB
-
+    # what each result added (its emulation section), whichever release of the model it ran under
+    nccl = sorted({round(((d["emulation"].get("modelled") or {}).get("nccl_buffers_mib")) or 0) for d in rows}
+                  - {0})
     limits = sorted({d["params"]["gpu_mem_limit_gib"] for d in rows if d["params"].get("gpu_mem_limit_gib")})
     held = (f" Where gpu_mem_limit_gib is set ({', '.join(f'{g:g}' for g in limits)} GiB), the rank was held "
             "to a GPU of that size: its allocator could reserve what such a GPU leaves after the CUDA "
@@ -189,7 +190,8 @@ def _emulation_note(docs: list[Doc]) -> list[str]:
     return [f"Rows marked \"emulated rank r of N\" ({len(rows)} here) ran one rank of the cell's world "
             "alone on one GPU through PyTorch's fake process group (docs/emulation.md): the framework "
             "built, sharded and stepped as that rank, and no collective moved data. Their memory is the "
-            f"rank's, measured, with NCCL's buffers modelled ({NCCL_MIB:.0f} MiB added to the GPU's) and "
+            "rank's, measured, with NCCL's buffers modelled (" + (", ".join(f"{n:,}" for n in nccl) or "no")
+            + " MiB added to the GPU's, by the layout's communicators) and "
             "the node's host memory derived (the rank's times the ranks per node); their timed figures, "
             "marked (compute), are the rank's compute alone, beside the time model's whole step." + held, ""]
 

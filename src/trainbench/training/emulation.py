@@ -9,8 +9,9 @@ allocation and reservation, NVML's 'used'), its host memory, and its compute tim
 
 What it cannot see, and what the result says instead (`emulation` in metrics.json):
 - communication time: none happens, so the step time is rank r's compute time alone;
-- NCCL's own buffers: no communicator exists, so the memory model's constant (NCCL_MIB) is added to
-  the GPU's measured 'used' and said to be modelled;
+- NCCL's own buffers: no communicator exists, so the memory model's figure for the cell's layout
+  (memory_model.nccl_buffers_mib, with the context an emulated rank does not load; both measured
+  against real ranks) is added to the GPU's measured 'used' and said to be modelled;
 - the other ranks' host memory on the node: the node's figure is rank r's times the ranks per node,
   and said to be derived.
 
@@ -22,7 +23,8 @@ its first step never allocates them). `init_process_group` probes the backend it
 collective whose output it leaves unwritten, writes that output the way newer releases do.
 Broadcasts and receives leave their buffers as they were on every release: each rank's own values,
 as if rank 0 were its twin; a broadcast of Python objects likewise. Where a framework relies on what
-rank 0 sends, its adapter fills it in: a pipeline stage's received shapes and DeepSpeed's checks
+rank 0 sends, its adapter fills it in: a pipeline stage's received shapes and activations (seeded
+normal values: zeros would overflow a deep stage's backward and skip its optimizer), DeepSpeed's checks
 against rank 0 (trainbench.training.runners.deepspeed_engine), the Trainer's ZeRO-3 weights that rank 0 alone
 initialises (trainbench.training.runners.hf_trainer). DDP reduces through a hook of its own (_hook_ddp).
 """
@@ -267,11 +269,11 @@ class DeviceLimit:
                 "allocator_limit_mib": round(self.allocator_mib, 1), "fraction": round(self.fraction, 5)}
 
 
-def device_limit(limit_gib: float, device_total_mib: float, ranks: int) -> DeviceLimit:
-    """The allocator's share of a GPU of `limit_gib` for a rank of a world of `ranks`."""
-    from trainbench.predict.memory_model import CUDA_CONTEXT_MIB, NCCL_MIB
+def device_limit(limit_gib: float, device_total_mib: float, params: CellParams) -> DeviceLimit:
+    """The allocator's share of a GPU of `limit_gib` for the cell's emulated rank."""
+    from trainbench.predict.memory_model import CUDA_CONTEXT_MIB, nccl_buffers_mib
 
-    limit = DeviceLimit(limit_gib * 1024, device_total_mib, CUDA_CONTEXT_MIB, NCCL_MIB if ranks > 1 else 0.0)
+    limit = DeviceLimit(limit_gib * 1024, device_total_mib, CUDA_CONTEXT_MIB, nccl_buffers_mib(params))
     if limit.allocator_mib <= 0:
         raise ValueError(f"gpu_mem_limit_gib={limit_gib:g} leaves nothing for tensors after the CUDA context "
                          f"({CUDA_CONTEXT_MIB:.0f} MiB) and NCCL's buffers")
@@ -317,10 +319,10 @@ def account(metrics: dict[str, Any], reported: dict[str, Any], params: CellParam
     (worker.py's `emulated`), and its metrics completed where a real rank's would hold more: the GPU's
     'used' memory with NCCL's buffers (modelled), the node's host memory as the rank's times the ranks
     per node (derived). `metrics` is changed in place; the measured figures stay in the section."""
-    from trainbench.predict.memory_model import NCCL_MIB
+    from trainbench.predict.memory_model import emulated_rank_shortfall_mib
 
     ranks_per_node = reported["ranks_per_node"]
-    nccl = NCCL_MIB if params.device == "cuda" and params.gpus > 1 else 0.0
+    nccl = emulated_rank_shortfall_mib(params)
     said = {**section(params), "rank": reported["rank"], "world_size": reported["world_size"],
             "ranks_per_node": ranks_per_node,
             "outputs_written_by_trainbench": reported.get("outputs_written_by_trainbench", []),
