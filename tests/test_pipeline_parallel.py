@@ -70,3 +70,26 @@ def test_deepspeed_really_refuses_zero_2_and_3_in_its_pipeline_engine(tmp_path, 
                                                "CUDA_VISIBLE_DEVICES": ""})
     quoted = PIPELINE_ZERO_UNSUPPORTED.split(": ", 1)[1].strip("'")
     assert f"REFUSED: {quoted}" in result.stdout, result.stdout + result.stderr
+
+
+def test_an_emulated_last_stage_steps_its_optimizer_on_the_activations_it_receives(tmp_path):
+    """An emulated stage after the first receives no activations (a fake receive writes nothing). Left
+    at zero, every hidden state of the stage was zero (GPT-2's biases start at zero), each LayerNorm's
+    backward multiplied by 1/sqrt(eps), and a deep, wide stage's gradients overflowed: the optimizer
+    skipped every step and never allocated AdamW's states (gpt-2.5b's last stage on 4 x H200: 5 GiB
+    less than its real rank). gpt2-350m's 12 blocks a stage overflow so on CPU; gpt2-tiny's do not.
+    Its real rank 3 (bf16, ZeRO-1 over 2 data-parallel ranks) keeps 8.02 bytes a parameter between
+    steps: bf16 weights (2), the fp32 master partition (4 / 2) and AdamW's two fp32 states (8 / 2);
+    the emulated rank kept 4.02 and its loss stayed at ln(vocabulary) / 2 (zero logits)."""
+    from test_emulation import DEEPSPEED_HALF
+
+    cell = make_cell(framework="deepspeed", strategy="zero1", model="gpt2-350m", gpus=4, pp=2,
+                     micro_batch=1, seq_len=16, grad_accum=2, precision=DEEPSPEED_HALF, warmup_steps=1,
+                     timed_steps=1, emulate=True, emulate_rank=3)
+    doc = run(cell, tmp_path)
+    assert doc["status"] == "ok", doc["reason"]
+    m = doc["metrics"]
+    held, params = m["tensors_held_bytes_per_rank"][0]["cpu"], m["params_held_per_rank"][0]
+    assert held >= (2 + 4 / 2 + 8 / 2) * params, held / params
+    losses = m["loss_curve"]
+    assert all(math.isfinite(loss) for loss in losses) and len(set(losses)) > 1, losses

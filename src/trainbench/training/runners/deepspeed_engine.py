@@ -199,17 +199,31 @@ class DeepSpeedRunner(StepRunner):
         batches = self.ctx.batches(rank=self.engine.grid.get_data_parallel_id())
         self.pipeline_data = iter(batches.next, None)
         if emulation.in_this_process() and self.engine.stage_id > 0:
-            self._receive_shapes_without_a_sender(spec)
+            self._receive_without_a_sender(spec)
 
-    def _receive_shapes_without_a_sender(self, spec: ModelSpec) -> None:
+    def _receive_without_a_sender(self, spec: ModelSpec) -> None:
         """An emulated stage after the first has no stage before it to tell it what it receives (the
         engine's first receive is the sent activations' dtype and shape, which a fake receive leaves
         unwritten): it is what every stage but the last sends, the hidden states of a micro batch in
-        the engine's dtype. The received buffer then stays as allocated (zeros)."""
+        the engine's dtype. Nor does any stage send the activations themselves: the receive buffer
+        keeps what it holds, which trainbench writes once, as hidden states a real stage could send
+        (unit normal, seeded). Left as allocated (zeros), every hidden state of the stage would be
+        zero (GPT-2's biases start at zero), each LayerNorm's backward would multiply the gradient by
+        1/sqrt(eps), and a deep, wide stage's gradients would overflow: the optimizer would skip
+        every step and never allocate its states (gpt-2.5b's last stage: AdamW's 5 GiB a rank)."""
         engine = self.engine
         dtype = next(engine.module.parameters()).dtype
         shape = [self.p.micro_batch, self.p.seq_len, spec.d_model]
-        engine._recv_tensor_meta = lambda _sender: engine._allocate_or_extend_buffers(0, shape, dtype)
+        generator = torch.Generator(device=engine.device)
+        generator.manual_seed(self.p.seed * 1_000_003 + engine.stage_id)
+
+        def receive_meta(_sender):
+            buffer = engine._allocate_or_extend_buffers(0, shape, dtype)
+            with torch.no_grad():
+                buffer.normal_(generator=generator)
+            return buffer
+
+        engine._recv_tensor_meta = receive_meta
 
     def _build_model(self, deepspeed) -> GPT:
         def new_model():
