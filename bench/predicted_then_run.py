@@ -11,8 +11,9 @@ and step time against the measured ones, as (predicted - measured) / measured. C
 result, or whose result is neither ok nor oom, are listed and left out of the figures. Where the
 predictions have the step's parts (compute, communication, optimizer, framework) and the cell was
 profiled, each part against the profile's (reporting.predictions.MODEL_PARTS: the profile's shares
-of the timed median step), and the part that missed most. --json writes every row and the summary
-for machines.
+of the timed median step), and the part that missed most. An emulated rank's step (its compute alone)
+is set against the prediction less its communication, and the real cells' figures are also given
+apart. --json writes every row and the summary for machines.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def compare_row(row: dict, runs: Path) -> dict:
              "predicted_gpu_gib": float(row["gpu_mem_gib"]), "predicted_fits": predicted_fit,
              "predicted_step_s": float(row["step_time_s"]) if row.get("step_time_s") else None,
              "measured_gpu_gib": None, "measured_step_s": None, "verdict_right": None,
-             "gpu_error": None, "step_error": None, "parts_ms": None}
+             "gpu_error": None, "step_error": None, "parts_ms": None, "emulated": False}
     if status not in ("ok", "oom"):
         return entry
     entry["verdict_right"] = predicted_fit == (status == "ok")
@@ -61,6 +62,11 @@ def compare_row(row: dict, runs: Path) -> dict:
         entry["measured_gpu_gib"] = max(metrics["gpu_mem_used_mib"]) * MIB / GIB
         entry["measured_step_s"] = metrics["step_time_s"]
         entry["gpu_error"] = entry["predicted_gpu_gib"] / entry["measured_gpu_gib"] - 1
+        if doc.get("emulation") and entry["predicted_step_s"] and row.get("communication_s"):
+            # an emulated rank's step is its compute alone: set against the prediction less its
+            # communication (compute, optimizer and the loop's own costs remain)
+            entry["predicted_step_s"] -= float(row["communication_s"])
+            entry["emulated"] = True
         if entry["predicted_step_s"]:
             entry["step_error"] = entry["predicted_step_s"] / entry["measured_step_s"] - 1
         profiled = profiled_parts(metrics)
@@ -74,7 +80,11 @@ def summarize(entries: list[dict]) -> dict:
     judged = [e for e in entries if e["verdict_right"] is not None]
     gpu = [abs(e["gpu_error"]) for e in entries if e["gpu_error"] is not None]
     step = [abs(e["step_error"]) for e in entries if e["step_error"] is not None]
-    return {"cells": len(entries), "judged": len(judged),
+    real = [abs(e["step_error"]) for e in entries if e["step_error"] is not None and not e["emulated"]]
+    return {"step_real_cells": len(real),
+            "step_real_median_abs_error": statistics.median(real) if real else None,
+            "step_real_worst_abs_error": max(real) if real else None,
+            "cells": len(entries), "judged": len(judged),
             "verdicts_right": sum(e["verdict_right"] for e in judged),
             "gpu_median_abs_error": statistics.median(gpu) if gpu else None,
             "gpu_worst_abs_error": max(gpu) if gpu else None,
@@ -110,6 +120,11 @@ def render(entries: list[dict], summary: dict) -> str:
               f"worst {_pct(s['gpu_worst_abs_error']).lstrip('+')}",
               f"step time (cells that ran): median |error| {_pct(s['step_median_abs_error']).lstrip('+')}, "
               f"worst {_pct(s['step_worst_abs_error']).lstrip('+')}"]
+    if s["step_real_cells"] < sum(e["step_error"] is not None for e in entries):  # emulated ranks too
+        lines += [f"  of which real cells ({s['step_real_cells']}): median |error| "
+                  f"{_pct(s['step_real_median_abs_error']).lstrip('+')}, "
+                  f"worst {_pct(s['step_real_worst_abs_error']).lstrip('+')}; emulated ranks against the "
+                  "prediction less its communication (their step is their compute alone)"]
     parted = [e for e in entries if e["parts_ms"]]
     if parted:
         lines += ["", "the step's parts, ms predicted / profiled (the profile's shares of the timed step), "

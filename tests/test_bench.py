@@ -118,6 +118,32 @@ def test_predictions_made_before_a_run_are_held_against_its_results(tmp_path):
     assert result["summary"]["judged"] == 2 and len(result["summary"]["not_judged"]) == 12
 
 
+def test_an_emulated_ranks_step_is_held_against_the_prediction_less_its_communication():
+    """An emulated rank's step is its compute alone: bench/predicted_then_run.py sets it against the
+    predicted step less its communication, its real twin against the whole step, and gives the real
+    cells' figures apart (the published emulation_check cells, predicted at the commit they ran at)."""
+    import csv
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import predicted_then_run as bench
+
+    with open(REPO / "results/bench/emulation_check/predictions-b3c89f8.csv", newline="") as f:
+        rows = {r["cell"]: r for r in csv.DictReader(f)}
+    real_cell = "framework~deepspeed__strategy~zero2__model~gpt-2.5b__gpus~4__micro_batch~8__emulate~false"
+    runs = REPO / "results/runs"
+    real = bench.compare_row(rows[real_cell], runs)
+    emulated = bench.compare_row(rows[real_cell.replace("emulate~false", "emulate~true")], runs)
+    whole = float(rows[real_cell]["step_time_s"])
+    communication = float(rows[real_cell]["communication_s"])
+    assert communication > 0
+    assert not real["emulated"] and real["predicted_step_s"] == whole
+    assert emulated["emulated"] and emulated["predicted_step_s"] == pytest.approx(whole - communication)
+    summary = bench.summarize([real, emulated])
+    assert summary["step_real_cells"] == 1
+    assert summary["step_real_median_abs_error"] == abs(real["step_error"])
+    assert "of which real cells (1)" in bench.render([real, emulated], summary)
+
+
 def test_the_time_models_held_out_cells_are_predicted_and_never_fitted():
     """bench/time_model.py --held-out: the threads curve (one cell at 1 to 16 CPU threads) is predicted
     by the fit on the other folders' cells, and not one of them enters that fit."""
