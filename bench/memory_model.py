@@ -71,9 +71,10 @@ def print_gpu_split(rows: list[dict]) -> None:
 # The memory model's constants set from measurements (the others are data-sheet or library facts, or
 # structure): the GPU figure is allocation x ALLOCATOR_SLACK + CUDA_CONTEXT_MIB (+ NCCL_SCALE x the
 # layout's NCCL figure with more than one rank), the host figure ranks x (HOST_RANK_BASE_MIB + the
-# framework's own + model states + OFFLOAD_STAGING_BYTES per offloaded parameter). Both are linear in their constants, so a fit is a
-# least-squares solve on relative error; the out-of-sample figures refit them without the held-out
-# cell (leave-one-out) or study (leave-one-study-out) and predict it with the refit constants.
+# framework's own + model states + OFFLOAD_STAGING_BYTES per offloaded parameter). Both are linear in
+# their constants, so a fit is a least-squares solve on relative error; the out-of-sample figures
+# refit them without the held-out cell (leave-one-out) or study (leave-one-study-out) and predict it
+# with the refit constants.
 GPU_CONSTANTS = ("ALLOCATOR_SLACK", "CUDA_CONTEXT_MIB", "NCCL_SCALE")
 HOST_CONSTANTS = ("HOST_RANK_BASE_MIB[cuda]", "OFFLOAD_STAGING_BYTES")
 NOT_REFIT = (
