@@ -15,10 +15,10 @@ against the real step less that communication (what emulation claims to measure:
 The device memory a real rank uses beyond what its emulated twin measured is what the emulated rank
 does not have: NCCL's buffers and communicators, mostly. Its median for each layout (the communicators
 its ranks open: memory_model.nccl_layout) is printed against what the memory model adds to an emulated
-rank's measured figure (memory_model.emulated_rank_shortfall_mib; the measured
-figure stays in the result's `emulation` section; read_result completes it as the model does now).
-Goal (issue 35): each emulated rank's device memory within 5% of the real rank's. A rank whose outcome differs
-(one fits, the other runs out of memory) is listed with both statuses.
+rank's measured figure (memory_model.emulated_rank_shortfall_mib; the measured figure stays in the
+result's `emulation` section, and read_result completes it as the model does now). Goal (issue 35):
+each emulated rank's device memory within 5% of the real rank's. A rank whose outcome differs (one
+fits, the other runs out of memory) is listed with both statuses.
 """
 
 from __future__ import annotations

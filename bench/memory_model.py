@@ -122,9 +122,8 @@ def linear_terms(doc: dict) -> dict | None:
 def fit_constants(rows: list[dict]) -> dict[str, float]:
     """The constants from `rows` (cells that ran): the CUDA context as what NVML shows over torch's peak
     reservation on one GPU, NCCL's scale as that over the context with more, over the layout's figure
-    (medians: what they are by
-    definition); the allocator slack, the host base per rank and the offload staging by least squares on
-    the relative error of the GPU and host figures."""
+    (medians: what they are by definition); the allocator slack, the host base per rank and the offload
+    staging by least squares on the relative error of the GPU and host figures."""
     import numpy as np
 
     from trainbench.predict.memory_model import CUDA_CONTEXT_MIB, OFFLOAD_STAGING_BYTES

@@ -129,7 +129,6 @@ class Prediction:
                 "parts_mib": {k: _r(v) for k, v in self.parts_mib.items()}}
 
 
-
 def nccl_layout(params: CellParams) -> str:
     """Which of NCCL_MIB_BY_LAYOUT's layouts a cell's ranks communicate in."""
     if params.pp > 1:
@@ -148,6 +147,7 @@ def nccl_buffers_mib(params: CellParams) -> float:
     if params.device != "cuda" or params.gpus <= 1:
         return 0.0
     return NCCL_MIB_BY_LAYOUT[nccl_layout(params)]
+
 
 def emulated_rank_shortfall_mib(params: CellParams) -> float:
     """What a real GPU rank of the cell's world shows beyond its emulated twin: NCCL's buffers for its

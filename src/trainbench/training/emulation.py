@@ -270,7 +270,8 @@ class DeviceLimit:
 
 
 def device_limit(limit_gib: float, device_total_mib: float, params: CellParams) -> DeviceLimit:
-    """The allocator's share of a GPU of `limit_gib` for the cell's emulated rank."""
+    """The allocator's share of a GPU of `limit_gib` for one rank of the cell, emulated or real: what
+    the GPU leaves after the CUDA context and NCCL's buffers for the cell's layout."""
     from trainbench.predict.memory_model import CUDA_CONTEXT_MIB, nccl_buffers_mib
 
     limit = DeviceLimit(limit_gib * 1024, device_total_mib, CUDA_CONTEXT_MIB, nccl_buffers_mib(params))
