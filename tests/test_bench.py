@@ -291,3 +291,36 @@ def test_emulated_vs_real_takes_communication_as_a_share_and_nccl_beyond_what_th
     # 10,700 - 10,100, not - 10,650, beside what the model adds for the layout
     assert "NCCL's buffers, mostly), data: median 600 MiB over 1 ranks (600-600); the model adds 550" in said
     assert "device memory: 1 ranks, |emulated - real| median 0.5%" in said and "median 0.800 over 1" in said
+
+
+def test_top_kernels_totals_a_traces_kernels_per_step_and_sets_cells_side_by_side(tmp_path):
+    # two synthetic GPU traces of 2 profiled steps each: the second cell's extra cast kernels must show
+    # in its "other" class and the side-by-side table
+    def trace(path, casts):
+        events = [{"ph": "X", "name": f"ProfilerStep#{i}", "cat": "user_annotation", "ts": i * 1000,
+                   "dur": 1000, "tid": 1} for i in range(2)]
+        for i in range(2):
+            events.append({"ph": "X", "name": "nvjet_sm90_gemm", "cat": "kernel", "ts": i * 1000, "dur": 400})
+            events.append({"ph": "X", "name": "ncclDevKernel_AllGather", "cat": "kernel",
+                           "ts": i * 1000 + 400, "dur": 100})
+            for k in range(casts):
+                events.append({"ph": "X", "name": "triton_poi_fused_to_float8", "cat": "kernel",
+                               "ts": i * 1000 + 500 + k * 10, "dur": 10})
+        import gzip
+        with gzip.open(path, "wt") as f:
+            json.dump({"traceEvents": events}, f)
+    for name, casts in (("bf16", 0), ("fp8", 5)):
+        (tmp_path / name / "profile").mkdir(parents=True)
+        trace(tmp_path / name / "profile" / "rank0.json.gz", casts)
+    done = subprocess.run([sys.executable, "bench/top_kernels.py",
+                           str(tmp_path / "bf16/profile/rank0.json.gz"),
+                           str(tmp_path / "fp8/profile/rank0.json.gz"), "--json", str(tmp_path / "k.json")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    bf16, fp8 = json.loads((tmp_path / "k.json").read_text())
+    assert bf16["steps"] == 2 and bf16["step_ms"] == 1.0
+    assert bf16["ms_per_step_by_class"] == {"matmul": 0.4, "collective": 0.1}
+    assert fp8["ms_per_step_by_class"]["fused (compiler)"] == pytest.approx(0.05)
+    [casts] = [k for k in fp8["kernels"] if k["kernel"] == "triton_poi_fused_to_float8"]
+    assert casts["launches_per_step"] == 5
+    assert "[1] bf16 | [2] fp8" in done.stdout and "fused (compiler)" in done.stdout

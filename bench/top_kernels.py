@@ -1,0 +1,86 @@
+"""Which kernels a profiled step spends its device time in: cells' traces set side by side.
+
+    python bench/top_kernels.py TRACE [TRACE ...] [--top N] [--json FILE]
+
+For each trace (a cell's profile/rank<r>.json.gz, written by `trainbench profile` or a study's
+profile_steps), the GPU kernels of its profiled steps grouped by name: milliseconds per step, launches
+per step and the class the breakdown gives them (execute/profiling.py's KERNEL_CLASSES), the N
+longest first, then the device's time per class per step. Where two or more traces are given, a last
+table sets each class's milliseconds per step side by side, so a slower cell names the kernels that
+made it slower (float8's casts and scales, a collective, a copy) rather than only its step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+from pathlib import Path
+
+from trainbench.execute.profiling import COLLECTIVE, classify, read_trace
+
+
+def kernel_table(path: Path) -> dict:
+    """A trace's kernels by name: ms per profiled step and launches per step, with their class."""
+    events = [e for e in read_trace(path) if e.get("ph") == "X" and "dur" in e]
+    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")
+             and e.get("cat") != "gpu_user_annotation"]
+    if not steps:
+        raise SystemExit(f"{path}: no ProfilerStep# ranges (not a trace of profiled steps)")
+    count = len(steps)
+    total: collections.Counter = collections.Counter()
+    launches: collections.Counter = collections.Counter()
+    for e in events:
+        if e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
+            continue
+        name = str(e.get("name", ""))
+        total[name] += float(e["dur"])
+        launches[name] += 1
+    rows = [{"kernel": name, "class": kernel_class(name), "ms_per_step": us / count / 1e3,
+             "launches_per_step": launches[name] / count} for name, us in total.most_common()]
+    by_class: collections.Counter = collections.Counter()
+    for row in rows:
+        by_class[row["class"]] += row["ms_per_step"]
+    step_ms = sum(float(e["dur"]) for e in steps) / count / 1e3
+    return {"trace": str(path), "steps": count, "step_ms": step_ms, "kernels": rows,
+            "ms_per_step_by_class": dict(by_class)}
+
+
+def kernel_class(name: str) -> str:
+    return "collective" if COLLECTIVE.search(name) else classify(name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("traces", nargs="+", type=Path)
+    parser.add_argument("--top", type=int, default=15, help="kernels listed per trace (default 15)")
+    parser.add_argument("--json", type=Path, help="also write every kernel of every trace here")
+    args = parser.parse_args(argv)
+    tables = [kernel_table(path) for path in args.traces]
+    for table in tables:
+        busy = sum(table["ms_per_step_by_class"].values())
+        print(f"{table['trace']}: {table['steps']} profiled steps, step {table['step_ms']:.1f} ms, "
+              f"kernels {busy:.1f} ms per step")
+        print(f"  {'ms/step':>8} {'launches':>8}  {'class':<17} kernel")
+        for row in table["kernels"][:args.top]:
+            print(f"  {row['ms_per_step']:8.2f} {row['launches_per_step']:8.0f}  {row['class']:<17} "
+                  f"{row['kernel'][:110]}")
+        print()
+    if len(tables) > 1:
+        classes = sorted({c for t in tables for c in t["ms_per_step_by_class"]},
+                         key=lambda c: -max(t["ms_per_step_by_class"].get(c, 0.0) for t in tables))
+        print("ms per step by class: " + " | ".join(f"[{i + 1}] {Path(t['trace']).parent.parent.name}"
+                                                    for i, t in enumerate(tables)))
+        print(f"  {'class':<17}" + "".join(f"{f'[{i + 1}]':>10}" for i in range(len(tables))))
+        for c in classes + ["(step)"]:
+            values = [t["step_ms"] if c == "(step)" else t["ms_per_step_by_class"].get(c, 0.0)
+                      for t in tables]
+            print(f"  {c:<17}" + "".join(f"{v:10.1f}" for v in values))
+    if args.json:
+        args.json.write_text(json.dumps(tables, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
