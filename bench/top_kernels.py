@@ -8,6 +8,9 @@ per step and the class the breakdown gives them (execute/profiling.py's KERNEL_C
 longest first, then the device's time per class per step. Where two or more traces are given, a last
 table sets each class's milliseconds per step side by side, so a slower cell names the kernels that
 made it slower (float8's casts and scales, a collective, a copy) rather than only its step.
+`--host N`: also the host's side, per thread that ran torch ops (the main one, autograd's backward
+thread): the N ops it spent most time in, each op's own time outside the ops it calls, and its
+kernel launches per step. Where the device idles, these name what the host was doing instead.
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ import json
 import sys
 from pathlib import Path
 
-from trainbench.execute.profiling import COLLECTIVE, classify, read_trace
+from trainbench.execute.profiling import COLLECTIVE, _self_spans, classify, read_trace
+
+HOST_CATEGORIES = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver")
+LAUNCH = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
 
 
 def kernel_table(path: Path) -> dict:
@@ -47,6 +53,34 @@ def kernel_table(path: Path) -> dict:
             "ms_per_step_by_class": dict(by_class)}
 
 
+def host_table(path: Path) -> list[dict]:
+    """A trace's host threads that ran ops: each op's own time per profiled step, by name, and the
+    kernels the thread launched per step; the busiest thread first."""
+    events = [e for e in read_trace(path) if e.get("ph") == "X" and "dur" in e]
+    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")
+             and e.get("cat") != "gpu_user_annotation"]
+    count, main = len(steps), steps[0].get("tid")
+    threads: dict = collections.defaultdict(list)
+    for e in events:
+        if e.get("cat") in HOST_CATEGORIES:
+            threads[e.get("tid")].append(e)
+    out = []
+    for tid, spans in threads.items():
+        own: collections.Counter = collections.Counter()
+        calls: collections.Counter = collections.Counter()
+        for event, begins, ends in _self_spans(spans):
+            if not str(event["name"]).startswith("ProfilerStep#"):  # the step's own time is its waiting
+                own[event["name"]] += ends - begins
+        for event in spans:
+            calls[event["name"]] += 1
+        out.append({"thread": "main" if tid == main else str(tid),
+                    "ms_per_step": sum(own.values()) / count / 1e3,
+                    "launches_per_step": sum(calls[n] for n in LAUNCH) / count,
+                    "ops": [{"op": n, "ms_per_step": us / count / 1e3, "calls_per_step": calls[n] / count}
+                            for n, us in own.most_common()]})
+    return sorted(out, key=lambda t: -t["ms_per_step"])
+
+
 def kernel_class(name: str) -> str:
     return "collective" if COLLECTIVE.search(name) else classify(name)
 
@@ -55,9 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("traces", nargs="+", type=Path)
     parser.add_argument("--top", type=int, default=15, help="kernels listed per trace (default 15)")
+    parser.add_argument("--host", type=int, default=0, metavar="N",
+                        help="also the host's N busiest ops per thread (default: none)")
     parser.add_argument("--json", type=Path, help="also write every kernel of every trace here")
     args = parser.parse_args(argv)
     tables = [kernel_table(path) for path in args.traces]
+    if args.host:
+        for table in tables:
+            table["host"] = host_table(Path(table["trace"]))
     for table in tables:
         busy = sum(table["ms_per_step_by_class"].values())
         print(f"{table['trace']}: {table['steps']} profiled steps, step {table['step_ms']:.1f} ms, "
@@ -66,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         for row in table["kernels"][:args.top]:
             print(f"  {row['ms_per_step']:8.2f} {row['launches_per_step']:8.0f}  {row['class']:<17} "
                   f"{row['kernel'][:110]}")
+        for thread in table.get("host", [])[:2]:  # the main thread and autograd's, in practice
+            print(f"  host thread {thread['thread']}: ops' own time {thread['ms_per_step']:.1f} ms per step, "
+                  f"{thread['launches_per_step']:.0f} kernel launches per step")
+            for op in thread["ops"][:args.host]:
+                print(f"    {op['ms_per_step']:8.2f} ms {op['calls_per_step']:6.0f} calls  {op['op'][:100]}")
         print()
     if len(tables) > 1:
         classes = sorted({c for t in tables for c in t["ms_per_step_by_class"]},
