@@ -69,6 +69,13 @@ def test_the_host_cpu_model_is_read_from_cpuinfo(tmp_path):
         assert cpu_model() and cpu_model() in Path("/proc/cpuinfo").read_text()
 
 
+def test_the_hosts_pace_is_the_time_of_a_fixed_piece_of_work_and_grows_with_it():
+    from trainbench.execute.provenance import host_pace_ms
+
+    # ten times the work takes longer, whatever else the machine runs (each the fastest of 3 tries)
+    assert host_pace_ms(repeats=3, calls=40_000) > host_pace_ms(repeats=3, calls=4_000) > 0
+
+
 def test_host_facts_come_from_their_own_thread_and_its_errors_are_not_lost():
     import threading
 
@@ -142,6 +149,7 @@ def test_single_rank_cell_measures_and_records_everything(tmp_path):
     assert m["host_mem_peak_mib"] > 50
     prov = doc["provenance"]
     assert prov["versions"]["torch"] and prov["hostname"] and prov["started"] <= prov["ended"]
+    assert prov["host_pace_ms"] > 0  # the host's pace, beside its CPU model (host-bound cells move with it)
     assert "trainbench.execute.worker" in prov["command"]
     # where the wall time went: phases in order that add up to it, the timed windows among them
     phases = m["phases_s"]

@@ -154,6 +154,8 @@ PROVENANCE: tuple[Key, ...] = (
     Key("cpu_count", _INT, "the node's CPUs", required=False),
     Key("cpu_model", _TEXT, "the node's CPU model (/proc/cpuinfo): host-bound steps run at its pace",
         required=False),
+    Key("host_pace_ms", _NUMBER, "ms one of the node's cores takes for a fixed piece of Python work "
+        "(provenance.host_pace_ms; lower is faster): the pace host-bound steps run at", required=False),
     Key("gpu_power_limit_w", _NUMBER, "the power limit the GPU enforces (NVML)", required=False),
     Key("gpu_sm_clock_max_mhz", _INT, "the GPU's maximum SM clock", required=False),
     Key("gpu_mem_clock_max_mhz", _INT, "its maximum memory clock", required=False),
