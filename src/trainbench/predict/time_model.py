@@ -34,8 +34,8 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
   kernel launches and Python of a block. calls: framework-level collective calls the host makes: the
   tensor-parallel all-reduces (2 forward and 2 backward per block and micro batch, 2 more when
   recomputing, and 2 per micro batch for a vocabulary-parallel embedding and LM head), ZeRO-3's
-  parameter fetches (one per linear layer for forward, backward and recomputation; two calls each,
-  the bookkeeping and the all-gather, on one GPU as on several) and FSDP's unit
+  parameter fetches (one per linear layer for forward, backward and recomputation; two calls where
+  the weights are partitioned over several ranks: the bookkeeping and the all-gather) and FSDP's unit
   gathers. The host's time bounds the small cells (a ZeRO-3 step of GPT-2.5B takes as long at micro
   batch 4 as at 16); where the GPU's work is longer it hides it.
 - collective bytes per GPU (ring algorithms, n ranks): all-reduce 2(n-1)/n x size, reduce-scatter and
@@ -304,11 +304,9 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
         elif stage == 3:
             gathers = ga * (2 + ac)
             traffic = (gathers * weight_bytes + ga * grad_bytes) * ring * psi / dp_link
-            # each fetch is DeepSpeed's bookkeeping of a module's partitioned weights and an all-gather:
-            # two calls, on one GPU too (DeepSpeed 0.19's partition_parameters takes the same all-gather
-            # path at one rank; holdout_accum's one-GPU ZeRO-3 micro batch of GPT-345M took as long as
-            # megatron's 2- and 4-GPU ones, 366 ms against 382 and 302)
-            calls += gathers * (spec.n_layer * LINEARS_PER_BLOCK.get(spec.family, 4) + 1) * 2
+            # each fetch is DeepSpeed's bookkeeping of a module's partitioned weights, and where they
+            # are partitioned over more than one rank an all-gather: a second call
+            calls += gathers * (spec.n_layer * LINEARS_PER_BLOCK.get(spec.family, 4) + 1) * (1 + (dp > 1))
         else:
             traffic = 0.0
         if hides:
