@@ -74,6 +74,8 @@ def test_the_hosts_pace_is_the_time_of_a_fixed_piece_of_work_and_grows_with_it()
 
     # ten times the work takes longer, whatever else the machine runs (each the fastest of 3 tries)
     assert host_pace_ms(repeats=3, calls=40_000) > host_pace_ms(repeats=3, calls=4_000) > 0
+    # and a host where the child cannot start says nothing rather than a number
+    assert host_pace_ms(repeats=0) is None  # no timing taken: the child prints inf, not a pace
 
 
 def test_host_facts_come_from_their_own_thread_and_its_errors_are_not_lost():

@@ -200,34 +200,43 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
 
 
 # A fixed piece of interpreted work (calls, attribute and dict look-ups, small allocations: what
-# DeepSpeed's hooks and a training loop's Python do between launches), timed several times
+# DeepSpeed's hooks and a training loop's Python do between launches), timed several times in a child
+# interpreter of its own: on a thread of the runner it shared the GIL with the launcher's start-up,
+# and one H200 host type read 2.2 to 6.0 ms
 HOST_PACE_REPEATS = 7
 HOST_PACE_CALLS = 20_000
-
-
-def _pace_work(calls: int) -> int:
-    table: dict[int, int] = {}
-    total = 0
+_PACE_PROGRAM = """
+import sys, time
+def work(calls):
+    table, total = {}, 0
     for i in range(calls):
         table[i & 255] = table.get(i & 255, 0) + len((i, i + 1))
         total += table[i & 255]
     return total
+best = float("inf")
+for _ in range(int(sys.argv[1])):
+    started = time.perf_counter()
+    work(int(sys.argv[2]))
+    best = min(best, time.perf_counter() - started)
+print(best * 1e3)
+"""
 
 
-def host_pace_ms(repeats: int = HOST_PACE_REPEATS, calls: int = HOST_PACE_CALLS) -> float:
+def host_pace_ms(repeats: int = HOST_PACE_REPEATS, calls: int = HOST_PACE_CALLS) -> float | None:
     """Milliseconds one CPU core of this host takes for a fixed piece of Python work, the fastest of
-    `repeats` (the least disturbed). Host-bound cells (small ZeRO-3 models, a loop's fixed costs) run
-    at their host's pace, which a VM's CPU model name ("Intel(R) Xeon(R) Processor") does not tell:
-    the same one-GPU ZeRO-3 cell of GPT-5.8B took 795 ms on one H200 host and 1,020 ms on another.
-    This figure lets such cells be set against their host's pace (lower: a faster host); 5-10 ms."""
-    import time
+    `repeats` (the least disturbed), in a child interpreter. Host-bound cells (small ZeRO-3 models, a
+    loop's fixed costs) run at their host's pace, which a VM's CPU model name ("Intel(R) Xeon(R)
+    Processor") does not tell: the same one-GPU ZeRO-3 cell of GPT-5.8B took 795, 1,020 and 829 ms
+    on three H200 hosts. Lower is faster; None where the child could not run."""
+    import sys
 
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        _pace_work(calls)
-        best = min(best, time.perf_counter() - started)
-    return round(best * 1e3, 3)
+    try:
+        done = subprocess.run([sys.executable, "-S", "-c", _PACE_PROGRAM, str(repeats), str(calls)],
+                              capture_output=True, text=True, timeout=30, check=True)
+        pace = float(done.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return round(pace, 3) if 0 < pace < float("inf") else None
 
 
 def host_facts() -> dict[str, Any]:
