@@ -231,6 +231,8 @@ HOW: dict[str, How] = {
     "trainbench query \"metric == 'mfu' and p_strategy == 'zero3' and source == 'measured'\"": How("run"),
     "trainbench query \"metric == 'gpu_mem_used_max_mib' and p_strategy == 'fsdp'\" --columns "
     "study,p_model,p_gpus,value --csv": How("run"),
+    "python bench/top_kernels.py results/runs/holdout_accum/*/profile/rank0.json.gz --host 8":
+        How("run", "the two profiled Lightning cells' traces are committed"),
     "sudo tools/local-slurm-cluster.sh install && sudo tools/local-slurm-cluster.sh start":
         How("elsewhere", "root; CI's .ci/run starts the cluster this way (as root, without sudo)"),
 }
