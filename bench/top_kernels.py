@@ -21,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from trainbench.execute.profiling import COLLECTIVE, _self_spans, classify, read_trace
+from trainbench.execute.profiling import COLLECTIVE, classify, read_trace, self_spans
 
 HOST_CATEGORIES = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver")
 LAUNCH = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
@@ -68,7 +68,7 @@ def host_table(path: Path) -> list[dict]:
     for tid, spans in threads.items():
         own: collections.Counter = collections.Counter()
         calls: collections.Counter = collections.Counter()
-        for event, begins, ends in _self_spans(spans):
+        for event, begins, ends in self_spans(spans):
             if not str(event["name"]).startswith("ProfilerStep#"):  # the step's own time is its waiting
                 own[event["name"]] += ends - begins
         for event in spans:

@@ -309,6 +309,11 @@ def test_top_kernels_totals_a_traces_kernels_per_step_and_sets_cells_side_by_sid
             for k in range(casts):
                 events.append({"ph": "X", "name": "triton_poi_fused_to_float8", "cat": "kernel",
                                "ts": i * 1000 + 500 + k * 10, "dur": 10})
+                # launched from autograd's thread (tid 2), inside a host op of 40 us
+                events.append({"ph": "X", "name": "cuLaunchKernel", "cat": "cuda_driver", "tid": 2,
+                               "ts": i * 1000 + 100 + k * 50 + 10, "dur": 5})
+                events.append({"ph": "X", "name": "fsdp::all_gather_copy_in", "cat": "cpu_op", "tid": 2,
+                               "ts": i * 1000 + 100 + k * 50, "dur": 40})
         import gzip
         with gzip.open(path, "wt") as f:
             json.dump({"traceEvents": events}, f)
@@ -317,7 +322,8 @@ def test_top_kernels_totals_a_traces_kernels_per_step_and_sets_cells_side_by_sid
         trace(tmp_path / name / "profile" / "rank0.json.gz", casts)
     done = subprocess.run([sys.executable, "bench/top_kernels.py",
                            str(tmp_path / "bf16/profile/rank0.json.gz"),
-                           str(tmp_path / "fp8/profile/rank0.json.gz"), "--json", str(tmp_path / "k.json")],
+                           str(tmp_path / "fp8/profile/rank0.json.gz"), "--json", str(tmp_path / "k.json"),
+                           "--host", "3"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     bf16, fp8 = json.loads((tmp_path / "k.json").read_text())
@@ -327,3 +333,9 @@ def test_top_kernels_totals_a_traces_kernels_per_step_and_sets_cells_side_by_sid
     [casts] = [k for k in fp8["kernels"] if k["kernel"] == "triton_poi_fused_to_float8"]
     assert casts["launches_per_step"] == 5
     assert "[1] bf16 | [2] fp8" in done.stdout and "fused (compiler)" in done.stdout
+    # the host's side: the thread that launched the casts, its op's own time (less the launches in it)
+    [thread] = [t for t in fp8["host"] if t["thread"] == "2"]
+    assert thread["launches_per_step"] == 5
+    [copy_in] = [op for op in thread["ops"] if op["op"] == "fsdp::all_gather_copy_in"]
+    assert copy_in["calls_per_step"] == 5 and copy_in["ms_per_step"] == pytest.approx(5 * 35 / 1e3)
+    assert not [t for t in bf16["host"] if t["thread"] == "2"]

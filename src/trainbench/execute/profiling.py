@@ -110,7 +110,7 @@ def _inside(ranges: list[tuple[float, float]], at: float) -> bool:
     return any(s <= at <= e for s, e in ranges)
 
 
-def _self_spans(events: list[dict]) -> list[tuple[dict, float, float]]:
+def self_spans(events: list[dict]) -> list[tuple[dict, float, float]]:
     """The time each event of one thread spends outside the events nested in it (a CPU rank's op by
     op: a matrix multiply's own time, not its argument checks')."""
     ordered = sorted(events, key=lambda e: (float(e["ts"]), -float(e["dur"])))
@@ -181,7 +181,7 @@ def breakdown(events: list[dict[str, Any]]) -> dict[str, Any]:
     else:
         ops = [e for e in spans if e.get("tid") == main and e.get("cat") == "cpu_op"]
         copies = []
-        for e, begins, ends in _self_spans(ops):
+        for e, begins, ends in self_spans(ops):
             name = str(e["name"])
             if COLLECTIVE.search(name) or name.startswith("c10d::") or name == "record_param_comms":
                 continue  # a collective's launch, or a wait for one: its work is gloo's
