@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import yaml
 
@@ -339,3 +340,24 @@ def test_top_kernels_totals_a_traces_kernels_per_step_and_sets_cells_side_by_sid
     [copy_in] = [op for op in thread["ops"] if op["op"] == "fsdp::all_gather_copy_in"]
     assert copy_in["calls_per_step"] == 5 and copy_in["ms_per_step"] == pytest.approx(5 * 35 / 1e3)
     assert not [t for t in bf16["host"] if t["thread"] == "2"]
+
+
+def test_leave_one_study_out_predicts_a_study_from_the_others_alone():
+    # a study's predictions must not move when its own measurements do, and must move with the others'
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("time_model_bench", REPO / "bench/time_model.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    from trainbench.predict import time_model
+
+    cells = bench.measured_cells([REPO / "results/runs/holdout", REPO / "results/runs/holdout_mix",
+                                  REPO / "results/runs/holdout_5b"])
+    works = time_model.stack([c["work"] for c in cells])
+    measured = np.array([c["measured_s"] for c in cells])
+    studies = [c["doc"]["study"] for c in cells]
+    mix = np.array(studies) == "holdout_mix"
+    before = bench.leave_study_out(works, measured, studies)
+    after = bench.leave_study_out(works, np.where(mix, 2 * measured, measured), studies)
+    assert np.allclose(before[mix], after[mix])  # its own steps doubled: its predictions the same
+    assert not np.allclose(before[~mix], after[~mix])  # the others' fits saw the doubled steps

@@ -10,6 +10,7 @@ import platform
 import re
 import socket
 import subprocess
+import sys
 import threading
 from pathlib import Path
 from collections.abc import Callable
@@ -228,8 +229,6 @@ def host_pace_ms(repeats: int = HOST_PACE_REPEATS, calls: int = HOST_PACE_CALLS)
     loop's fixed costs) run at their host's pace, which a VM's CPU model name ("Intel(R) Xeon(R)
     Processor") does not tell: the same one-GPU ZeRO-3 cell of GPT-5.8B took 795, 1,020 and 829 ms
     on three H200 hosts. Lower is faster; None where the child could not run."""
-    import sys
-
     try:
         done = subprocess.run([sys.executable, "-S", "-c", _PACE_PROGRAM, str(repeats), str(calls)],
                               capture_output=True, text=True, timeout=30, check=True)
