@@ -27,13 +27,18 @@ HOST_CATEGORIES = ("cpu_op", "user_annotation", "python_function", "cuda_runtime
 LAUNCH = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
 
 
-def kernel_table(path: Path) -> dict:
-    """A trace's kernels by name: ms per profiled step and launches per step, with their class."""
+def profiled(path: Path) -> tuple[list[dict], list[dict]]:
+    """A trace's complete events and its profiled steps' ranges (read once: a trace runs to 100 MB)."""
     events = [e for e in read_trace(path) if e.get("ph") == "X" and "dur" in e]
     steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")
              and e.get("cat") != "gpu_user_annotation"]
     if not steps:
         raise SystemExit(f"{path}: no ProfilerStep# ranges (not a trace of profiled steps)")
+    return events, steps
+
+
+def kernel_table(events: list[dict], steps: list[dict]) -> dict:
+    """Kernels by name: ms per profiled step and launches per step, with their class."""
     count = len(steps)
     total: collections.Counter = collections.Counter()
     launches: collections.Counter = collections.Counter()
@@ -49,16 +54,12 @@ def kernel_table(path: Path) -> dict:
     for row in rows:
         by_class[row["class"]] += row["ms_per_step"]
     step_ms = sum(float(e["dur"]) for e in steps) / count / 1e3
-    return {"trace": str(path), "steps": count, "step_ms": step_ms, "kernels": rows,
-            "ms_per_step_by_class": dict(by_class)}
+    return {"steps": count, "step_ms": step_ms, "kernels": rows, "ms_per_step_by_class": dict(by_class)}
 
 
-def host_table(path: Path) -> list[dict]:
-    """A trace's host threads that ran ops: each op's own time per profiled step, by name, and the
-    kernels the thread launched per step; the busiest thread first."""
-    events = [e for e in read_trace(path) if e.get("ph") == "X" and "dur" in e]
-    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")
-             and e.get("cat") != "gpu_user_annotation"]
+def host_table(events: list[dict], steps: list[dict]) -> list[dict]:
+    """The host threads that ran ops: each op's own time per profiled step, by name, and the kernels
+    the thread launched per step; the busiest thread first."""
     count, main = len(steps), steps[0].get("tid")
     threads: dict = collections.defaultdict(list)
     for e in events:
@@ -93,10 +94,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="also the host's N busiest ops per thread (default: none)")
     parser.add_argument("--json", type=Path, help="also write every kernel of every trace here")
     args = parser.parse_args(argv)
-    tables = [kernel_table(path) for path in args.traces]
-    if args.host:
-        for table in tables:
-            table["host"] = host_table(Path(table["trace"]))
+    tables = []
+    for path in args.traces:
+        events, steps = profiled(path)
+        tables.append({"trace": str(path), **kernel_table(events, steps),
+                       **({"host": host_table(events, steps)} if args.host else {})})
     for table in tables:
         busy = sum(table["ms_per_step_by_class"].values())
         print(f"{table['trace']}: {table['steps']} profiled steps, step {table['step_ms']:.1f} ms, "
