@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         for row in table["kernels"][:args.top]:
             print(f"  {row['ms_per_step']:8.2f} {row['launches_per_step']:8.0f}  {row['class']:<17} "
                   f"{row['kernel'][:110]}")
-        for thread in table.get("host", [])[:2]:  # the main thread and autograd's, in practice
+        for thread in table.get("host", [])[:2]:  # the two busiest (all of them in --json)
             print(f"  host thread {thread['thread']}: ops' own time {thread['ms_per_step']:.1f} ms per step, "
                   f"{thread['launches_per_step']:.0f} kernel launches per step")
             for op in thread["ops"][:args.host]:

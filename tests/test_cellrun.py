@@ -69,13 +69,15 @@ def test_the_host_cpu_model_is_read_from_cpuinfo(tmp_path):
         assert cpu_model() and cpu_model() in Path("/proc/cpuinfo").read_text()
 
 
-def test_the_hosts_pace_is_the_time_of_a_fixed_piece_of_work_and_grows_with_it():
+def test_the_hosts_pace_is_the_time_of_a_fixed_piece_of_work_and_grows_with_it(monkeypatch, tmp_path):
     from trainbench.execute.provenance import host_pace_ms
 
     # ten times the work takes longer, whatever else the machine runs (each the fastest of 3 tries)
     assert host_pace_ms(repeats=3, calls=40_000) > host_pace_ms(repeats=3, calls=4_000) > 0
-    # and a host where the child cannot start says nothing rather than a number
-    assert host_pace_ms(repeats=0) is None  # no timing taken: the child prints inf, not a pace
+    # no timing taken (the child prints inf) and a child that cannot start: no figure, never a made-up one
+    assert host_pace_ms(repeats=0) is None
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
+    assert host_pace_ms(repeats=1, calls=10) is None
 
 
 def test_host_facts_come_from_their_own_thread_and_its_errors_are_not_lost():

@@ -16,9 +16,12 @@ for recipe in null tensorwise; do
   started=$(date +%s)
   timeout -s INT "${LIMIT:-270}" python3 -m trainbench profile float8 "${cell}~${recipe}__compile~true" \
     > "bench-out/profile-$recipe.log" 2>&1
-  echo "== profile $recipe: $(( $(date +%s) - started )) s, exit status $?"
+  status=$?  # the profile's, before anything else sets $?
+  echo "== profile $recipe: $(( $(date +%s) - started )) s, exit status $status"
   grep -vE "window|warm-up" "bench-out/profile-$recipe.log" | tail -4 | cut -c1-240
-  traces+=("results/runs/float8/${cell}~${recipe}__compile~true/profile/rank0.json.gz")
+  trace="results/runs/float8/${cell}~${recipe}__compile~true/profile/rank0.json.gz"
+  [ -f "$trace" ] && traces+=("$trace")
 done
-python3 bench/top_kernels.py "${traces[@]}" --top 25 --json bench-out/top_kernels.json 2>&1 | tee bench-out/top_kernels.txt
+[ ${#traces[@]} -gt 0 ] && python3 bench/top_kernels.py "${traces[@]}" --top 25 --host 8 \
+  --json bench-out/top_kernels.json 2>&1 | tee bench-out/top_kernels.txt
 python3 tools/gpu-runs/pack_out.py "$out" bench-out results/runs/float8 results/history/float8 .snakemake/log

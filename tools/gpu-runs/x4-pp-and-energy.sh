@@ -18,7 +18,8 @@ begun=$(date +%s)
 pp=(results/runs/emulation_check/*__pp~2__*/metrics.json)
 timeout -s INT "${LIMIT:-540}" snakemake -c all --keep-going "${scheduler[@]}" --forcerun train_cell -- "${pp[@]}" \
   > bench-out/snakemake-pp.log 2>&1
-echo "== pp cells: $(( $(date +%s) - begun )) s, exit status $?"
+status=$?  # snakemake's, before anything else sets $?
+echo "== pp cells: $(( $(date +%s) - begun )) s, exit status $status"
 grep -E "trainbench .* wrote|received SIGINT" bench-out/snakemake-pp.log | sed 's/results\/runs\///' | cut -c1-200
 python3 bench/emulated_vs_real.py results/runs/emulation_check --json bench-out/emulated_vs_real.json \
   > bench-out/emulated_vs_real.txt 2>&1; grep -E "pp~2|pp 2" bench-out/emulated_vs_real.txt | cut -c1-220
@@ -28,6 +29,7 @@ for study in "$@"; do
   paths+=("results/runs/$study" "results/history/$study" "results/tables/$study".*)
 done
 left=$(( ${LIMIT:-540} - ($(date +%s) - begun) ))
+(( left > 0 )) || left=1  # timeout 0 would mean no limit at all
 started=$(date +%s)
 TRAINBENCH_FORCE_INFEASIBLE=1 timeout -s INT "$left" snakemake -c all --keep-going "${scheduler[@]}" --forcerun train_cell -- "${targets[@]}" \
   > bench-out/snakemake.log 2>&1

@@ -230,7 +230,8 @@ def host_pace_ms(repeats: int = HOST_PACE_REPEATS, calls: int = HOST_PACE_CALLS)
     Processor") does not tell: the same one-GPU ZeRO-3 cell of GPT-5.8B took 795, 1,020 and 829 ms
     on three H200 hosts. Lower is faster; None where the child could not run."""
     try:
-        done = subprocess.run([sys.executable, "-S", "-c", _PACE_PROGRAM, str(repeats), str(calls)],
+        # isolated (-I: no PYTHON* variables, no user site) and without site (-S): the same work anywhere
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", _PACE_PROGRAM, str(repeats), str(calls)],
                               capture_output=True, text=True, timeout=30, check=True)
         pace = float(done.stdout)
     except (OSError, subprocess.SubprocessError, ValueError):
