@@ -7,12 +7,8 @@
 #   TRAINBENCH_GIT_COMMIT=<sha> OUT=<dir> LIMIT=520 bash tools/gpu-runs/emulated-vs-real.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out=${OUT:?OUT}
-mkdir -p bench-out
-bash tools/install_offline.sh .whl > bench-out/install.log 2>&1 || { tail bench-out/install.log; exit 1; }
-nvidia-smi --query-gpu=index,name,memory.total,power.limit --format=csv,noheader
+source tools/gpu-runs/prelude.sh
 nvidia-smi topo -m
-source tools/gpu-runs/scheduler.sh
 started=$(date +%s)
 timeout -s INT "${LIMIT:-520}" snakemake -c all --keep-going "${scheduler[@]}" results/tables/emulation_check.md \
   > bench-out/snakemake.log 2>&1

@@ -7,16 +7,12 @@
 #   TRAINBENCH_GIT_COMMIT=<sha> OUT=<dir> LIMIT=540 bash tools/gpu-runs/energy-rerun.sh STUDY ...
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out=${OUT:?OUT}
-mkdir -p bench-out
-bash tools/install_offline.sh .whl > bench-out/install.log 2>&1 || { tail bench-out/install.log; exit 1; }
-nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit --format=csv,noheader
+source tools/gpu-runs/prelude.sh
 targets=() paths=()
 for study in "$@"; do
   targets+=("results/tables/$study.md")
   paths+=("results/runs/$study" "results/history/$study" "results/tables/$study".*)
 done
-source tools/gpu-runs/scheduler.sh
 started=$(date +%s)
 # forced past the memory model's verdict, as the published cells were: an OOM stays a measured OOM
 TRAINBENCH_FORCE_INFEASIBLE=1 timeout -s INT "${LIMIT:-540}" snakemake -c all --keep-going "${scheduler[@]}" --forcerun train_cell -- "${targets[@]}" \
@@ -24,4 +20,5 @@ TRAINBENCH_FORCE_INFEASIBLE=1 timeout -s INT "${LIMIT:-540}" snakemake -c all --
 status=$?  # snakemake's (124 where the limit stopped it), before anything else sets $?
 echo "== snakemake: $(( $(date +%s) - started )) s, exit status $status"
 grep -E "trainbench .* wrote|received SIGINT" bench-out/snakemake.log | sed 's/results\/runs\///' | cut -c1-200
-python3 tools/gpu-runs/pack_out.py "$out" bench-out "${paths[@]}" .snakemake/log
+# PACK_ALSO: what a script that ran something before this one wants brought back too
+python3 tools/gpu-runs/pack_out.py "$out" bench-out "${paths[@]}" ${PACK_ALSO:-} .snakemake/log

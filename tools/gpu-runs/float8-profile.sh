@@ -6,10 +6,7 @@
 #   TRAINBENCH_GIT_COMMIT=<sha> OUT=<dir> bash tools/gpu-runs/float8-profile.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out=${OUT:?OUT}
-mkdir -p bench-out
-bash tools/install_offline.sh .whl > bench-out/install.log 2>&1 || { tail bench-out/install.log; exit 1; }
-nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit --format=csv,noheader
+source tools/gpu-runs/prelude.sh
 cell=strategy~fsdp__model~gpt-5.8b__gpus~8__micro_batch~4__emulate~true__float8
 traces=()
 for recipe in null tensorwise; do

@@ -8,16 +8,12 @@
 #   TRAINBENCH_GIT_COMMIT=<sha> OUT=<dir> LIMIT=480 GPU=h200 bash tools/gpu-runs/predicted-then-run.sh STUDY [TARGET ...]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out=${OUT:?OUT}
 study=${1:?STUDY}
 shift
-mkdir -p bench-out
-bash tools/install_offline.sh .whl > bench-out/install.log 2>&1 || { tail bench-out/install.log; exit 1; }
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+source tools/gpu-runs/prelude.sh
 free -g | head -2; nproc
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=("results/tables/$study.md")
-source tools/gpu-runs/scheduler.sh
 started=$(date +%s)
 TRAINBENCH_FORCE_INFEASIBLE=1 timeout -s INT "${LIMIT:-480}" snakemake -c all --keep-going "${scheduler[@]}" "${targets[@]}" \
   > bench-out/snakemake.log 2>&1
