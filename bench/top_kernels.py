@@ -21,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from trainbench.execute.profiling import COLLECTIVE, classify, read_trace, self_spans
+from trainbench.execute.profiling import COLLECTIVE, classify, profiled_steps, read_trace, self_spans
 
 HOST_CATEGORIES = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver")
 LAUNCH = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
@@ -30,11 +30,10 @@ LAUNCH = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchK
 def profiled(path: Path) -> tuple[list[dict], list[dict]]:
     """A trace's complete events and its profiled steps' ranges (read once: a trace runs to 100 MB)."""
     events = [e for e in read_trace(path) if e.get("ph") == "X" and "dur" in e]
-    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")
-             and e.get("cat") != "gpu_user_annotation"]
-    if not steps:
-        raise SystemExit(f"{path}: no ProfilerStep# ranges (not a trace of profiled steps)")
-    return events, steps
+    try:
+        return events, profiled_steps(events)
+    except ValueError as error:
+        raise SystemExit(f"{path}: {error}") from None
 
 
 def kernel_table(events: list[dict], steps: list[dict]) -> dict:

@@ -135,14 +135,20 @@ def self_spans(events: list[dict]) -> list[tuple[dict, float, float]]:
     return out
 
 
-def breakdown(events: list[dict[str, Any]]) -> dict[str, Any]:
-    """A rank's profiled steps split into PARTS (seconds per step), from its Chrome trace's events."""
-    spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
-    # the host's step ranges (a GPU trace repeats them on the device's timeline: gpu_user_annotation)
+def profiled_steps(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The host's ranges of the profiled steps among a trace's complete events (a GPU trace repeats
+    them on the device's timeline, as gpu_user_annotation: counted once)."""
     steps = [e for e in spans if str(e.get("name", "")).startswith("ProfilerStep#")
              and e.get("cat") != "gpu_user_annotation"]
     if not steps:
         raise ValueError("the trace has no ProfilerStep# ranges: not a torch.profiler trace of steps")
+    return steps
+
+
+def breakdown(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """A rank's profiled steps split into PARTS (seconds per step), from its Chrome trace's events."""
+    spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    steps = profiled_steps(spans)
     start = min(_span(e)[0] for e in steps)
     end = max(_span(e)[1] for e in steps)
     main = steps[0].get("tid")
