@@ -25,4 +25,4 @@ predictions="results/predictions/$study-${GPU:-h200}.csv"
 # the tool brings back 8 files of 16 MiB at most: profiles' traces in parts (pack_out.py)
 python3 tools/gpu-runs/pack_out.py "$out" bench-out "results/runs/$study" "results/history/$study" \
   results/tables/"$study".* \
-  results/plots/"$study"_* .snakemake/log
+  results/plots/"$study"_* .snakemake/log ${PACK_ALSO:-}  # PACK_ALSO: what a run before this one wrote
