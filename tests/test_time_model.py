@@ -244,3 +244,30 @@ def test_the_trainers_loop_cost_recurs_every_micro_batch_and_torchs_once_a_step(
     torch_cells = [time_model.work(cell(framework="torch", strategy="single", precision="bf16", gpus=1,
                                         grad_accum=ga), H200) for ga in (1, 8)]
     assert [w.loop_repeats for w in torch_cells] == [1, 1]
+
+
+def test_an_unpadded_16_bit_lm_head_runs_at_its_own_efficiency_unless_compiled():
+    """GPT-2's 50,257-word head has no aligned tensor-core kernel (holdout_pace's profile): its FLOPs
+    are counted apart, where padding, torch.compile or fp32 would take the aligned path."""
+    eager = dict(framework="torch", strategy="single", model="gpt2-124m", gpus=1, precision="bf16")
+    unpadded = time_model.work(cell(**eager), H200)
+    spec = get_model("gpt2-124m")
+    head = 6 * spec.vocab_size * spec.d_model * 4 * 1024  # tokens of micro batch 4
+    assert unpadded.unaligned_head_s * time_model.peak_flops(H200, "bf16", False) == pytest.approx(head)
+    padded = time_model.work(cell(**eager, vocab_multiple=64), H200)
+    assert padded.unaligned_head_s == 0 and padded.matmul_s > unpadded.matmul_s
+    assert time_model.work(cell(**eager, compile=True), H200).unaligned_head_s == 0
+    assert time_model.work(cell(**{**eager, "precision": "fp32"}), H200).unaligned_head_s == 0
+    c = time_model.Constants(eta_matmul=0.9, eta_unaligned=0.15)
+    assert time_model.step_time(unpadded, c) > time_model.step_time(padded, c)
+
+
+def test_sdpas_fp32_attention_runs_at_the_fp32_peak_even_with_tf32():
+    tf32 = dict(framework="torch", strategy="single", gpus=1, precision="fp32", tf32=True)
+    sdpa = time_model.work(cell(**tf32, attention="sdpa"), H200)
+    eager = time_model.work(cell(**tf32, attention="eager"), H200)
+    spec = get_model("gpt-345m")
+    attention = 12 * spec.n_layer * spec.d_model * 1024 * 4 * 1024
+    fp32, tf32_peak = time_model.peak_flops(H200, "fp32", False), time_model.peak_flops(H200, "fp32", True)
+    extra = attention * (1 / fp32 - 1 / tf32_peak)
+    assert sdpa.matmul_s - eager.matmul_s == pytest.approx(extra)

@@ -13,7 +13,8 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
       + node_params / R_host                         the node's CPU optimizers share its host memory
 
     busy = (H^4 + D^4)^(1/4)      the host queues work while the GPU runs it: the slower sets the pace
-    D = F / (e_mm x peak) + k_elem x elem_bytes / B_hbm (+ cast_bytes / B_hbm)   the device's compute
+    D = F / (e_mm x peak) + F_head / (e_unaligned x peak)
+        + k_elem x elem_bytes / B_hbm (+ cast_bytes / B_hbm)                  the device's compute
     H = t_layer x layer_passes + t_call x calls                                the host's launches
 
 - F, the matmul and attention FLOPs of the step on the GPU: per token 6 x the block parameters of the
@@ -21,7 +22,11 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
   for attention (PaLM's count), plus 6 x the head (AutoTP leaves it whole on every tensor-parallel
   rank; vocabulary-parallel tensor parallelism divides it by tp), and with activation checkpointing
   the blocks' forward again (2N + 4 L d S per token); times micro batch x sequence x accumulation.
-  peak: the GPU's dense peak at the cell's compute type.
+  peak: the GPU's dense peak at the cell's compute type; SDPA's fp32 attention at the fp32 peak even
+  with TF32 (no fp32 flash kernel: the memory-efficient one runs on CUDA cores).
+- F_head, an eager 16-bit LM head's FLOPs where its vocabulary is not a multiple of 8 (GPT-2's 50,257
+  unpadded): cuBLAS has no aligned tensor-core kernel for it, and cutlass's align1 fallback reaches a
+  fraction of the peak (e_unaligned, fitted: 0.15; profiled: 0.11). Otherwise the head is in F.
 - float8 cells (torchao): the blocks' linear FLOPs at the FP8 peak, and cast_bytes, the scaling and
   casting of each linear's input (twice: forward and backward) and output gradient (5 bytes per
   element); unfitted.
@@ -110,6 +115,7 @@ class Work:
     loop_repeats: float  # how often its fixed cost is paid a step: once, or once a micro batch (TimeFacts)
     engine: str  # DeepSpeed's engine, by ZeRO stage ("ZeRO-0", "ZeRO-1/2", "ZeRO-3"; "" without it)
     matmul_s: float  # FLOPs / peak
+    unaligned_head_s: float  # the LM head's FLOPs / peak where its vocabulary is not a multiple of 8
     elementwise_s: float  # bytes a block moves outside matmuls (one pass) / HBM bandwidth
     cast_s: float  # float8's scaling and casts of the linear layers' operands / HBM bandwidth
     layer_passes: float  # block forward/backward passes
@@ -137,6 +143,7 @@ class Constants:
     """The time model's efficiency constants for one GPU type (see the module's formulas)."""
 
     eta_matmul: float = 0.6  # fraction of peak FLOP/s matmuls and attention reach
+    eta_unaligned: float = 0.15  # the same for an LM head of unaligned vocabulary (align1 kernels)
     elementwise_passes: float = 3.0  # elementwise traffic in units of what a block saves for backward
     layer_pass_s: float = 1e-4  # launch and Python cost of one block's forward or backward
     call_s: float = 5e-4  # one framework-level collective call, on the host
@@ -156,8 +163,8 @@ class Constants:
     gpu: str = "h200"  # the GPU type they were fitted on
     fitted_on: str = ""  # what they were fitted on (cells, command)
 
-    SCALARS = ("eta_matmul", "elementwise_passes", "layer_pass_s", "call_s", "eta_link", "eta_optimizer",
-               "eta_optimizer_torch",
+    SCALARS = ("eta_matmul", "eta_unaligned", "elementwise_passes", "layer_pass_s", "call_s", "eta_link",
+               "eta_optimizer", "eta_optimizer_torch",
                "eta_pcie", "cpu_adam_per_thread", "cpu_torch_per_thread", "cpu_unscale_per_thread",
                "cpu_host_rate")
 
@@ -235,10 +242,23 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
     if split_vocabulary:  # the LM head's columns split over the tensor-parallel ranks
         head /= tp
     linear = 6 * block * layers / tp + (2 * block * layers / tp if ac else 0)  # the blocks' matmuls
-    per_token = linear + 12 * layers * d * seq / tp + 6 * head
-    if ac:
-        per_token += 4 * layers * d * seq / tp
+    attention = (12 + 4 * ac) * layers * d * seq / tp
+    if params.precision == "fp32" and params.attention in ("sdpa", "efficient"):
+        # SDPA has no fp32 flash or cuDNN kernel: fp32 runs the memory-efficient one on CUDA cores, TF32
+        # or not (holdout_pace's GPT-345M: 221 ms of a 590 ms profiled step, 45 TFLOP/s): the fp32 peak
+        attention *= peak / peak_flops(gpu, "fp32", False)
+    per_token = linear + attention
     tokens = mb * seq * ga
+    # a 16-bit LM head whose vocabulary is not a multiple of 8 (GPT-2's 50,257, unpadded) has no aligned
+    # tensor-core kernel: cuBLAS falls back to cutlass's align1 ones (holdout_pace's GPT-2 124M under
+    # FSDP2: 140 of its 241 ms of kernels, 11% of the bf16 peak). torch.compile pads such matmuls
+    # (inductor's shape padding); the head of a classifier is negligible; fp32 (TF32 or not) was not
+    # measured to pay it.
+    vocabulary = spec.with_vocab_multiple(params.vocab_multiple).vocab_size
+    unaligned = (params.head == "lm" and vocabulary % 8 != 0 and not params.compile
+                 and params.precision in ("bf16", "fp16"))
+    if not unaligned:
+        per_token += 6 * head
     cast = 0.0
     fp8_peak = peak_flops_of(gpu, "fp8") if params.float8 and spec.family == "gpt" else None
     if fp8_peak:
@@ -350,7 +370,8 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
         loop="" if framework.time.loop_step_s is None else framework.name,
         loop_repeats=ga if framework.time.loop_per_micro_batch else 1,
         engine="" if layout != "zero" else f"ZeRO-{'1/2' if stage in (1, 2) else stage}",
-        matmul_s=tokens * per_token / peak, elementwise_s=elementwise / hbm, cast_s=cast,
+        matmul_s=tokens * per_token / peak, unaligned_head_s=tokens * 6 * head / peak if unaligned else 0.0,
+        elementwise_s=elementwise / hbm, cast_s=cast,
         layer_passes=ga * layers * passes, calls=calls, micro_link_s=micro_link,
         overlapped_link_s=overlapped, overlapped_pcie_s=overlapped_pcie, overlap_budget=budget,
         sync_link_s=sync, optimizer_hbm_s=optimizer_hbm, torch_optimizer_hbm_s=torch_optimizer_hbm,
@@ -380,7 +401,8 @@ def parts(w, c: Constants) -> dict[str, Any]:
     else:
         step = c.step_s.get(w.loop, 0.0) * w.loop_repeats + c.step_s.get(w.engine, 0.0)
     g = (lambda k: w[k]) if isinstance(w, dict) else (lambda k: getattr(w, k))
-    device = g("matmul_s") / c.eta_matmul + c.elementwise_passes * g("elementwise_s") + g("cast_s")
+    device = (g("matmul_s") / c.eta_matmul + g("unaligned_head_s") / c.eta_unaligned
+              + c.elementwise_passes * g("elementwise_s") + g("cast_s"))
     host = c.layer_pass_s * g("layer_passes") + c.call_s * g("calls")
     # the host queues work while the GPU computes: the slower of the two sets the pace
     busy = (host ** SHARPNESS + device ** SHARPNESS) ** (1 / SHARPNESS)
@@ -477,7 +499,7 @@ def predict(params: CellParams, gpu: GpuType | None, constants: Constants | None
 
 # Efficiencies are fractions of a hardware figure: fitted within (0, 1], so that a fit cannot explain a
 # cell by a link faster than the hardware table's
-BOUNDED = ("eta_matmul", "eta_link", "eta_optimizer", "eta_optimizer_torch", "eta_pcie")
+BOUNDED = ("eta_matmul", "eta_unaligned", "eta_link", "eta_optimizer", "eta_optimizer_torch", "eta_pcie")
 
 
 def _to_free(values: np.ndarray, names: list[str]) -> np.ndarray:
