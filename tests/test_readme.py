@@ -224,6 +224,7 @@ HOW: dict[str, How] = {
                      "compares"),
     "trainbench compare results/runs --history --fail-on slower:5%": How("elsewhere", "as above"),
     "trainbench history holdout_frameworks": How("run"),
+    "trainbench history lightning": How("run"),
     "trainbench references baseline": How("run", "baseline's published cells are within their references"),
     "trainbench history --seed": How("run", "adds nothing to a clone's published histories"),
     "trainbench query": How("name", "the command's name; its full forms are run"),
