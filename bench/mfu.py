@@ -59,6 +59,7 @@ VARIANTS = [
     Variant("350m vocab 50304", "350m", PADDED),
     Variant("350m vocab + micro batch 32 x 2", "350m", {**PADDED, "micro_batch": 32, "grad_accum": 2}),
     Variant("124m vocab + max-autotune (no CUDA graphs)", "124m", PADDED, compile_options=MAX_AUTOTUNE),
+    Variant("350m vocab + max-autotune (no CUDA graphs)", "350m", PADDED, compile_options=MAX_AUTOTUNE),
 ]
 
 def cell_params(variant: Variant):
