@@ -6,6 +6,7 @@ import copy
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -15,7 +16,7 @@ import yaml
 from trainbench.predict.batch_search import bounds_for
 from trainbench.study.config import load_config
 
-from conftest import REPO, parse_dry_run, tiny_study
+from conftest import CPU_MACHINE, REPO, parse_dry_run, tiny_study
 
 TABLE_FINDINGS = "results/tables/t.findings.csv"
 
@@ -240,6 +241,40 @@ def test_reruns_follow_the_config_in_a_fresh_clone_without_snakemake_metadata(wo
     workflow.snakemake()
     shutil.rmtree(workflow.path(".snakemake"))
     assert "Nothing to be done" in (lambda r: r.stdout + r.stderr)(workflow.snakemake("-n"))
+
+
+def test_a_refit_of_the_models_reruns_what_shows_their_predictions_and_no_cell(workflow):
+    """Tables, plots and the dataset show the current models' predictions, read when they run: a change
+    of the time model's constants (bench/time_model.py --write) reruns them, through their
+    prediction_models param (Workflow.prediction_models), though no input of theirs changed."""
+    # a trainbench of the copy's own, first on the path of Snakemake and its jobs: its models can change
+    # without touching the repository's
+    shutil.copytree(REPO / "src" / "trainbench", workflow.path("src/trainbench"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    on_cpus = {**CPU_MACHINE, "PYTHONPATH": str(workflow.path("src"))}
+    # a GPU study on a machine without one: its table is all predictions, and no cell runs (the measured
+    # one needs a GPU, the other is planned for an H200)
+    t = tiny_study(device="cuda", strategy="ddp")
+    t["axes"] = {"gpus": [1, 2]}
+    t["measure"] = {"cells": [{"gpus": 1}],
+                    "plan_for": {"name": "H200", "gpu_mem_gib": 140, "host_mem_gib": 512, "gpus_per_node": 8}}
+    workflow.write_config({"studies": {"t": t}})
+    targets = ("results/tables/t.md", "results/plots/t_memory.png", "results/dataset/cells.parquet")
+    workflow.snakemake(*targets, env=on_cpus)
+
+    def planned() -> dict[str, set[str]]:
+        result = workflow.snakemake("-n", *targets, env=on_cpus)
+        return parse_dry_run(result.stdout + result.stderr)
+
+    assert planned() == {}  # up to date: nothing to do
+    constants = workflow.path("src/trainbench/predict/time_model_constants.json")
+    refit = json.loads(constants.read_text())
+    for fitted in refit.values():
+        fitted["eta_matmul"] *= 0.9
+    constants.write_text(json.dumps(refit, indent=1))
+    assert planned() == {"study_table": {"results/tables/t.md", "results/tables/t.csv", TABLE_FINDINGS},
+                         "study_plots": {"results/plots/t_memory.png", "results/plots/t_throughput.png"},
+                         "dataset": {"results/dataset/cells.parquet"}}
 
 
 # --- outcomes are data: OOM in the table, not a crashed workflow ---------------------------------

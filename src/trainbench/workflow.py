@@ -10,6 +10,7 @@ about 1% of a 10,000-cell plan, results/bench/snakemake_tuning/, and it went.)
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sys
@@ -17,7 +18,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from trainbench import paths
+from trainbench import paths, predict, registry
 from trainbench.errors import ConfigError
 from trainbench.execute.gpus import short_of_gpus
 from trainbench.execute.results import read_json
@@ -43,6 +44,11 @@ CELL_RESOURCES = {
 SLURM_PLACEMENT = ("slurm_partition", "slurm_account", "constraint", "gpu_model")
 # what a study's name may be (the {study} wildcard)
 STUDY_NAME = r"[A-Za-z0-9][A-Za-z0-9_-]*"
+# What the memory and time models' predictions are computed from, read whole: the predict package (the
+# models, the time model's fitted constants, the batch search's model_largest) and the registry they
+# look models, frameworks and GPUs up in. Whole packages, so a module added to either counts too.
+PREDICTION_PACKAGES = (predict, registry)
+PREDICTION_FILES = (".py", ".json")
 
 
 def array_rule(study: str) -> str:
@@ -98,6 +104,7 @@ class Workflow:
         self.shared_resources = {} if remote else shared_resources(
             study.job_resources(c) for study in config.studies.values() for c in study.cells)
         self._said_short: set[str] = set()
+        self._prediction_models: str | None = None
 
     def study(self, name: str) -> Study:
         return self.config.study(name)
@@ -230,6 +237,24 @@ class Workflow:
         parameter hashes, sorted, and the planning hardware. Reordering config.yaml changes neither."""
         return {"plan_for": study.plan_for,
                 "planned": sorted(f"{c.cell_id}={c.params_hash}" for c in study.planned)}
+
+    def prediction_models(self) -> str:
+        """A digest of what the memory and time models' predictions depend on (PREDICTION_PACKAGES), as a
+        rerun trigger of every rule whose output shows predictions: tables, plots and the dataset show
+        the current models' figures (reporting/predictions.py), and Snakemake tracks no code a rule's
+        script imports, so without it a refit of the time model's constants left them stale. Read
+        from the trainbench this workflow imports, the one the rules' scripts run; computed once."""
+        if self._prediction_models is None:
+            digest = hashlib.sha256()
+            for package in PREDICTION_PACKAGES:
+                folder = Path(package.__file__).parent
+                for file in sorted(f for f in folder.iterdir() if f.suffix in PREDICTION_FILES):
+                    content = file.read_bytes()
+                    # name and length before the bytes: a file renamed, or bytes moved between files, count
+                    digest.update(f"{package.__name__}/{file.name}\0{len(content)}\0".encode())
+                    digest.update(content)
+            self._prediction_models = digest.hexdigest()[:16]
+        return self._prediction_models
 
     def pages_of_tabled_studies(self) -> list[str]:
         """The page of every study that has a table on disk (rule report_all)."""

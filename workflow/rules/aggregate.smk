@@ -39,6 +39,7 @@ rule study_table:
         short_of_gpus=get_cells_short_of_gpus,
         layout=get_study_layout,
         planning=get_study_planning,
+        prediction_models=PREDICTION_MODELS,
     script:
         "../scripts/make_tables.py"
 
@@ -60,5 +61,7 @@ rule dataset:
     localrule: True
     conda:
         "../../envs/analysis.yaml"
+    params:
+        prediction_models=PREDICTION_MODELS,
     script:
         "../scripts/make_dataset.py"

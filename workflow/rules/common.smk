@@ -156,6 +156,9 @@ get_study_layout = of_study(WORKFLOW.table_layout)
 get_plot_layout = of_study(WORKFLOW.plot_layout)
 get_missing_cells = of_study(WORKFLOW.missing_cells)
 get_study_planning = of_study(WORKFLOW.planning)
+# The models' predictions shown by tables, plots and the dataset: a param of theirs, so a change of the
+# models reruns them (Workflow.prediction_models). One value for every job, no function to call per job.
+PREDICTION_MODELS = WORKFLOW.prediction_models()
 
 
 def get_pages_of_tabled_studies():

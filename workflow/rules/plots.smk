@@ -31,6 +31,7 @@ rule study_plots:
         short_of_gpus=get_cells_short_of_gpus,
         planning=get_study_planning,
         layout=get_plot_layout,
+        prediction_models=PREDICTION_MODELS,
     script:
         "../scripts/make_plots.py"
 
@@ -55,5 +56,6 @@ rule breakdown_plot:
         "../../envs/analysis.yaml"
     params:
         layout=get_plot_layout,
+        prediction_models=PREDICTION_MODELS,
     script:
         "../scripts/make_breakdown_plot.py"
