@@ -170,10 +170,10 @@ HOW: dict[str, How] = {
     "trainbench compare results/runs rerun/results/runs --fail-on slower:5%,memory:5%":
         How("run", before=_a_rerun_tree),
     "python3 bench/mfu.py": How("elsewhere", "times GPU training; its output: results/bench/mfu"),
-    'python3 bench/mfu.py --no-profile --out results/bench/mfu --variant-timeout 430 --only "124m vocab 50304" '
-    '"124m vocab + max-autotune (no CUDA graphs)"': How("elsewhere", GPU_HOST),
-    'python3 bench/mfu.py --no-profile --out results/bench/mfu --variant-timeout 470 --only "350m vocab 50304" '
-    '"350m vocab + max-autotune (no CUDA graphs)"': How("elsewhere", GPU_HOST),
+    'python3 bench/mfu.py --no-profile --out results/bench/mfu --variant-timeout 430 --only '
+    '"124m vocab 50304" "124m vocab + max-autotune (no CUDA graphs)"': How("elsewhere", GPU_HOST),
+    'python3 bench/mfu.py --no-profile --out results/bench/mfu --variant-timeout 470 --only '
+    '"350m vocab 50304" "350m vocab + max-autotune (no CUDA graphs)"': How("elsewhere", GPU_HOST),
     "python3 bench/overhead.py --ablation":
         How("elsewhere", "times GPU cells; tests/test_bench.py runs it on a CPU stand-in"),
     "python3 bench/overhead.py --ablation --out results/bench/overhead/gpt2-124m --cells "
