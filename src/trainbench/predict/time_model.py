@@ -253,9 +253,10 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
     # tensor-core kernel: cuBLAS falls back to cutlass's align1 ones (holdout_pace's GPT-2 124M under
     # FSDP2: 140 of its 241 ms of kernels, 11% of the bf16 peak). torch.compile pads such matmuls
     # (inductor's shape padding); the head of a classifier is negligible; fp32 (TF32 or not) was not
-    # measured to pay it.
+    # measured to pay it and is not charged. Split over tensor-parallel ranks, a rank's rows decide.
     vocabulary = spec.with_vocab_multiple(params.vocab_multiple).vocab_size
-    unaligned = (params.head == "lm" and vocabulary % 8 != 0 and not params.compile
+    rows = -(-vocabulary // tp) if split_vocabulary else vocabulary  # this rank's share of the head
+    unaligned = (params.head == "lm" and rows % 8 != 0 and not params.compile
                  and params.precision in ("bf16", "fp16"))
     if not unaligned:
         per_token += 6 * head
