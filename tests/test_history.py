@@ -34,6 +34,16 @@ def test_each_run_of_a_cell_is_kept_and_a_rerun_is_set_against_the_last(tmp_path
     assert capsys.readouterr().out.count("ok") == 2
 
 
+def test_a_record_keeps_the_runs_energy_and_its_hosts_pace():
+    """A rerun kept out of its table lives on in its history only: its energy and host pace with it."""
+    doc = {"study": "s", "cell_id": "c", "status": "ok",
+           "metrics": {"step_time_s": 0.03, "energy_j_per_step": 48.2, "energy_j_per_token": 0.00196},
+           "provenance": {"git_commit": "a0f10be", "host_pace_ms": 2.56}}
+    kept = history.record(doc)
+    assert kept["metrics"]["energy_j_per_step"] == 48.2 and kept["metrics"]["energy_j_per_token"] == 0.00196
+    assert kept["provenance"]["host_pace_ms"] == 2.56
+
+
 def test_only_a_run_with_the_same_parameters_on_the_same_gpu_model_is_comparable(tmp_path):
     published = REPO / "results/runs/holdout_frameworks"
     cell = next(published.iterdir()).name

@@ -19,13 +19,14 @@ from typing import Any, Iterable
 from trainbench.paths import HISTORY_SUFFIX
 
 HISTORY = "history"  # beside runs/ under results/
-# a run's key: what ran it, where and when
-PROVENANCE = ("git_commit", "hostname", "gpu_name", "started", "ended")
+# a run's key: what ran it, where and when, and the host's pace (what moves a host-bound cell between hosts)
+PROVENANCE = ("git_commit", "hostname", "gpu_name", "started", "ended", "host_pace_ms")
 # and, where a SLURM job ran it, which job and how often SLURM had requeued it (preemption)
 SLURM = ("slurm_job_id", "slurm_restart_count")
-# the metrics a record keeps: what reporting.compare reads
+# the metrics a record keeps: what reporting.compare reads, and the energy a rerun that is not published
+# (its table kept) would otherwise lose
 KEPT = ("step_time_s", "step_time_s_ci", "samples_per_s", "samples_per_s_ci", "gpu_mem_used_mib",
-        "torch_peak_allocated_mib", "host_mem_peak_mib", "mfu")
+        "torch_peak_allocated_mib", "host_mem_peak_mib", "mfu", "energy_j_per_step", "energy_j_per_token")
 
 
 def record(doc: dict[str, Any]) -> dict[str, Any]:
