@@ -44,11 +44,13 @@ CELL_RESOURCES = {
 SLURM_PLACEMENT = ("slurm_partition", "slurm_account", "constraint", "gpu_model")
 # what a study's name may be (the {study} wildcard)
 STUDY_NAME = r"[A-Za-z0-9][A-Za-z0-9_-]*"
-# What the memory and time models' predictions are computed from, read whole: the predict package (the
-# models, the time model's fitted constants, the batch search's model_largest) and the registry they
-# look models, frameworks and GPUs up in. Whole packages, so a module added to either counts too.
+# What the memory and time models' predictions are computed from: every module of the predict package
+# (the models, the time model's fitted constants, the batch search's model_largest) and of the registry
+# they look models, frameworks and GPUs up in (so a module added to either counts too), the cell
+# parameters they read, and the reporting module that puts their figures in tables and plots.
 PREDICTION_PACKAGES = (predict, registry)
 PREDICTION_FILES = (".py", ".json")
+PREDICTION_MODULES = ("study/params.py", "reporting/predictions.py")  # under trainbench/
 
 
 def array_rule(study: str) -> str:
@@ -239,20 +241,21 @@ class Workflow:
                 "planned": sorted(f"{c.cell_id}={c.params_hash}" for c in study.planned)}
 
     def prediction_models(self) -> str:
-        """A digest of what the memory and time models' predictions depend on (PREDICTION_PACKAGES), as a
+        """A digest of what the memory and time models' predictions depend on (PREDICTION_*), as a
         rerun trigger of every rule whose output shows predictions: tables, plots and the dataset show
         the current models' figures (reporting/predictions.py), and Snakemake tracks no code a rule's
         script imports, so without it a refit of the time model's constants left them stale. Read
         from the trainbench this workflow imports, the one the rules' scripts run; computed once."""
         if self._prediction_models is None:
             digest = hashlib.sha256()
-            for package in PREDICTION_PACKAGES:
-                folder = Path(package.__file__).parent
-                for file in sorted(f for f in folder.iterdir() if f.suffix in PREDICTION_FILES):
-                    content = file.read_bytes()
-                    # name and length before the bytes: a file renamed, or bytes moved between files, count
-                    digest.update(f"{package.__name__}/{file.name}\0{len(content)}\0".encode())
-                    digest.update(content)
+            top = Path(predict.__file__).parents[1]  # the trainbench package
+            files = [f for package in PREDICTION_PACKAGES for f in Path(package.__file__).parent.iterdir()
+                     if f.suffix in PREDICTION_FILES] + [top / module for module in PREDICTION_MODULES]
+            for file in sorted(files):
+                content = file.read_bytes()
+                # name and length before the bytes: a file renamed, or bytes moved between files, count
+                digest.update(f"{file.relative_to(top)}\0{len(content)}\0".encode())
+                digest.update(content)
             self._prediction_models = digest.hexdigest()[:16]
         return self._prediction_models
 
