@@ -77,21 +77,30 @@ class GPT(nn.Module):
 
 
 def build(size: str, micro_batch: int, accum: int = 4, bias: bool = True, gelu: str = "tanh",
-          lr: float = 6e-4, weight_decay: float = 0.1, seed: int = 1337, device: str = "cuda"):
+          lr: float = 6e-4, weight_decay: float = 0.1, seed: int = 1337, device: str = "cuda",
+          batches: int = 1, compile: bool = True):
     """Model, optimizer and data on `device`; returns one optimizer step (it returns the last micro
-    batch's loss, left on the device) and the model."""
+    batch's loss, left on the device) and the model. `batches` > 1 cycles a pool of that many random
+    batches instead of one, as the cells do (trainbench.training.data), to set the two on the same
+    data."""
     torch.manual_seed(seed)
     model = GPT(*SIZES[size], bias=bias, gelu=gelu).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     optimizer = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=device == "cuda")
-    compiled = torch.compile(model)
-    data = torch.randint(50257, (micro_batch, BLOCK + 1), device=device)  # one fixed batch
-    x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+    compiled = torch.compile(model) if compile else model
+    pool = []
+    for _ in range(batches):  # one fixed batch by default
+        data = torch.randint(50257, (micro_batch, BLOCK + 1), device=device)
+        pool.append((data[:, :-1].contiguous(), data[:, 1:].contiguous()))
+    position = 0
 
     def step():
+        nonlocal position
         for _ in range(accum):
+            x, y = pool[position % batches]
+            position += 1
             with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16):
                 loss = compiled(x, y) / accum
             loss.backward()

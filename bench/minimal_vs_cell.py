@@ -17,6 +17,18 @@ tokens/s over the minimal loop's in the same round.
 GPT-2's shape), `tf32` (both loops with TF32 matmuls allowed, as nanoGPT's train.py sets; the cells
 leave it off), `cellfix` (the cell's step built by each --fix-builder, a function 'module:name' taking the
 cell's parameters and returning a step: a candidate fix; two are here, see below).
+`pool` is the minimal loop cycling the cells' pool of four random batches instead of its one
+(trainbench.training.data.POOL_SIZE): the two loops on the same data.
+
+--round-loops NAME ... puts those variants into every round beside the minimal loop and the cell
+(the order rotated round by round), so that each has a ratio to the minimal loop per round and an
+interval over the rounds, as the cell has: `--variants pool cellfix --fix-builder
+minimal_vs_cell:cell_one_batch --round-loops "minimal pool" cell_one_batch` sets both loops on both
+data set-ups.
+
+Every window also records, from NVML, the GPU's mean SM clock and power over the window (sampled
+every 10 ms in a thread) and its energy counter at the two ends: on a GPU at its power limit the
+clock, not the code, can decide a 1% difference.
 
 Then --profile-steps optimizer steps of each loop (and of --profile-also's) under torch.profiler (GPU
 kernels only, after warm-up): the GPU time per step by kernel class (matmul, attention, loss,
@@ -83,18 +95,74 @@ class Loop:
         torch.cuda.synchronize()
         return time.perf_counter() - started
 
-    def window(self, steps: int, peak: float) -> dict:
+    def window(self, steps: int, peak: float, sampler: GpuSampler | None = None) -> dict:
         import torch
 
         torch.cuda.synchronize()
+        if sampler:
+            sampler.start()
         started = time.perf_counter()
         for _ in range(steps):
             self.step()
         torch.cuda.synchronize()
         seconds = time.perf_counter() - started
+        gpu = sampler.stop() if sampler else {}
         tokens = steps * self.tokens_per_step / seconds
+        if gpu.get("energy_j") is not None:
+            gpu["energy_j_per_step"] = gpu.pop("energy_j") / steps
         return {"loop": self.name, "steps": steps, "step_time_s": seconds / steps, "tokens_per_s": tokens,
-                "mfu": tokens * self.flops_per_token / peak}
+                "mfu": tokens * self.flops_per_token / peak, **gpu}
+
+
+class GpuSampler:
+    """NVML over one window: the SM clock and the power sampled every `every_s` in a thread, and the
+    energy counter at the two ends. `for_device` is None where NVML is missing (CPU tests)."""
+
+    def __init__(self, pynvml, handle, every_s: float = 0.01):
+        import threading
+
+        self.nvml, self.handle, self.every_s = pynvml, handle, every_s
+        self._threading = threading
+        self._thread = None
+
+    @classmethod
+    def for_device(cls, index: int = 0) -> GpuSampler | None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)
+        except Exception:
+            return None
+        return cls(pynvml, handle)
+
+    def _energy_mj(self) -> int | None:
+        try:
+            return self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
+        except Exception:
+            return None
+
+    def _sample(self) -> None:
+        while not self._done.wait(self.every_s):
+            self._clocks.append(self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_SM))
+            self._power.append(self.nvml.nvmlDeviceGetPowerUsage(self.handle) / 1e3)
+
+    def start(self) -> None:
+        self._clocks, self._power = [], []
+        self._done = self._threading.Event()
+        self._energy_start = self._energy_mj()
+        self._thread = self._threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> dict:
+        self._done.set()
+        self._thread.join()
+        end = self._energy_mj()
+        return {"sm_clock_mhz": mean(self._clocks), "power_w": mean(self._power),
+                "power_w_max": max(self._power, default=float("nan")), "samples": len(self._clocks),
+                "energy_j": (end - self._energy_start) / 1e3
+                if end is not None and self._energy_start is not None else None}
 
 
 def build_loops(size: str, variants: list[str], fix_builders: list[str]) -> tuple[dict, dict[str, Loop]]:
@@ -111,6 +179,11 @@ def build_loops(size: str, variants: list[str], fix_builders: list[str]) -> tupl
     if "nobias" in variants:
         step, _ = minimal_loop.build(size, params.micro_batch, accum=params.grad_accum, bias=False)
         loops["minimal nobias"] = Loop("minimal nobias", step, tokens, flops)
+    if "pool" in variants:
+        from trainbench.training.data import POOL_SIZE
+
+        step, _ = minimal_loop.build(size, params.micro_batch, accum=params.grad_accum, batches=POOL_SIZE)
+        loops["minimal pool"] = Loop("minimal pool", step, tokens, flops)
     for spec in (fix_builders if "cellfix" in variants else []):
         module, name = spec.split(":")
         loops[name] = Loop(name, getattr(importlib.import_module(module), name)(params), tokens, flops)
@@ -205,25 +278,35 @@ def compare_size(size: str, args, log) -> dict:
     warm = {name: round(loop.warm(params.warmup_steps), 1) for name, loop in loops.items()}
     print(f"[{size}] built and warmed in {time.perf_counter() - started:.0f} s: {warm}", flush=True)
     windows = []
+    sampler = GpuSampler.for_device(0)
 
     def window(name: str, tag: str) -> dict:
-        w = {**loops[name].window(args.steps, peak), "tag": tag}
+        w = {**loops[name].window(args.steps, peak, sampler), "tag": tag}
         windows.append(w)
+        gpu = (f"  {w['sm_clock_mhz']:5.0f} MHz {w['power_w']:4.0f} W" if "sm_clock_mhz" in w else "")
         print(f"[{size}] {tag:<10} {name:<15} {w['tokens_per_s']:>10,.0f} tokens/s  "
-              f"{w['step_time_s'] * 1e3:6.1f} ms  MFU {w['mfu']:.1%}", flush=True)
+              f"{w['step_time_s'] * 1e3:6.1f} ms  MFU {w['mfu']:.1%}{gpu}", flush=True)
         return w
 
+    missing = [n for n in args.round_loops if n not in loops]
+    if missing:
+        raise SystemExit(f"--round-loops {missing}: not built (loops: {sorted(loops)}; see --variants)")
+    in_rounds = ["minimal", "cell", *args.round_loops]
     rounds, pipeline = [], None
     for r in range(args.rounds):
-        order = ("minimal", "cell") if r % 2 == 0 else ("cell", "minimal")
+        # each rotation of the loops twice, forward then reversed (ABBA for two loops): drift cancels
+        shift = (r // 2) % len(in_rounds)
+        order = in_rounds[shift:] + in_rounds[:shift]
+        order = order if r % 2 == 0 else order[::-1]
         got = {name: window(name, f"round {r + 1}") for name in order}
         rounds.append({"round": r + 1, "order": list(order), "minimal": got["minimal"]["tokens_per_s"],
                        "cell": got["cell"]["tokens_per_s"],
-                       "ratio": got["cell"]["tokens_per_s"] / got["minimal"]["tokens_per_s"]})
+                       "ratio": got["cell"]["tokens_per_s"] / got["minimal"]["tokens_per_s"],
+                       "others": {n: got[n]["tokens_per_s"] for n in args.round_loops}})
         if args.pipeline_cell and r == (args.rounds - 1) // 2 and pipeline is None:
             pipeline = run_pipeline_cell(size, log)
     extra = []
-    for name in [n for n in loops if n not in ("cell", "minimal")]:
+    for name in [n for n in loops if n not in in_rounds]:
         a, b = window("minimal", "variant"), window(name, "variant")
         extra.append({"variant": name, "tokens_per_s": b["tokens_per_s"], "minimal": a["tokens_per_s"],
                       "ratio": b["tokens_per_s"] / a["tokens_per_s"]})
@@ -271,6 +354,31 @@ def mean(values):
     return statistics.fmean(values) if values else float("nan")
 
 
+def rounds_by_loop(item: dict) -> list[str]:
+    """Every loop timed in the rounds: its tokens/s over the minimal loop's in the same round (mean and
+    95% t-interval over the rounds), and what NVML saw during its windows."""
+    from overhead import mean_interval
+
+    names = ["minimal", "cell", *item["rounds"][0].get("others", {})] if item["rounds"] else []
+    windows = [w for w in item["windows"] if w["tag"].startswith("round")]
+    if not names or not any("sm_clock_mhz" in w for w in windows) and len(names) == 2:
+        return []
+    lines = [f"       {'in every round':<22} {'tokens/s':>10} {'/ minimal':>10} {'95% interval':>18}"
+             f" {'SM MHz':>7} {'W':>5} {'J/step':>7}"]
+    for name in names:
+        mine = [w for w in windows if w["loop"] == name]
+        ratios = [(r["cell"] if name == "cell" else r["minimal"] if name == "minimal" else r["others"][name])
+                  / r["minimal"] for r in item["rounds"]]
+        ratio, half = mean_interval(ratios)
+        interval = f"[{ratio - half:.3f}, {ratio + half:.3f}]" if half is not None else ""
+        gpu = "".join(f" {mean([w[k] for w in mine if w.get(k) is not None]):>{width}.{digits}f}"
+                      for k, width, digits in (("sm_clock_mhz", 7, 0), ("power_w", 5, 0),
+                                               ("energy_j_per_step", 7, 1)))
+        lines.append(f"       {name:<22} {mean([w['tokens_per_s'] for w in mine]):>10,.0f} {ratio:>10.3f}"
+                     f" {interval:>18}{gpu}")
+    return lines
+
+
 def summary(report: dict) -> list[str]:
     env = report["environment"]
     lines = [f"bench/minimal_vs_cell.py on {env['gpu']}, torch {env['torch']}, {env['date']}",
@@ -299,6 +407,7 @@ def summary(report: dict) -> list[str]:
         for v in item["variants"]:
             lines.append(f"       {v['variant']:<22} {v['tokens_per_s']:>10,.0f} tokens/s, "
                          f"/ minimal window beside it {v['ratio']:.3f}")
+        lines += rounds_by_loop(item)
     for item in report["sizes"]:
         profiles = item["profiles"]
         if not profiles:
@@ -341,7 +450,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps per timed window")
     parser.add_argument("--pipeline-cell", action="store_true")
-    parser.add_argument("--variants", nargs="*", default=[], choices=["nobias", "tf32", "cellfix"])
+    parser.add_argument("--variants", nargs="*", default=[], choices=["nobias", "tf32", "cellfix", "pool"])
+    parser.add_argument("--round-loops", nargs="*", default=[],
+                        help="variants (by name) timed in every round beside the minimal loop and the cell")
     parser.add_argument("--fix-builder", nargs="*",
                         help="module:function, each returning a step from the cell's params (a candidate "
                              "fix; the function names the variant)")

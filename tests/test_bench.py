@@ -235,6 +235,48 @@ def test_the_minimal_loop_is_gpt2_of_the_cells_shape_written_apart_from_trainben
         assert abs(minimal_loop.flops_per_token(minimal) - ours) / ours < 2e-5
 
 
+def test_the_minimal_loop_can_train_on_the_cells_pool_of_batches(monkeypatch):
+    """`batches=4` cycles four different batches, as the cells' data does: with the learning rate at
+    0 the weights stay put, so a step's loss names its batch (one batch: every loss the same)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import minimal_loop
+
+    monkeypatch.setitem(minimal_loop.SIZES, "tiny", (1, 32, 2))
+    monkeypatch.setattr(minimal_loop, "BLOCK", 16)
+    for batches, distinct in ((1, 1), (4, 4)):
+        step, _ = minimal_loop.build("tiny", 2, accum=1, lr=0.0, device="cpu", batches=batches,
+                                     compile=False)
+        losses = [round(step().item(), 6) for _ in range(2 * batches)]
+        assert len(set(losses)) == distinct
+        assert losses[:batches] == losses[batches:]  # the pool comes round again
+
+
+def test_data_matched_rounds_give_each_loop_a_ratio_to_the_minimal_loop_with_its_interval():
+    """--round-loops: every loop of a round is set against that round's minimal window, the mean and
+    95% t-interval taken over the rounds, with the clock and power NVML saw in its windows."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from minimal_vs_cell import rounds_by_loop
+
+    def w(loop, tokens, mhz, r):
+        return {"loop": loop, "tag": f"round {r}", "tokens_per_s": tokens, "sm_clock_mhz": mhz,
+                "power_w": 690.0, "energy_j_per_step": 170.0}
+    item = {"rounds": [], "windows": []}
+    for r, (minimal, cell, pool) in enumerate([(100.0, 99.0, 98.0), (102.0, 101.0, 100.0)], start=1):
+        item["rounds"].append({"minimal": minimal, "cell": cell, "ratio": cell / minimal,
+                               "others": {"minimal pool": pool}})
+        item["windows"] += [w("minimal", minimal, 1900, r), w("cell", cell, 1880, r),
+                            w("minimal pool", pool, 1870, r)]
+    lines = rounds_by_loop(item)
+    pool = next(line for line in lines if "minimal pool" in line).split()
+    ratios = [98 / 100, 100 / 102]
+    mean = sum(ratios) / 2
+    half = 12.706 * abs(ratios[0] - ratios[1]) / 2 ** 0.5 / 2 ** 0.5
+    assert pool[2:4] == ["99", f"{mean:.3f}"]
+    assert f"[{mean - half:.3f}, {mean + half:.3f}]" in " ".join(pool)
+    assert pool[-3:] == ["1870", "690", "170.0"]
+    assert next(line for line in lines if line.split()[0] == "minimal").split()[2] == "1.000"
+
+
 def test_the_comparison_sorts_kernels_into_the_classes_its_attribution_names():
     sys.path.insert(0, str(REPO / "bench"))
     from minimal_vs_cell import classify, generic
