@@ -76,6 +76,26 @@ def run_bare(cell, out: Path, steps: int, log) -> dict:
             "step_time_s": figures["step_time_s"], "steps": figures["steps"]}
 
 
+MINIMAL = REPO / "bench" / "minimal_loop.py"
+MINIMAL_SIZES = {"gpt2-124m": "124m", "gpt2-350m": "350m"}  # the shapes bench/minimal_loop.py writes
+
+
+def run_minimal(cell, out: Path, steps: int, log) -> dict:
+    """bench/minimal_loop.py, the loop written apart from trainbench, at the cell's shape."""
+    params = cell.params
+    if params.model not in MINIMAL_SIZES or params.gpus != 1 or params.grad_accum != 4:
+        raise SystemExit(f"--reference minimal: {cell.cell_id} is not a one-GPU GPT-2 cell of 4 micro "
+                         f"batches (bench/minimal_loop.py's shapes: {sorted(MINIMAL_SIZES)})")
+    result = out / "minimal.json"
+    command = [sys.executable, str(MINIMAL), "--model", MINIMAL_SIZES[params.model],
+               "--micro-batch", str(params.micro_batch), "--steps", str(steps), "--out", str(result)]
+    subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT,
+                   env={**os.environ, **cache_environment(os.environ), "PYTHONUNBUFFERED": "1"})
+    figures = json.loads(result.read_text())
+    return {"tokens_per_s_per_gpu": figures["tokens_per_s"], "step_time_s": figures["seconds"] / steps,
+            "steps": steps}
+
+
 def run_cell(cell, out: Path, log) -> dict:
     metrics_path = out / "runs" / cell.study / cell.cell_id / "metrics.json"
     resources = cell.resources()
@@ -94,26 +114,28 @@ def run_cell(cell, out: Path, log) -> dict:
             "mfu": m["mfu"], "noisy": m["noisy"], "stopped": m["timing"]["stopped"]}
 
 
-def compare_cell(cell, rounds: int, out: Path, log) -> dict:
-    """Alternating rounds of the bare loop and the cell; the ratio of their tokens/s per GPU."""
+def compare_cell(cell, rounds: int, out: Path, log, reference: str = "bare") -> dict:
+    """Alternating rounds of the reference loop (bare or minimal) and the cell; the ratio of their
+    tokens/s per GPU."""
     records = []
+    run_reference = {"bare": run_bare, "minimal": run_minimal}[reference]
     for round_ in range(1, rounds + 1):
         round_dir = out / f"round-{round_}"
         round_dir.mkdir(parents=True, exist_ok=True)
-        order = ("bare", "cell") if round_ % 2 else ("cell", "bare")
+        order = (reference, "cell") if round_ % 2 else ("cell", reference)
         record = {"round": round_, "order": list(order)}
         for which in order:
             started = time.monotonic()
-            record[which] = (run_bare(cell, round_dir, cell.params.timed_steps, log) if which == "bare"
-                             else run_cell(cell, round_dir, log))
+            record[which] = (run_reference(cell, round_dir, cell.params.timed_steps, log)
+                             if which == reference else run_cell(cell, round_dir, log))
             record[which]["wall_s"] = round(time.monotonic() - started, 1)
             print(f"  round {round_} {which}: {record[which]['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU "
                   f"({record[which]['wall_s']:.0f} s)", flush=True)
-        record["ratio"] = record["cell"]["tokens_per_s_per_gpu"] / record["bare"]["tokens_per_s_per_gpu"]
+        record["ratio"] = record["cell"]["tokens_per_s_per_gpu"] / record[reference]["tokens_per_s_per_gpu"]
         records.append(record)
     mean, half = mean_interval([r["ratio"] for r in records])
-    return {"cell": cell.cell_id, "params": cell.params.as_dict(), "rounds": records, "ratio": mean,
-            "ratio_half_width": half}
+    return {"cell": cell.cell_id, "params": cell.params.as_dict(), "reference": reference,
+            "rounds": records, "ratio": mean, "ratio_half_width": half}
 
 
 def ablation(cell, rounds: int, steps: int) -> dict:
@@ -204,18 +226,21 @@ def summary_lines(report: dict) -> list[str]:
     lines = [f"bench/overhead.py on {env['gpus']} x {env['gpu']} ({env['host']}), "
              f"torch {env['versions']['torch']}, "
              f"commit {env['git_commit']}, {env['date']}", f"command: {env['command']}", "",
-             "cell/bare: tokens/s per GPU of the pipeline's cell over the bare loop's, mean of the rounds "
-             "with its 95% t-interval (goal >= 0.98)",
-             f"{'cell':<58} {'bare tok/s':>11} {'cell tok/s':>11} {'cell MFU':>8} {'cell/bare':>17}  rounds"]
+             "cell/reference: tokens/s per GPU of the pipeline's cell over the reference loop's (bare: "
+             "bench/bare_loop.py, goal >= 0.98; minimal: bench/minimal_loop.py, goal >= 1.0), mean of the "
+             "rounds with its 95% t-interval",
+             f"{'cell':<58} {'ref. tok/s':>11} {'cell tok/s':>11} {'cell MFU':>8} {'cell/reference':>17}"
+             "  rounds"]
     for item in report["cells"]:
-        bare = statistics.fmean(r["bare"]["tokens_per_s_per_gpu"] for r in item["rounds"])
+        reference = item.get("reference", "bare")  # reports before --reference: the bare loop
+        bare = statistics.fmean(r[reference]["tokens_per_s_per_gpu"] for r in item["rounds"])
         cell = statistics.fmean(r["cell"]["tokens_per_s_per_gpu"] for r in item["rounds"])
         mfus = [r["cell"]["mfu"] for r in item["rounds"] if r["cell"]["mfu"] is not None]
         mfu = f"{statistics.fmean(mfus):.1%}" if mfus else "-"
         half = "" if item["ratio_half_width"] is None else f" ± {item['ratio_half_width']:.3f}"
         ratios = ", ".join(f"{r['ratio']:.3f}" for r in item["rounds"])
         lines.append(f"{item['cell']:<58} {bare:>11,.0f} {cell:>11,.0f} {mfu:>8} "
-                     f"{item['ratio']:>9.3f}{half:<8}  {ratios}")
+                     f"{item['ratio']:>9.3f}{half:<8}  {ratios}  ({reference})")
     for cell_id, variants in report.get("ablation", {}).items():
         lines += ["", f"ablation, {cell_id} (one process, variants interleaved; throughput relative to the "
                       f"bare loop's round beside it, mean ± 95% t-interval):"]
@@ -232,6 +257,9 @@ def main() -> int:
     parser.add_argument("--cells", nargs="*", help="baseline cell ids (default: the one-GPU cells, and the "
                                                    "2-GPU DDP cells on a host with 2 GPUs or more)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--reference", choices=["bare", "minimal"], default="bare",
+                        help="the loop the cell is set against: bench/bare_loop.py (trainbench's model, the "
+                             "harness's cost) or bench/minimal_loop.py (written apart: one-GPU GPT-2 cells)")
     parser.add_argument("--ablation", action="store_true",
                         help="also the in-process ablation of the one-GPU cells")
     parser.add_argument("--ablation-only", action="store_true", help="only the ablation")
@@ -260,7 +288,7 @@ def main() -> int:
         if not args.ablation_only:
             for cell in cells:
                 print(f"{cell.cell_id}: {args.rounds} rounds", flush=True)
-                report["cells"].append(compare_cell(cell, args.rounds, args.out, log))
+                report["cells"].append(compare_cell(cell, args.rounds, args.out, log, args.reference))
                 (args.out / "overhead.json").write_text(json.dumps(report, indent=1))
     (args.out / "overhead.json").write_text(json.dumps(report, indent=1))
     lines = summary_lines(report)

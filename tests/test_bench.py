@@ -37,7 +37,8 @@ def test_the_overhead_benchmark_holds_the_pipelines_cell_against_a_bare_loop(tmp
     assert set(report["ablation"]["strategy~single__gpus~1"]) == {
         "bare", "sync and read the loss every step", "sampler thread (50 ms)", "sampler process (50 ms)"}
     summary = (out / "overhead.txt").read_text()
-    assert "cell/bare" in summary and "strategy~single__gpus~1" in summary and "command:" in summary
+    assert "cell/reference" in summary and "strategy~single__gpus~1" in summary and "command:" in summary
+    assert summary.splitlines()[5].endswith("(bare)")  # the reference the cell's row was set against
     # each round's cell is a metrics.json that `trainbench compare` reads as a rerun of the others
     assert (out / "round-2" / "runs" / "baseline" / "strategy~single__gpus~1" / "metrics.json").exists()
 
