@@ -180,6 +180,9 @@ HOW: dict[str, How] = {
     "'strategy~single__model~gpt2-124m__gpus~1__micro_batch~32'": How("elsewhere", "as above"),
     "bash bench/rerun_compare.sh": How("run"),
     "python3 bench/overhead.py --rounds 3": How("elsewhere", "as above"),
+    "python3 bench/overhead.py --reference minimal":
+        How("elsewhere", "times GPU cells against bench/minimal_loop.py, which needs CUDA; "
+                         "tests/test_bench.py runs overhead.py on a CPU stand-in"),
     "trainbench cost": How("run"),
     "trainbench predict holdout --gpu h200 --gpus-per-node 1 --host-mem-gib 128 > "
     "results/predictions/holdout-h200.csv": How("run"),
