@@ -48,3 +48,27 @@ def test_timing_settings_travel_as_one_word_and_refuse_unknown_names():
     assert TimingSettings.from_argument("") == TimingSettings()
     with pytest.raises(ValueError, match="unknown timing setting 'windows'"):
         TimingSettings.from_argument("windows=3")
+
+
+def _agree_rank(rank: int, store_file: str, values: list[int], out: dict) -> None:
+    import torch.distributed as dist
+
+    from trainbench.execute.worker import agree_through_store
+
+    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=2)
+    try:
+        out[rank] = [agree_through_store(v, rank, f"k{i}") for i, v in enumerate(values[rank::2])]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_agree_on_rank_0s_values_through_the_rendezvous_store_in_order(tmp_path):
+    """Window sizes and stopping (worker.StepRecorder._agree): every rank gets rank 0's value for each
+    key, whatever its own; through the store, so no collective builds a communicator on the GPUs."""
+    import torch.multiprocessing as mp
+
+    values = [8, 3, 0, 1, 1, 0]  # rank 0's and rank 1's values for three agreements, interleaved
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_agree_rank, args=(str(tmp_path / "store"), values, out), nprocs=2, join=True)
+        assert dict(out) == {0: [8, 0, 1], 1: [8, 0, 1]}

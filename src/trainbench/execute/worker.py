@@ -264,6 +264,18 @@ class Worker:
         write_json_atomic(self.work_dir / f"rank{self.rank}.json", record)
 
 
+def agree_through_store(value: int, rank: int, key: str) -> int:
+    """Rank 0's `value` on every rank, through the process group's key-value store (the rendezvous's),
+    not a collective: a broadcast on the default group makes NCCL build a communicator for it, 288 MiB
+    a GPU on 4 x H200, where a framework trains on groups of its own (DeepSpeed's ZeRO stages 0-2 and
+    its pipeline engine), and that memory was counted as the cell's. Each `key` once per run."""
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 0:
+        store.set(key, str(value))
+        return value
+    return int(store.get(key))
+
+
 class StepRecorder:
     """Runs the cell's steps through warm-up and timed windows, keeps the losses, reports progress,
     and injects test faults at the step they name (timing.py says how and why). Used by the
@@ -281,6 +293,7 @@ class StepRecorder:
         self.worker, self.device = worker, device
         self.settings = worker.timing
         self.adaptive = adaptive
+        self._agreements = 0  # keys of agree_through_store
         self.warmup = worker.params.warmup_steps
         self.timed_steps = worker.params.timed_steps
         self.steps_per_window = steps_per_window(self.timed_steps, self.settings.min_windows, None,
@@ -405,12 +418,12 @@ class StepRecorder:
 
     def _agree(self, value: int) -> int:
         """Rank 0's value on every rank: window sizes and stopping must match, or a collective of one
-        rank would wait for one the others never start. (Outside the timed windows.)"""
-        if self.worker.world_size == 1:
+        rank would wait for one the others never start. (Outside the timed windows.) An emulated rank
+        is its world's rank 0's twin: its own value is rank 0's."""
+        if self.worker.world_size == 1 or self.worker.emulated is not None:
             return value
-        box = torch.tensor([value], device=self.device if self.device.type == "cuda" else "cpu")
-        dist.broadcast(box, src=0)
-        return int(box.item())
+        self._agreements += 1
+        return agree_through_store(value, self.worker.rank, f"trainbench/agree/{self._agreements}")
 
     def _report(self, text: str, force: bool = False) -> None:
         # every window while there are few; then one line at least every 30 s
