@@ -16,7 +16,7 @@ import yaml
 from trainbench.predict.batch_search import bounds_for
 from trainbench.study.config import load_config
 
-from conftest import CPU_MACHINE, REPO, parse_dry_run, tiny_study
+from conftest import CPU_MACHINE, REPO, Workflow, parse_dry_run, tiny_study
 
 TABLE_FINDINGS = "results/tables/t.findings.csv"
 
@@ -118,12 +118,28 @@ def rerun_config() -> dict:
             "studies": {"t": t, "u": u}}
 
 
-def test_only_missing_or_changed_cells_rerun(workflow):
+@pytest.fixture(scope="module")
+def rerun_tree(tmp_path_factory) -> tuple[Workflow, dict[str, set[str]]]:
+    """rerun_config's study run once, as `snakemake` runs it on a fresh tree (the tests below start from a
+    copy of it), and what the dry run before it planned."""
+    flow = Workflow(tmp_path_factory.mktemp("rerun"))
+    flow.write_config(rerun_config())
+    first = flow.planned()
+    flow.snakemake()
+    return flow, first
+
+
+@pytest.fixture
+def rerun_workflow(rerun_tree, tmp_path) -> tuple[Workflow, dict[str, set[str]]]:
+    """A copy of rerun_tree's workflow, its results and Snakemake's metadata, with their times."""
+    flow, first = rerun_tree
+    return Workflow.at(shutil.copytree(flow.root, tmp_path / "flow", symlinks=True)), first
+
+
+def test_only_missing_or_changed_cells_rerun(rerun_workflow):
+    workflow, first = rerun_workflow
     config = rerun_config()
-    workflow.write_config(config)
-    first = workflow.planned()
     assert cells_planned(first) == {"micro_batch~1", "micro_batch~2", "seed~1"}
-    workflow.snakemake()
     untouched_u = workflow.path("results/runs/u/seed~1/metrics.json").stat().st_mtime_ns
 
     # an unchanged tree: nothing to do
@@ -217,13 +233,10 @@ def test_only_missing_or_changed_cells_rerun(workflow):
     assert jobs["study_plots"] == {"results/plots/t_memory.png", "results/plots/t_throughput.png"}
 
 
-def test_reruns_follow_the_config_in_a_fresh_clone_without_snakemake_metadata(workflow):
+def test_reruns_follow_the_config_in_a_fresh_clone_without_snakemake_metadata(rerun_workflow):
     """A clone has results but no .snakemake: new and changed cells must still run, others not."""
-    import shutil
-
+    workflow, _ = rerun_workflow
     config = rerun_config()
-    workflow.write_config(config)
-    workflow.snakemake()
     shutil.rmtree(workflow.path(".snakemake"))
     assert "Nothing to be done" in (lambda r: r.stdout + r.stderr)(workflow.snakemake("-n"))
 
