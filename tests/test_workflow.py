@@ -31,13 +31,51 @@ def cells_planned(jobs) -> set[str]:
 
 # --- every study of STUDIES.md dry-runs with its resources ----------------------------------
 
-@pytest.mark.parametrize("study", ["lightning", "llama", "zero3_pipeline", "gpt2_zero", "megatron"])
-def test_each_study_dry_runs_listing_its_cells_and_resources(workflow, study):
+STUDIES = ["lightning", "llama", "zero3_pipeline", "gpt2_zero", "megatron"]
+EIGHT_GPUS = {"TRAINBENCH_FAKE_GPUS": "8"}  # as on a host of 8 GPUs, where every one-node cell can run
+
+
+def dry_run_jobs(text: str) -> list[dict]:
+    """Each job of a dry run's text: its rule, outputs and resources line (None where it shows none)."""
+    jobs: list[dict] = []
+    for line in text.splitlines():
+        line = line.strip()
+        match = re.match(r"^(?:local)?(?:rule|checkpoint) (\w+):$", line)
+        if match:
+            jobs.append({"rule": match.group(1), "output": set(), "resources": None})
+        elif jobs and line.startswith("output:"):
+            jobs[-1]["output"].update(p.strip() for p in line.split(":", 1)[1].split(","))
+        elif jobs and line.startswith("resources:"):
+            jobs[-1]["resources"] = line
+    return jobs
+
+
+def study_of(job: dict) -> set[str]:
+    return {study for study in STUDIES for path in job["output"]
+            if path.startswith((f"results/runs/{study}/", f"results/search/{study}/",
+                                f"results/tables/{study}."))}
+
+
+@pytest.fixture(scope="module")
+def every_cell_planned(tmp_path_factory) -> list[dict]:
+    """The jobs of one dry run of every study's table and every cell it plans, of all STUDIES at once (a
+    cell named as a target cannot be another study's; what each table alone plans, each test dry-runs)."""
+    flow = Workflow(tmp_path_factory.mktemp("studies"))
+    flow.write_config((REPO / "config.yaml").read_text())
+    config = load_config(REPO / "config.yaml")
+    targets = [target for study in STUDIES
+               for target in (f"results/tables/{study}.md", *(c.target for c in config.study(study).planned))]
+    jobs = dry_run_jobs(flow.snakemake("-n", *targets, env=EIGHT_GPUS).stdout)
+    assert jobs and all(len(study_of(job)) == 1 for job in jobs)  # each job is one study's
+    return jobs
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_each_study_dry_runs_listing_its_cells_and_resources(workflow, every_cell_planned, study):
     workflow.write_config((REPO / "config.yaml").read_text())
     expected = load_config(REPO / "config.yaml").study(study)
-    eight = {"TRAINBENCH_FAKE_GPUS": "8"}  # as on a host of 8 GPUs, where every one-node cell can run
     # the table runs the measured cells; the planned ones run when named (here: all of them)
-    table = parse_dry_run(workflow.snakemake("-n", f"results/tables/{study}.md", env=eight).stdout)
+    table = parse_dry_run(workflow.snakemake("-n", f"results/tables/{study}.md", env=EIGHT_GPUS).stdout)
     assert table["train_cell"] == set(expected.targets)
     # and the searches it reports, each from its first probe (the memory model's seed)
     first_probes = {f"results/search/{study}/{cell_id}/"
@@ -45,13 +83,14 @@ def test_each_study_dry_runs_listing_its_cells_and_resources(workflow, study):
                     "/metrics.json" for cell_id in expected.searched}
     assert table.get("search_probe", set()) == first_probes
     assert bool(first_probes) == (study == "megatron")
-    result = workflow.snakemake("-n", f"results/tables/{study}.md", *(c.target for c in expected.planned),
-                                env=eight)
-    jobs = parse_dry_run(result.stdout)
+    planned = [job for job in every_cell_planned if study_of(job) == {study}]
+    jobs: dict[str, set[str]] = {}
+    for job in planned:
+        jobs.setdefault(job["rule"], set()).update(job["output"])
     assert len(jobs["train_cell"]) == len(expected.cells)
     assert jobs["study_table"] == {f"results/tables/{study}.md", f"results/tables/{study}.csv",
                                    f"results/tables/{study}.findings.csv"}
-    resources = [line for line in result.stdout.splitlines() if line.strip().startswith("resources:")]
+    resources = [job["resources"] for job in planned if job["resources"]]
     for cell in expected.cells:
         r = cell.resources()
         request = f"gpu={r['gpu']}," if r["gpu"] is not None else f"gres={r['gres']}, nodes={r['nodes']},"
