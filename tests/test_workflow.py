@@ -16,7 +16,7 @@ import yaml
 from trainbench.predict.batch_search import bounds_for
 from trainbench.study.config import load_config
 
-from conftest import CPU_MACHINE, REPO, parse_dry_run, tiny_study
+from conftest import CPU_MACHINE, REPO, Workflow, parse_dry_run, tiny_study
 
 TABLE_FINDINGS = "results/tables/t.findings.csv"
 
@@ -31,13 +31,51 @@ def cells_planned(jobs) -> set[str]:
 
 # --- every study of STUDIES.md dry-runs with its resources ----------------------------------
 
-@pytest.mark.parametrize("study", ["lightning", "llama", "zero3_pipeline", "gpt2_zero", "megatron"])
-def test_each_study_dry_runs_listing_its_cells_and_resources(workflow, study):
+STUDIES = ["lightning", "llama", "zero3_pipeline", "gpt2_zero", "megatron"]
+EIGHT_GPUS = {"TRAINBENCH_FAKE_GPUS": "8"}  # as on a host of 8 GPUs, where every one-node cell can run
+
+
+def dry_run_jobs(text: str) -> list[dict]:
+    """Each job of a dry run's text: its rule, outputs and resources line (None where it shows none)."""
+    jobs: list[dict] = []
+    for line in text.splitlines():
+        line = line.strip()
+        match = re.match(r"^(?:local)?(?:rule|checkpoint) (\w+):$", line)
+        if match:
+            jobs.append({"rule": match.group(1), "output": set(), "resources": None})
+        elif jobs and line.startswith("output:"):
+            jobs[-1]["output"].update(p.strip() for p in line.split(":", 1)[1].split(","))
+        elif jobs and line.startswith("resources:"):
+            jobs[-1]["resources"] = line
+    return jobs
+
+
+def study_of(job: dict) -> set[str]:
+    return {study for study in STUDIES for path in job["output"]
+            if path.startswith((f"results/runs/{study}/", f"results/search/{study}/",
+                                f"results/tables/{study}."))}
+
+
+@pytest.fixture(scope="module")
+def every_cell_planned(tmp_path_factory) -> list[dict]:
+    """The jobs of one dry run of every study's table and every cell it plans, of all STUDIES at once (a
+    cell named as a target cannot be another study's; what each table alone plans, each test dry-runs)."""
+    flow = Workflow(tmp_path_factory.mktemp("studies"))
+    flow.write_config((REPO / "config.yaml").read_text())
+    config = load_config(REPO / "config.yaml")
+    targets = [target for study in STUDIES
+               for target in (f"results/tables/{study}.md", *(c.target for c in config.study(study).planned))]
+    jobs = dry_run_jobs(flow.snakemake("-n", *targets, env=EIGHT_GPUS).stdout)
+    assert jobs and all(len(study_of(job)) == 1 for job in jobs)  # each job is one study's
+    return jobs
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_each_study_dry_runs_listing_its_cells_and_resources(workflow, every_cell_planned, study):
     workflow.write_config((REPO / "config.yaml").read_text())
     expected = load_config(REPO / "config.yaml").study(study)
-    eight = {"TRAINBENCH_FAKE_GPUS": "8"}  # as on a host of 8 GPUs, where every one-node cell can run
     # the table runs the measured cells; the planned ones run when named (here: all of them)
-    table = parse_dry_run(workflow.snakemake("-n", f"results/tables/{study}.md", env=eight).stdout)
+    table = parse_dry_run(workflow.snakemake("-n", f"results/tables/{study}.md", env=EIGHT_GPUS).stdout)
     assert table["train_cell"] == set(expected.targets)
     # and the searches it reports, each from its first probe (the memory model's seed)
     first_probes = {f"results/search/{study}/{cell_id}/"
@@ -45,13 +83,14 @@ def test_each_study_dry_runs_listing_its_cells_and_resources(workflow, study):
                     "/metrics.json" for cell_id in expected.searched}
     assert table.get("search_probe", set()) == first_probes
     assert bool(first_probes) == (study == "megatron")
-    result = workflow.snakemake("-n", f"results/tables/{study}.md", *(c.target for c in expected.planned),
-                                env=eight)
-    jobs = parse_dry_run(result.stdout)
+    planned = [job for job in every_cell_planned if study_of(job) == {study}]
+    jobs: dict[str, set[str]] = {}
+    for job in planned:
+        jobs.setdefault(job["rule"], set()).update(job["output"])
     assert len(jobs["train_cell"]) == len(expected.cells)
     assert jobs["study_table"] == {f"results/tables/{study}.md", f"results/tables/{study}.csv",
                                    f"results/tables/{study}.findings.csv"}
-    resources = [line for line in result.stdout.splitlines() if line.strip().startswith("resources:")]
+    resources = [job["resources"] for job in planned if job["resources"]]
     for cell in expected.cells:
         r = cell.resources()
         request = f"gpu={r['gpu']}," if r["gpu"] is not None else f"gres={r['gres']}, nodes={r['nodes']},"
@@ -118,12 +157,28 @@ def rerun_config() -> dict:
             "studies": {"t": t, "u": u}}
 
 
-def test_only_missing_or_changed_cells_rerun(workflow):
+@pytest.fixture(scope="module")
+def rerun_tree(tmp_path_factory) -> tuple[Workflow, dict[str, set[str]]]:
+    """rerun_config's study run once, as `snakemake` runs it on a fresh tree (the tests below start from a
+    copy of it), and what the dry run before it planned."""
+    flow = Workflow(tmp_path_factory.mktemp("rerun"))
+    flow.write_config(rerun_config())
+    first = flow.planned()
+    flow.snakemake()
+    return flow, first
+
+
+@pytest.fixture
+def rerun_workflow(rerun_tree, tmp_path) -> tuple[Workflow, dict[str, set[str]]]:
+    """A copy of rerun_tree's workflow, its results and Snakemake's metadata, with their times."""
+    flow, first = rerun_tree
+    return Workflow.at(shutil.copytree(flow.root, tmp_path / "flow", symlinks=True)), first
+
+
+def test_only_missing_or_changed_cells_rerun(rerun_workflow):
+    workflow, first = rerun_workflow
     config = rerun_config()
-    workflow.write_config(config)
-    first = workflow.planned()
     assert cells_planned(first) == {"micro_batch~1", "micro_batch~2", "seed~1"}
-    workflow.snakemake()
     untouched_u = workflow.path("results/runs/u/seed~1/metrics.json").stat().st_mtime_ns
 
     # an unchanged tree: nothing to do
@@ -217,13 +272,10 @@ def test_only_missing_or_changed_cells_rerun(workflow):
     assert jobs["study_plots"] == {"results/plots/t_memory.png", "results/plots/t_throughput.png"}
 
 
-def test_reruns_follow_the_config_in_a_fresh_clone_without_snakemake_metadata(workflow):
+def test_reruns_follow_the_config_in_a_fresh_clone_without_snakemake_metadata(rerun_workflow):
     """A clone has results but no .snakemake: new and changed cells must still run, others not."""
-    import shutil
-
+    workflow, _ = rerun_workflow
     config = rerun_config()
-    workflow.write_config(config)
-    workflow.snakemake()
     shutil.rmtree(workflow.path(".snakemake"))
     assert "Nothing to be done" in (lambda r: r.stdout + r.stderr)(workflow.snakemake("-n"))
 
