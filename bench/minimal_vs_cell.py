@@ -356,7 +356,9 @@ def mean(values):
 
 def rounds_by_loop(item: dict) -> list[str]:
     """Every loop timed in the rounds: its tokens/s over the minimal loop's in the same round (mean and
-    95% t-interval over the rounds), and what NVML saw during its windows."""
+    95% t-interval over the rounds), what NVML saw during its windows, and its tokens per clock cycle
+    over the minimal loop's (tokens/s per SM MHz, the windows' means): on a GPU at its power limit,
+    a loop that is slower at the same work per cycle is slower by its clock alone."""
     from overhead import mean_interval
 
     names = ["minimal", "cell", *item["rounds"][0].get("others", {})] if item["rounds"] else []
@@ -364,7 +366,9 @@ def rounds_by_loop(item: dict) -> list[str]:
     if not names or not any("sm_clock_mhz" in w for w in windows) and len(names) == 2:
         return []
     lines = [f"       {'in every round':<22} {'tokens/s':>10} {'/ minimal':>10} {'95% interval':>18}"
-             f" {'SM MHz':>7} {'W':>5} {'J/step':>7}"]
+             f" {'SM MHz':>7} {'W':>5} {'J/step':>7} {'/ minimal per MHz':>17}"]
+    per_mhz = {name: mean([w["tokens_per_s"] / w["sm_clock_mhz"] for w in windows
+                           if w["loop"] == name and w.get("sm_clock_mhz")]) for name in names}
     for name in names:
         mine = [w for w in windows if w["loop"] == name]
         ratios = [(r["cell"] if name == "cell" else r["minimal"] if name == "minimal" else r["others"][name])
@@ -375,7 +379,7 @@ def rounds_by_loop(item: dict) -> list[str]:
                       for k, width, digits in (("sm_clock_mhz", 7, 0), ("power_w", 5, 0),
                                                ("energy_j_per_step", 7, 1)))
         lines.append(f"       {name:<22} {mean([w['tokens_per_s'] for w in mine]):>10,.0f} {ratio:>10.3f}"
-                     f" {interval:>18}{gpu}")
+                     f" {interval:>18}{gpu} {per_mhz[name] / per_mhz['minimal']:>17.3f}")
     return lines
 
 

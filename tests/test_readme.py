@@ -180,6 +180,8 @@ HOW: dict[str, How] = {
     "'strategy~single__model~gpt2-124m__gpus~1__micro_batch~32'": How("elsewhere", "as above"),
     "bash bench/rerun_compare.sh": How("run"),
     "python3 bench/overhead.py --rounds 3": How("elsewhere", "as above"),
+    "python3 bench/minimal_vs_cell.py --render tools/gpu-runs/minimal-loop-5-124m.json":
+        How("run", "prints a committed report again"),
     "python3 bench/overhead.py --reference minimal":
         How("elsewhere", "times GPU cells against bench/minimal_loop.py, which needs CUDA; "
                          "tests/test_bench.py runs overhead.py on a CPU stand-in"),
