@@ -361,19 +361,19 @@ def rounds_by_loop(item: dict) -> list[str]:
     a loop that is slower at the same work per cycle is slower by its clock alone."""
     from overhead import mean_interval
 
-    names = ["minimal", "cell", *item["rounds"][0].get("others", {})] if item["rounds"] else []
+    # each round's tokens/s by loop (reports before --round-loops have the minimal loop and the cell)
+    rounds = [{"minimal": r["minimal"], "cell": r["cell"], **r.get("others", {})} for r in item["rounds"]]
+    names = list(rounds[0]) if rounds else []
     windows = [w for w in item["windows"] if w["tag"].startswith("round")]
-    if not names or not any("sm_clock_mhz" in w for w in windows) and len(names) == 2:
-        return []
+    if not names or (len(names) == 2 and not any("sm_clock_mhz" in w for w in windows)):
+        return []  # the summary's first lines say all there is
     lines = [f"       {'in every round':<22} {'tokens/s':>10} {'/ minimal':>10} {'95% interval':>18}"
              f" {'SM MHz':>7} {'W':>5} {'J/step':>7} {'/ minimal per MHz':>17}"]
     per_mhz = {name: mean([w["tokens_per_s"] / w["sm_clock_mhz"] for w in windows
                            if w["loop"] == name and w.get("sm_clock_mhz")]) for name in names}
     for name in names:
         mine = [w for w in windows if w["loop"] == name]
-        ratios = [(r["cell"] if name == "cell" else r["minimal"] if name == "minimal" else r["others"][name])
-                  / r["minimal"] for r in item["rounds"]]
-        ratio, half = mean_interval(ratios)
+        ratio, half = mean_interval([r[name] / r["minimal"] for r in rounds])
         interval = f"[{ratio - half:.3f}, {ratio + half:.3f}]" if half is not None else ""
         gpu = "".join(f" {mean([w[k] for w in mine if w.get(k) is not None]):>{width}.{digits}f}"
                       for k, width, digits in (("sm_clock_mhz", 7, 0), ("power_w", 5, 0),

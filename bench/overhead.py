@@ -233,13 +233,13 @@ def summary_lines(report: dict) -> list[str]:
              "  rounds"]
     for item in report["cells"]:
         reference = item.get("reference", "bare")  # reports before --reference: the bare loop
-        bare = statistics.fmean(r[reference]["tokens_per_s_per_gpu"] for r in item["rounds"])
+        reference_rate = statistics.fmean(r[reference]["tokens_per_s_per_gpu"] for r in item["rounds"])
         cell = statistics.fmean(r["cell"]["tokens_per_s_per_gpu"] for r in item["rounds"])
         mfus = [r["cell"]["mfu"] for r in item["rounds"] if r["cell"]["mfu"] is not None]
         mfu = f"{statistics.fmean(mfus):.1%}" if mfus else "-"
         half = "" if item["ratio_half_width"] is None else f" ± {item['ratio_half_width']:.3f}"
         ratios = ", ".join(f"{r['ratio']:.3f}" for r in item["rounds"])
-        lines.append(f"{item['cell']:<58} {bare:>11,.0f} {cell:>11,.0f} {mfu:>8} "
+        lines.append(f"{item['cell']:<58} {reference_rate:>11,.0f} {cell:>11,.0f} {mfu:>8} "
                      f"{item['ratio']:>9.3f}{half:<8}  {ratios}  ({reference})")
     for cell_id, variants in report.get("ablation", {}).items():
         lines += ["", f"ablation, {cell_id} (one process, variants interleaved; throughput relative to the "
