@@ -19,6 +19,9 @@ leave it off), `cellfix` (the cell's step built by each --fix-builder, a functio
 cell's parameters and returning a step: a candidate fix; two are here, see below).
 `pool` is the minimal loop cycling the cells' pool of four random batches instead of its one
 (trainbench.training.data.POOL_SIZE): the two loops on the same data.
+`draws` builds the pool loop and the cell once more from another seed (other random weights and
+batches): `--round-loops "minimal pool" "minimal pool draw2" "cell draw2"` shows how far each loop moves
+with its draw alone, beside the cell's gap to the minimal loop. Every window records its last loss.
 
 --round-loops NAME ... puts those variants into every round beside the minimal loop and the cell
 (the order rotated round by round), so that each has a ratio to the minimal loop per round and an
@@ -45,6 +48,7 @@ every graph is compiled for its static shapes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import os
@@ -61,6 +65,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from trainbench.execute.profiling import classify, union_length  # noqa: E402  (kernel classes, by name: the cells' list)
 CELLS = {"124m": "strategy~single__model~gpt2-124m__gpus~1__micro_batch~32",
          "350m": "strategy~single__model~gpt2-350m__gpus~1__micro_batch~16"}
+MINIMAL_SEED2 = 1338  # the `draws` variant's second seed of the minimal loop (its first: nanoGPT's 1337)
 
 # What the profiler records and which of its trace's events are the device's (bench tests on CPU: cpu_op).
 ACTIVITIES = ("CUDA",)
@@ -82,8 +87,8 @@ def cell_params(size: str):
 class Loop:
     """A named step function and what a window of it counts."""
 
-    def __init__(self, name: str, step, tokens_per_step: int, flops_per_token: float):
-        self.name, self.step = name, step
+    def __init__(self, name: str, step, tokens_per_step: int, flops_per_token: float, accum: int = 1):
+        self.name, self.step, self.accum = name, step, accum
         self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
 
     def warm(self, steps: int) -> float:
@@ -103,10 +108,11 @@ class Loop:
             sampler.start()
         started = time.perf_counter()
         for _ in range(steps):
-            self.step()
+            loss = self.step()
         torch.cuda.synchronize()
         seconds = time.perf_counter() - started
         gpu = sampler.stop() if sampler else {}
+        gpu["loss"] = float(loss) * self.accum  # the window's last micro batch, as the step scaled it
         tokens = steps * self.tokens_per_step / seconds
         if gpu.get("energy_j") is not None:
             gpu["energy_j_per_step"] = gpu.pop("energy_j") / steps
@@ -169,24 +175,33 @@ def build_loops(size: str, variants: list[str], fix_builders: list[str]) -> tupl
     import minimal_loop
     from bare_loop import build_step
     from trainbench.registry.models import get_model
+    from trainbench.training.data import POOL_SIZE
 
     params = cell_params(size)
     tokens = params.micro_batch * params.grad_accum * params.seq_len
     flops = get_model(params.model).train_flops_per_token(params.seq_len)  # the cells' MFU numerator
-    loops = {"cell": Loop("cell", build_step(params), tokens, flops)}
-    step, _ = minimal_loop.build(size, params.micro_batch, accum=params.grad_accum)
-    loops["minimal"] = Loop("minimal", step, tokens, flops)
-    if "nobias" in variants:
-        step, _ = minimal_loop.build(size, params.micro_batch, accum=params.grad_accum, bias=False)
-        loops["minimal nobias"] = Loop("minimal nobias", step, tokens, flops)
-    if "pool" in variants:
-        from trainbench.training.data import POOL_SIZE
 
-        step, _ = minimal_loop.build(size, params.micro_batch, accum=params.grad_accum, batches=POOL_SIZE)
-        loops["minimal pool"] = Loop("minimal pool", step, tokens, flops)
+    def loop(name: str, step) -> Loop:
+        return Loop(name, step, tokens, flops, params.grad_accum)
+
+    def minimal(**options):
+        return minimal_loop.build(size, params.micro_batch, accum=params.grad_accum, **options)[0]
+
+    loops = {"cell": loop("cell", build_step(params)), "minimal": loop("minimal", minimal())}
+    if "nobias" in variants:
+        loops["minimal nobias"] = loop("minimal nobias", minimal(bias=False))
+    if "pool" in variants:
+        loops["minimal pool"] = loop("minimal pool", minimal(batches=POOL_SIZE))
+    if "draws" in variants:
+        # each loop again from another seed (other random weights and batches): how far a loop moves
+        # with its draw alone, against which the cell's gap to the minimal loop is set
+        loops["minimal pool draw2"] = loop("minimal pool draw2",
+                                           minimal(batches=POOL_SIZE, seed=MINIMAL_SEED2))
+        loops["cell draw2"] = loop("cell draw2",
+                                   build_step(dataclasses.replace(params, seed=params.seed + 1)))
     for spec in (fix_builders if "cellfix" in variants else []):
         module, name = spec.split(":")
-        loops[name] = Loop(name, getattr(importlib.import_module(module), name)(params), tokens, flops)
+        loops[name] = loop(name, getattr(importlib.import_module(module), name)(params))
     return params, loops
 
 
@@ -358,7 +373,8 @@ def rounds_by_loop(item: dict) -> list[str]:
     """Every loop timed in the rounds: its tokens/s over the minimal loop's in the same round (mean and
     95% t-interval over the rounds), what NVML saw during its windows, and its tokens per clock cycle
     over the minimal loop's (tokens/s per SM MHz, the windows' means): on a GPU at its power limit,
-    a loop that is slower at the same work per cycle is slower by its clock alone."""
+    a loop that is slower at the same work per cycle is slower by its clock alone. Last, its loss at the
+    end of its last window (how far it has learnt its batches; reports before it have none)."""
     from overhead import mean_interval
 
     # each round's tokens/s by loop (reports before --round-loops have the minimal loop and the cell)
@@ -368,7 +384,7 @@ def rounds_by_loop(item: dict) -> list[str]:
     if not names or (len(names) == 2 and not any("sm_clock_mhz" in w for w in windows)):
         return []  # the summary's first lines say all there is
     lines = [f"       {'in every round':<22} {'tokens/s':>10} {'/ minimal':>10} {'95% interval':>18}"
-             f" {'SM MHz':>7} {'W':>5} {'J/step':>7} {'/ minimal per MHz':>17}"]
+             f" {'SM MHz':>7} {'W':>5} {'J/step':>7} {'/ minimal per MHz':>17} {'last loss':>9}"]
     per_mhz = {name: mean([w["tokens_per_s"] / w["sm_clock_mhz"] for w in windows
                            if w["loop"] == name and w.get("sm_clock_mhz")]) for name in names}
     for name in names:
@@ -379,7 +395,8 @@ def rounds_by_loop(item: dict) -> list[str]:
                       for k, width, digits in (("sm_clock_mhz", 7, 0), ("power_w", 5, 0),
                                                ("energy_j_per_step", 7, 1)))
         lines.append(f"       {name:<22} {mean([w['tokens_per_s'] for w in mine]):>10,.0f} {ratio:>10.3f}"
-                     f" {interval:>18}{gpu} {per_mhz[name] / per_mhz['minimal']:>17.3f}")
+                     f" {interval:>18}{gpu} {per_mhz[name] / per_mhz['minimal']:>17.3f}"
+                     f" {mine[-1].get('loss', float('nan')):>9.3f}")
     return lines
 
 
@@ -454,7 +471,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps per timed window")
     parser.add_argument("--pipeline-cell", action="store_true")
-    parser.add_argument("--variants", nargs="*", default=[], choices=["nobias", "tf32", "cellfix", "pool"])
+    parser.add_argument("--variants", nargs="*", default=[],
+                        choices=["nobias", "tf32", "cellfix", "pool", "draws"])
     parser.add_argument("--round-loops", nargs="*", default=[],
                         help="variants (by name) timed in every round beside the minimal loop and the cell")
     parser.add_argument("--fix-builder", nargs="*",

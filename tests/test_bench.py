@@ -283,7 +283,7 @@ def test_data_matched_rounds_give_each_loop_a_ratio_to_the_minimal_loop_with_its
 
     def w(loop, tokens, mhz, r):
         return {"loop": loop, "tag": f"round {r}", "tokens_per_s": tokens, "sm_clock_mhz": mhz,
-                "power_w": 690.0, "energy_j_per_step": 170.0}
+                "power_w": 690.0, "energy_j_per_step": 170.0, "loss": 10.0 - r}
     item = {"rounds": [], "windows": []}
     for r, (minimal, cell, pool) in enumerate([(100.0, 99.0, 98.0), (102.0, 101.0, 100.0)], start=1):
         item["rounds"].append({"minimal": minimal, "cell": cell, "ratio": cell / minimal,
@@ -298,7 +298,7 @@ def test_data_matched_rounds_give_each_loop_a_ratio_to_the_minimal_loop_with_its
     assert pool[2:4] == ["99", f"{mean:.3f}"]
     assert f"[{mean - half:.3f}, {mean + half:.3f}]" in " ".join(pool)
     per_cycle = (98 / 1870 + 100 / 1870) / (100 / 1900 + 102 / 1900)  # tokens per MHz, / minimal's
-    assert pool[-4:] == ["1870", "690", "170.0", f"{per_cycle:.3f}"]
+    assert pool[-5:] == ["1870", "690", "170.0", f"{per_cycle:.3f}", "8.000"]  # the last round's loss
     assert next(line for line in lines if line.split()[0] == "minimal").split()[2] == "1.000"
 
 
