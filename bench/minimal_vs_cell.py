@@ -112,7 +112,7 @@ class Loop:
         torch.cuda.synchronize()
         seconds = time.perf_counter() - started
         gpu = sampler.stop() if sampler else {}
-        gpu["loss"] = float(loss) * self.accum  # the window's last micro batch, as the step scaled it
+        gpu["loss"] = float(loss.detach()) * self.accum  # the last micro batch, unscaled
         tokens = steps * self.tokens_per_step / seconds
         if gpu.get("energy_j") is not None:
             gpu["energy_j_per_step"] = gpu.pop("energy_j") / steps
@@ -400,6 +400,33 @@ def rounds_by_loop(item: dict) -> list[str]:
     return lines
 
 
+DRAWS = ("cell", "cell draw2", "minimal pool", "minimal pool draw2")
+
+
+def draws_lines(item: dict) -> list[str]:
+    """With the `draws` loops in the rounds: how far each loop moves with its draw of weights and
+    batches alone (its second draw over its first, round by round), and the cell over the minimal loop
+    on the same data, the pool, summed over both draws of each (95% t-intervals over the rounds)."""
+    from overhead import mean_interval
+
+    rounds = [{"minimal": r["minimal"], "cell": r["cell"], **r.get("others", {})} for r in item["rounds"]]
+    if not rounds or any(name not in rounds[0] for name in DRAWS):
+        return []
+
+    def line(label: str, ratios: list[float]) -> str:
+        ratio, half = mean_interval(ratios)
+        interval = f"[{ratio - half:.3f}, {ratio + half:.3f}]" if half is not None else ""
+        return f"       {label:<52} {ratio:.3f} {interval}"
+
+    return ["       draws (each loop from a second seed: other random weights and batches):",
+            line("minimal pool, its second draw / its first", [r["minimal pool draw2"] / r["minimal pool"]
+                                                                for r in rounds]),
+            line("cell, its second draw / its first", [r["cell draw2"] / r["cell"] for r in rounds]),
+            line("cell / minimal pool, both draws summed", [(r["cell"] + r["cell draw2"])
+                                                           / (r["minimal pool"] + r["minimal pool draw2"])
+                                                           for r in rounds])]
+
+
 def summary(report: dict) -> list[str]:
     env = report["environment"]
     lines = [f"bench/minimal_vs_cell.py on {env['gpu']}, torch {env['torch']}, {env['date']}",
@@ -429,6 +456,7 @@ def summary(report: dict) -> list[str]:
             lines.append(f"       {v['variant']:<22} {v['tokens_per_s']:>10,.0f} tokens/s, "
                          f"/ minimal window beside it {v['ratio']:.3f}")
         lines += rounds_by_loop(item)
+        lines += draws_lines(item)
     for item in report["sizes"]:
         profiles = item["profiles"]
         if not profiles:

@@ -302,6 +302,26 @@ def test_data_matched_rounds_give_each_loop_a_ratio_to_the_minimal_loop_with_its
     assert next(line for line in lines if line.split()[0] == "minimal").split()[2] == "1.000"
 
 
+def test_the_draws_set_each_loop_against_its_own_second_draw_and_the_cell_against_the_pool_loop():
+    """--variants draws: each loop's second seed over its first, round by round, and the cell over the
+    minimal loop on the pool with both draws of each summed; nothing without the four loops."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from minimal_vs_cell import draws_lines
+
+    figures = [(100.0, 99.0, 100.0, 98.0, 101.0), (102.0, 100.0, 101.0, 99.0, 102.0)]
+    item = {"rounds": [{"minimal": m, "cell": c, "others": {"minimal pool": p, "minimal pool draw2": p2,
+                                                            "cell draw2": c2}}
+                       for m, c, p, p2, c2 in figures]}
+    lines = draws_lines(item)
+    assert len(lines) == 4
+    by_label = {line.strip().split("  ")[0]: line.split()[-3] for line in lines[1:]}
+    assert by_label["minimal pool, its second draw / its first"] == f"{(98 / 100 + 99 / 101) / 2:.3f}"
+    assert by_label["cell, its second draw / its first"] == f"{(101 / 99 + 102 / 100) / 2:.3f}"
+    assert by_label["cell / minimal pool, both draws summed"] == f"{(200 / 198 + 202 / 200) / 2:.3f}"
+    del item["rounds"][0]["others"]["cell draw2"], item["rounds"][1]["others"]["cell draw2"]
+    assert draws_lines(item) == []
+
+
 def test_the_comparison_sorts_kernels_into_the_classes_its_attribution_names():
     sys.path.insert(0, str(REPO / "bench"))
     from minimal_vs_cell import classify, generic
