@@ -79,13 +79,15 @@ CUDA_CONTEXT_MIB = 1850.0
 # world's); FSDP2 over tensor parallelism of 2, 1,748 (two mesh groups); ZeRO-1 over a pipeline of 2,
 # 3,748 (data-parallel, pipeline, point-to-point and tied-weight groups). DDP and ZeRO-0 were not
 # measured: DDP opens one communicator as FSDP does, ZeRO-0 DeepSpeed's groups as ZeRO-1 does.
-# The "zero" and "pipeline" figures hold 288 MiB that was the harness's own: a broadcast on the world's
+# Those ZeRO-1/2 and pipeline figures held 288 MiB that was the harness's own: a broadcast on the world's
 # group (the ranks agreeing on window sizes) opened a communicator DeepSpeed's ZeRO 0-2 and pipeline
-# engine do not (gpt2_zero's reruns held 288 MiB more per GPU than its first run, ZeRO-3 the same).
-# The ranks agree through the store now (execute/worker.py agree_through_store); until a 4-GPU run
-# measures them again the figures stay as measured, 288 MiB over what those layouts should now show
-# (so "zero" would be 500, with ZeRO-3's 498: one data-parallel communicator each).
-NCCL_MIB_BY_LAYOUT = {"data": 298.0, "zero3": 498.0, "zero": 788.0, "tensor": 1272.0, "pipeline": 3272.0}
+# engine do not. The ranks agree through the store now (execute/worker.py agree_through_store), and the
+# figures are without it: "zero" as measured since, megatron's two-GPU ZeRO 0-2 cells rerun windowed at
+# fbc3ff2 (tools/gpu-runs/energy-rerun-10.log) showing 2,426-2,428 MiB over their reservation at tp 1,
+# each GPU to the MiB as in their first run, less the one-GPU context: 488, with ZeRO-3's 498 one
+# data-parallel communicator each; "pipeline" 3,272 less the 288, which zero3_pipeline's pipeline cells
+# showed below their windowed reruns of c7c5ed6 (results/bench/rerun/history-zero3_pipeline-energy.txt).
+NCCL_MIB_BY_LAYOUT = {"data": 298.0, "zero3": 498.0, "zero": 488.0, "tensor": 1272.0, "pipeline": 2984.0}
 # What an emulated rank shows over its reservation is 476 MiB less than a real one-GPU rank's context:
 # 1,452-1,464 MiB on every emulated GPU rank published (H200, driver 580), 1,924-1,954 on the one-GPU
 # torch cells of the same days. Its figure completed to a real rank's adds this and NCCL's buffers.
