@@ -65,7 +65,10 @@ def test_a_long_title_widens_the_figure(tmp_path):
     short, long = tmp_path / "short.png", tmp_path / "long.png"
     memory_plot(DOCS[:2], ["strategy", "precision"], "s", short)
     memory_plot(DOCS[:2], ["strategy", "precision"], "a_study_with_a_long_name_" * 4, long)
-    assert matplotlib.image.imread(long).shape[1] > 1.5 * matplotlib.image.imread(short).shape[1]
+    def aspect(path):  # width over height: the figure's inches, whatever resolution it is saved at
+        height, width = matplotlib.image.imread(path).shape[:2]
+        return width / height
+    assert aspect(long) > 1.5 * aspect(short)
 
 
 def test_planned_cells_are_drawn_unless_a_panel_would_hold_too_many():
@@ -75,3 +78,15 @@ def test_planned_cells_are_drawn_unless_a_panel_would_hold_too_many():
     assert drawn(DOCS + planned, []) == (DOCS + planned, 0)
     many = planned * (PLANNED_DRAWN_UP_TO // 3 + 1)
     assert drawn(DOCS + many, []) == (DOCS, len(many))
+
+
+def test_a_figure_of_many_cells_is_saved_at_most_max_pixels_on_its_longer_side(tmp_path):
+    from trainbench.reporting.plots import DPI, MAX_PIXELS
+
+    small, large = tmp_path / "small.png", tmp_path / "large.png"
+    memory_plot(DOCS[:2], ["strategy", "precision"], "s", small)
+    many = [doc("bf16", f"zero{i}", 2, 100 + i) for i in range(80)]  # 0.9 inch a bar: 74 inches wide
+    memory_plot(many, ["strategy"], "s", large)
+    height, width = matplotlib.image.imread(large).shape[:2]
+    assert max(height, width) <= MAX_PIXELS and width > 0.95 * MAX_PIXELS
+    assert matplotlib.image.imread(small).shape[0] == 5 * DPI  # a small figure keeps its resolution

@@ -106,6 +106,19 @@ def label_keys(docs: list[Doc], id_keys: list[str], panel_keys: list[str]) -> tu
     return varying, ", ".join(label for label in shared if label)
 
 
+DPI = 120
+# A study of many panels (megatron: 14 rows of up to 40 bars) would make a figure of 6,000 x 4,500 pixels
+# and 3 MB at DPI; beyond this many pixels on its longer side the figure is saved at a lower resolution,
+# its layout unchanged, so that the results tree stays light enough to travel with the checkout.
+MAX_PIXELS = 3000
+
+
+def save(fig, path: Path) -> None:
+    longest = max(fig.get_size_inches())
+    fig.savefig(path, dpi=min(DPI, MAX_PIXELS / longest))
+    plt.close(fig)
+
+
 def _panel_figure(groups: list[tuple[str, list[Doc]]], inches_per_cell: float, title: str):
     """One row per panel, as wide as the panel with the most cells and the title."""
     most = max(len(members) for _, members in groups)
@@ -183,8 +196,7 @@ def memory_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path,
         _draw_memory(ax, members, keys, kind)
         if name:
             ax.set_title(name, fontsize=9)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path)
 
 
 def _draw_throughput(ax, docs: list[Doc], keys: list[str], searched: bool) -> None:
@@ -249,8 +261,7 @@ def throughput_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path,
         _draw_throughput(ax, members, keys, searched)
         if name:
             ax.set_title(name, fontsize=9)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path)
 
 
 def drawn(docs: list[Doc], panel_keys: list[str]) -> tuple[list[Doc], int]:
@@ -322,5 +333,4 @@ def breakdown_plot(docs: list[Doc], id_keys: list[str], title: str, path: Path) 
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7, ncols=4)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path)
