@@ -294,6 +294,13 @@ def test_reruns_follow_the_config_in_a_fresh_clone_without_snakemake_metadata(re
     shutil.rmtree(workflow.path(".snakemake"))
     assert "Nothing to be done" in (lambda r: r.stdout + r.stderr)(workflow.snakemake("-n"))
 
+    # a result missing in a clone whose table exists (a cell that never ran where the table was made, or
+    # a run that died): this machine can run it, so it runs, and its table again with it
+    workflow.path("results/runs/u/seed~1/metrics.json").unlink()
+    jobs = workflow.planned()
+    assert cells_planned(jobs) == {"seed~1"} and jobs["study_table"] == {
+        "results/tables/u.md", "results/tables/u.csv", "results/tables/u.findings.csv"}
+
 
 def test_a_refit_of_the_models_reruns_what_shows_their_predictions_and_no_cell(workflow):
     """Tables, plots and the dataset show the current models' predictions, read when they run: a change

@@ -93,13 +93,16 @@ class Workflow:
     which job, so it reads no results to find stale cells and plans no shared resources (on a grid of
     10,000 cells, seconds of every job's allocation)."""
 
-    def __init__(self, config: Config, *, remote: bool = False):
+    def __init__(self, config: Config, *, remote: bool = False, gpus_here: int | None = None):
         self.config = config
         # Cells whose result was made with other parameters, by study: they rerun (freshness.prepare
-        # also rewrites the grid stamps reruns follow without .snakemake metadata, a fresh clone).
+        # also rewrites the grid stamps reruns follow without .snakemake metadata, a fresh clone, and
+        # makes a table run again where a cell missing from it can run now: `gpus_here`, this machine's
+        # GPUs, where Snakemake plans cells; None where it only reads the plan).
+        runs_here = None if gpus_here is None else self.runs_here(gpus_here)
         self.stale: dict[str, set[str]] = (
             {name: set() for name in config.studies} if remote
-            else {name: prepare(study) for name, study in config.studies.items()})
+            else {name: prepare(study, runs_here=runs_here) for name, study in config.studies.items()})
         # What every cell asks for alike, given to Snakemake as values: a resource given as a function
         # costs a call through Snakemake's input-function machinery for every job it plans (thirteen per
         # cell job: 2 s of a dry run of 10,000 cells).
@@ -150,6 +153,14 @@ class Workflow:
         """Whether the cell's grid stamp is a rerun trigger of its job (its result was made with other
         parameters); otherwise the workflow marks the stamp ancient."""
         return cell.cell_id in self.stale[cell.study]
+
+    def runs_here(self, gpus_here: int) -> Callable[[Cell], bool]:
+        """Whether a cell can run from here: any where config.yaml places cells on a cluster; on this
+        machine, one that asks for no more GPUs than it has (an unsupported cell runs anywhere: it
+        records why)."""
+        if self.config.placement != "local":
+            return lambda cell: True
+        return lambda cell: cell.unsupported or short_of_gpus(cell.params, gpus_here) is None
 
     def runs_cells_here(self, executor_plugin: Any) -> bool:
         """Whether cells run on this machine: config.yaml's placement is local and Snakemake's executor

@@ -25,7 +25,7 @@ if "--unlock" not in sys.argv and (hint := stale_lock_hint()):
 mimetypes.add_type("application/vnd.apache.parquet", ".parquet")
 
 try:
-    WORKFLOW = Workflow(load_checked(config), remote=workflow.remote_exec)
+    WORKFLOW = Workflow(load_checked(config), remote=workflow.remote_exec, gpus_here=local_gpu_count())
 except ConfigError as error:
     sys.exit(f"error: config.yaml: {error}")
 

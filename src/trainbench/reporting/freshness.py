@@ -31,12 +31,13 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
 from trainbench.study.grid import Cell, Study
-from trainbench.paths import GRID_STAMP, RESULTS_CHECKED, RUNS, path
+from trainbench.paths import GRID_STAMP, RESULTS_CHECKED, RUNS, TABLE_MD, path
 from trainbench.execute.results import (SCHEMA_VERSION, InvalidResult, metrics_json_schema, read_result,
                                 result_problem, why_invalid, write_json_atomic)
 
@@ -146,17 +147,38 @@ def checked_results(study: Study, root: Path | str = ".") -> dict[str, Checked]:
     return found
 
 
-def prepare(study: Study, root: Path | str = ".") -> set[str]:
+def _to_stderr(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+def prepare(study: Study, root: Path | str = ".", runs_here: Callable[[Cell], bool] | None = None,
+            say=_to_stderr) -> set[str]:
     """Refresh the study's stamp, set invalid results aside (they run again); return the ids of its
-    stale cells, after making sure the stamp is newer than each of their results."""
+    stale cells, after making sure the stamp is newer than each of their results.
+
+    `runs_here`, where given, says which cells this Snakemake can run (a machine's GPUs, or a cluster):
+    a measured cell of it without a result, under a table made without it (a cell that needed more
+    GPUs than the machine that made the table had, or a run that died), makes the stamp newer than
+    the table, so that the table runs again and the cell with it. Snakemake itself would find the
+    table up to date and prune the missing cell's job."""
     stamp = refresh_stamp(study, root)
-    states = {cell_id: result_state(study.cell(cell_id), Path(root) / study.cell(cell_id).target, checked)
-              for cell_id, checked in checked_results(study, root).items()}
+    checked = checked_results(study, root)
+    states = {cell_id: result_state(study.cell(cell_id), Path(root) / study.cell(cell_id).target, verdict)
+              for cell_id, verdict in checked.items()}
     invalid = {cell_id: state.why for cell_id, state in states.items() if state.kind == INVALID}
     for cell_id, problem in invalid.items():
         set_aside(Path(root) / study.cell(cell_id).target, problem)
     stale = {cell_id for cell_id, state in states.items() if state.kind == STALE}
     newest = max((os.stat(Path(root) / study.cell(i).target).st_mtime for i in stale), default=None)
+    table = Path(root) / path(TABLE_MD, study=study.name)
+    missing = [] if runs_here is None or not table.exists() else [
+        cell.cell_id for cell in study.cells
+        if cell.measured and cell.cell_id not in checked and runs_here(cell)]
+    if missing and stamp.stat().st_mtime <= table.stat().st_mtime:
+        say(f"trainbench: {study.name}: {len(missing)} cell(s) without a result can run here "
+            f"({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}); "
+            f"its table is made again with them")
+        newest = max(newest or 0.0, table.stat().st_mtime)
     if invalid or (newest is not None and stamp.stat().st_mtime <= newest):
         os.utime(stamp)  # without Snakemake's metadata, a newer stamp is what reruns the table
     return stale
@@ -173,10 +195,6 @@ def cells_with_a_folder(study: Study, root: Path | str = ".") -> list[Cell]:
         return []
     # a cell's result lies in the folder named by its id (paths.RUN)
     return [cell for cell in study.cells if cell.cell_id in folders]
-
-
-def _to_stderr(text: str) -> None:
-    print(text, file=sys.stderr)
 
 
 def set_aside_invalid(path: Path | str, say=_to_stderr) -> bool:
