@@ -90,4 +90,4 @@ def test_a_table_names_a_commit_once_whether_its_runs_were_given_the_full_or_the
     text = (REPO / "results/tables/holdout_frameworks.md").read_text()
     code = next(line for line in text.splitlines() if line.startswith("Code: "))
     commits = code.removeprefix("Code: ").split(". Generated")[0].split(", ")
-    assert commits == ["031a24a", "32041df"]  # its cells ran at 031a24a, nine of them again at 32041dff...
+    assert commits == ["32041df", "7093f90"]  # nine cells ran at 32041dff... (the full hash), one at 7093f90
