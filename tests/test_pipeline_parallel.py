@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,7 @@ from trainbench.study.grid import check_cell
 from trainbench.study.params import CellParams
 from trainbench.registry.models import get_model
 from trainbench.registry.frameworks import PIPELINE_ZERO_UNSUPPORTED
+from trainbench.execute.launch import cache_environment
 from test_cellrun import make_cell, run
 
 resolve = CellParams.resolve  # a study's settings for one cell, as its typed parameters
@@ -67,9 +69,12 @@ def test_deepspeed_really_refuses_zero_2_and_3_in_its_pipeline_engine(tmp_path):
             except AssertionError as error:
                 print(f"stage {stage} REFUSED:", error)
     """)
+    # the environment's op cache, as the cells' ranks have it: DeepSpeed's CPU accelerator loads its
+    # shared-memory collectives, which `make setup` built there; torch's default folder would compile
+    # them again (30 s on a 2-core machine that has never built them, as CI's)
+    env = {**os.environ, **cache_environment(os.environ), "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                            cwd=tmp_path, env={**__import__("os").environ, "DS_ACCELERATOR": "cpu",
-                                               "CUDA_VISIBLE_DEVICES": ""})
+                            cwd=tmp_path, env=env)
     quoted = PIPELINE_ZERO_UNSUPPORTED.split(": ", 1)[1].strip("'")
     for stage in (2, 3):
         assert f"stage {stage} REFUSED: {quoted}" in result.stdout, result.stdout + result.stderr
