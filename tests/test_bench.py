@@ -448,3 +448,28 @@ def test_leave_one_study_out_predicts_a_study_from_the_others_alone():
     after = bench.leave_study_out(works, np.where(mix, 2 * measured, measured), studies)
     assert np.allclose(before[mix], after[mix])  # its own steps doubled: its predictions the same
     assert not np.allclose(before[~mix], after[~mix])  # the others' fits saw the doubled steps
+
+
+def test_the_fsdp_loss_benchmark_times_the_eager_loss_beside_the_compiled_one_on_the_same_steps(tmp_path):
+    """bench/fsdp_loss.py: the smoke study's FSDP2 cell as rank 0 of its 2 (fake process group), built
+    twice, its loss eager and compiled, windows alternating: both variants train the same steps on the
+    same data, so compiling the loss (GPT.compile_loss, as the runner does under torch.compile) must
+    leave the loss as the eager function computes it."""
+    from trainbench.study.params import CellParams
+
+    cell = CellParams.resolve({"model": "gpt2-tiny", "device": "cpu", "gpus": 2, "seq_len": 64,
+                               "micro_batch": 4, "strategy": "fsdp", "framework": "torch"})
+    run = subprocess.run([sys.executable, "bench/fsdp_loss.py", "--params", cell.canonical, "--rounds", "2",
+                          "--steps", "2", "--warmup", "1", "--out", str(tmp_path)], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    report = json.loads((tmp_path / "fsdp_loss.json").read_text())
+    windows = report["windows"]
+    # every round runs each variant twice, in an order that alternates between rounds
+    assert [w["variant"] for w in windows[:8]] == ["eager", "compiled", "compiled", "eager",
+                                                   "compiled", "eager", "eager", "compiled"]
+    # the cell compiles no block, so what the compiled variant compiled is its loss alone
+    assert report["graphs_compiled"]["eager"] == 0 and report["graphs_compiled"]["compiled"] >= 1
+    last = {v: [w["loss"] for w in windows if w["variant"] == v] for v in ("eager", "compiled")}
+    assert last["eager"] == pytest.approx(last["compiled"], rel=1e-4)
+    assert "step time, eager loss / compiled loss: median" in (tmp_path / "fsdp_loss.txt").read_text()

@@ -176,6 +176,10 @@ class TorchRunner(StepRunner):
             if self.p.compile:
                 block.compile()
             fully_shard(block, **options)
+        if self.p.compile and self.tp == 1:
+            # the loss outside the compiled blocks, compiled too; under tensor parallelism it runs on
+            # vocabulary shards under loss_parallel, eager
+            model.compile_loss()
         fully_shard(model, **options)
         # With CPU offload the sharded parameters live in host memory; FSDP copies them in per use.
         home = torch.device("cpu") if self.p.offload_param else device
