@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -209,6 +211,43 @@ def test_a_runner_names_its_parameters_gradients_and_optimizer_states(tmp_path):
         moments = runner.optimizer.state[p]
         assert {id(moments["exp_avg"]), id(moments["exp_avg_sq"])} <= states
     assert not states & {id(p) for p in parameters}
+
+
+FSDP_RANK = """
+import torch
+from trainbench.study.params import CellParams
+from trainbench.training import emulation
+from trainbench.training.runners import RunContext, make_runner
+
+params = CellParams.resolve({"model": "gpt2-tiny", "device": "cpu", "seq_len": 16, "micro_batch": 2,
+                             "gpus": 2, "strategy": "fsdp", "framework": "torch"})
+emulation.init_process_group(emulation.EmulatedRank(0, 2, 2))
+runner = make_runner(RunContext(params, 0, 2, 0, torch.device("cpu")))
+runner.setup()
+runner.train_step()
+found = runner.memory_tensors()
+# every tensor one whose storage a snapshot's blocks can be matched against: no DTensor left
+assert found["parameters"] and found["optimizer_states"]  # the step's end set the gradients to None
+for category, tensors in found.items():
+    for t in tensors:
+        assert type(t) is torch.Tensor or type(t) is torch.nn.Parameter, (category, type(t))
+        t.untyped_storage().data_ptr()
+# each parameter's AdamW moments among the states, as the local shards the rank holds
+states = {t.untyped_storage().data_ptr() for t in found["optimizer_states"]}
+for p in runner.model().parameters():
+    moments = runner.optimizer.state[p]
+    assert {moments[m].to_local().untyped_storage().data_ptr() for m in ("exp_avg", "exp_avg_sq")} <= states
+print("ok", {c: len(t) for c, t in found.items()})
+"""
+
+
+def test_an_fsdp2_rank_names_its_shards_of_gradients_and_optimizer_states_as_plain_tensors():
+    """FSDP2's gradients and AdamW states are DTensors: a memory snapshot matches blocks by storage, so
+    the runner names their local shards (rank 0 of 2 through the fake process group, in a process of
+    its own)."""
+    run = subprocess.run([sys.executable, "-c", FSDP_RANK], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.startswith("ok")
 
 
 def test_trainbench_profile_runs_one_cell_again_with_its_steps_profiled(tmp_path, monkeypatch, capsys):

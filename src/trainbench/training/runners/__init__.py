@@ -112,7 +112,9 @@ class Runner:
         grads = [p.grad for p in parameters if p.grad is not None]
         mine = {id(t) for t in [*parameters, *held, *grads]}
         states = [t for t in tensors_in(self.optimizer_object()) if id(t) not in mine]
-        return {"parameters": held, "gradients": grads, "optimizer_states": states}
+        # FSDP2's gradients and optimizer states are DTensors, whose storage is their local shard's
+        return {"parameters": held, "gradients": [local_tensor(g) for g in grads],
+                "optimizer_states": [local_tensor(t) for t in states]}
 
     CONFIG_FILE = "framework_config.json"  # where framework_config() is kept, beside metrics.json
 
@@ -140,6 +142,12 @@ class LoopRunner(Runner):
 
     def train(self, recorder) -> None:
         raise NotImplementedError
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (what this rank's memory holds); any other tensor itself."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if to_local else tensor
 
 
 def tensors_in(root: Any, depth: int = 6) -> list[torch.Tensor]:
