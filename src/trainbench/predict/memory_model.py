@@ -309,10 +309,10 @@ def _compiled(params: CellParams, spec: ModelSpec) -> bool:
 def _recomputes_in_backward(params: CellParams, spec: ModelSpec) -> bool:
     """Whether inductor's partitioner recomputes a block's norm and GELU outputs in its backward: where
     the model is compiled whole (one process, DDP), and in FSDP2's blocks trained in float8. FSDP2
-    compiles each block alone, and its bf16 blocks keep what an uncompiled block keeps: measured 33.6
-    and 34.2 bytes per token and hidden unit a layer on GPT-2 124M and 350M's two-GPU cells (9b9ba72,
-    their allocator snapshots: the blocks' saved tensors at the peak), where the uncompiled list gives
-    32 and the recomputing one 20; the float8 study's emulated GPT-5.8B ranks agree (bf16 within 2-4%
+    compiles each block alone, and its bf16 blocks keep what an uncompiled block keeps: 33.6 and 34.2
+    bytes per token and hidden unit a layer on GPT-2 124M and 350M's two-GPU cells (9b9ba72: torch's
+    peak, in the last loss backward with every block's saved tensors live, less the other parts),
+    where the uncompiled list gives 32 and the recomputing one 20; the float8 study's emulated GPT-5.8B ranks agree (bf16 within 2-4%
     of the uncompiled list, float8 within 2% of the recomputing one). Why a float8 block still
     recomputes under FSDP2 is not established; the figures are what the model follows."""
     if not _compiled(params, spec):
