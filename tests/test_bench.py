@@ -473,3 +473,28 @@ def test_the_fsdp_loss_benchmark_times_the_eager_loss_beside_the_compiled_one_on
     last = {v: [w["loss"] for w in windows if w["variant"] == v] for v in ("eager", "compiled")}
     assert last["eager"] == pytest.approx(last["compiled"], rel=1e-4)
     assert "step time, eager loss / compiled loss: median" in (tmp_path / "fsdp_loss.txt").read_text()
+
+
+def test_results_timed_beside_another_cell_on_their_host_are_found_from_their_times(tmp_path, capsys):
+    """bench/shared_host.py: two GPU results of one hostname whose runs overlap were timed side by
+    side; a third on that host after them, one on another host at the same time, and a CPU result
+    are not."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import shared_host
+
+    def result(name, host, start, end, device="cuda"):
+        path = tmp_path / "s" / name / "metrics.json"
+        path.parent.mkdir(parents=True)
+        times = {"started": f"2026-11-21T15:0{start}:00+00:00", "ended": f"2026-11-21T15:0{end}:00+00:00"}
+        path.write_text(json.dumps({"study": "s", "cell_id": name, "params": {"device": device},
+                                    "provenance": {"hostname": host, **times}}))
+
+    result("a1", "a", 0, 3)
+    result("a2", "a", 2, 4)
+    result("a3", "a", 4, 6)
+    result("b1", "b", 1, 5)
+    result("cpu", "a", 1, 5, device="cpu")
+    assert shared_host.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "s: 2 of 4 GPU results timed beside another cell" in out
+    assert "s/a1 " in out and "beside 1: s/a2" in out and "s/a3 " not in out and "s/b1 " not in out

@@ -16,9 +16,9 @@ from trainbench.execute.gpus import NotEnoughGpus, SlotPool, devices_for_cell, m
 from conftest import tiny_study
 
 
-def _hold(directory: str, count: int, seconds: float, record: str) -> None:
+def _hold(directory: str, count: int, seconds: float, record: str, alone: bool = False) -> None:
     pool = SlotPool([str(i) for i in range(4)], Path(directory), poll_s=0.05)
-    with pool.lease(count) as devices:
+    with pool.lease(count, alone=alone) as devices:
         start = time.monotonic()
         Path(record + ".held").touch()
         time.sleep(seconds)
@@ -58,6 +58,29 @@ def test_concurrent_leases_never_share_a_device(tmp_path):
     assert max_in_use(intervals) == 4  # the pool was full at some point: leases really waited
 
 
+def test_a_lease_alone_holds_the_machine_while_others_wait_and_waits_for_them(tmp_path):
+    """Six 1-GPU leases at once on 4 GPUs, two of them alone (timed cells): an alone lease overlaps no
+    other lease, and the others still share the machine among themselves."""
+    context = multiprocessing.get_context("spawn")
+    alone = {1, 4}
+    procs = [context.Process(target=_hold, args=(str(tmp_path / "pool"), 1, 0.5, str(tmp_path / f"r{i}"),
+                                                 i in alone)) for i in range(6)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    records = {i: json.loads((tmp_path / f"r{i}").read_text()) for i in range(6)}
+    for i in alone:
+        mine = records[i]
+        for j, other in records.items():
+            if j != i:
+                assert other["end"] <= mine["start"] or mine["end"] <= other["start"], (i, j)
+    shared = [(r["devices"], r["start"], r["end"]) for i, r in records.items() if i not in alone]
+    assert_never_shared(shared)
+    assert max_in_use(shared) > 1  # the shared leases did run side by side
+
+
 def test_a_crashed_holder_gives_its_slots_back(tmp_path):
     context = multiprocessing.get_context("spawn")
     holder = context.Process(target=_hold, args=(str(tmp_path / "pool"), 4, 600, str(tmp_path / "never")))
@@ -67,10 +90,10 @@ def test_a_crashed_holder_gives_its_slots_back(tmp_path):
     while not (tmp_path / "never.held").exists():
         assert time.monotonic() < deadline and holder.is_alive()
         time.sleep(0.05)
-    assert pool._try_take(1) is None  # all four held
+    assert pool._try_take(1, alone=False) is None  # all four held
     os.kill(holder.pid, signal.SIGKILL)
     holder.join(10)
-    with pool.lease(2) as devices:
+    with pool.lease(2, alone=True) as devices:  # the host lock came back with the devices
         assert len(devices) == 2
 
 
@@ -107,7 +130,9 @@ def test_concurrent_gpu_cells_of_a_workflow_get_disjoint_devices(workflow, tmp_p
     study = tiny_study(strategy="ddp", device="cuda", gpus=2)
     study["axes"] = {"seed": [0, 1, 2, 3]}
     workflow.write_config({"studies": {"g": study}})
-    env = {"TRAINBENCH_FAKE_GPUS": "4", "TRAINBENCH_GPU_POOL_DIR": str(tmp_path / "pool")}
+    # timed cells may share the machine: what is checked here is the devices they share it by
+    env = {"TRAINBENCH_FAKE_GPUS": "4", "TRAINBENCH_GPU_POOL_DIR": str(tmp_path / "pool"),
+           "TRAINBENCH_SHARE_HOST": "1"}
     workflow.snakemake("--cores", "8", "results/tables/g.md", env=env)
     docs = [json.loads(p.read_text()) for p in sorted(workflow.path("results/runs/g").glob("*/metrics.json"))]
     assert len(docs) == 4
@@ -120,3 +145,13 @@ def test_concurrent_gpu_cells_of_a_workflow_get_disjoint_devices(workflow, tmp_p
     assert max_in_use(intervals) <= 4
     logs = [p.read_text() for p in workflow.path("results/runs/g").glob("*/log")]
     assert any("waiting for 2 free GPU(s)" in log for log in logs)
+    assert all(doc["provenance"]["host_alone"] is False for doc in docs)
+    # by default each holds the machine alone: the same four cells again, one after another
+    del env["TRAINBENCH_SHARE_HOST"]
+    workflow.snakemake("--cores", "8", "--forcerun", "train_cell", "results/tables/g.md", env=env)
+    docs = [json.loads(p.read_text()) for p in sorted(workflow.path("results/runs/g").glob("*/metrics.json"))]
+    spans = sorted((doc["provenance"]["started"], doc["provenance"]["ended"]) for doc in docs)
+    assert all(earlier[1] <= later[0] for earlier, later in zip(spans, spans[1:])), spans
+    assert all(doc["provenance"]["host_alone"] is True for doc in docs)
+    logs = [p.read_text() for p in workflow.path("results/runs/g").glob("*/log")]
+    assert any("waiting for 2 free GPU(s) and the machine to itself" in log for log in logs)

@@ -28,7 +28,7 @@ from trainbench.registry import frameworks
 from trainbench.predict import memory_model
 from trainbench.execute import history, provenance
 from trainbench.study.grid import Cell
-from trainbench.execute.gpus import NotEnoughGpus, devices_for_cell, machine_devices, under_slurm
+from trainbench.execute.gpus import NotEnoughGpus, devices_for_cell, machine_devices, timed_alone, under_slurm
 from trainbench.execute.lifetime import driver_pid, runner_environment, wait_for_an_exit, when_gone
 from trainbench.execute.launch import (WORKER_MODULE, Rendezvous, free_port, launch_environment,
                                       multinode_command,
@@ -211,6 +211,7 @@ class CellRun:
         self.cell = cell
         # A max-batch probe runs whatever the memory model predicts: the search measures the boundary.
         self.search_probe = search_probe
+        self.host_alone: bool | None = None  # whether a GPU cell held its machine alone (gpus.py)
         self.params = cell.params
         self.output = output
         self.work_dir = output.parent / ".work"
@@ -256,6 +257,8 @@ class CellRun:
             environment=self.launch_environment, host=self.host_facts.get())
         if asked is not None:
             doc["provenance"]["asked"] = asked  # when the cell asked for its devices (it may have waited)
+        if self.host_alone is not None:
+            doc["provenance"]["host_alone"] = self.host_alone
         with self.finishing:
             self._keep_profile()
             write_json_atomic(self.output, doc)
@@ -297,8 +300,11 @@ class CellRun:
         count = ranks_here if self.params.device == "cuda" else 0
         try:
             if count:
-                with devices_for_cell(
-                        count, on_wait=lambda: self._say(f"waiting for {count} free GPU(s)")) as devices:
+                alone = timed_alone(self.search_probe)
+                # under SLURM the allocation decides what else runs on the node: not known here
+                self.host_alone = None if under_slurm() else alone
+                waiting = f"waiting for {count} free GPU(s)" + (" and the machine to itself" if alone else "")
+                with devices_for_cell(count, on_wait=lambda: self._say(waiting), alone=alone) as devices:
                     return self._run_attempts(devices, started)
             return self._run_attempts(None, started)
         except NotEnoughGpus as error:

@@ -4,6 +4,12 @@ Under SLURM the allocation's devices are used as given (SLURM sets CUDA_VISIBLE_
 machine Snakemake counts GPUs (`--resources gpu=N`) but does not say which, so concurrent cells take
 disjoint devices from a slot pool: one lock file per device, held with flock(2) for the life of the
 cell. The kernel drops a dead process's locks, so a crashed cell's slots come back by themselves.
+
+A timed GPU cell also holds the machine alone (the pool's host lock, exclusive): cells beside it on
+other GPUs share its host's cores, memory bandwidth and PCIe, and slowed three emulated GPT-5.8B ranks
+run two at a time on 2 x H200 by 18-52% (docs/measurement.md). Every other lease holds the host lock
+shared, so a timed cell waits for them and they wait for it. TRAINBENCH_SHARE_HOST=1 lets timed cells
+share the machine (faster grids, their timings not alone); the result's provenance says which it was.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from pathlib import Path
 from trainbench.study.params import CellParams
 
 POOL_DIR_ENV = "TRAINBENCH_GPU_POOL_DIR"
+SHARE_HOST_ENV = "TRAINBENCH_SHARE_HOST"  # 1: timed GPU cells may run beside other cells
 FAKE_GPUS_ENV = "TRAINBENCH_FAKE_GPUS"  # tests: pretend this many devices exist
 
 
@@ -78,11 +85,18 @@ class SlotPool:
     def _lock_path(self, device: str) -> Path:
         return self.directory / f"gpu{device}.lock"
 
-    def _try_take(self, count: int) -> list[tuple[str, int]] | None:
-        """Take `count` free devices, or none: all-or-nothing under a pool-wide lock."""
+    def _try_take(self, count: int, alone: bool) -> list[tuple[str, int]] | None:
+        """Take the host lock (exclusive where `alone`, else shared) and `count` free devices, or
+        nothing: all-or-nothing under a pool-wide lock. The host lock's descriptor comes first."""
         with open(self.directory / "pool.lock", "w") as pool_lock:
             fcntl.flock(pool_lock, fcntl.LOCK_EX)
-            taken: list[tuple[str, int]] = []
+            host = os.open(self.directory / "host.lock", os.O_CREAT | os.O_RDWR, 0o644)
+            try:
+                fcntl.flock(host, (fcntl.LOCK_EX if alone else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(host)
+                return None
+            taken: list[tuple[str, int]] = [("host", host)]
             for device in self.devices:
                 fd = os.open(self._lock_path(device), os.O_CREAT | os.O_RDWR, 0o644)
                 try:
@@ -93,41 +107,49 @@ class SlotPool:
                 os.ftruncate(fd, 0)
                 os.write(fd, f"{os.getpid()}\n".encode())
                 taken.append((device, fd))
-                if len(taken) == count:
+                if len(taken) == count + 1:
                     return taken
             for _, fd in taken:
                 os.close(fd)  # closing releases the flock
             return None
 
     @contextlib.contextmanager
-    def lease(self, count: int, on_wait=None):
-        """Hold `count` devices for the duration of the block; wait while fewer are free."""
+    def lease(self, count: int, on_wait=None, alone: bool = False):
+        """Hold `count` devices for the duration of the block; wait while fewer are free. `alone`: hold
+        the machine too, waiting until no other lease is held (and keeping others waiting)."""
         if count > len(self.devices):
             raise NotEnoughGpus(f"needs {count} GPUs; this machine has {len(self.devices)} "
                                 f"({', '.join(self.devices) or 'none'})")
         waited = False
-        while (taken := self._try_take(count)) is None:
+        while (taken := self._try_take(count, alone)) is None:
             if not waited and on_wait:
                 on_wait()
             waited = True
             time.sleep(self.poll_s)
         try:
-            yield [device for device, _ in taken]
+            yield [device for device, _ in taken[1:]]
         finally:
             for _, fd in taken:
                 os.close(fd)
 
 
+def timed_alone(search_probe: bool = False) -> bool:
+    """Whether a GPU cell run here holds the machine alone (see the module's docstring): every timed
+    cell, unless TRAINBENCH_SHARE_HOST=1; never a max-batch probe, which measures memory only."""
+    return not search_probe and os.environ.get(SHARE_HOST_ENV) != "1"
+
+
 @contextlib.contextmanager
-def devices_for_cell(count: int, on_wait=None):
-    """CUDA_VISIBLE_DEVICES for a cell on this node: SLURM's allocation, or a lease from the pool."""
+def devices_for_cell(count: int, on_wait=None, alone: bool = False):
+    """CUDA_VISIBLE_DEVICES for a cell on this node: SLURM's allocation, or a lease from the pool
+    (`alone`: with the machine to itself)."""
     if under_slurm() and os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
         given = machine_devices()
         if len(given) < count:
             raise NotEnoughGpus(f"needs {count} GPUs per node; the SLURM allocation gives {given}")
         yield given[:count]
         return
-    with SlotPool(machine_devices()).lease(count, on_wait=on_wait) as devices:
+    with SlotPool(machine_devices()).lease(count, on_wait=on_wait, alone=alone) as devices:
         yield devices
 
 

@@ -161,6 +161,9 @@ PROVENANCE: tuple[Key, ...] = (
     Key("gpu_mem_clock_max_mhz", _INT, "its maximum memory clock", required=False),
     Key("gpu_sm_clock_app_mhz", _INT, "the SM clock applications run at", required=False),
     Key("gpu_topology", _TEXT, "how the node's GPUs connect: `nvidia-smi topo -m`", required=False),
+    Key("host_alone", {"type": ["boolean", "null"]}, "whether a GPU cell run on one machine held it alone "
+        "(the slot pool's host lock; TRAINBENCH_SHARE_HOST=1: no); absent under SLURM and on CPU",
+        required=False),
     Key("slurm_restart_count", _INT, "times SLURM requeued the job before this run (preemption)",
         required=False),
     Key("slurm_array_job_id", _TEXT, "the job array the cell's job was a task of", required=False),

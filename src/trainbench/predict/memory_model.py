@@ -312,9 +312,10 @@ def _recomputes_in_backward(params: CellParams, spec: ModelSpec) -> bool:
     compiles each block alone, and its bf16 blocks keep what an uncompiled block keeps: 33.6 and 34.2
     bytes per token and hidden unit a layer on GPT-2 124M and 350M's two-GPU cells (9b9ba72: torch's
     peak, in the last loss backward with every block's saved tensors live, less the other parts),
-    where the uncompiled list gives 32 and the recomputing one 20; the float8 study's emulated GPT-5.8B ranks agree (bf16 within 2-4%
-    of the uncompiled list, float8 within 2% of the recomputing one). Why a float8 block still
-    recomputes under FSDP2 is not established; the figures are what the model follows."""
+    where the uncompiled list gives 32 and the recomputing one 20; the float8 study's emulated GPT-5.8B
+    ranks agree (bf16 within 2-4% of the uncompiled list, float8 within 2% of the recomputing one). Why
+    a float8 block still recomputes under FSDP2 is not established; the figures are what the model
+    follows."""
     if not _compiled(params, spec):
         return False
     return engine(params)[0] != "fsdp" or bool(params.float8)
