@@ -4,7 +4,8 @@
 # the two GPUs (TRAINBENCH_SHARE_HOST=1), and the host-bound one alone again (drift): FSDP2 350M's
 # rank 0, emulated (its GPU waits on its host), and the one-GPU GPT-2 124M cell (GPU-bound). Each run
 # times for 30 s at most. Prints each run's step time and interval, GPU power and host_alone.
-#   TRAINBENCH_GIT_COMMIT=<sha> OUT=<dir> bash tools/gpu-runs/shared-host.sh
+# Arguments: which of the two (fsdp350m single124m; default both); DRIFT=0 skips the second alone run.
+#   TRAINBENCH_GIT_COMMIT=<sha> OUT=<dir> bash tools/gpu-runs/shared-host.sh [fsdp350m] [single124m]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu-runs/prelude.sh
@@ -25,13 +26,14 @@ run() {  # cell params run-name
 for spec in "strategy~fsdp__model~gpt2-350m__gpus~2__micro_batch~16 emulate fsdp350m" \
             "strategy~single__model~gpt2-124m__gpus~1__micro_batch~32 real single124m"; do
   read -r cell how name <<< "$spec"
+  [ $# -eq 0 ] || [[ " $* " == *" $name "* ]] || continue
   p=$(params "$cell" "$how")
   begun=$(date +%s)
   run "$cell" "$p" "$name-alone-1"
   TRAINBENCH_SHARE_HOST=1 run "$cell" "$p" "$name-pair-a" &
   TRAINBENCH_SHARE_HOST=1 run "$cell" "$p" "$name-pair-b" &
   wait
-  [ "$name" = fsdp350m ] && run "$cell" "$p" "$name-alone-2"
+  [ "$name" = fsdp350m ] && [ "${DRIFT:-1}" = 1 ] && run "$cell" "$p" "$name-alone-2"
   echo "== $name: $(( $(date +%s) - begun )) s"
 done
 python3 - <<'PYTHON'
@@ -45,4 +47,4 @@ for path in sorted(Path("bench-out/shared").glob("*/metrics.json")):
           f"[{ci[0] * 1e3:.1f}, {ci[1] * 1e3:.1f}] power {x.get('gpu_power_w')} W "
           f"GPU {p.get('cuda_visible_devices')} alone {p.get('host_alone')} {p['started'][11:19]}-{p['ended'][11:19]}")
 PYTHON
-python3 tools/gpu-runs/pack_out.py "$out" bench-out
+python3 tools/gpu-runs/pack_out.py "$out" bench-out ${PACK_ALSO:-}  # PACK_ALSO: what a run before it wrote
