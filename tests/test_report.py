@@ -82,11 +82,12 @@ def test_the_page_shows_the_markdown_table_file_as_it_is_with_its_plots_embedded
         assert f'alt="{plot.caption}"' in page
     assert page.count('src="data:image/png;base64,') == 2
     # where the cells ran: baseline's two one-GPU cells on one host at one commit, its four two-GPU
-    # cells on another at another
+    # cells on another at another, three four-GPU cells on a third
     provenance = page.split('<table class="provenance">')[1]
-    assert (provenance.count("<tr>") == 3
+    assert (provenance.count("<tr>") == 4
             and "<td>2</td><td>NVIDIA H200 (140.4 GiB)</td><td>1</td>" in provenance
-            and "<td>4</td><td>NVIDIA H200 (140.4 GiB)</td><td>2</td>" in provenance)
+            and "<td>4</td><td>NVIDIA H200 (140.4 GiB)</td><td>2</td>" in provenance
+            and "<td>3</td><td>NVIDIA H200 (140.4 GiB)</td><td>4</td>" in provenance)
 
 
 def test_markdown_tables_render_with_their_rows():

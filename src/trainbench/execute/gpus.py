@@ -6,9 +6,10 @@ disjoint devices from a slot pool: one lock file per device, held with flock(2) 
 cell. The kernel drops a dead process's locks, so a crashed cell's slots come back by themselves.
 
 A timed GPU cell also holds the machine alone (the pool's host lock, exclusive): cells beside it on
-other GPUs share its host's cores, memory bandwidth and PCIe, and slowed three emulated GPT-5.8B ranks
-run two at a time on 2 x H200 by 18-52% (docs/measurement.md). Every other lease holds the host lock
-shared, so a timed cell waits for them and they wait for it. TRAINBENCH_SHARE_HOST=1 lets timed cells
+other GPUs would share its host's cores, memory bandwidth and PCIe, a confound a benchmark's timings
+should not carry by default (how much it moves a step depends on the cell and the host;
+docs/measurement.md). Every other lease holds the host lock shared, so a timed cell waits for them
+and they wait for it. TRAINBENCH_SHARE_HOST=1 lets timed cells
 share the machine (faster grids, their timings not alone); the result's provenance says which it was.
 """
 
