@@ -233,6 +233,9 @@ HOW: dict[str, How] = {
         "elsewhere", "a clone's cells have no earlier run: tests/test_history.py runs a cell twice and "
                      "compares"),
     "trainbench compare results/runs --history --fail-on slower:5%": How("elsewhere", "as above"),
+    "trainbench compare results/runs --history --study baseline": How(
+        "run", "baseline's published cells against their published earlier runs"),
+    "python3 bench/shared_host.py": How("run", "reads the published results' start and end times"),
     "trainbench history holdout_frameworks": How("run"),
     "trainbench history lightning": How("run"),
     "trainbench references baseline": How("run", "baseline's published cells are within their references"),
