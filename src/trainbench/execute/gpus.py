@@ -9,8 +9,8 @@ A timed GPU cell also holds the machine alone (the pool's host lock, exclusive):
 other GPUs would share its host's cores, memory bandwidth and PCIe, a confound a benchmark's timings
 should not carry by default (how much it moves a step depends on the cell and the host;
 docs/measurement.md). Every other lease holds the host lock shared, so a timed cell waits for them
-and they wait for it. TRAINBENCH_SHARE_HOST=1 lets timed cells
-share the machine (faster grids, their timings not alone); the result's provenance says which it was.
+and they wait for it. TRAINBENCH_SHARE_HOST=1 lets timed cells share the machine (faster grids, their
+timings not alone); the result's provenance says which it was (`host_alone`).
 """
 
 from __future__ import annotations
