@@ -119,3 +119,30 @@ def test_cli_refuses_bad_input_by_name(trees, tmp_path, capsys):
     assert "--fail-on 'faster:5%'" in capsys.readouterr().err
     assert main(["compare", str(first), str(second), "--cells", "llama/*"]) == 2
     assert "no cell matching llama/*" in capsys.readouterr().err
+
+
+def test_each_cell_names_its_hosts_pace_and_the_report_says_when_the_host_was_slower(trees, capsys):
+    first, second = trees
+
+    def paced(ms):
+        def set_pace(doc):
+            doc["provenance"]["host_pace_ms"] = ms
+        return set_pace
+
+    _edit(first, CELLS[0], paced(2.5))
+    _edit(second, CELLS[0], paced(6.0))  # a host that ran Python 2.4 times slower, as on 4 x H200
+    by_cell = {f"{c.study}/{c.cell_id}": c for c in compare(first, second).cells}
+    assert by_cell[CELLS[0]].host_pace_ratio == pytest.approx(2.4)
+    assert by_cell[CELLS[3]].host_pace_ratio is None  # no pace on either side: not a guess
+    assert main(["compare", str(first), str(second)]) == 0
+    out = capsys.readouterr().out
+    assert "x2.40" in out
+    assert "at least x1.5 slower in 1, that much faster in 0" in out
+    # a pace within the threshold is reported, not flagged
+    _edit(second, CELLS[0], paced(3.0))
+    assert main(["compare", str(first), str(second), "--json"]) == 0
+    cells = {f"{c['study']}/{c['cell_id']}": c for c in json.loads(capsys.readouterr().out)["cells"]}
+    assert cells[CELLS[0]]["host_pace_ms"] == [2.5, 3.0]
+    assert main(["compare", str(first), str(second)]) == 0
+    out = capsys.readouterr().out
+    assert "median x1.20 over 1 cells" in out and "slower in" not in out

@@ -13,6 +13,10 @@ by some percent. A change is *significant*:
 - for memory (the busiest GPU's NVML peak, torch's peak allocation, the host's peak), which repeats
   exactly run to run, when it is at least `min_change`.
 
+Beside the figures, each cell's host pace (provenance.host_pace_ms, a fixed piece of Python work on
+one core) in both runs: a host-bound step runs at its host's pace, so a step time that changed with
+it is the host's change before it is the code's.
+
 A gate (`fail_on`, e.g. slower by 5% or memory up by 5%) fails the comparison when a significant
 change goes the wrong way by more than its tolerance, so a reviewer or a CI job can stop on it.
 """
@@ -51,6 +55,9 @@ FIGURES = (
     Figure("host_mem_peak_mib", lambda m: m.get("host_mem_peak_mib"), None, True, "memory"),
 )
 FIGURE_NAMES = [f.name for f in FIGURES]
+# a second host this much slower (its pace over the first's) is named in the report: on 4 x H200 a host
+# at 5-7 ms (2.5 ms as usual) ran the host-bound gpt2_zero and Lightning cells 1.1-2.3 times slower
+SLOWER_HOST = 1.5
 
 
 @dataclass
@@ -76,6 +83,13 @@ class CellComparison:
     status: tuple[str, str]
     same_params: bool
     changes: dict[str, Change] = field(default_factory=dict)
+    host_pace_ms: tuple[float | None, float | None] = (None, None)  # each run's provenance.host_pace_ms
+
+    @property
+    def host_pace_ratio(self) -> float | None:
+        """The second run's host pace over the first's (2.0: its host ran Python half as fast)."""
+        first, second = self.host_pace_ms
+        return second / first if first and second else None
 
     @property
     def change_pct(self) -> dict[str, float | None]:
@@ -165,7 +179,9 @@ def compare_docs(a: dict[str, dict], b: dict[str, dict], min_change: float) -> C
         # an emulated rank is never set against a real one (their parameters differ in `emulate` too)
         row = CellComparison(old["study"], old["cell_id"], (old["status"], new["status"]),
                              old.get("params_hash") == new.get("params_hash")
-                             and bool(old.get("emulation")) == bool(new.get("emulation")))
+                             and bool(old.get("emulation")) == bool(new.get("emulation")),
+                             host_pace_ms=((old.get("provenance") or {}).get("host_pace_ms"),
+                                           (new.get("provenance") or {}).get("host_pace_ms")))
         if row.repeated:
             for figure in FIGURES:
                 change = _change(figure, old["metrics"], new["metrics"], min_change)
@@ -205,6 +221,26 @@ def _cell_text(change: Change | None) -> str:
     return f"{change.pct:+.1f}%{mark}"
 
 
+def _pace_text(cell: CellComparison) -> str:
+    ratio = cell.host_pace_ratio
+    return "-" if ratio is None else f"x{ratio:.2f}"
+
+
+def _pace_summary(comparison: Comparison) -> list[str]:
+    """Where the hosts' paces differ, a line saying so: timed changes may be the host's."""
+    paced = [c for c in comparison.cells if c.repeated and c.host_pace_ratio is not None]
+    if not paced:
+        return []
+    slower = [c for c in paced if c.host_pace_ratio >= SLOWER_HOST]
+    faster = [c for c in paced if c.host_pace_ratio <= 1 / SLOWER_HOST]
+    line = (f"host pace (provenance.host_pace_ms; the second run's over the first's, higher is slower): "
+            f"median x{statistics.median(c.host_pace_ratio for c in paced):.2f} over {len(paced)} cells")
+    if slower or faster:
+        line += (f"; the second host at least x{SLOWER_HOST:g} slower in {len(slower)}, that much faster "
+                 f"in {len(faster)}: their host-bound step times changed with the host, not only the code")
+    return [line]
+
+
 def report(comparison: Comparison, first: Path, second: Path, failures: list | None = None) -> str:
     """People's reading: the significant changes first, then every cell, then each figure's spread."""
     repeated = [c for c in comparison.cells if c.repeated]
@@ -225,7 +261,7 @@ def report(comparison: Comparison, first: Path, second: Path, failures: list | N
         lines.append(f"gate failed: {len(cells)} cell(s) significantly worse beyond the tolerance: "
                      + ", ".join(f"{shorten(f'{c.study}/{c.cell_id}', 70)} {ch.figure} {ch.pct:+.1f}%"
                                  for c, ch in failures) if failures else "gate: passed")
-    lines += ["", f"{'cell':<70} " + " ".join(f"{n[:16]:>16}" for n in FIGURE_NAMES)]
+    lines += ["", f"{'cell':<70} " + " ".join(f"{n[:16]:>16}" for n in FIGURE_NAMES) + f" {'host pace':>10}"]
     for c in comparison.cells:
         label = shorten(f"{c.study}/{c.cell_id}", 70)
         if not c.same_params:
@@ -234,8 +270,10 @@ def report(comparison: Comparison, first: Path, second: Path, failures: list | N
             lines.append(f"{label:<70} status {c.status[0]} -> {c.status[1]}")
         else:
             lines.append(f"{label:<70} "
-                         + " ".join(f"{_cell_text(c.changes.get(n)):>16}" for n in FIGURE_NAMES))
-    lines += ["", "(* significant; ? no interval to judge by: too few timed windows in one run)", ""]
+                         + " ".join(f"{_cell_text(c.changes.get(n)):>16}" for n in FIGURE_NAMES)
+                         + f" {_pace_text(c):>10}")
+    lines += ["", "(* significant; ? no interval to judge by: too few timed windows in one run; host pace: "
+                  "the second run's over the first's)", ""]
     for name in FIGURE_NAMES:
         spread = comparison.spread(name)
         if spread:
@@ -244,6 +282,7 @@ def report(comparison: Comparison, first: Path, second: Path, failures: list | N
             lines.append(f"{name}: {len(spread)} cells, median |change| {statistics.median(spread):.1f}%, "
                          f"largest {max(spread):.1f}%; no significant change in {quiet} of "
                          f"{len(judged)} judged")
+    lines += _pace_summary(comparison)
     if comparison.only_in_first or comparison.only_in_second:
         lines.append(f"only in {first}: {len(comparison.only_in_first)} cells; "
                      f"only in {second}: {len(comparison.only_in_second)} cells")
@@ -255,7 +294,7 @@ def as_json(comparison: Comparison, failures: list | None = None) -> dict:
     return {
         "min_change": comparison.min_change,
         "cells": [{"study": c.study, "cell_id": c.cell_id, "status": list(c.status),
-                   "same_params": c.same_params,
+                   "same_params": c.same_params, "host_pace_ms": list(c.host_pace_ms),
                    "changes": {name: asdict(change) for name, change in c.changes.items()}}
                   for c in comparison.cells],
         "significant": [{"cell": f"{c.study}/{c.cell_id}", **asdict(ch)}
