@@ -78,3 +78,23 @@ def test_published_searches_are_complete_and_current(study):
         probes = walk(status_of, *bounds_for(config.search, cell.params), config.search["tolerance"])
         found = read_json(directory / "max_batch.json")
         assert sorted(p["micro_batch"] for p in found["probes"]) == sorted(probes)
+
+
+def test_a_published_cells_parameters_come_back_whole_or_as_one_emulated_rank():
+    # tools/gpu-runs/cell_params.py: what fsdp-emulated.sh and shared-host.sh hand `trainbench run-cell`
+    import json
+
+    cell = "strategy~fsdp__model~gpt2-350m__gpus~2__micro_batch~16"
+    published = json.loads((REPO / "results/runs/baseline" / cell / "metrics.json").read_text())["params"]
+
+    def params(*extra):
+        done = subprocess.run([sys.executable, "tools/gpu-runs/cell_params.py", "baseline", cell, *extra],
+                              cwd=REPO, capture_output=True, text=True, check=True)
+        return json.loads(done.stdout)
+
+    whole, rank = params(), params("--emulate-rank", "1")
+    assert whole["gpus"] == published["gpus"] == 2 and whole["model"] == "gpt2-350m"
+    assert not whole.get("emulate")  # the canonical form leaves defaults out
+    assert rank["emulate"] is True and rank["emulate_rank"] == 1
+    assert {k: v for k, v in rank.items() if k not in ("emulate", "emulate_rank")} == {
+        k: v for k, v in whole.items() if k not in ("emulate", "emulate_rank")}

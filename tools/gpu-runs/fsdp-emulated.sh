@@ -11,14 +11,7 @@ source tools/gpu-runs/prelude.sh
 timing=min_windows=6,target_ci=0.02,max_timed_s=30,min_window_s=0.2,profile_steps=3,memory_snapshot=1
 for size in 124m:32 350m:16; do
   cell="strategy~fsdp__model~gpt2-${size%:*}__gpus~2__micro_batch~${size#*:}"
-  params=$(python3 - "$cell" <<'PYTHON'
-import sys
-from trainbench.execute.results import read_result
-from trainbench.study.params import CellParams
-doc = read_result(f"results/runs/baseline/{sys.argv[1]}/metrics.json")
-print(CellParams.from_dict(doc["params"]).replace(emulate=True, emulate_rank=0).canonical)
-PYTHON
-)
+  params=$(python3 tools/gpu-runs/cell_params.py baseline "$cell" --emulate-rank 0)
   begun=$(date +%s)
   trainbench run-cell --study baseline --cell "$cell" --params "$params" --cpus-per-rank 16 --runtime-min 8 \
     --timing "$timing" --output "bench-out/emulated/$cell/metrics.json" > "bench-out/emulated-${size%:*}.log" 2>&1

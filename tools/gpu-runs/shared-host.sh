@@ -11,13 +11,8 @@ cd "$(dirname "$0")/../.."
 source tools/gpu-runs/prelude.sh
 timing=min_windows=6,target_ci=0.02,max_timed_s=30,min_window_s=0.2,profile_steps=0,memory_snapshot=0
 params() {  # a published baseline cell's parameters; $2=emulate: its rank 0 emulated
-  python3 - "$1" "$2" <<'PYTHON'
-import sys
-from trainbench.execute.results import read_result
-from trainbench.study.params import CellParams
-params = CellParams.from_dict(read_result(f"results/runs/baseline/{sys.argv[1]}/metrics.json")["params"])
-print((params.replace(emulate=True, emulate_rank=0) if sys.argv[2] == "emulate" else params).canonical)
-PYTHON
+  if [ "$2" = emulate ]; then python3 tools/gpu-runs/cell_params.py baseline "$1" --emulate-rank 0
+  else python3 tools/gpu-runs/cell_params.py baseline "$1"; fi
 }
 run() {  # cell params run-name
   trainbench run-cell --study baseline --cell "$1" --params "$2" --cpus-per-rank 8 --runtime-min 8 \

@@ -1,0 +1,35 @@
+"""A published cell's parameters as `trainbench run-cell --params` takes them, for the GPU-run scripts
+that run a cell outside its study (tools/gpu-runs/fsdp-emulated.sh, shared-host.sh).
+
+    python3 tools/gpu-runs/cell_params.py STUDY CELL [--emulate-rank R]
+
+--emulate-rank: the cell's rank R alone, emulated through the fake process group (docs/emulation.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from trainbench.execute.results import read_result
+from trainbench.study.params import CellParams
+
+
+def cell_params(results: Path, study: str, cell: str, emulate_rank: int | None = None) -> CellParams:
+    params = CellParams.from_dict(read_result(results / study / cell / "metrics.json")["params"])
+    return params if emulate_rank is None else params.replace(emulate=True, emulate_rank=emulate_rank)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("study")
+    parser.add_argument("cell")
+    parser.add_argument("--emulate-rank", type=int, default=None)
+    parser.add_argument("--results", type=Path, default=Path("results/runs"))
+    args = parser.parse_args()
+    print(cell_params(args.results, args.study, args.cell, args.emulate_rank).canonical)
+
+
+if __name__ == "__main__":
+    main()
