@@ -17,8 +17,11 @@ $(VENV)/.installed-test: $(VENV)/.installed envs/requirements-test.txt
 run: setup
 	$(VENV)/bin/snakemake -c all
 
+# Two workers, each taking whole test files (a file's fixtures are built once): the suite's SLURM and
+# end-to-end tests mostly wait on processes, so two keep a two-core machine busy. PYTEST_WORKERS=0: one.
+PYTEST_WORKERS ?= 2
 test: setup-test
-	$(PYTHON) -m pytest
+	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 lint: setup-test
 	$(VENV)/bin/ruff check src tests bench tools

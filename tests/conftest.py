@@ -23,6 +23,15 @@ WORKFLOW_FILES = ("Snakefile", "workflow", "profiles", "envs")
 # tools, as for a user who activated it: a machine's other ninja would rebuild DeepSpeed's CPU ops.
 os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
 
+# The suite runs in parallel workers (make test: pytest-xdist, a test file to a worker). A cell that asks
+# for GPUs takes them, and its host lock, from the machine's slot pool (execute/gpus.py): each worker
+# gets a pool of its own, so that one worker's cells never wait on, or time beside, another's.
+if "TRAINBENCH_GPU_POOL_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["TRAINBENCH_GPU_POOL_DIR"] = tempfile.mkdtemp(
+        prefix=f"trainbench-pool-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
+
 
 # Tests time the fewest windows there can be: six of the fewest steps, whatever their interval.
 FAST_TIMING = {"target_ci": 1.0, "min_window_s": 0}
