@@ -27,10 +27,12 @@ os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.envir
 # for GPUs takes them, and its host lock, from the machine's slot pool (execute/gpus.py): each worker
 # gets a pool of its own, so that one worker's cells never wait on, or time beside, another's.
 if "TRAINBENCH_GPU_POOL_DIR" not in os.environ:
+    import atexit
     import tempfile
 
     os.environ["TRAINBENCH_GPU_POOL_DIR"] = tempfile.mkdtemp(
         prefix=f"trainbench-pool-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
+    atexit.register(shutil.rmtree, os.environ["TRAINBENCH_GPU_POOL_DIR"], ignore_errors=True)
 
 
 # Tests time the fewest windows there can be: six of the fewest steps, whatever their interval.

@@ -292,7 +292,7 @@ def test_every_documented_command_works_as_written_in_a_fresh_clone(smoke_run_lo
             seen.add((how.line or command, how.mode))
             run.append(command)
     snakemake = [c for c in run if "snakemake" in (HOW[c].line or c)]
-    pages = next(i for i, c in enumerate(snakemake) if "report_all" in (HOW[c].line or c))
+    pages = next((i for i, c in enumerate(snakemake) if "report_all" in (HOW[c].line or c)), len(snakemake))
     lanes = {"snakemake": snakemake[:pages],
              "pages and others": snakemake[pages:] + [c for c in run if c not in snakemake]}
     with ThreadPoolExecutor(max_workers=len(lanes)) as pool:
