@@ -2,7 +2,7 @@
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 
-.PHONY: setup setup-test run test test-slow lint docs
+.PHONY: setup setup-test run test lint docs
 setup: $(VENV)/.installed
 setup-test: $(VENV)/.installed-test
 
