@@ -135,7 +135,8 @@ def test_single_rank_cell_measures_and_records_everything(tmp_path):
                                                   rel=1e-3)
     assert m["ci_half_width"] == pytest.approx((max(m["step_times_s"]) - min(m["step_times_s"])) / 2
                                                / m["step_time_s"], rel=1e-2)
-    assert m["noisy"] is False and "6 windows" in m["timing"]["stopped"]  # FAST_TIMING asks for ±100%
+    # FAST_TIMING stops at the sixth window, asking for ±100%: noisy only where the windows spread wider
+    assert m["noisy"] is (m["ci_half_width"] > 1.0) and "after 6 windows" in m["timing"]["stopped"]
     # provenance enough to set the run up again: every package, the variables that steer the stack,
     # and the framework's own settings beside metrics.json
     prov = doc["provenance"]
