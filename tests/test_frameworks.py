@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import FAST_TIMING
 
 from trainbench.registry.frameworks import REGISTRY
 
@@ -43,7 +44,7 @@ def toy(tmp_path, monkeypatch):
 
     config = {"studies": {"t": {"description": "toy", "settings": {
         "framework": "toy", "model": "gpt2-tiny", "device": "cpu", "seq_len": 16, "warmup_steps": 1,
-        "timed_steps": 2}, "timing": {"target_ci": 1.0, "min_window_s": 0},
+        "timed_steps": 2}, "timing": FAST_TIMING,
         "include": [{"strategy": "solo"}, {"strategy": "someday"}]}}}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     monkeypatch.chdir(tmp_path)
