@@ -38,7 +38,8 @@ if "TRAINBENCH_GPU_POOL_DIR" not in os.environ:
 # Tests time the fewest windows there can be: six of the fewest steps, whatever their interval. The time
 # cap ends timing at the sixth window: without it a busy machine (two test workers on two cores) widens
 # the interval past ±100% and a cell times a seventh, and runs meant to take the same steps did not.
-FAST_TIMING = {"target_ci": 1.0, "min_window_s": 0, "max_timed_s": 1e-9}
+# (0.001 s, under any six steps: written without an exponent, since YAML 1.1 reads 1e-09 as a string.)
+FAST_TIMING = {"target_ci": 1.0, "min_window_s": 0, "max_timed_s": 0.001}
 
 
 # A cell small enough to run on CPU ranks in seconds (tests that run cells through cellrun directly).
