@@ -3,8 +3,6 @@ CPU ranks (gloo); its registration, and what the memory and time models make of 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 
@@ -15,13 +13,9 @@ from trainbench.registry.models import get_model
 from trainbench.training.tensor_parallel import qkv_layout
 from trainbench.predict.time_model import work
 from trainbench.registry.hardware import gpu_type
-from trainbench.study.timing import TimingSettings
 from test_cellrun import make_cell, run
 
 resolve = CellParams.resolve  # a study's settings for one cell, as its typed parameters
-
-# exactly the warm-up step and six timed windows of one step each: the same steps in every run
-SAME_STEPS = TimingSettings(min_windows=6, target_ci=1.0, max_timed_s=1e-9, min_window_s=0)
 
 SHARDED = {"framework": "torch", "strategy": "fsdp", "gpus": 2, "tp": 2, "seq_len": 32, "timed_steps": 3}
 # the study's full-size set-up: bert-180b, fp16, checkpointing, everything offloaded
@@ -54,16 +48,16 @@ def test_qkv_rows_are_laid_out_so_each_rank_holds_its_heads_q_k_and_v():
 
 @pytest.fixture(scope="module")
 def one_rank(tmp_path_factory):
-    """The same model and batches on one rank, without any parallelism."""
-    return run(replace(make_cell(strategy="single", gpus=1, seq_len=32, timed_steps=3), timing=SAME_STEPS),
+    """The same model and batches on one rank, without any parallelism (make_cell's FAST_TIMING: the
+    warm-up step and six one-step windows, the same steps as the split run's)."""
+    return run(make_cell(strategy="single", gpus=1, seq_len=32, timed_steps=3),
                tmp_path_factory.mktemp("one"))
 
 
 @pytest.mark.parametrize("offload", [False, True])
 def test_tp2_ranks_hold_half_the_model_and_train_as_one_rank_does(tmp_path, one_rank, offload):
     spec = get_model("gpt2-tiny")
-    split = run(replace(make_cell(**SHARDED, activation_checkpointing=True, offload_param=offload),
-                        timing=SAME_STEPS), tmp_path / "tp")
+    split = run(make_cell(**SHARDED, activation_checkpointing=True, offload_param=offload), tmp_path / "tp")
     assert one_rank["status"] == "ok" and split["status"] == "ok", split["reason"]
     m, one = split["metrics"], one_rank
     assert m["params_total"] == spec.param_count()

@@ -3,6 +3,7 @@ where none is), and the lists of cells run on the GPU hosts with the results the
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -82,8 +83,6 @@ def test_published_searches_are_complete_and_current(study):
 
 def test_a_published_cells_parameters_come_back_whole_or_as_one_emulated_rank():
     # tools/gpu-runs/cell_params.py: what fsdp-emulated.sh and shared-host.sh hand `trainbench run-cell`
-    import json
-
     cell = "strategy~fsdp__model~gpt2-350m__gpus~2__micro_batch~16"
     published = json.loads((REPO / "results/runs/baseline" / cell / "metrics.json").read_text())["params"]
 
