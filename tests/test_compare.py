@@ -107,6 +107,17 @@ def test_cli_gates_on_significant_changes_for_the_worse_and_filters_cells(trees,
     assert [c["study"] for c in json.loads(capsys.readouterr().out)["cells"]] == ["gpt2_zero"]
 
 
+def test_study_and_cell_patterns_narrow_together(trees, capsys):
+    first, second = trees
+    # a pattern that gpt2_zero's cell matches too: with --study megatron it must not come in
+    assert main(["compare", str(first), str(second), "--study", "megatron", "--cells", "*gpt-345m*",
+                 "--cells", "*fp16*", "--json"]) == 0
+    cells = [f"{c['study']}/{c['cell_id']}" for c in json.loads(capsys.readouterr().out)["cells"]]
+    assert cells == [CELLS[0]]
+    assert main(["compare", str(first), str(second), "--study", "gpt2_zero", "--cells", "*gpt-345m*"]) == 2
+    assert "no cell matching gpt2_zero and *gpt-345m* is in both" in capsys.readouterr().err
+
+
 def test_cli_refuses_bad_input_by_name(trees, tmp_path, capsys):
     first, second = trees
     empty = tmp_path / "empty"

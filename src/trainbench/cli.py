@@ -307,8 +307,8 @@ def cmd_search_summary(args) -> int:
 
 def cmd_compare(args) -> int:
     """Two result trees cell by cell (a rerun against what was published); with --fail-on, a gate."""
-    from trainbench.reporting.compare import (as_json, compare, compare_with_history, gate_failures,
-                                              parse_gate, report)
+    from trainbench.reporting.compare import (Selection, as_json, compare, compare_with_history,
+                                              gate_failures, parse_gate, report)
 
     if (args.second is None) != args.history:
         raise UsageError("give two results/runs folders, or one and --history")
@@ -316,18 +316,19 @@ def cmd_compare(args) -> int:
         if not root.is_dir():
             raise UsageError(f"{root}: no such directory (give two results/runs folders)")
     gate = parse_gate(args.fail_on) if args.fail_on else None
-    patterns = [*args.study, *args.cells]
+    select = Selection(tuple(args.study), tuple(args.cells))
+    matching = f" matching {select}" if select.studies or select.patterns else ""
     if args.history:
-        result = compare_with_history(args.first, min_change=args.min_change, patterns=patterns)
+        result = compare_with_history(args.first, min_change=args.min_change, select=select)
         first, second = Path("its cells' last earlier runs"), args.first
         if not result.cells:
-            raise UsageError(f"no cell{' matching ' + ', '.join(patterns) if patterns else ''} of "
+            raise UsageError(f"no cell{matching} of "
                              f"{args.first} has an earlier run on the same GPU model in its history")
     else:
-        result = compare(args.first, args.second, min_change=args.min_change, patterns=patterns)
+        result = compare(args.first, args.second, min_change=args.min_change, select=select)
         first, second = args.first, args.second
         if not result.cells:
-            raise UsageError(f"no cell{' matching ' + ', '.join(patterns) if patterns else ''} is in both "
+            raise UsageError(f"no cell{matching} is in both "
                              f"{args.first} and {args.second}")
     failures = gate_failures(result, gate) if gate is not None else None
     if args.json:

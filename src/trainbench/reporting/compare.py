@@ -120,16 +120,33 @@ def shorten(text: str, width: int) -> str:
     return text if len(text) <= width else text[:width - 12] + "…" + text[-11:]
 
 
-def _metrics_docs(root: Path, patterns: list[str]) -> dict[str, dict]:
-    return {key: doc for key, (doc, _) in _results(root, patterns).items()}
+def _metrics_docs(root: Path, select: Selection) -> dict[str, dict]:
+    return {key: doc for key, (doc, _) in _results(root, select).items()}
 
 
-def _results(root: Path, patterns: list[str]) -> dict[str, tuple[dict, Path]]:
+@dataclass(frozen=True)
+class Selection:
+    """Which cells to compare: those of the named studies (all if none) that match one of the shell
+    patterns of study/cell (all if none). Both narrow: `--study llama --cells 'llama/*gpus~2*'`
+    is llama's two-GPU cells, not llama's cells and every two-GPU cell besides."""
+
+    studies: tuple[str, ...] = ()
+    patterns: tuple[str, ...] = ()
+
+    def __contains__(self, key: str) -> bool:
+        study = key.split("/", 1)[0]
+        return ((not self.studies or any(fnmatch.fnmatchcase(study, s) for s in self.studies))
+                and (not self.patterns or any(fnmatch.fnmatchcase(key, p) for p in self.patterns)))
+
+    def __str__(self) -> str:
+        return " and ".join(filter(None, (", ".join(self.studies), " or ".join(self.patterns))))
+
+
+def _results(root: Path, select: Selection) -> dict[str, tuple[dict, Path]]:
     docs = {}
     for path in sorted(root.glob("*/*/metrics.json")):
         key = f"{path.parent.parent.name}/{path.parent.name}"
-        if not patterns or any(fnmatch.fnmatchcase(key, p) or fnmatch.fnmatchcase(path.parent.parent.name, p)
-                               for p in patterns):
+        if key in select:
             try:
                 docs[key] = (read_result(path), path)
             except InvalidResult as error:
@@ -156,17 +173,18 @@ def _change(figure: Figure, old: dict, new: dict, min_change: float) -> Change |
     return change
 
 
-def compare(first: Path, second: Path, *, min_change: float = 0.02, patterns: list[str] = ()) -> Comparison:
-    patterns = list(patterns)
-    return compare_docs(_metrics_docs(first, patterns), _metrics_docs(second, patterns), min_change)
+def compare(first: Path, second: Path, *, min_change: float = 0.02, select: Selection = Selection()
+            ) -> Comparison:
+    return compare_docs(_metrics_docs(first, select), _metrics_docs(second, select), min_change)
 
 
-def compare_with_history(tree: Path, *, min_change: float = 0.02, patterns: list[str] = ()) -> Comparison:
+def compare_with_history(tree: Path, *, min_change: float = 0.02, select: Selection = Selection()
+                         ) -> Comparison:
     """Each cell of a results tree against its last earlier run on the same GPU model with the same
     parameters, from the cell's history (execute/history.py); a cell without one is listed as such."""
     from trainbench.execute.history import last_comparable
 
-    now = _results(tree, list(patterns))
+    now = _results(tree, select)
     before = {key: old for key, (doc, path) in now.items() if (old := last_comparable(doc, path)) is not None}
     return compare_docs(before, {key: doc for key, (doc, _) in now.items()}, min_change)
 
