@@ -166,6 +166,10 @@ CASES: dict[str, tuple[Callable[[dict], Any], str]] = {
                                     "studies.t.execution.runtime_min: 0 is less than the minimum of 1"),
     "override without set": (study(execution_overrides=[{"when": {"micro_batch": 1}}]),
                              "'set' is a required property"),
+    "an integer spelled as YAML's string": (study(execution={"runtime_min": "1e3"}),
+                                            "studies.t.execution.runtime_min: '1e3' is a string to YAML, "
+                                            "not a number (YAML 1.1 reads an exponent without a dot and "
+                                            "a sign as text): write 1000"),
     "timing target of zero": (study(timing={"target_ci": 0}),
                               "studies.t.timing.target_ci: 0 is less than or equal to the minimum of 0"),
     "no timed window": (study(timing={"min_windows": 0}),

@@ -170,6 +170,18 @@ def test_yaml_float_spellings_are_numbers():
     assert load_config(config).study("s").cells[0].params.lr == 5e-5
 
 
+def test_timings_spelled_as_yaml_strings_are_numbers_too():
+    # `1e-3` and `5e-2` are strings to YAML 1.1 (as `1e-09` in a JSON dump is); timing takes them
+    config = yaml.safe_load("studies:\n  s:\n    description: d\n    settings: {device: cpu}\n"
+                            "    axes: {micro_batch: [1, 2]}\n"
+                            "    timing: {max_timed_s: 1e-3, target_ci: 5e-2}\n"
+                            "    timing_overrides: [{when: {micro_batch: 2}, set: {max_timed_s: 2e1}}]\n")
+    assert config["studies"]["s"]["timing"]["max_timed_s"] == "1e-3"  # what YAML gives
+    timings = {c.params.micro_batch: c.timing for c in load_config(config).study("s").cells}
+    assert (timings[1].max_timed_s, timings[1].target_ci) == (0.001, 0.05)
+    assert timings[2].max_timed_s == 20.0
+
+
 def test_stack_limits_make_cells_unsupported_not_errors():
     config = load_config(REPO / "config.yaml")
     lightning = {c.params.strategy: c for c in config.study("lightning").cells}

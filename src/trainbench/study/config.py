@@ -8,9 +8,10 @@ print them and stop before any job starts.
 from __future__ import annotations
 
 import copy
+import decimal
 import difflib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from trainbench.errors import ConfigError
 from trainbench.study.grid import Study, expand_study
 from trainbench.study.params import PARAMS_BY_NAME
 from trainbench.study.schema import build_schema
+from trainbench.study.timing import TimingSettings
 
 STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
@@ -67,6 +69,11 @@ def _describe(error: jsonschema.ValidationError) -> str:
     if error.validator == "enum":
         return (f"{where}: {error.instance!r} is not allowed"
                 f"{allowed or '; allowed: ' + repr(error.validator_value)}")
+    if error.validator == "type" and _float_text(error.instance) is not None:
+        # a number YAML 1.1 read as a string, where no coercion applies (an integer's place)
+        plain = format(decimal.Decimal(error.instance.strip()), "f")
+        return (f"{where}: {error.instance!r} is a string to YAML, not a number (YAML 1.1 reads an "
+                f"exponent without a dot and a sign as text): write {plain}{allowed}")
     return f"{where}: {error.message}{allowed}"
 
 
@@ -75,26 +82,38 @@ def _yaml_kind(value: Any) -> str:
             float: "number"}.get(type(value), "value")
 
 
+def _float_text(value: Any) -> float | None:
+    """A string YAML 1.1 left unread that is a float to Python and JSON (`5e-5`, `1e-09`)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+# the `timing` fields that take a fraction or seconds (study/timing.py)
+_TIMING_NUMBERS = {f.name for f in fields(TimingSettings) if f.metadata["type"] == "number"}
+
+
 def _coerce_numbers(node: Any) -> Any:
-    """YAML 1.1 reads `5e-5` as a string; accept such spellings for float parameters."""
+    """YAML 1.1 reads `5e-5` (no dot in the mantissa) as a string; accept such spellings where a float
+    is expected: float parameters, and timing's fractions and seconds."""
 
-    def fix(key: str, value: Any) -> Any:
+    def fix(key: str, value: Any, floats=None) -> Any:
         param = PARAMS_BY_NAME.get(key)
-        if param and param.kind == "float" and isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                return value
-        return value
+        wants_float = key in floats if floats is not None else bool(param and param.kind == "float")
+        number = _float_text(value) if wants_float else None
+        return value if number is None else number
 
-    def fix_mapping(mapping: Any, lists: bool = False) -> None:
+    def fix_mapping(mapping: Any, lists: bool = False, floats=None) -> None:
         if not isinstance(mapping, dict):
             return
         for key, value in mapping.items():
             if lists and isinstance(value, list):
-                mapping[key] = [fix(key, v) for v in value]
+                mapping[key] = [fix(key, v, floats) for v in value]
             else:
-                mapping[key] = fix(key, value)
+                mapping[key] = fix(key, value, floats)
 
     studies = node.get("studies") if isinstance(node, dict) else None
     for study in studies.values() if isinstance(studies, dict) else ():
@@ -108,6 +127,10 @@ def _coerce_numbers(node: Any) -> Any:
         for override in [*(study.get("execution_overrides") or []), *(study.get("timing_overrides") or [])]:
             if isinstance(override, dict):
                 fix_mapping(override.get("when"))
+        fix_mapping(study.get("timing"), floats=_TIMING_NUMBERS)
+        for override in study.get("timing_overrides") or []:
+            if isinstance(override, dict):
+                fix_mapping(override.get("set"), floats=_TIMING_NUMBERS)
     return node
 
 
