@@ -140,6 +140,7 @@ HOW: dict[str, How] = {
             "downloads 28 MiB; tests/test_tools.py builds a wheelhouse and installs from it offline"),
     "bash tools/install_offline.sh .whl":
         How("elsewhere", "tests/test_tools.py installs a wheelhouse offline"),
+    "python3 tools/gpu-runs/plan_reruns.py 'megatron/*gpus~2__*' --limit 545 --without-energy": How("run"),
     "snakemake --profile profiles/slurm -j 64 --default-resources slurm_partition=gpu "
     "slurm_account=myproject":
         How("dry-run",

@@ -4,6 +4,7 @@ where none is), and the lists of cells run on the GPU hosts with the results the
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -97,3 +98,31 @@ def test_a_published_cells_parameters_come_back_whole_or_as_one_emulated_rank():
     assert rank["emulate"] is True and rank["emulate_rank"] == 1
     assert {k: v for k, v in rank.items() if k not in ("emulate", "emulate_rank")} == {
         k: v for k, v in whole.items() if k not in ("emulate", "emulate_rank")}
+
+
+def test_reruns_are_planned_into_commands_that_end_within_the_limit():
+    # tools/gpu-runs/plan_reruns.py: megatron's 4-GPU cells, their first run of 25 fixed steps in
+    # results/runs, 22 of them run again in 15 s windows beside it (results/bench/rerun/megatron-3240cdf)
+    def plan(*extra):
+        done = subprocess.run([sys.executable, "tools/gpu-runs/plan_reruns.py", "megatron/*gpus~4__*",
+                               "--commit", "abc1234", *extra], cwd=REPO, capture_output=True, text=True,
+                              check=True)
+        commands = [line for line in done.stdout.splitlines() if line.startswith("TRAINBENCH_GIT_COMMIT")]
+        cells = re.findall(r"#\s+(\d+) s  (\S+)  \((.*)\)", done.stdout)
+        return commands, {key: (float(seconds), basis) for seconds, key, basis in cells}
+
+    commands, cells = plan("--limit", "300")
+    assert len(cells) == 28 and all(len(line) <= 2000 for line in commands)
+    named = [re.findall(r"'([^']+)'", line) for line in commands]
+    assert sorted(key for line in named for key in line) == sorted(cells)  # each cell once
+    for line in named:
+        assert 15 + sum(cells[key][0] for key in line) <= 300 or len(line) == 1
+    # a first run of 25 steps of 3.77 s: 5 steps a window, six windows at least, past the 15 s cap
+    slow = cells["megatron/strategy~zero3__model~gpt-2.5b__gpus~4__tp~4__offload_optimizer~true"]
+    assert "the longer of 6 windows of 5 x 3.77 s and the 15 s cap" in slow[1] and 150 < slow[0] < 180
+    # a rerun timed as the study times now stands for itself
+    _, cells = plan("--also", "results/bench/rerun/megatron-3240cdf/runs")
+    rerun = json.loads((REPO / "results/bench/rerun/megatron-3240cdf/runs/megatron/strategy~zero3__model~"
+                        "gpt-2.5b__gpus~4__tp~4__offload_optimizer~true/metrics.json").read_text())
+    assert cells["megatron/strategy~zero3__model~gpt-2.5b__gpus~4__tp~4__offload_optimizer~true"] == (
+        round(rerun["metrics"]["wall_time_s"]), "its last run, timed as now")
