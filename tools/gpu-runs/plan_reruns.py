@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainbench.execute.results import read_result
 from trainbench.study.timing import steps_per_window
 from trainbench.workflow import load_checked
 
@@ -45,7 +44,7 @@ class Estimate:
 
 def latest_result(key: str, trees: list[Path]) -> dict | None:
     """The cell's newest metrics.json among the trees (by the time its run ended)."""
-    docs = [json.loads(p.read_text()) for tree in trees if (p := tree / key / "metrics.json").exists()]
+    docs = [read_result(p) for tree in trees if (p := tree / key / "metrics.json").exists()]
     docs = [d for d in docs if d.get("status") == "ok" and d.get("metrics", {}).get("wall_time_s")]
     return max(docs, key=lambda d: d["provenance"].get("ended") or "", default=None)
 
@@ -128,9 +127,9 @@ def main() -> None:
             print(f"#   {e.seconds:6.0f} s  {e.key}  ({e.basis})")
         print(COMMAND.format(commit=args.commit, limit=int(args.limit),
                              cells=" ".join(f"'{e.key}'" for e in command)))
-    if any(e.seconds > args.limit for e in estimates):
-        print(f"\n# {math.fsum(1 for e in estimates if e.seconds > args.limit):.0f} cell(s) alone exceed "
-              "the limit: they need a longer LIMIT (the device tool allows 600 s a command)")
+    if too_long := sum(e.seconds > args.limit for e in estimates):
+        print(f"\n# {too_long} cell(s) alone exceed the limit: they need a longer LIMIT (the device tool "
+              "allows 600 s a command)")
 
 
 if __name__ == "__main__":
