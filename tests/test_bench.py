@@ -477,24 +477,51 @@ def test_the_fsdp_loss_benchmark_times_the_eager_loss_beside_the_compiled_one_on
 
 def test_results_timed_beside_another_cell_on_their_host_are_found_from_their_times(tmp_path, capsys):
     """bench/shared_host.py: two GPU results of one hostname whose runs overlap were timed side by
-    side; a third on that host after them, one on another host at the same time, and a CPU result
-    are not."""
+    side; a third on that host after them, one on another host at the same time, a CPU result and
+    one refused before it ran are not. A run known only from the histories (its result replaced since)
+    still counts as the company of the results it overlapped."""
     sys.path.insert(0, str(REPO / "bench"))
     import shared_host
 
-    def result(name, host, start, end, device="cuda"):
-        path = tmp_path / "s" / name / "metrics.json"
+    def times(start, end):
+        return {"started": f"2026-11-21T15:0{start}:00+00:00", "ended": f"2026-11-21T15:0{end}:00+00:00"}
+
+    def result(name, host, start, end, device="cuda", status="ok"):
+        path = tmp_path / "runs" / "s" / name / "metrics.json"
         path.parent.mkdir(parents=True)
-        times = {"started": f"2026-11-21T15:0{start}:00+00:00", "ended": f"2026-11-21T15:0{end}:00+00:00"}
         path.write_text(json.dumps({"study": "s", "cell_id": name, "params": {"device": device},
-                                    "provenance": {"hostname": host, **times}}))
+                                    "status": status, "provenance": {"hostname": host, **times(start, end)}}))
+
+    def history(name, host, start, end, status="ok"):
+        path = tmp_path / "history" / "s" / f"{name}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as lines:
+            lines.write(json.dumps({"study": "s", "cell_id": name, "status": status, "provenance": {
+                "hostname": host, "gpu_name": "NVIDIA H200", **times(start, end)}}) + "\n")
 
     result("a1", "a", 0, 3)
     result("a2", "a", 2, 4)
     result("a3", "a", 4, 6)
     result("b1", "b", 1, 5)
     result("cpu", "a", 1, 5, device="cpu")
-    assert shared_host.main([str(tmp_path)]) == 0
+    result("refused", "a", 2, 2, status="unsupported")
+    assert shared_host.main([str(tmp_path / "runs"), "--history", ""]) == 0
     out = capsys.readouterr().out
     assert "s: 2 of 4 GPU results timed beside another cell" in out
     assert "s/a1 " in out and "beside 1: s/a2" in out and "s/a3 " not in out and "s/b1 " not in out
+
+    # b1 ran again since, alone (8-9), and its result is replaced; its history keeps both runs, and
+    # the first (1-5) was c1's company
+    (tmp_path / "runs" / "s" / "b1" / "metrics.json").unlink()
+    (tmp_path / "runs" / "s" / "b1").rmdir()
+    result("b1", "b", 8, 9)
+    history("b1", "b", 1, 5)
+    history("b1", "b", 8, 9)  # the result's own run, in its history too, is not its company
+    history("b2", "b", 3, 4, status="unsupported")
+    result("c1", "b", 4, 6)
+    assert shared_host.main([str(tmp_path / "runs"), "--history", str(tmp_path / "history")]) == 0
+    out = capsys.readouterr().out
+    assert "s: 3 of 5 GPU results timed beside another cell" in out
+    assert ("s/c1 (2026-11-21 15:04:00-15:06:00): beside 1: s/b1 (its run of 2026-11-21, replaced since)"
+            in out)
+    assert "\n  s/b1 " not in out and "s/b2" not in out
