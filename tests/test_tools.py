@@ -117,9 +117,18 @@ def test_reruns_are_planned_into_commands_that_end_within_the_limit():
     assert sorted(key for line in named for key in line) == sorted(cells)  # each cell once
     for line in named:
         assert 15 + sum(cells[key][0] for key in line) <= 300 or len(line) == 1
-    # a first run of 25 steps of 3.77 s: 5 steps a window, six windows at least, past the 15 s cap
+    # a first run of 25 steps of 3.77 s, its CPU optimizer at 4 threads a rank (before b222dfd), where
+    # the study's ranks get 8 now: the step scaled by the time model's ratio of the two (about 0.7), 5
+    # steps a window, six windows at least, past the 15 s cap
     slow = cells["megatron/strategy~zero3__model~gpt-2.5b__gpus~4__tp~4__offload_optimizer~true"]
-    assert "the longer of 6 windows of 5 x 3.77 s and the 15 s cap" in slow[1] and 150 < slow[0] < 180
+    ratio = float(re.search(r"its step at 4 threads x ([\d.]+), the time model's ratio at 8$", slow[1])[1])
+    assert 0.5 < ratio < 0.9
+    step = float(re.search(r"the longer of 6 windows of 5 x ([\d.]+) s and the 15 s cap", slow[1])[1])
+    assert step == pytest.approx(3.77 * ratio, abs=0.02)
+    assert 100 < slow[0] < 150
+    # a cell without a CPU optimizer: the same step at any threads, so no note
+    fast = cells["megatron/strategy~zero1__model~gpt-2.5b__gpus~4__tp~1__offload_optimizer~false"]
+    assert "threads" not in fast[1]
     # a rerun timed as the study times now stands for itself
     _, cells = plan("--also", "results/bench/rerun/megatron-3240cdf/runs")
     rerun = json.loads((REPO / "results/bench/rerun/megatron-3240cdf/runs/megatron/strategy~zero3__model~"

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainbench.execute.results import read_result
+from trainbench.predict import time_model
+from trainbench.registry.hardware import gpu_type_of
 from trainbench.study.timing import steps_per_window
 from trainbench.workflow import load_checked
 
@@ -49,6 +51,24 @@ def latest_result(key: str, trees: list[Path]) -> dict | None:
     return max(docs, key=lambda d: d["provenance"].get("ended") or "", default=None)
 
 
+def step_now(cell, doc: dict, step: float) -> tuple[float, str]:
+    """The last run's step at the CPU threads the cell's ranks get now, and a note where that differs:
+    the step times the time model's ratio of its predictions at the two thread counts (a cell without
+    a CPU optimizer predicts the same at both)."""
+    then, now = time_model.threads_of_run(doc), int(cell.resources()["cpus_per_rank"])
+    gpu = gpu_type_of((doc.get("provenance") or {}).get("gpu_name"))
+    if then == now or gpu is None:
+        return step, ""
+    at_then = time_model.predict(cell.params, gpu, cpu_threads=then)
+    at_now = time_model.predict(cell.params, gpu, cpu_threads=now)
+    if at_then is None or at_now is None:
+        return step, ""
+    ratio = at_now.step_time_s / at_then.step_time_s
+    if abs(ratio - 1) < 0.01:
+        return step, ""
+    return step * ratio, f"; its step at {then} threads x {ratio:.2f}, the time model's ratio at {now}"
+
+
 def estimate(cell, doc: dict | None) -> Estimate:
     key = f"{cell.study}/{cell.cell_id}"
     timing = cell.timing
@@ -62,11 +82,12 @@ def estimate(cell, doc: dict | None) -> Estimate:
     warmup = cell.params.warmup_steps
     ran_steps = warmup + metrics["steps_timed"]  # steps_timed counts every timed step, in all windows
     fixed = max(0.0, wall - ran_steps * step)
+    step, threads = step_now(cell, doc, step)
     per_window = steps_per_window(cell.params.timed_steps, timing.min_windows, step, timing.min_window_s)
     timed = max(timing.min_windows * per_window * step, timing.max_timed_s)
     return Estimate(key, fixed + warmup * step + timed,
                     f"fixed {fixed:.0f} s + {warmup} warm-up steps + the longer of {timing.min_windows} "
-                    f"windows of {per_window} x {step:.2f} s and the {timing.max_timed_s:g} s cap")
+                    f"windows of {per_window} x {step:.2f} s and the {timing.max_timed_s:g} s cap{threads}")
 
 
 def pack(estimates: list[Estimate], limit: float, command_chars: int = COMMAND_CHARS,
