@@ -525,3 +525,26 @@ def test_results_timed_beside_another_cell_on_their_host_are_found_from_their_ti
     assert ("s/c1 (2026-11-21 15:04:00-15:06:00): beside 1: s/b1 (its run of 2026-11-21, replaced since)"
             in out)
     assert "\n  s/b1 " not in out and "s/b2" not in out
+
+
+def test_a_rerun_at_other_threads_is_set_against_its_first_run_the_models_ratio_and_the_plan(capsys):
+    """bench/rerun_threads.py on published results: megatron's five four-GPU offloaded cells rerun with
+    8 CPU threads a rank (results/bench/rerun/megatron-3d21d50) against their first runs with 4, which
+    results/runs still holds; a result whose first run had its threads is not set against it."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import rerun_threads
+
+    runs_root = REPO / "results/runs"
+    reruns = REPO / "results/bench/rerun/megatron-3d21d50/runs"
+    assert rerun_threads.main(["--first", str(runs_root), str(reruns), str(runs_root / "llama")]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("megatron/")]
+    assert len(lines) == 5 and all(" 4 -> 8 " in line for line in lines)
+    cell = "strategy~zero1__model~gpt-345m__gpus~4__tp~1__offload_optimizer~true"
+    first = json.loads((runs_root / "megatron" / cell / "metrics.json").read_text())["metrics"]["step_time_s"]
+    rerun = json.loads((reruns / "megatron" / cell / "metrics.json").read_text())["metrics"]["step_time_s"]
+    row = next(line for line in lines if line.startswith(f"megatron/{cell[:40]}") and "tp~1__" in line)
+    assert f" {rerun / first:.2f} " in row
+    # an offloaded optimizer's step: the model expects it shorter at 8 threads than at 4
+    assert 0.5 < float(row.split()[5]) < 1
+    assert "offloaded, 4 GPUs: 5 cells" in out and "not offloaded" not in out

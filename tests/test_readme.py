@@ -182,6 +182,11 @@ HOW: dict[str, How] = {
     "python3 bench/overhead.py --ablation --out results/bench/overhead/gpt2-124m --cells "
     "'strategy~single__model~gpt2-124m__gpus~1__micro_batch~32'": How("elsewhere", "as above"),
     "bash bench/rerun_compare.sh": How("run"),
+    "python bench/rerun_threads.py --first 3d21d50 results/runs/megatron "
+    "results/bench/rerun/megatron-3d21d50/runs results/bench/rerun/megatron-3240cdf/runs": How(
+        "run", "the clone here has no git history: the first runs from a folder, the four-GPU ones "
+        "that results/runs still holds", line="python bench/rerun_threads.py --first results/runs "
+        "results/bench/rerun/megatron-3d21d50/runs results/bench/rerun/megatron-3240cdf/runs"),
     "python3 bench/overhead.py --rounds 3": How("elsewhere", "as above"),
     "python3 bench/minimal_vs_cell.py --render tools/gpu-runs/minimal-loop-5-124m.json":
         How("run", "prints a committed report again"),

@@ -69,7 +69,9 @@ def step_now(cell, doc: dict, step: float) -> tuple[float, str]:
     return step * ratio, f"; its step at {then} threads x {ratio:.2f}, the time model's ratio at {now}"
 
 
-def estimate(cell, doc: dict | None) -> Estimate:
+def estimate(cell, doc: dict | None, scale_threads: bool = True) -> Estimate:
+    """The cell's wall time on its next run from its latest result (`scale_threads`: its step at the
+    threads its ranks get now, where the result's had others)."""
     key = f"{cell.study}/{cell.cell_id}"
     timing = cell.timing
     if doc is None:
@@ -82,7 +84,7 @@ def estimate(cell, doc: dict | None) -> Estimate:
     warmup = cell.params.warmup_steps
     ran_steps = warmup + metrics["steps_timed"]  # steps_timed counts every timed step, in all windows
     fixed = max(0.0, wall - ran_steps * step)
-    step, threads = step_now(cell, doc, step)
+    step, threads = step_now(cell, doc, step) if scale_threads else (step, "")
     per_window = steps_per_window(cell.params.timed_steps, timing.min_windows, step, timing.min_window_s)
     timed = max(timing.min_windows * per_window * step, timing.max_timed_s)
     return Estimate(key, fixed + warmup * step + timed,
