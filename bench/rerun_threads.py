@@ -70,14 +70,12 @@ def rows(first_runs: str, folders: list[Path], config) -> list[dict]:
             continue
         params = CellParams.from_dict(rerun["params"])
         gpu = gpu_type_of(rerun["provenance"].get("gpu_name"))
-        at_then = time_model.predict(params, gpu, cpu_threads=then)
-        at_now = time_model.predict(params, gpu, cpu_threads=now)
         cell = next(c for c in config.study(rerun["study"]).cells if c.cell_id == rerun["cell_id"])
         found.append({
             "cell": f"{rerun['study']}/{rerun['cell_id']}", "gpus": params.gpus,
             "offloaded": bool(params.offload_optimizer or params.offload_param), "threads": (then, now),
             "ratio": step_of(rerun) / step_of(first),
-            "model_ratio": at_now.step_time_s / at_then.step_time_s if at_then and at_now else None,
+            "model_ratio": time_model.thread_ratio(params, gpu, then, now),
             "wall_s": rerun["metrics"]["wall_time_s"],
             "planned_s": plan_reruns.estimate(cell, first).seconds,
             "planned_unscaled_s": plan_reruns.estimate(cell, first, scale_threads=False).seconds})

@@ -118,6 +118,20 @@ def test_cpu_threads_shorten_only_their_share_of_an_offloaded_step():
     assert time_model.work(cell(model="gpt-2.5b", strategy="zero2"), H200).cpu_host_params == 0  # on the GPU
 
 
+def test_the_thread_ratio_moves_only_an_offloaded_step():
+    # the fitted constants, as the rerun planner uses them: 2 -> 8 threads a rank shortens an offloaded
+    # ZeRO-2 step (its CPU Adam's share), and is the predictions' own ratio
+    offloaded = cell(model="gpt-2.5b", strategy="zero2", offload_optimizer=True, gpus=2)
+    ratio = time_model.thread_ratio(offloaded, H200, 2, 8)
+    assert 0.3 < ratio < 0.9
+    assert ratio == pytest.approx(time_model.predict(offloaded, H200, cpu_threads=8).step_time_s
+                                  / time_model.predict(offloaded, H200, cpu_threads=2).step_time_s)
+    assert time_model.thread_ratio(offloaded, H200, 8, 2) == pytest.approx(1 / ratio)
+    # no CPU optimizer: the same step at any threads; a CPU cell: nothing predicted
+    assert time_model.thread_ratio(cell(model="gpt-2.5b", strategy="zero2", gpus=2), H200, 2, 8) == 1
+    assert time_model.thread_ratio(cell(device="cpu"), H200, 2, 8) is None
+
+
 def test_a_runs_cpu_threads_come_from_its_provenance_or_from_the_rule_it_ran_under():
     params = cell(gpus=4)
     assert time_model.threads_of_run(

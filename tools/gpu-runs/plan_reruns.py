@@ -57,14 +57,8 @@ def step_now(cell, doc: dict, step: float) -> tuple[float, str]:
     a CPU optimizer predicts the same at both)."""
     then, now = time_model.threads_of_run(doc), int(cell.resources()["cpus_per_rank"])
     gpu = gpu_type_of((doc.get("provenance") or {}).get("gpu_name"))
-    if then == now or gpu is None:
-        return step, ""
-    at_then = time_model.predict(cell.params, gpu, cpu_threads=then)
-    at_now = time_model.predict(cell.params, gpu, cpu_threads=now)
-    if at_then is None or at_now is None:
-        return step, ""
-    ratio = at_now.step_time_s / at_then.step_time_s
-    if abs(ratio - 1) < 0.01:
+    ratio = time_model.thread_ratio(cell.params, gpu, then, now) if then != now else None
+    if ratio is None or abs(ratio - 1) < 0.01:
         return step, ""
     return step * ratio, f"; its step at {then} threads x {ratio:.2f}, the time model's ratio at {now}"
 

@@ -498,6 +498,17 @@ def predict(params: CellParams, gpu: GpuType | None, constants: Constants | None
                           gpu.key, constants.gpu, note)
 
 
+def thread_ratio(params: CellParams, gpu: GpuType | None, then: int, now: int) -> float | None:
+    """The step at `now` CPU threads a rank over the step at `then`, as the model predicts both (1 for a
+    cell without a CPU optimizer; None where it predicts nothing): what a rerun at other threads
+    should take, from what the run at `then` took."""
+    at_then = predict(params, gpu, cpu_threads=then)
+    at_now = predict(params, gpu, cpu_threads=now)
+    if at_then is None or at_now is None:
+        return None
+    return at_now.step_time_s / at_then.step_time_s
+
+
 # Efficiencies are fractions of a hardware figure: fitted within (0, 1], so that a fit cannot explain a
 # cell by a link faster than the hardware table's
 BOUNDED = ("eta_matmul", "eta_unaligned", "eta_link", "eta_optimizer", "eta_optimizer_torch", "eta_pcie")
