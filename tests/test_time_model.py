@@ -142,6 +142,10 @@ def test_a_runs_cpu_threads_come_from_its_provenance_or_from_the_rule_it_ran_und
     # on the node
     assert time_model.threads_of_run({"params": params, "provenance": {"gpu_name": "NVIDIA H200"}}) == 4
     assert time_model.threads_of_run({"params": cell(gpus=8, nodes=2).as_dict(), "provenance": {}}) == 4
+    # a history line keeps neither the environment nor the parameters: unknown, not the default
+    line = {"study": "megatron", "cell_id": "strategy~zero3", "provenance": {"git_commit": "5d3db19"}}
+    with pytest.raises(ValueError, match="megatron/strategy~zero3: .* threads are unknown"):
+        time_model.threads_of_run(line)
 
 
 def test_a100s_are_slower_than_h200s_and_say_whose_efficiencies_they_use():

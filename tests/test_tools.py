@@ -135,3 +135,30 @@ def test_reruns_are_planned_into_commands_that_end_within_the_limit():
                         "gpt-2.5b__gpus~4__tp~4__offload_optimizer~true/metrics.json").read_text())
     assert cells["megatron/strategy~zero3__model~gpt-2.5b__gpus~4__tp~4__offload_optimizer~true"] == (
         round(rerun["metrics"]["wall_time_s"]), "its last run, timed as now")
+
+
+def test_reruns_for_energy_are_the_real_gpu_cells_that_trained_without_it():
+    # --without-energy (issue 33's reruns): megatron's published tree holds 4-GPU first runs without
+    # energy (their reruns are kept aside), emulated 8-GPU ranks (whose energy is one GPU's and is not
+    # published) and OOM cells (nothing to measure): only the first kind is planned
+    def plan(*extra):
+        return subprocess.run([sys.executable, "tools/gpu-runs/plan_reruns.py", "megatron/*",
+                               "--without-energy", "--commit", "abc1234", *extra], cwd=REPO,
+                              capture_output=True, text=True)
+
+    done = plan()
+    assert done.returncode == 0, done.stderr
+    planned = re.findall(r"#\s+\d+ s  megatron/(\S+)  \(", done.stdout)
+    assert planned and len(planned) == len(set(planned))
+    for cell in planned:
+        doc = json.loads((REPO / "results/runs/megatron" / cell / "metrics.json").read_text())
+        assert doc["status"] == "ok" and doc["metrics"].get("energy_j_per_step") is None
+        assert not doc["params"].get("emulate") and "emulate~true" not in cell
+    emulated = [p for p in (REPO / "results/runs/megatron").glob("*emulate~true*/metrics.json")
+                if json.loads(p.read_text())["metrics"].get("energy_j_per_step") is None]
+    assert emulated  # there were emulated cells to leave out
+    # the reruns kept aside have the energy: nothing left to run
+    aside = [arg for tree in sorted((REPO / "results/bench/rerun").glob("megatron-*/runs"))
+             for arg in ("--also", str(tree.relative_to(REPO)))]
+    done = plan(*aside)
+    assert done.returncode != 0 and "nothing to run" in done.stderr

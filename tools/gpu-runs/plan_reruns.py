@@ -12,7 +12,8 @@ its latest result (results/runs, and the trees --also names, e.g. earlier reruns
     plus the warm-up's steps and the timed windows the study asks for now: at least `min_windows`
     windows of max(timed_steps / min_windows, min_window_s / step) steps, and up to `max_timed_s`
     where the interval stays wide. The upper end is planned for.
---without-energy leaves out the cells whose latest result has its energy already (issue 33's reruns).
+--without-energy chooses the published cells that trained and whose latest result has no energy yet
+(issue 33's reruns): real GPU cells only, as emulated ranks and CPU ranks publish none.
 Prints one energy-rerun.sh line per command (cells by exact name, longest first, within the device
 tool's 2,000 characters) with its estimate. Checked against energy-rerun-16..18 (megatron's 4-GPU
 cells, first run of 25 fixed steps -> windows of 15 s at most): docs/results.md.
@@ -49,6 +50,12 @@ def latest_result(key: str, trees: list[Path]) -> dict | None:
     docs = [read_result(p) for tree in trees if (p := tree / key / "metrics.json").exists()]
     docs = [d for d in docs if d.get("status") == "ok" and d.get("metrics", {}).get("wall_time_s")]
     return max(docs, key=lambda d: d["provenance"].get("ended") or "", default=None)
+
+
+def measures_energy(cell) -> bool:
+    """Whether a run of the cell publishes its energy: every GPU of its world measured. An emulated
+    rank's energy is one GPU's, not its world's, and CPU ranks have none (docs/measurement.md)."""
+    return cell.unsupported is None and cell.params.device == "cuda" and not cell.params.emulate
 
 
 def step_now(cell, doc: dict, step: float) -> tuple[float, str]:
@@ -112,7 +119,7 @@ def main() -> None:
     parser.add_argument("--also", type=Path, action="append", default=[],
                         help="another results/runs tree whose results count as earlier runs")
     parser.add_argument("--without-energy", action="store_true",
-                        help="only the cells whose latest result has no energy per step")
+                        help="only the real GPU cells that trained and whose latest result has no energy")
     parser.add_argument("--config", default="config.yaml")
     args = parser.parse_args()
     config = load_checked(args.config)
@@ -127,8 +134,8 @@ def main() -> None:
         chosen += [c for c in matched if c not in chosen]
     latest = [(c, latest_result(f"{c.study}/{c.cell_id}", trees)) for c in chosen]
     if args.without_energy:
-        latest = [(c, doc) for c, doc in latest
-                  if doc is None or doc["metrics"].get("energy_j_per_step") is None]
+        latest = [(c, doc) for c, doc in latest if measures_energy(c) and doc is not None
+                  and doc["metrics"].get("energy_j_per_step") is None]
     estimates = [estimate(c, doc) for c, doc in latest]
     if not estimates:
         raise SystemExit("nothing to run: every chosen cell's latest result has its energy")

@@ -198,10 +198,14 @@ def threads_of_run(doc: dict[str, Any]) -> int:
     """The threads a measured rank's CPU optimizer had: OMP_NUM_THREADS as the ranks ran (provenance).
     Runs that did not record their environment are older than the fix of b222dfd, and their ranks had
     the job's threads, which Snakemake exports as OMP_NUM_THREADS and the launcher kept: one per GPU
-    rank on the node (Cell.resources' "threads"). Holdout cells made then recorded exactly that."""
+    rank on the node (Cell.resources' "threads"). Holdout cells made then recorded exactly that.
+    A history line (results/history) keeps neither, so it cannot say: ValueError, not a guess."""
     environment = (doc.get("provenance") or {}).get("environment")
     if environment is None:
-        return int((doc.get("params") or {}).get("gpus_per_node") or DEFAULT_CPU_THREADS)
+        if "params" not in doc:
+            raise ValueError(f"{doc.get('study')}/{doc.get('cell_id')}: the run records neither its "
+                             "environment nor its parameters (a history line?): its threads are unknown")
+        return int(doc["params"].get("gpus_per_node") or DEFAULT_CPU_THREADS)
     try:
         return int(environment.get("OMP_NUM_THREADS", DEFAULT_CPU_THREADS))
     except ValueError:
