@@ -12,7 +12,7 @@ key=${1:?usage: threads-sweep.sh STUDY/CELL THREADS...}
 shift
 cell=results/runs/$key
 [ -e "$cell/metrics.json" ] || { echo "no cell $cell"; exit 2; }
-mkdir -p bench-out
+mkdir -p bench-out && rm -rf bench-out/threads  # a sweep before this one on the same machine stays out
 bash tools/install_offline.sh .whl > bench-out/install.log 2>&1 || { tail bench-out/install.log; exit 1; }
 source tools/gpu-runs/scheduler.sh
 timing=min_windows=6,target_ci=0.02,max_timed_s=20,min_window_s=0.2

@@ -58,7 +58,8 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
   unscales and checks the gradients there). More threads help less than in proportion: Adam on the
   host streams ~30 bytes per parameter through memory that all the node's ranks share, so the step
   is the threads' share plus the node's parameters at the rate the host's memory sustains, the one
-  term threads do not shorten (one offloaded cell at 1, 2, 4, 8 and 16 threads: results/bench/threads).
+  term threads do not shorten (offloaded cells at 1, 2, 4, 8 and 16 threads: results/bench/threads;
+  ZeRO-3's host unscale under fp16 gains far less from threads than this counts: docs/time-model.md).
   Offloaded parameters cross PCIe at every fetch: FSDP's prefetched behind compute like its gathers,
   ZeRO-Infinity's on the critical path.
 
