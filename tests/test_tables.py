@@ -91,3 +91,28 @@ def test_a_table_names_a_commit_once_whether_its_runs_were_given_the_full_or_the
     code = next(line for line in text.splitlines() if line.startswith("Code: "))
     commits = code.removeprefix("Code: ").split(". Generated")[0].split(", ")
     assert commits == ["32041df", "7093f90"]  # nine cells ran at 32041dff... (the full hash), one at 7093f90
+
+
+@pytest.mark.parametrize("study", PUBLISHED)
+def test_published_tables_predict_with_the_committed_time_model(study):
+    # a refit changes every table's predicted columns: a table made before it (the refit committed,
+    # the tables not made again) would show the old fit's figures beside the new fit's docs
+    from trainbench.execute.results import read_result
+    from trainbench.reporting.predictions import time_prediction
+
+    csv = pandas.read_csv(REPO / "results" / "tables" / f"{study}.csv")
+    column = "table.predicted_step_time_ms"
+    if column not in csv:
+        pytest.skip(f"{study}'s table reports no predicted step")
+    checked = 0
+    for cell_id, status, shown in zip(csv["cell_id"], csv["status"], csv[column]):
+        result = REPO / "results" / "runs" / study / cell_id / "metrics.json"
+        if status != "ok" or math.isnan(shown) or not result.exists():
+            continue
+        doc = read_result(result)
+        if doc.get("emulation"):  # an emulated row shows the whole step beside the rank's compute
+            continue
+        predicted = time_prediction(doc)
+        assert shown == pytest.approx(predicted["step_time_s"] * 1000, rel=1e-6), (study, cell_id)
+        checked += 1
+    assert checked or not (csv["status"] == "ok").any()
