@@ -141,6 +141,8 @@ HOW: dict[str, How] = {
     "bash tools/install_offline.sh .whl":
         How("elsewhere", "tests/test_tools.py installs a wheelhouse offline"),
     "python3 tools/gpu-runs/plan_reruns.py 'megatron/*gpus~2__*' --limit 545 --without-energy": How("run"),
+    "python3 tools/gpu-runs/plan_reruns.py 'STUDY/*' --without-energy --also ...":
+        How("elsewhere", "tests/test_tools.py runs it on megatron with every rerun tree: nothing to run"),
     "snakemake --profile profiles/slurm -j 64 --default-resources slurm_partition=gpu "
     "slurm_account=myproject":
         How("dry-run",
@@ -187,6 +189,11 @@ HOW: dict[str, How] = {
         "run", "the clone here has no git history: the first runs from a folder, the four-GPU ones "
         "that results/runs still holds", line="python bench/rerun_threads.py --first results/runs "
         "results/bench/rerun/megatron-3d21d50/runs results/bench/rerun/megatron-3240cdf/runs"),
+    "python bench/rerun_threads.py --first c576b95 results/runs/megatron "
+    "results/bench/rerun/megatron-c576b95/runs": How(
+        "run", "the clone here has no git history: the first run from a folder, the four-GPU one that "
+        "results/runs still holds", line="python bench/rerun_threads.py --first results/runs "
+        "results/bench/rerun/megatron-c576b95/runs"),
     "python3 bench/overhead.py --rounds 3": How("elsewhere", "as above"),
     "python3 bench/minimal_vs_cell.py --render tools/gpu-runs/minimal-loop-5-124m.json":
         How("run", "prints a committed report again"),
