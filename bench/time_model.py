@@ -11,7 +11,9 @@ all-cells fit's prediction), the error distribution (median and worst absolute e
 how often the predictions rank the strategies of a group of cells that differ only in strategy
 (and, second, in strategy and its offload settings) the way the measurements do, and the constants
 fitted on all the cells. `--held-out FOLDER ...`: cells the fits never see, predicted by the all-cells
-fit (results/bench/threads: one offloaded cell at 1 to 16 CPU threads, a curve no fit is given).
+fit (results/bench/threads: three offloaded cells, each at 1 to 16 CPU threads, curves no fit is
+given). `--thread-exponents A ...` with `--held-out`: how the thread curves fare with the CPU work
+divided as threads ** A, each curve read at the exponent the others chose (see thread_exponent_choice).
 `--write` stores those constants in src/trainbench/predict/time_model_constants.json,
 which `trainbench predict`, the tables and the plots read.
 
@@ -247,6 +249,67 @@ def held_out_report(cells: list[dict], constants: time_model.Constants) -> None:
           f"worst {max(errors):.1f}%")
 
 
+def curve_of(cell: dict) -> str:
+    """A thread curve's name: the cell run at several thread counts (its label, which names no threads)."""
+    return label(cell["doc"])
+
+
+def thread_exponent_choice(folders: list[Path], held_folders: list[Path], exponents: list[float]) -> None:
+    """The thread exponent (time_model.CPU_THREAD_EXPONENT) from the held-out thread curves, honestly:
+    for each exponent the model is fitted on the folders' cells and predicts every curve; each curve's
+    error is then read at the exponent the *other* curves chose (the smallest median |error| over
+    them), so no curve is predicted with an exponent it chose. The exponent all curves choose is
+    the one to commit."""
+    base = time_model.CPU_THREAD_EXPONENT
+    errors: dict[float, list[tuple[str, int, float]]] = {}
+    fits: dict[float, str] = {}
+    try:
+        for exponent in exponents:
+            time_model.CPU_THREAD_EXPONENT = exponent  # work() reads it: the cells' work again
+            cells, held = measured_cells(folders), measured_cells(held_folders)
+            errors[exponent] = []
+            loo = []
+            for gpu in sorted({c["gpu"] for c in held}):
+                chosen = [c for c in cells if c["gpu"] == gpu]
+                works = time_model.stack([c["work"] for c in chosen])
+                measured = np.array([c["measured_s"] for c in chosen])
+                constants = time_model.fit(works, measured)
+                loo += list(np.abs(leave_one_out(works, measured, constants) / measured - 1) * 100)
+                for c in held:
+                    if c["gpu"] == gpu:
+                        predicted = float(time_model.step_time(c["work"], constants))
+                        errors[exponent].append((curve_of(c), c["threads"],
+                                                 100 * (predicted - c["measured_s"]) / c["measured_s"]))
+            fits[exponent] = f"{statistics.median(loo):.1f}% / {max(loo):.1f}%"
+    finally:
+        time_model.CPU_THREAD_EXPONENT = base
+    curves = sorted({curve for rows in errors.values() for curve, _, _ in rows})
+
+    def median(exponent: float, keep) -> float:
+        return statistics.median(abs(e) for curve, _, e in errors[exponent] if keep(curve))
+
+    print("thread curves (never fitted) by the exponent threads are raised to, |error| median by curve; "
+          "the fitted cells leave-one-out median / worst:")
+    print(f"{'exponent':>8}  " + "  ".join(f"{shorten(c, 30):>30}" for c in curves)
+          + f"  {'all':>6}  fitted cells")
+    for exponent in exponents:
+        print(f"{exponent:>8g}  " + "  ".join(f"{median(exponent, lambda x, c=c: x == c):>29.1f}%"
+                                              for c in curves)
+              + f"  {median(exponent, lambda x: True):>5.1f}%  {fits[exponent]}")
+    print("\neach curve at the exponent the other curves chose:")
+    crossed = []
+    for curve in curves:
+        chosen = min(exponents, key=lambda e: median(e, lambda x: x != curve))
+        rows = [(t, e) for c, t, e in errors[chosen] if c == curve]
+        crossed += [abs(e) for _, e in rows]
+        print(f"  {shorten(curve, 52):<52} exponent {chosen:g}: "
+              + ", ".join(f"{t} threads {e:+.1f}%" for t, e in sorted(rows)))
+    print(f"held out across curves: {len(crossed)} cells, |error| median {statistics.median(crossed):.1f}%, "
+          f"worst {max(crossed):.1f}%")
+    best = min(exponents, key=lambda e: median(e, lambda x: True))
+    print(f"chosen on all curves: {best:g} (time_model.CPU_THREAD_EXPONENT is {base:g})")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="*", type=Path,
@@ -254,9 +317,17 @@ def main(argv=None) -> int:
     parser.add_argument("--held-out", nargs="+", type=Path, default=[], metavar="FOLDER",
                         help="cells to predict with the all-cells fit without fitting on them")
     parser.add_argument("--csv", type=Path, help="also write the per-cell comparison here")
+    parser.add_argument("--thread-exponents", nargs="+", type=float, metavar="A",
+                        help="with --held-out: choose the thread exponent on the held-out thread curves, "
+                             "each predicted at the exponent the others chose (writes nothing)")
     parser.add_argument("--write", action="store_true",
                         help=f"store the all-cells fit in {time_model.CONSTANTS_FILE.name}")
     args = parser.parse_args(argv)
+    if args.thread_exponents:
+        if not args.held_out or args.write:
+            parser.error("--thread-exponents needs --held-out (the thread curves) and writes nothing")
+        thread_exponent_choice(args.folders, args.held_out, args.thread_exponents)
+        return 0
     cells = measured_cells(args.folders)
     if not cells:
         print(f"no measured GPU cells under {', '.join(map(str, args.folders))}", file=sys.stderr)

@@ -186,7 +186,28 @@ def test_the_time_models_held_out_cells_are_predicted_and_never_fitted():
     for label, threads in rows:
         curves[label].add(int(threads))
     assert len(curves) == 3 and all(sorted(t) == [1, 2, 4, 8, 16] for t in curves.values())
-    assert f"held out: {len(rows)} cells" in out and len(rows) == 18
+    assert f"held out: {len(rows)} cells" in out and len(rows) == 21
+
+
+def test_the_thread_exponent_is_read_on_each_curve_at_the_exponent_the_others_chose():
+    """bench/time_model.py --thread-exponents: every held-out thread curve is predicted at each
+    exponent, then read at the exponent chosen on the other curves alone; the model's own exponent is
+    restored after (the choice writes nothing), and the mode refuses to run without the curves."""
+    run = subprocess.run([sys.executable, "bench/time_model.py", "results/runs/holdout", "--held-out",
+                          "results/bench/threads", "--thread-exponents", "0.6", "1"], cwd=REPO,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    table = out[:out.index("each curve at the exponent")]
+    assert [line.split()[0] for line in table.splitlines()[2:] if line.strip()] == ["0.6", "1"]
+    crossed = re.findall(r"^  (\S.*?)\s+exponent (0\.6|1): (.*)$", out, re.M)
+    assert len(crossed) == 3  # one line per curve: three curves in results/bench/threads
+    for _, _, points in crossed:
+        assert sorted({int(t) for t in re.findall(r"(\d+) threads", points)}) == [1, 2, 4, 8, 16]
+    assert re.search(r"chosen on all curves: (0\.6|1) \(time_model.CPU_THREAD_EXPONENT is", out)
+    refused = subprocess.run([sys.executable, "bench/time_model.py", "--thread-exponents", "0.6"], cwd=REPO,
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--thread-exponents needs --held-out" in refused.stderr
 
 
 def test_the_time_model_fit_leaves_out_float8_cells_it_does_not_describe():

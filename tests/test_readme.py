@@ -141,6 +141,8 @@ HOW: dict[str, How] = {
     "bash tools/install_offline.sh .whl":
         How("elsewhere", "tests/test_tools.py installs a wheelhouse offline"),
     "python3 tools/gpu-runs/plan_reruns.py 'megatron/*gpus~2__*' --limit 545 --without-energy": How("run"),
+    "PROFILE_STEPS=3 tools/gpu-runs/threads-sweep.sh":
+        How("elsewhere", "a GPU host's: tools/gpu-runs/threads-profile-1.log has its command and output"),
     "python3 tools/gpu-runs/plan_reruns.py 'STUDY/*' --without-energy --also ...":
         How("elsewhere", "tests/test_tools.py runs it on megatron with every rerun tree: nothing to run"),
     "snakemake --profile profiles/slurm -j 64 --default-resources slurm_partition=gpu "

@@ -137,8 +137,9 @@ def main() -> None:
         latest = [(c, doc) for c, doc in latest if measures_energy(c) and doc is not None
                   and doc["metrics"].get("energy_j_per_step") is None]
     estimates = [estimate(c, doc) for c, doc in latest]
-    if not estimates:
-        raise SystemExit("nothing to run: every chosen cell's latest result has its energy")
+    if not estimates:  # an answer, not a failure: the reruns are done
+        print("# nothing to run: every chosen cell's latest result has its energy")
+        return
     prefix = len(COMMAND.format(commit=args.commit, limit=int(args.limit), cells=""))
     commands = pack(estimates, args.limit, prefix_chars=prefix)
     total = sum(e.seconds for e in estimates)

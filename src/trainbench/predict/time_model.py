@@ -9,7 +9,7 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
       + max(0, hidden_bytes / (e_link x B_link) + prefetch_bytes / (e_pcie x B_pcie) - budget x D)
       + sync_bytes / (e_link x B_link)                              gradient and weight synchronisation
       + opt_bytes / (e_opt x B_hbm)                                               optimizer on the GPU
-      + offload_bytes / (e_pcie x B_pcie) + params / (threads x r_cpu)            or offloaded to the CPU
+      + offload_bytes / (e_pcie x B_pcie) + params / (threads^a x r_cpu)  or offloaded to the CPU (a 0.75)
       + node_params / R_host                         the node's CPU optimizers share its host memory
 
     busy = (H^4 + D^4)^(1/4)      the host queues work while the GPU runs it: the slower sets the pace
@@ -55,11 +55,11 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
   two moments read, three written, the half copy); offloaded (DeepSpeed's CPU Adam, or torch's Adam
   on the host for FSDP's offload), the partition's gradients cross PCIe down and its half-precision
   weights up, and the CPU steps the partition with the rank's threads (under fp16, ZeRO-3 also
-  unscales and checks the gradients there). More threads help less than in proportion: Adam on the
-  host streams ~30 bytes per parameter through memory that all the node's ranks share, so the step
-  is the threads' share plus the node's parameters at the rate the host's memory sustains, the one
-  term threads do not shorten (offloaded cells at 1, 2, 4, 8 and 16 threads: results/bench/threads;
-  ZeRO-3's host unscale under fp16 gains far less from threads than this counts: docs/time-model.md).
+  unscales and checks the gradients there). More threads help less than in proportion: the work
+  divides among them as threads ** CPU_THREAD_EXPONENT (0.75), and Adam on the host streams ~30 bytes
+  per parameter through memory that all the node's ranks share, so the step is the threads' share
+  plus the node's parameters at the rate the host's memory sustains, the one term threads do not
+  shorten (offloaded cells at 1, 2, 4, 8 and 16 threads: results/bench/threads).
   Offloaded parameters cross PCIe at every fetch: FSDP's prefetched behind compute like its gathers,
   ZeRO-Infinity's on the critical path.
 
@@ -94,6 +94,13 @@ from trainbench.registry.models import ModelSpec, get_model
 # DeepSpeed's CPU Adam and torch's optimizer threads per rank where a cell does not say (the
 # studies' execution.cpus_per_rank)
 DEFAULT_CPU_THREADS = 8
+# A rank's CPU optimizer work divides among its threads as threads ** this, not in proportion: profiled
+# at 1, 4 and 16 threads (GPT-345M, ZeRO-3 fp16 offloaded, tools/gpu-runs/threads-profile-1.log), the
+# host's Adam, overflow checks and copies ran 2.5x faster at 4 threads and 6.4x at 16 (an exponent of
+# 0.66). The fitted cells, all at 4 to 16 threads, cannot tell exponents apart (leave-one-out 7.6-7.9%
+# from 0.5 to 1), so it is chosen on the thread curves no fit sees, each curve predicted with the
+# exponent the others chose: bench/time_model.py --thread-exponents (results/bench/time_model/).
+CPU_THREAD_EXPONENT = 0.75
 # bytes of device memory an Adam step moves per parameter: fp32 weights, gradients and two moments
 # read (16), weights and moments written (12), the half-precision copy written and its gradient read (4)
 OPTIMIZER_BYTES = 32.0
@@ -129,9 +136,9 @@ class Work:
     optimizer_hbm_s: float  # DeepSpeed's ZeRO optimizer step on the GPU / HBM bandwidth
     torch_optimizer_hbm_s: float  # or a torch optimizer's (fused AdamW over the module's tensors)
     offload_pcie_s: float  # offload traffic on the critical path (gradients down, weights up) / PCIe
-    cpu_adam_params: float  # parameters DeepSpeed's CPU Adam steps per thread
-    cpu_torch_params: float  # parameters torch's optimizer steps on the host per thread
-    cpu_unscale_params: float  # fp16 gradients ZeRO-3's offload unscales and checks on the host, per thread
+    cpu_adam_params: float  # parameters DeepSpeed's CPU Adam steps, over threads ** CPU_THREAD_EXPONENT
+    cpu_torch_params: float  # parameters torch's optimizer steps on the host, the same
+    cpu_unscale_params: float  # fp16 gradients ZeRO-3's offload unscales and checks on the host, the same
     cpu_host_params: float  # parameters the host's CPU optimizers step at once, all its ranks together
     pipeline_factor: float  # (ga + pp - 1) / ga: the pipeline's bubble
 
@@ -353,17 +360,17 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
         # out once per step, torch's optimizer on the host
         overlapped_pcie = 2 * ga * 4 * stepped / pcie
         offload_pcie = 4 * stepped / pcie
-        cpu_torch = stepped / cpu_threads
+        cpu_torch = stepped / cpu_threads ** CPU_THREAD_EXPONENT
         cpu_host = on_host
     elif offload_optimizer:
         reductions = ga if stage in (2, 3) else 1
         offload_pcie = (reductions * weight_bytes + weight_bytes) * stepped / pcie
-        cpu_adam = stepped / cpu_threads
+        cpu_adam = stepped / cpu_threads ** CPU_THREAD_EXPONENT
         cpu_host = on_host
         if stage == 3 and params.precision == "fp16":
             # ZeRO-3 unscales the offloaded fp16 gradients and checks them for overflow on the host
             # (stages 1 and 2 check them on the GPU; bf16 and fp32 have no loss scale)
-            cpu_unscale = stepped / cpu_threads
+            cpu_unscale = stepped / cpu_threads ** CPU_THREAD_EXPONENT
         if offload_param:
             # ZeRO-Infinity copies a module's partition in just before gathering it: on the critical path
             offload_pcie += ga * (2 + ac) * weight_bytes * stepped / pcie
