@@ -159,9 +159,10 @@ class Constants:
     eta_optimizer: float = 0.3  # fraction of HBM bandwidth DeepSpeed's ZeRO optimizer step reaches
     eta_optimizer_torch: float = 0.3  # the same for a torch optimizer stepping the module's parameters
     eta_pcie: float = 0.7  # fraction of PCIe bandwidth offload copies reach
-    cpu_adam_per_thread: float = 1e8  # parameters per second per thread, DeepSpeed's CPU Adam
-    cpu_torch_per_thread: float = 2e7  # parameters per second per thread, torch's Adam on the host
-    cpu_unscale_per_thread: float = 1e8  # gradient elements per second per thread, ZeRO-3 offload's checks
+    # the CPU rates are one thread's; n threads step n ** CPU_THREAD_EXPONENT times as many
+    cpu_adam_per_thread: float = 1e8  # parameters per second a thread, DeepSpeed's CPU Adam
+    cpu_torch_per_thread: float = 2e7  # parameters per second a thread, torch's Adam on the host
+    cpu_unscale_per_thread: float = 1e8  # gradient elements per second a thread, ZeRO-3 offload's checks
     cpu_host_rate: float = 4e9  # parameters per second the host's memory lets its CPU optimizers step
     # fixed cost per step of each framework's training loop (keyed by its name; the starting values are
     # the registry's, frameworks.TimeFacts) and of DeepSpeed's engine at each ZeRO stage
