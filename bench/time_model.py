@@ -254,6 +254,14 @@ def curve_of(cell: dict) -> str:
     return label(cell["doc"])
 
 
+def with_work_again(cells: list[dict]) -> list[dict]:
+    """The cells with their work computed again from their parameters (after a change to the model's
+    module constants), as measured_cells computed it."""
+    return [{**c, "work": time_model.work(CellParams.from_dict(c["doc"]["params"]),
+                                          gpu_type_of(c["doc"]["provenance"]["gpu_name"]), c["threads"])}
+            for c in cells]
+
+
 def thread_exponent_choice(folders: list[Path], held_folders: list[Path], exponents: list[float]) -> None:
     """The thread exponent (time_model.CPU_THREAD_EXPONENT) from the held-out thread curves, honestly:
     for each exponent the model is fitted on the folders' cells and predicts every curve; each curve's
@@ -263,10 +271,11 @@ def thread_exponent_choice(folders: list[Path], held_folders: list[Path], expone
     base = time_model.CPU_THREAD_EXPONENT
     errors: dict[float, list[tuple[str, int, float]]] = {}
     fits: dict[float, str] = {}
+    every, held_out = measured_cells(folders), measured_cells(held_folders)  # read once
     try:
         for exponent in exponents:
             time_model.CPU_THREAD_EXPONENT = exponent  # work() reads it: the cells' work again
-            cells, held = measured_cells(folders), measured_cells(held_folders)
+            cells, held = with_work_again(every), with_work_again(held_out)
             errors[exponent] = []
             loo = []
             for gpu in sorted({c["gpu"] for c in held}):

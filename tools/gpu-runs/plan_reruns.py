@@ -26,7 +26,7 @@ import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainbench.execute.results import read_result
+from trainbench.execute.results import publishes_energy, read_result
 from trainbench.predict import time_model
 from trainbench.registry.hardware import gpu_type_of
 from trainbench.study.timing import steps_per_window
@@ -50,12 +50,6 @@ def latest_result(key: str, trees: list[Path]) -> dict | None:
     docs = [read_result(p) for tree in trees if (p := tree / key / "metrics.json").exists()]
     docs = [d for d in docs if d.get("status") == "ok" and d.get("metrics", {}).get("wall_time_s")]
     return max(docs, key=lambda d: d["provenance"].get("ended") or "", default=None)
-
-
-def measures_energy(cell) -> bool:
-    """Whether a run of the cell publishes its energy: every GPU of its world measured. An emulated
-    rank's energy is one GPU's, not its world's, and CPU ranks have none (docs/measurement.md)."""
-    return cell.unsupported is None and cell.params.device == "cuda" and not cell.params.emulate
 
 
 def step_now(cell, doc: dict, step: float) -> tuple[float, str]:
@@ -134,7 +128,9 @@ def main() -> None:
         chosen += [c for c in matched if c not in chosen]
     latest = [(c, latest_result(f"{c.study}/{c.cell_id}", trees)) for c in chosen]
     if args.without_energy:
-        latest = [(c, doc) for c, doc in latest if measures_energy(c) and doc is not None
+        latest = [(c, doc) for c, doc in latest
+                  if c.unsupported is None and c.params.device == "cuda" and publishes_energy(c.params)
+                  and doc is not None
                   and doc["metrics"].get("energy_j_per_step") is None]
     estimates = [estimate(c, doc) for c, doc in latest]
     if not estimates:  # an answer, not a failure: the reruns are done

@@ -377,6 +377,12 @@ def summarize(params: CellParams, result: dict[str, Any], wall_time_s: float,
     return metrics
 
 
+def publishes_energy(params: CellParams) -> bool:
+    """Whether a run of these parameters, its ranks' GPU counters read, publishes energy per step and
+    per token: only a whole world does. An emulated rank's energy is one GPU's, not its world's."""
+    return not params.emulate
+
+
 def energy_metrics(params: CellParams, ranks: list[dict[str, Any]], steps_timed: int) -> dict[str, Any]:
     """Energy over the timed windows from every rank's GPU counter (worker.py), where each rank read
     one: per rank, per step and token for the cell's GPUs together, and their mean power."""
@@ -387,7 +393,7 @@ def energy_metrics(params: CellParams, ranks: list[dict[str, Any]], steps_timed:
     timed = [r.get("gpu_energy_timed_s") for r in ranks]
     if all(timed):
         out["gpu_power_w"] = _round(sum(e / t for e, t in zip(energy, timed)) / len(energy), 1)
-    if not params.emulate:
+    if publishes_energy(params):
         per_step = sum(energy) / steps_timed
         out["energy_j_per_step"] = _round(per_step, 3)
         out["energy_j_per_token"] = _round(per_step / (params.global_batch * params.seq_len), 8)
