@@ -153,7 +153,7 @@ CASES: dict[str, tuple[Callable[[dict], Any], str]] = {
     "a cell id too long to name a folder": (study(axes={"dataset_path": ["d" * 250, "c"]}),
                                             "more than a file's name may be (255)"),
     # 250 characters: its folder fits, its history file (the profiles study's LLaMA offload rank's was
-    # 257 bytes, and its first H200 result was lost to it: tools/gpu-runs/profiles-2-llama-offload.log)
+    # 257 bytes, and a first H200 result was lost to it)
     "a cell id too long for its history file": (study(axes={"dataset_path": ["d" * 237, "c"]}),
                                                 "as 'dddddd.jsonl' more than a file's name may be"),
     # 240 characters in a study named with 20: SLURM's log folder `<study>_<cell>` would not fit

@@ -112,10 +112,11 @@ def test_the_slurm_plugins_efficiency_report_is_summarised_by_study(tmp_path, ca
     from trainbench.cli import main
     from trainbench.reporting.cost import EFFICIENCY_DIR
 
-    config = load_config(REPO / "config.yaml")
+    config = load_config(REPO / "validation/config.yaml")
+    validation = ("--config", str(REPO / "validation/config.yaml"))  # the workspace's studies
     cells = config.study("holdout_mix").cells[:2]
     for job, cell in zip(("7001", "7002"), cells):
-        doc = json.loads((REPO / cell.target).read_text())
+        doc = json.loads((REPO / "validation" / cell.target).read_text())
         doc["provenance"]["slurm_job_id"] = job
         (tmp_path / cell.target).parent.mkdir(parents=True)
         (tmp_path / cell.target).write_text(json.dumps(doc))
@@ -130,15 +131,15 @@ def test_the_slurm_plugins_efficiency_report_is_summarised_by_study(tmp_path, ca
     report.parent.mkdir(parents=True)
     parse_sacct_data(sacct, 0.8, "x", logger=type("Quiet", (), {"warning": print})()).to_csv(report)
 
-    assert main(["cost", "holdout_mix", "--root", str(tmp_path)]) == 0
+    assert main(["cost", "holdout_mix", *validation, "--root", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"SLURM efficiency ({report}, 3 jobs)" in out
     # CPU efficiency 80% and 25%, median 52%; memory 50% and 25% of the 16 GB asked for
     assert ("holdout_mix: 2 cells; CPU efficiency median 52% (lowest 25%, 1 under 50%); memory used "
             "median 38% of the request (highest 50%)") in out
-    assert main(["cost", "holdout_mix", "--root", str(tmp_path), "--slurm-efficiency",
+    assert main(["cost", "holdout_mix", *validation, "--root", str(tmp_path), "--slurm-efficiency",
                  str(tmp_path / "missing.csv")]) == 1
     other = tmp_path / "other.csv"
     other.write_text("JobID,Elapsed\n7001,100\n")
-    assert main(["cost", "holdout_mix", "--root", str(tmp_path), "--slurm-efficiency", str(other)]) == 1
+    assert main(["cost", "holdout_mix", *validation, "--root", str(tmp_path), "--slurm-efficiency", str(other)]) == 1
     assert "not a SLURM efficiency report (no Elapsed_sec" in capsys.readouterr().err

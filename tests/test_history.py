@@ -45,7 +45,7 @@ def test_a_record_keeps_the_runs_energy_and_its_hosts_pace():
 
 
 def test_only_a_run_with_the_same_parameters_on_the_same_gpu_model_is_comparable(tmp_path):
-    published = REPO / "results/runs/holdout_frameworks"
+    published = REPO / "validation/results/runs/holdout_frameworks"
     cell = next(published.iterdir()).name
     runs = tmp_path / "results/runs/holdout_frameworks"
     shutil.copytree(published / cell, runs / cell)
@@ -69,7 +69,7 @@ def test_only_a_run_with_the_same_parameters_on_the_same_gpu_model_is_comparable
 
 def test_results_made_before_histories_are_added_once(tmp_path):
     runs = tmp_path / "results/runs"
-    shutil.copytree(REPO / "results/runs/holdout_mix", runs / "holdout_mix")
+    shutil.copytree(REPO / "validation/results/runs/holdout_mix", runs / "holdout_mix")
     results = sorted(runs.glob("*/*/metrics.json"))
     assert history.seed(results) == len(results)
     assert history.seed(results) == 0
@@ -77,7 +77,8 @@ def test_results_made_before_histories_are_added_once(tmp_path):
 
 
 def test_every_published_result_is_in_its_history():
-    for result in sorted((REPO / "results/runs").glob("*/*/metrics.json")):
+    for result in sorted([*(REPO / "results/runs").glob("*/*/metrics.json"),
+                          *(REPO / "validation/results/runs").glob("*/*/metrics.json")]):
         started = read_result(result)["provenance"]["started"]
         kept = history.runs(history.history_file(result))
         assert started in {r["provenance"]["started"] for r in kept}, result

@@ -32,10 +32,12 @@ class Config:
     studies: dict[str, Study]
     default_studies: dict[str, list[str]] = field(default_factory=dict)
     placement: str = "local"  # where cells run: this machine, or a cluster executor
+    origins: dict[str, str] = field(default_factory=dict)  # study -> the file that defines it
 
     def study(self, name: str) -> Study:
         if name not in self.studies:
-            raise ConfigError(f"unknown study {name!r}; studies in config.yaml: {', '.join(self.studies)}")
+            raise ConfigError(f"unknown study {name!r}; studies: {', '.join(self.studies)} (config.yaml and "
+                              "its study_files)")
         return self.studies[name]
 
     def default_targets_studies(self, have_gpus: bool) -> list[str]:
@@ -153,23 +155,86 @@ def validate_structure(raw: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def load_config(source: dict[str, Any] | str | Path) -> Config:
-    """Validate a config (a mapping, or a YAML file's path) and expand all its studies.
+def read_study_files(config: dict[str, Any], base: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """config.yaml with the studies of its `study_files` merged in, and where each of those came from.
+
+    Each pattern is a glob relative to `base` (the folder of config.yaml); a pattern that matches no
+    file is no error (a user's own folder may be empty). A file holds a `studies` mapping and nothing
+    else; a study defined twice is refused, naming both places."""
+    patterns = config.get("study_files") or []
+    if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+        raise ConfigError(f"study_files: must be a list of glob patterns, not {patterns!r}")
+    if config.get("studies") is not None and not isinstance(config["studies"], dict):
+        return config, {}  # the schema says what is wrong with it
+    studies = dict(config.get("studies") or {})
+    origins = {name: "config.yaml" for name in studies}
+    problems: list[str] = []
+    seen: set[Path] = set()
+    for pattern in patterns:
+        for path in sorted(base.glob(pattern)):
+            if path in seen or not path.is_file():
+                continue
+            seen.add(path)
+            shown = str(path.relative_to(base)) if path.is_relative_to(base) else str(path)
+            try:
+                with open(path) as f:
+                    content = yaml.safe_load(f) or {}
+            except yaml.YAMLError as error:
+                problems.append(f"{shown}: not valid YAML: {error}")
+                continue
+            if not isinstance(content, dict) or not isinstance(content.get("studies"), dict):
+                problems.append(f"{shown}: a study file holds a `studies` mapping (studies: {{name: ...}})")
+                continue
+            extra = sorted(set(content) - {"studies"})
+            if extra:
+                problems.append(f"{shown}: unknown key {extra[0]!r}; a study file holds `studies` only")
+            for name, spec in content["studies"].items():
+                if name in studies:
+                    problems.append(f"{shown}: study {name!r} is already defined in {origins[name]}")
+                    continue
+                studies[name] = spec
+                origins[name] = shown
+    if problems:
+        raise ConfigError(problems)
+    return {**config, "studies": studies}, origins
+
+
+def _placed(problems: list[str], origins: dict[str, str]) -> list[str]:
+    """Each problem of a study that came from a study file, prefixed with that file."""
+    out = []
+    for problem in problems:
+        match = re.match(r"^(?:studies\.|study ')([A-Za-z0-9_-]+)", problem)
+        where = origins.get(match.group(1)) if match else None
+        out.append(f"{where}: {problem}" if where and where != "config.yaml" else problem)
+    return out
+
+
+def load_config(source: dict[str, Any] | str | Path, base: str | Path | None = None) -> Config:
+    """Validate a config (a mapping, or a YAML file's path) and expand all its studies, those of its
+    `study_files` included (relative to `base`: the file's folder, or the working directory for a
+    mapping, as Snakemake's working directory holds config.yaml).
 
     The study definition alone: what a study reports (its columns and findings) is checked by the
     reporting stage, through trainbench.workflow.load_checked, which the workflow and the command line
     use."""
     if isinstance(source, (str, Path)):
+        base = Path(source).parent if base is None else base
         with open(source) as f:
             source = yaml.safe_load(f) or {}
-    data = validate_structure(source)
+    if not isinstance(source, dict):
+        raise ConfigError("config.yaml must be a mapping with a 'studies' key")
+    source, origins = read_study_files(source, Path.cwd() if base is None else Path(base))
+    try:
+        data = validate_structure(source)
+    except ConfigError as error:
+        raise ConfigError(_placed(error.problems, origins)) from None
     problems: list[str] = []
     studies: dict[str, Study] = {}
     for name, spec in data["studies"].items():
         try:
             studies[name] = expand_study(name, spec)
         except ConfigError as e:
-            problems.extend(e.problems)
+            problems.extend(_placed(e.problems, origins))
     for machine, names in data["default_studies"].items():
         for name in names:
             if name not in data["studies"]:
@@ -178,4 +243,4 @@ def load_config(source: dict[str, Any] | str | Path) -> Config:
     if problems:
         raise ConfigError(problems)
     return Config(studies=studies, default_studies=data["default_studies"],
-                  placement=data.get("placement", "local"))
+                  placement=data.get("placement", "local"), origins=origins)

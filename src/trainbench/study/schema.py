@@ -293,7 +293,6 @@ def build_schema() -> dict[str, Any]:
         "description": "Benchmark studies: each a grid of training-run cells.",
         "type": "object",
         "additionalProperties": False,
-        "required": ["studies"],
         "properties": {
             "default_studies": {
                 "type": "object", "additionalProperties": False,
@@ -307,6 +306,11 @@ def build_schema() -> dict[str, Any]:
                                   "description": "On a machine with GPUs."},
                 },
             },
+            "study_files": {"type": "array", "items": {"type": "string"}, "default": [],
+                            "description": "More studies: glob patterns of YAML files, relative to the "
+                                           "folder of config.yaml (the working directory), each holding a "
+                                           "`studies` mapping of its own. A study is defined once, in "
+                                           "config.yaml or in one file."},
             "studies": {"type": "object", "additionalProperties": study, "default": {},
                         "description": "Study name (letters, digits, '_' and '-') to its grid."},
             "placement": {"enum": ["local", "cluster"], "default": "local",
