@@ -83,7 +83,8 @@ CASES: dict[str, tuple[Callable[[dict], Any], str]] = {
     "not a mapping": (replace(["a", "b"]), "config.yaml must be a mapping with a 'studies' key"),
     "studies as a list": (top(studies=[{"t": 1}]),
                           "studies: must be a mapping (key: value, ...), not a list"),
-    "no studies": (lambda c: c.pop("studies"), "'studies' is a required property"),
+    "no studies": (lambda c: c.pop("studies"), "no studies: config.yaml defines none under `studies`, and no "
+                                               "file its study_files name (none) holds one"),
     "unknown top-level key": (top(studys={}), "unknown key 'studys' (did you mean 'studies'?)"),
     "bad study name": (lambda c: c["studies"].update({"my study": c["studies"]["t"]}),
                        "studies.my study: study names use letters, digits, '_' and '-' only"),
@@ -272,7 +273,7 @@ def _invalid_tree(tmp_path):
 
 
 CLI_CASES = {
-    "unknown study": (["cells", "nope"], "unknown study 'nope'; studies in config.yaml: t"),
+    "unknown study": (["cells", "nope"], "unknown study 'nope'; studies: t "),
     "missing config": (["cells", "--config", "/no/such.yaml"], "/no/such.yaml: no such file"),
     "predict an unknown study": (["predict", "nope", "--host-mem-gib", "1"], "unknown study 'nope'"),
     "unknown GPU": (["predict", "--gpu", "z100", "--host-mem-gib", "1"],
@@ -313,3 +314,52 @@ def test_the_cli_refuses_what_does_not_exist_by_name(case, tmp_path, monkeypatch
     assert code == 2
     assert words in captured.err and "Traceback" not in captured.err
     assert captured.out == ""  # nothing half-done on stdout
+
+
+def _study_file(path, name, **changes):
+    import yaml
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    study = {**tiny_study(strategy="single"), "axes": {"seed": [0, 1]}, **changes}
+    path.write_text(yaml.safe_dump({"studies": {name: study}}))
+
+
+def test_study_files_add_studies_and_every_problem_names_its_file(tmp_path):
+    """config.yaml's study_files: each file's studies join config.yaml's; a mistake in one names the file,
+    a study defined twice names both places, and a pattern that matches nothing is no error."""
+    config = {**base(), "study_files": ["studies/*.yaml", "studies/local/*.yaml"]}
+    _study_file(tmp_path / "studies/a.yaml", "a")
+    _study_file(tmp_path / "studies/b.yaml", "b", settings={"micro_batch": 2})
+    from trainbench.study.config import load_config
+
+    loaded = load_config(config, base=tmp_path)
+    assert list(loaded.studies) == ["t", "a", "b"]
+    assert loaded.origins == {"t": "config.yaml", "a": "studies/a.yaml", "b": "studies/b.yaml"}
+    assert loaded.study("b").cells[0].params.micro_batch == 2
+
+    _study_file(tmp_path / "studies/local/mine.yaml", "a")
+    with pytest.raises(ConfigError, match="studies/local/mine.yaml: study 'a' is already defined in "
+                                          "studies/a.yaml"):
+        load_config(config, base=tmp_path)
+    _study_file(tmp_path / "studies/local/mine.yaml", "c", settings={"micro_bach": 2})
+    with pytest.raises(ConfigError) as raised:
+        load_config(config, base=tmp_path)
+    assert ("studies/local/mine.yaml: studies.c.settings: unknown key 'micro_bach' (did you mean "
+            "'micro_batch'?)") in str(raised.value)
+    (tmp_path / "studies/local/mine.yaml").write_text("c: {settings: {}}\n")
+    with pytest.raises(ConfigError, match=r"studies/local/mine.yaml: a study file holds a `studies` mapping"):
+        load_config(config, base=tmp_path)
+    (tmp_path / "studies/local/mine.yaml").write_text("studies: {}\nmodel: {}\n")
+    with pytest.raises(ConfigError, match="studies/local/mine.yaml: unknown key 'model'"):
+        load_config(config, base=tmp_path)
+
+
+def test_a_config_file_finds_its_study_files_beside_it_wherever_the_command_runs(tmp_path, monkeypatch):
+    import yaml
+
+    from trainbench.study.config import load_config
+
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({**base(), "study_files": ["studies/*.yaml"]}))
+    _study_file(tmp_path / "studies/a.yaml", "a")
+    monkeypatch.chdir("/")
+    assert "a" in load_config(tmp_path / "config.yaml").studies

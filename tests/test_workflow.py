@@ -406,7 +406,7 @@ def test_mistakes_found_before_any_job_even_a_dry_run(workflow, config, message)
 
 
 @pytest.mark.parametrize("target, message", [
-    ("results/tables/nope.md", "unknown study 'nope'; studies in config.yaml: t"),
+    ("results/tables/nope.md", "unknown study 'nope'; studies: t "),
     ("results/runs/t/micro_batch~9/metrics.json", "study 't' has no cell 'micro_batch~9'"),
 ])
 def test_a_target_naming_nothing_known_is_refused(workflow, target, message):

@@ -229,6 +229,9 @@ def load_config(source: dict[str, Any] | str | Path, base: str | Path | None = N
     except ConfigError as error:
         raise ConfigError(_placed(error.problems, origins)) from None
     problems: list[str] = []
+    if not data["studies"]:
+        problems.append("no studies: config.yaml defines none under `studies`, and no file its "
+                        f"study_files name ({', '.join(data.get('study_files') or []) or 'none'}) holds one")
     studies: dict[str, Study] = {}
     for name, spec in data["studies"].items():
         try:
