@@ -75,13 +75,14 @@ def test_trainbench_references_is_a_gate(tmp_path, monkeypatch, capsys):
 def test_every_published_study_declares_references_its_published_cells_meet():
     """A rerun of any published study is checked against what was published: each declares reference
     figures, and the published cells themselves are within them (and every reference finds its cell)."""
-    config = load_checked(REPO / "config.yaml")
-    published = sorted(p.name for p in (REPO / "results/runs").iterdir() if p.is_dir())
-    assert len(published) >= 11
-    for name in published:
-        study = config.study(name)
+    published = [(root, p.name) for root in (REPO, REPO / "validation")
+                 for p in sorted((root / "results/runs").iterdir()) if p.is_dir()]
+    assert len(published) >= 18
+    configs = {root: load_checked(root / "config.yaml") for root, _ in published}
+    for root, name in published:
+        study = configs[root].study(name)
         assert study.references, f"studies.{name} declares no references"
-        docs = read_cells(sorted((REPO / "results/runs" / name).glob("*/metrics.json")))
+        docs = read_cells(sorted((root / "results/runs" / name).glob("*/metrics.json")))
         checks = check(study.references, docs)
         assert {c.index for c in checks} == set(range(1, len(study.references) + 1)), name
         assert all(c.verdict == WITHIN for c in checks), [(name, c.cell_id, c.deviation) for c in checks]
