@@ -17,12 +17,28 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from trainbench.registry.models import MODELS, ModelSpec
 
-if TYPE_CHECKING:  # a type only: the registry sits below the study stage that defines cells
-    from trainbench.study.params import CellParams
+
+class CellParams(Protocol):
+    """What the registry reads of a cell's parameters (study.params.CellParams has them all): the
+    registry sits below the study stage that defines cells, and names none of its types."""
+
+    framework: str
+    strategy: str
+    model: str
+    device: str
+    launcher: str
+    gpus: int
+    nodes: int
+    tp: int
+    pp: int
+    offload_optimizer: bool
+    offload_param: bool
+    checkpoint_in_cpu: bool
+    ort: bool
 
 # whether a strategy offloads: never, if the cell asks, itself
 NO, OPTIONAL, ALWAYS = "no", "optional", "always"
