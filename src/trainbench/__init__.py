@@ -9,6 +9,7 @@ it (tests/test_layers.py holds them to it, and to no import cycle):
     training   trainbench's GPT, data, one runner per framework, emulated ranks
     execute    running one cell: launch, worker, memory sampling, metrics, results
     reporting  tables, findings, plots, report, compare, cost, progress, freshness
+    checks     how good the memory and time models are on the published results (`check-models`)
 
 `errors` and `paths` are shared by all; `cli`, `fit` and `workflow` (the Snakefile's side) sit on top.
 ARCHITECTURE.md draws the picture.
@@ -17,4 +18,4 @@ ARCHITECTURE.md draws the picture.
 __version__ = "0.1.0"
 
 # The stages in import order: a module of one may import the stages before it, never one after.
-LAYERS = ("registry", "study", "predict", "training", "execute", "reporting")
+LAYERS = ("registry", "study", "predict", "training", "execute", "reporting", "checks")

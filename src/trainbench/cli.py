@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainbench.checks.commands import add_check_models  # the parser alone: no check is imported
 from trainbench.errors import ConfigError, UsageError
 from trainbench.registry.hardware import GPUS
 
@@ -447,6 +448,13 @@ def cmd_vocabulary(args) -> int:
     return 0
 
 
+def cmd_check_models(args) -> int:
+    """How good the memory and time models are on what was measured (trainbench.checks)."""
+    from trainbench.checks.commands import run
+
+    return run(args)
+
+
 def positive(kind):
     def parse(text: str):
         try:
@@ -637,6 +645,8 @@ def parser() -> argparse.ArgumentParser:
                       help="the SLURM plugin's efficiency report to summarise (default: the newest in "
                            ".snakemake/slurm_efficiency, which profiles/slurm has it write after each run)")
     cost.set_defaults(func=cmd_cost)
+
+    add_check_models(sub).set_defaults(func=cmd_check_models)
 
     schema = sub.add_parser("schema", help="print, write or check workflow/schemas/config.schema.yaml")
     group = schema.add_mutually_exclusive_group()

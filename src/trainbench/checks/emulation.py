@@ -1,0 +1,217 @@
+"""Emulated ranks against the real ranks of their number: the same cell run whole and as one rank
+(`trainbench check-models emulation [FOLDER ...] [--json FILE]`).
+
+Every emulated result (metrics.json with `emulation`) under the folders (default: the emulation_check
+study's published runs, validation/results/runs/emulation_check) is paired with the real run of the
+same cell (the same parameters but `emulate` and `emulate_rank`), and its rank set beside the real
+world's rank of that number: torch's peak allocated and reserved memory, the device memory NVML reports
+for the rank's GPU (one node: rank r on GPU r), the rank's peak host memory, the tensors it keeps
+between steps and its parameter shard (CPU and GPU ranks alike), and the step time: the emulated rank's
+is compute alone (its collectives complete at once), so emulated / real is the share of the real step
+that is not waiting for the others. Where the real cell was profiled, its exposed communication is
+shown beside it, and the emulated step is also set against the real step less that communication (what
+emulation claims to measure: the rank's compute).
+
+The device memory a real rank uses beyond what its emulated twin measured is what the emulated rank
+does not have: NCCL's buffers and communicators, mostly. Its median for each layout (the communicators
+its ranks open: memory_model.nccl_layout) is printed against what the memory model adds to an emulated
+rank's measured figure (memory_model.emulated_rank_shortfall_mib; the measured figure stays in the
+result's `emulation` section, and read_result completes it as the model does now). Goal: each emulated
+rank's device memory within 5% of the real rank's. A rank whose outcome differs (one fits, the other
+runs out of memory) is listed with both statuses.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from trainbench.checks.inputs import first_present, metrics_files
+from trainbench.execute.results import read_result
+from trainbench.predict.memory_model import emulated_rank_shortfall_mib, nccl_layout
+from trainbench.reporting.compare import shorten
+from trainbench.study.params import CellParams
+
+EMULATION_KEYS = ("emulate", "emulate_rank")
+# per-rank memory of a result, MiB: (label, metrics key); lists with one entry per rank (per GPU for NVML)
+MEMORY = (("allocated", "torch_peak_allocated_mib"), ("reserved", "torch_peak_reserved_mib"),
+          ("device", "gpu_mem_used_mib"), ("host", "host_rss_peak_mib_per_rank"))
+GOAL_DEVICE_PCT = 5.0
+
+
+def twin_key(doc: dict) -> str:
+    """What a cell is, emulated or not: its parameters without the emulation's."""
+    return json.dumps({k: v for k, v in doc["params"].items() if k not in EMULATION_KEYS}, sort_keys=True)
+
+
+def rank_figure(metrics: dict, key: str, index: int) -> float | None:
+    values = metrics.get(key) or []
+    return values[index] if index < len(values) and values[index] is not None else None
+
+
+def held_bytes(metrics: dict, index: int) -> float | None:
+    per_rank = metrics.get("tensors_held_bytes_per_rank") or []
+    return float(sum(per_rank[index].values())) if index < len(per_rank) and per_rank[index] else None
+
+
+def exposed_share(metrics: dict, rank: int) -> float | None:
+    """The share of rank `rank`'s profiled step that its exposed communication took. A share, not
+    seconds: the profiled steps run slower than the timed ones (the profiler's own cost)."""
+    per_rank = metrics.get("breakdown_per_rank") or [metrics.get("breakdown")]
+    breakdown = per_rank[rank] if rank < len(per_rank) else None
+    if not breakdown or not breakdown.get("step_s"):
+        return None
+    exposed = (breakdown.get("parts_s") or {}).get("exposed_communication")
+    return None if exposed is None else exposed / breakdown["step_s"]
+
+
+def pairs(paths: list[Path]) -> tuple[list[dict], list[str]]:
+    """(one row per emulated rank whose real twin ran, whatever either's outcome; the emulated results
+    whose twin has no result). A rank that fits emulated and not for real, or the reverse, is a row
+    with both statuses: what the comparison exists to find."""
+    docs = [read_result(p) for p in paths]
+    real = {twin_key(d): d for d in docs if not d.get("emulation")}
+    rows, alone = [], []
+    for doc in docs:
+        if not doc.get("emulation"):
+            continue
+        twin = real.get(twin_key(doc))
+        if twin is None:
+            alone.append(f"{doc['study']}/{doc['cell_id']}")
+            continue
+        rank, world = doc["emulation"]["rank"], doc["emulation"]["world_size"]
+        em, real_m = doc["metrics"], twin["metrics"]
+        row = {"cell": f"{twin['study']}/{twin['cell_id']}", "rank": rank, "world": world,
+               "status_real": twin["status"], "status_emulated": doc["status"]}
+        for label, key in MEMORY:
+            row[f"{label}_real"] = rank_figure(real_m, key, rank)
+            row[f"{label}_emulated"] = rank_figure(em, key, 0)
+        # the device memory the emulated rank itself used: its stored figure adds the memory model's
+        # NCCL buffers (emulation.account), which is what a real rank has beyond it
+        measured = (doc["emulation"].get("measured") or {}).get("gpu_mem_used_mib") or []
+        row["device_emulated_measured"] = measured[0] if measured else None
+        params = CellParams.from_dict(doc["params"])
+        row["layout"], row["modelled_mib"] = nccl_layout(params), emulated_rank_shortfall_mib(params)
+        row["held_real"], row["held_emulated"] = held_bytes(real_m, rank), held_bytes(em, 0)
+        row["shard_real"] = rank_figure(real_m, "params_held_per_rank", rank)
+        row["shard_emulated"] = rank_figure(em, "params_held_per_rank", 0)
+        row["step_real_s"], row["step_emulated_s"] = real_m.get("step_time_s"), em.get("step_time_s")
+        row["real_exposed_comm_share"] = exposed_share(real_m, rank)
+        rows.append(row)
+    return rows, alone
+
+
+def error_pct(emulated: float | None, real: float | None) -> float | None:
+    return None if emulated is None or not real else 100.0 * (emulated - real) / real
+
+
+def memory_error(row: dict, label: str) -> float | None:
+    return error_pct(row[f"{label}_emulated"], row[f"{label}_real"])
+
+
+def ratio(row: dict) -> float | None:
+    """The emulated rank's step over the real one's."""
+    real, emulated = row["step_real_s"], row["step_emulated_s"]
+    return emulated / real if real and emulated else None
+
+
+def compute_ratio(row: dict) -> float | None:
+    """The emulated rank's step over the real one's less its exposed communication (profiled cells: the
+    real step times the share of its profiled step that was not exposed communication)."""
+    real, emulated, share = row["step_real_s"], row["step_emulated_s"], row["real_exposed_comm_share"]
+    if not (real and emulated) or share is None or share >= 1:
+        return None
+    return emulated / (real * (1 - share))
+
+
+ERR = "+11.1f"  # an error's format in the table
+
+
+def _f(value, fmt: str = "9.0f") -> str:
+    return format(value, fmt) if value is not None else "-".rjust(len(format(0, fmt)))
+
+
+def _pct(value, fmt: str) -> str:
+    return _f(value, fmt) + ("%" if value is not None else " ")
+
+
+def print_rows(rows: list[dict]) -> None:
+    labels = [label for label, _ in MEMORY]
+    header = "  ".join(f"{label + ' real / emulated, err':>32}" for label in labels)
+    print(f"{'cell':<60} {'rank':>8}  {header}  {'held err':>9} {'shard':>5}  "
+          f"{'step real / emulated ms':>23} {'ratio':>6} {'exposed comm':>12}")
+    for r in rows:
+        if r["status_real"] != "ok" or r["status_emulated"] != "ok":
+            print(f"{shorten(r['cell'], 60):<60} {r['rank']:>2} of {r['world']:<2}  "
+                  f"real: {r['status_real']}, emulated: {r['status_emulated']}")
+            continue
+        memory = "  ".join(f"{_f(r[m + '_real'])} {_f(r[m + '_emulated'])} {_pct(memory_error(r, m), ERR)}"
+                           for m in labels)
+        shard = "same" if r["shard_real"] == r["shard_emulated"] else "DIFF"
+        held = _pct(error_pct(r["held_emulated"], r["held_real"]), "+8.3f")
+        steps = [None if s is None else s * 1e3 for s in (r["step_real_s"], r["step_emulated_s"])]
+        print(f"{shorten(r['cell'], 60):<60} {r['rank']:>2} of {r['world']:<2} {memory}  {held} {shard:>5}  "
+              f"{_f(steps[0], '11.1f')} {_f(steps[1], '11.1f')} {_f(ratio(r), '6.3f')} "
+              f"{_pct(r['real_exposed_comm_share'] and 100 * r['real_exposed_comm_share'], '11.1f')}")
+
+
+def print_summary(rows: list[dict]) -> None:
+    print()
+    differ = [r for r in rows if r["status_real"] != r["status_emulated"]]
+    print(f"outcomes: {len(rows) - len(differ)} of {len(rows)} ranks the same emulated and real"
+          + "".join(f"; {r['cell']} rank {r['rank']}: real {r['status_real']}, "
+                    f"emulated {r['status_emulated']}" for r in differ))
+    rows = [r for r in rows if r["status_real"] == r["status_emulated"] == "ok"]
+    for label, _ in MEMORY:
+        errors = [abs(e) for r in rows if (e := memory_error(r, label)) is not None]
+        if not errors:
+            continue
+        within = sum(e <= GOAL_DEVICE_PCT for e in errors)
+        goal = (f" (goal: within {GOAL_DEVICE_PCT:.0f}%: {within} of {len(errors)})"
+                if label == "device" else "")
+        print(f"{label} memory: {len(errors)} ranks, |emulated - real| median "
+              f"{statistics.median(errors):.1f}%, worst {max(errors):.1f}%{goal}")
+    held = [abs(e) for r in rows if (e := error_pct(r["held_emulated"], r["held_real"])) is not None]
+    if held:
+        same = sum(r["shard_real"] == r["shard_emulated"] for r in rows)
+        print(f"tensors kept between steps: {len(held)} ranks, worst |error| {max(held):.4f}%; "
+              f"parameter shards the same on {same} of {len(rows)}")
+    beyond: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        if r["device_real"] is not None and r["device_emulated_measured"] is not None:
+            beyond.setdefault(r["layout"], []).append((r["device_real"] - r["device_emulated_measured"],
+                                                       r["modelled_mib"]))
+    for layout, pairs_ in sorted(beyond.items()):
+        print(f"device memory a real rank uses beyond its emulated twin (NCCL's buffers, mostly), {layout}: "
+              f"median {statistics.median(b for b, _ in pairs_):.0f} MiB over {len(pairs_)} ranks "
+              f"({min(b for b, _ in pairs_):.0f}-{max(b for b, _ in pairs_):.0f}); the model adds "
+              f"{statistics.median(m for _, m in pairs_):.0f}")
+    ratios = [x for r in rows if (x := ratio(r)) is not None]
+    if ratios:
+        print(f"step time, emulated / real: median {statistics.median(ratios):.3f} over {len(ratios)} ranks "
+              f"(the emulated rank's step is its compute alone)")
+    computes = [x for r in rows if (x := compute_ratio(r)) is not None]
+    if computes:
+        print(f"emulated / (real less its exposed communication, profiled): median "
+              f"{statistics.median(computes):.3f} over {len(computes)} ranks")
+
+
+DEFAULT_FOLDERS = ("validation/results/runs/emulation_check", "results/runs/emulation_check")
+
+
+def run(args) -> int:
+    folders = args.folders or first_present(*DEFAULT_FOLDERS)
+    rows, alone = pairs(metrics_files(folders))
+    for cell in alone:
+        print(f"no real run of {cell}: not compared", file=sys.stderr)
+    if not rows:
+        print(f"no emulated rank with a real twin under {', '.join(map(str, folders)) or DEFAULT_FOLDERS[0]}",
+              file=sys.stderr)
+        return 1
+    print_rows(rows)
+    print_summary(rows)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0

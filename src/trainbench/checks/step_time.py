@@ -1,0 +1,277 @@
+"""How good is the time model? Step time predicted leave-one-out against every measured cell
+(`trainbench check-models time [FOLDER ...] [--held-out FOLDER ...] [--csv FILE] [--write]`).
+
+For every cell that trained (status ok) on a GPU the hardware table knows, under the folders (default:
+the published runs, and the max-batch searches, whose probes run the same cells at larger micro batches;
+inputs.published): the time model's constants are fitted per GPU type on every other cell of that type,
+and the held-out cell's step time predicted from that fit (leave-one-out: no cell is predicted by a fit
+that saw it). Prints one line per cell (measured, predicted leave-one-out, its error, and the all-cells
+fit's prediction), the error distribution (median and worst absolute error, by study), how often the
+predictions rank the strategies of a group of cells that differ only in strategy (and, second, in
+strategy and its offload settings) the way the measurements do, and the constants fitted on all the
+cells. `--held-out FOLDER ...`: cells the fits never see, predicted by the all-cells fit (default:
+validation/results/bench/threads, three offloaded cells, each at 1 to 16 CPU threads, curves no fit is
+given). `--write` stores the constants in src/trainbench/predict/time_model_constants.json, which
+`trainbench predict`, the tables and the plots read. The thread exponent's choice: thread_curves.
+
+Every fit starts from the same starting values (time_model.Constants()), which are not data, so the
+held-out cell reaches its prediction by no path.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import itertools
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from trainbench.checks.inputs import metrics_files, published
+from trainbench.execute.results import read_result
+from trainbench.predict import time_model
+from trainbench.registry.hardware import gpu_type_of
+from trainbench.reporting.compare import shorten
+from trainbench.study.params import CellParams
+
+# Cells whose windows hold more than the step (noted in the output, fitted like the others: their
+# loop's fixed cost per step absorbs it) or that were timed too briefly to trust
+CAVEATS = {
+    "lightning": "Lightning's windows include what its loop does between steps (fitted: its loop's cost)",
+    "hf_trainer": "the Hugging Face Trainer's windows include its loop's work between steps (fitted: its "
+                  "loop's cost)",
+    "gpt2_zero": "gpt2_zero timed 3 steps per cell: no interval, and a rerun moved one by 74%",
+}
+
+
+def measured_cells(folders: list[Path]) -> list[dict]:
+    """Every cell that trained on a known GPU type, with its work on that GPU (not emulated ranks: their
+    steps time one rank's compute alone, training.emulation)."""
+    cells = []
+    for path in metrics_files(folders):
+        doc = read_result(path)  # checked, in the current shape (optional parameters filled in)
+        gpu = gpu_type_of((doc.get("provenance") or {}).get("gpu_name"))
+        step = (doc.get("metrics") or {}).get("step_time_s")
+        if doc["status"] != "ok" or doc["params"].get("device") != "cuda" or gpu is None or not step:
+            continue
+        if doc.get("emulation"):  # one rank of a world alone: its step holds no communication
+            continue
+        params = CellParams.from_dict(doc["params"])
+        if (why := time_model.outside(params)) is not None:  # a step the model does not describe
+            print(f"left out {doc['study']}/{doc['cell_id']}: {why}", file=sys.stderr)
+            continue
+        try:
+            work = time_model.work(params, gpu, time_model.threads_of_run(doc))
+        except (KeyError, ValueError) as error:
+            print(f"skipped {doc['study']}/{doc['cell_id']}: {error}", file=sys.stderr)
+            continue
+        cells.append({"doc": doc, "gpu": gpu.key, "work": work, "measured_s": step,
+                      "search": "search" in path.parts, "threads": time_model.threads_of_run(doc),
+                      "path": path})
+    return cells
+
+
+def leave_one_out(works: dict, measured: np.ndarray,
+                  everything: time_model.Constants | None = None) -> np.ndarray:
+    """Each cell's step time from a fit of all the others. `everything`, the fit of all cells, is only
+    where each search begins: the held-out cell's fit minimises its own objective."""
+    predicted = np.empty(len(measured))
+    for i in range(len(measured)):
+        keep = np.arange(len(measured)) != i
+        constants = time_model.fit({k: v[keep] for k, v in works.items()}, measured[keep], initial=everything)
+        predicted[i] = time_model.step_time({k: v[i:i + 1] for k, v in works.items()}, constants)[0]
+    return predicted
+
+
+def leave_study_out(works: dict, measured: np.ndarray, studies: list[str],
+                    everything: time_model.Constants | None = None) -> np.ndarray:
+    """Each study's cells from a fit of the other studies' cells alone. A study ran in sessions of its
+    own, on a host of that session: leaving one cell out keeps its session's host in the fit through
+    its neighbours, leaving its study out does not (host-bound cells move a quarter between hosts,
+    docs/time-model.md), so this is the nearer figure to cells the model never saw."""
+    predicted = np.empty(len(measured))
+    names = np.array(studies)
+    for study in dict.fromkeys(studies):
+        out = names == study
+        constants = time_model.fit({k: v[~out] for k, v in works.items()}, measured[~out], initial=everything)
+        predicted[out] = time_model.step_time({k: v[out] for k, v in works.items()}, constants)
+    return predicted
+
+
+def strategy_groups(docs: list[dict], keys: tuple[str, ...]) -> list[list[int]]:
+    """Indices of cells of one study whose parameters differ only in `keys`."""
+    groups = collections.defaultdict(list)
+    for i, doc in enumerate(docs):
+        rest = {k: v for k, v in doc["params"].items() if k not in keys}
+        groups[(doc["study"], json.dumps(rest, sort_keys=True, default=str))].append(i)
+    return [members for members in groups.values() if len(members) > 1]
+
+
+def apart_by(min_gap: float):
+    """Pairs whose measured step times differ by more than `min_gap` (a fraction)."""
+    return lambda docs, measured, i, j: abs(measured[i] / measured[j] - 1) > min_gap
+
+
+def told_apart(docs, measured, i, j) -> bool:
+    """Pairs the measurement itself tells apart: both have a 95% interval and the two do not overlap."""
+    a, b = (docs[k]["metrics"].get("step_time_s_ci") for k in (i, j))
+    return bool(a and b) and (a[1] < b[0] or b[1] < a[0])
+
+
+def ranking(docs, measured, predicted, keys, counts=apart_by(0.0)) -> tuple[int, int, list]:
+    """Pairs of a group ranked as measured: (right, pairs, the wrong ones), over the pairs `counts`
+    selects."""
+    right = total = 0
+    wrong = []
+    for members in strategy_groups(docs, keys):
+        for i, j in itertools.combinations(members, 2):
+            if not counts(docs, measured, i, j):
+                continue
+            total += 1
+            if (measured[i] < measured[j]) == (predicted[i] < predicted[j]):
+                right += 1
+            else:
+                wrong.append((i, j))
+    return right, total, wrong
+
+
+def label(doc: dict) -> str:
+    p = doc["params"]
+    parts = [p["model"], p["strategy"]]
+    offload = "+".join(k.split("_")[1] for k in ("offload_optimizer", "offload_param") if p.get(k))
+    if offload:
+        parts.append(f"offload {offload}")
+    parts.append(f"{p['gpus']}g")
+    parts += [f"{k}{p[k]}" for k in ("tp", "pp") if p[k] > 1]
+    parts += [f"mb{p['micro_batch']}x{p['grad_accum']}", p["precision"]]
+    return " ".join(parts)
+
+
+def report(cells: list[dict], gpu: str) -> tuple[time_model.Constants, dict]:
+    docs = [c["doc"] for c in cells]
+    works = time_model.stack([c["work"] for c in cells])
+    measured = np.array([c["measured_s"] for c in cells])
+    constants = time_model.fit(works, measured)
+    constants.gpu = gpu
+    fitted = time_model.step_time(works, constants)
+    predicted = leave_one_out(works, measured, constants)
+    errors = 100 * (predicted - measured) / measured
+    print(f"{'study':<15} {'cell':<52} {'measured':>10} {'predicted':>10} {'error':>7} {'all-fit':>10}")
+    for c, m, p, e, f in sorted(zip(cells, measured, predicted, errors, fitted),
+                                key=lambda t: (t[0]["doc"]["study"], t[0]["search"], label(t[0]["doc"]))):
+        study = c["doc"]["study"] + (" (search)" if c["search"] else "")
+        print(f"{study:<15} {shorten(label(c['doc']), 52):<52} {m * 1e3:>8.1f}ms {p * 1e3:>8.1f}ms "
+              f"{e:>+6.1f}% {f * 1e3:>8.1f}ms")
+    absolute = np.abs(errors)
+    print()
+    print(f"{gpu}: {len(cells)} cells, leave-one-out |error|: median {np.median(absolute):.1f}%, worst "
+          f"{absolute.max():.1f}%, within 15%: {int((absolute <= 15).sum())}, within 25%: "
+          f"{int((absolute <= 25).sum())}, within 50%: {int((absolute <= 50).sum())} "
+          f"(goals: median <= 15%, worst <= 50%)")
+    in_sample = np.abs(100 * (fitted - measured) / measured)
+    print(f"  the all-cells fit on the same cells (in sample): median {np.median(in_sample):.1f}%, worst "
+          f"{in_sample.max():.1f}%")
+    studies = sorted({d["study"] for d in docs})
+    for study in studies:
+        chosen = np.array([d["study"] == study for d in docs])
+        note = f"  [{CAVEATS[study]}]" if study in CAVEATS else ""
+        print(f"  {study:<15} {int(chosen.sum()):>3} cells: median {np.median(absolute[chosen]):5.1f}%, "
+              f"worst {absolute[chosen].max():5.1f}%{note}")
+    for framework in ("lightning", "hf_trainer"):
+        if any(d["params"]["framework"] == framework for d in docs):
+            print(f"  note: {CAVEATS[framework]}")
+    summary = {"cells": len(cells), "median_abs_error_pct": float(np.median(absolute)),
+               "worst_abs_error_pct": float(absolute.max())}
+    if len(studies) > 1:  # with one study, its fit would see no cell at all
+        names = np.array([d["study"] for d in docs])
+        by_study = leave_study_out(works, measured, list(names), constants)
+        apart = np.abs(100 * (by_study - measured) / measured)
+        print(f"  leave-one-study-out (each study predicted by a fit of the others): median "
+              f"{np.median(apart):.1f}%, worst {apart.max():.1f}%, within 15%: {int((apart <= 15).sum())}, "
+              f"within 25%: {int((apart <= 25).sum())}; by study, median / worst:")
+        print("    " + "; ".join(f"{study} {np.median(apart[names == study]):.0f}% / "
+                                 f"{apart[names == study].max():.0f}%" for study in studies))
+        summary["leave_study_out"] = {"median_abs_error_pct": float(np.median(apart)),
+                                      "worst_abs_error_pct": float(apart.max())}
+    print()
+    for keys, what in ((("strategy",), "differ only in strategy"),
+                       (("strategy", "offload_optimizer", "offload_param"),
+                        "differ only in strategy and its offload settings")):
+        right, total, wrong = ranking(docs, measured, predicted, keys)
+        big_right, big_total, _ = ranking(docs, measured, predicted, keys, apart_by(0.10))
+        sure_right, sure_total, _ = ranking(docs, measured, predicted, keys, told_apart)
+        print(f"ranking, cells that {what}: {right} of {total} pairs right "
+              f"({100 * right / max(total, 1):.0f}%; goal "
+              f">= 90%); of the {big_total} pairs measured more than 10% apart: {big_right} "
+              f"({100 * big_right / max(big_total, 1):.0f}%); of the {sure_total} whose 95% intervals do not "
+              f"overlap: {sure_right} ({100 * sure_right / max(sure_total, 1):.0f}%)")
+        summary[f"ranking {what}"] = {"right": right, "pairs": total, "right_10pct_apart": big_right,
+                                      "pairs_10pct_apart": big_total, "right_told_apart": sure_right,
+                                      "pairs_told_apart": sure_total}
+        if keys == ("strategy",):
+            for i, j in wrong:
+                print(f"  wrong: {docs[i]['study']}: {label(docs[i])} {measured[i] * 1e3:.0f} ms vs "
+                      f"{docs[j]['params']['strategy']} {measured[j] * 1e3:.0f} ms; predicted "
+                      f"{predicted[i] * 1e3:.0f} vs {predicted[j] * 1e3:.0f} ms")
+    print()
+    print(f"constants fitted on all {len(cells)} {gpu} cells (time_model.Constants; docs/time-model.md):")
+    for name, value in zip(constants.names(), constants.vector()):
+        print(f"  {name:<24} {value:.4g}")
+    summary["constants"] = constants.as_dict()
+    summary["per_cell"] = [{"study": c["doc"]["study"], "cell": c["doc"]["cell_id"], "search": c["search"],
+                            "measured_s": float(m), "predicted_loo_s": float(p), "error_pct": float(e),
+                            "predicted_all_fit_s": float(f)}
+                           for c, m, p, e, f in zip(cells, measured, predicted, errors, fitted)]
+    return constants, summary
+
+
+def held_out_report(cells: list[dict], constants: time_model.Constants) -> None:
+    """Cells no fit saw, predicted by the all-cells fit: what the model says beyond its data."""
+    print("\nheld out (never fitted), predicted by the all-cells fit:")
+    print(f"{'cell':<52} {'threads':>7} {'measured':>10} {'95% interval':>17} {'predicted':>10} "
+          f"{'error':>7}  file")
+    errors = []
+    for c in sorted(cells, key=lambda c: (label(c["doc"]), c["threads"], str(c["path"]))):
+        predicted = float(time_model.step_time(c["work"], constants))
+        measured, interval = c["measured_s"], c["doc"]["metrics"].get("step_time_s_ci")
+        error = 100 * (predicted - measured) / measured
+        shown = f"[{interval[0]:.3f}, {interval[1]:.3f}] s" if interval else "-"
+        print(f"{shorten(label(c['doc']), 52):<52} {c['threads']:>7} {measured:>8.3f} s {shown:>17} "
+              f"{predicted:>8.3f} s {error:>+6.1f}%  {c['path']}")
+        errors.append(abs(error))
+    print(f"held out: {len(errors)} cells, |error| median {statistics.median(errors):.1f}%, "
+          f"worst {max(errors):.1f}%")
+
+
+def run(args) -> int:
+    folders = args.folders or published("runs", "search")
+    cells = measured_cells(folders)
+    if not cells:
+        print(f"no measured GPU cells under {', '.join(map(str, folders))}", file=sys.stderr)
+        return 1
+    held_out = measured_cells(args.held_out) if args.held_out else []
+    table, rows = {}, []
+    for gpu in sorted({c["gpu"] for c in cells}):
+        chosen = [c for c in cells if c["gpu"] == gpu]
+        constants, summary = report(chosen, gpu)
+        if any(c["gpu"] == gpu for c in held_out):
+            held_out_report([c for c in held_out if c["gpu"] == gpu], constants)
+        constants.fitted_on = (f"{len(chosen)} cells "
+                               f"({', '.join(sorted({c['doc']['study'] for c in chosen}))}), "
+                               "by trainbench check-models time")
+        table[gpu] = constants.as_dict()
+        rows += summary["per_cell"]
+    if args.write:
+        time_model.CONSTANTS_FILE.write_text(json.dumps(table, indent=1) + "\n")
+        print(f"\nwrote {time_model.CONSTANTS_FILE}")
+    if args.csv:
+        with args.csv.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    print(f"\n{statistics.median([abs(r['error_pct']) for r in rows]):.1f}% median |error| leave-one-out "
+          f"over {len(rows)} cells")
+    return 0
