@@ -69,7 +69,6 @@ HOW: dict[str, How] = {
     "trainbench schema --write workflow/schemas/config.schema.yaml": How("run"),
     "trainbench cells <study>": How("run", line="trainbench cells smoke"),
     "trainbench predict": How("name", "the command's name; its full forms are run"),
-    "trainbench predict --gpu": How("name", "the command and its option, named; its full forms are run"),
     "trainbench compare": How("name", "the command's name; its full forms are run"),
     "trainbench run-cell": How("name", "what the train_cell rule runs"),
     "snakemake -n results/tables/<study>.md": How("run", line="snakemake -n results/tables/llama.md"),
@@ -99,13 +98,6 @@ HOW: dict[str, How] = {
         How("run", trains=True),
     "trainbench predict llama --gpu h200 --gpus-per-node 8 --host-mem-gib 2048": How("run"),
     "python bench/memory_model.py": How("run"),
-    "python bench/memory_model.py --snapshots results/bench/float8/memory_snapshot": How("run"),
-    "trainbench profile float8 <cell> --memory": How(
-        "elsewhere", "a float8 cell needs a GPU with FP8 tensor cores; tests/test_profiling.py profiles CPU "
-                     "cells and reads a snapshot by category"),
-    "python bench/emulated_vs_real.py results/runs/emulation_check": How(
-        "elsewhere", "needs the emulation_check study run on a host of 4 GPUs; tests/test_emulation.py "
-                     "runs it on real and emulated CPU worlds"),
     "python bench/time_model.py --held-out results/bench/threads": How("run"),
     "trainbench predict megatron --gpu a100-80g --gpus-per-node 8 --host-mem-gib 1024": How("run"),
     "trainbench predict zero3_pipeline --gpu a100-40g --gpus-per-node 8 --host-mem-gib 1024": How("run"),
@@ -140,9 +132,6 @@ HOW: dict[str, How] = {
             "downloads 28 MiB; tests/test_tools.py builds a wheelhouse and installs from it offline"),
     "bash tools/install_offline.sh .whl":
         How("elsewhere", "tests/test_tools.py installs a wheelhouse offline"),
-    "python3 tools/gpu-runs/plan_reruns.py 'megatron/*gpus~2__*' --limit 545 --without-energy": How("run"),
-    "PROFILE_STEPS=3 tools/gpu-runs/threads-sweep.sh":
-        How("elsewhere", "a GPU host's: tools/gpu-runs/threads-profile-1.log has its command and output"),
     "python3 tools/gpu-runs/plan_reruns.py 'STUDY/*' --without-energy --also ...":
         How("elsewhere", "tests/test_tools.py runs it on megatron with every rerun tree: nothing to run"),
     "snakemake --profile profiles/slurm -j 64 --default-resources slurm_partition=gpu "
@@ -154,19 +143,9 @@ HOW: dict[str, How] = {
     "snakemake results/tables/sweep.md --profile profiles/slurm --slurm-array-jobs train_sweep":
         How("elsewhere", "names a study of the reader's (sweep); tests/test_slurm.py submits a study as "
                          "job arrays on the CI's cluster"),
-    "TRAINBENCH_GIT_COMMIT=$(git rev-parse HEAD) OUT=out LIMIT=540 GPU=h200 bash "
-    "tools/gpu-runs/predicted-then-run.sh float8": How("elsewhere", GPU_HOST),
-    "TRAINBENCH_GIT_COMMIT=$(git rev-parse HEAD) OUT=out LIMIT=540 GPU=h200 bash "
-    "tools/gpu-runs/predicted-then-run.sh holdout_accum": How("elsewhere", GPU_HOST),
     "snakemake --profile profiles/slurm -n results/runs/float8/"
     "strategy~fsdp__model~gpt-5.8b__gpus~8__micro_batch~4__float8~tensorwise__compile~true/metrics.json":
         How("dry-run", "a dry run of the SLURM profile already: no cluster needed"),
-    "python bench/predicted_then_run.py results/predictions/holdout_accum-h200.csv":
-        How("run", "the published cells held against their committed predictions"),
-    "python bench/float8_loss.py results/runs/float8":
-        How("run", "reads the float8 study's published cells"),
-    "python bench/saved_tensors.py":
-        How("elsewhere", "compiles three models (a minute); tests/test_float8.py compares a small one's"),
     "python bench/mfu_bound.py tools/gpu-runs/minimal-loop-3-124m.json tools/gpu-runs/minimal-loop-2.json":
         How("run", "arithmetic on committed profiles"),
     "python3 tools/build_wheelhouse.py wheels --python 3.12":
@@ -185,29 +164,7 @@ HOW: dict[str, How] = {
         How("elsewhere", "times GPU cells; tests/test_bench.py runs it on a CPU stand-in"),
     "python3 bench/overhead.py --ablation --out results/bench/overhead/gpt2-124m --cells "
     "'strategy~single__model~gpt2-124m__gpus~1__micro_batch~32'": How("elsewhere", "as above"),
-    "bash bench/rerun_compare.sh": How("run"),
-    "python bench/rerun_threads.py --first 3d21d50 results/runs/megatron "
-    "results/bench/rerun/megatron-3d21d50/runs results/bench/rerun/megatron-3240cdf/runs": How(
-        "run", "the clone here has no git history: the first runs from a folder, the four-GPU ones "
-        "that results/runs still holds", line="python bench/rerun_threads.py --first results/runs "
-        "results/bench/rerun/megatron-3d21d50/runs results/bench/rerun/megatron-3240cdf/runs"),
-    "python bench/rerun_threads.py --first c576b95 results/runs/megatron "
-    "results/bench/rerun/megatron-c576b95/runs": How(
-        "run", "the clone here has no git history: the first run from a folder, the four-GPU one that "
-        "results/runs still holds", line="python bench/rerun_threads.py --first results/runs "
-        "results/bench/rerun/megatron-c576b95/runs"),
-    "python3 bench/overhead.py --rounds 3": How("elsewhere", "as above"),
-    "python3 bench/minimal_vs_cell.py --render tools/gpu-runs/minimal-loop-5-124m.json":
-        How("run", "prints a committed report again"),
-    "python3 bench/overhead.py --reference minimal":
-        How("elsewhere", "times GPU cells against bench/minimal_loop.py, which needs CUDA; "
-                         "tests/test_bench.py runs overhead.py on a CPU stand-in"),
     "trainbench cost": How("run"),
-    "trainbench predict holdout --gpu h200 --gpus-per-node 1 --host-mem-gib 128 > "
-    "results/predictions/holdout-h200.csv": How("run"),
-    "python bench/predicted_then_run.py results/predictions/holdout-h200.csv": How("run"),
-    "trainbench predict <study> --gpu h200 --gpus-per-node 1 --host-mem-gib 128":
-        How("run", line="trainbench predict holdout_mix --gpu h200 --gpus-per-node 1 --host-mem-gib 128"),
     "trainbench progress": How("name", "the command's name; its full forms are run"),
     "python bench/plan_scaling.py --before c565396 --out results/bench/plan_scaling":
         How("elsewhere", "plans grids of up to 40,000 cells for about 60 minutes; tests/test_bench.py "
@@ -227,7 +184,6 @@ HOW: dict[str, How] = {
     "trainbench fit megatron <cell> --gpu-mem-gib 40 --search": How("elsewhere", "as above, with --search"),
     "trainbench fit STUDY CELL [--rank R] [--gpu-mem-gib G] [--search]":
         How("name", "the command's synopsis"),
-    "tools/gpu-runs/emulated-1.sh FILE...": How("elsewhere", GPU_HOST),
     "trainbench fit": How("name", "the command's name; tests/test_emulation.py runs it"),
     "make docs": How("elsewhere", "CI's .ci/run builds the site with every warning an error"),
     "trainbench profile baseline <cell>": How(
@@ -241,9 +197,6 @@ HOW: dict[str, How] = {
     "trainbench: optimizer step": How("name", "a profiler range's name, not a command"),
     "trainbench breakdown RESULT...": How("name", "the command's synopsis; tests/test_profiling.py runs it"),
     "trainbench breakdown": How("name", "the command's name"),
-    "python bench/predicted_then_run.py results/predictions/<study>-h200.csv":
-        How("run", line="python bench/predicted_then_run.py results/predictions/holdout_frameworks-h200.csv"),
-    "python bench/predicted_then_run.py results/predictions/holdout_frameworks-h200.csv": How("run"),
     "snakemake -c1 results/dataset/cells.parquet": How("run"),
     "trainbench compare results/runs --history": How(
         "elsewhere", "a clone's cells have no earlier run: tests/test_history.py runs a cell twice and "
@@ -252,7 +205,6 @@ HOW: dict[str, How] = {
     "trainbench compare results/runs --history --study baseline": How(
         "run", "baseline's published cells against their published earlier runs"),
     "python3 bench/shared_host.py": How("run", "reads the published results' start and end times"),
-    "trainbench history holdout_frameworks": How("run"),
     "trainbench history lightning": How("run"),
     "trainbench references baseline": How("run", "baseline's published cells are within their references"),
     "trainbench history --seed": How("run", "adds nothing to a clone's published histories"),
@@ -261,8 +213,18 @@ HOW: dict[str, How] = {
     "trainbench query \"metric == 'mfu' and p_strategy == 'zero3' and source == 'measured'\"": How("run"),
     "trainbench query \"metric == 'gpu_mem_used_max_mib' and p_strategy == 'fsdp'\" --columns "
     "study,p_model,p_gpus,value --csv": How("run"),
-    "python bench/top_kernels.py results/runs/holdout_accum/*/profile/rank0.json.gz --host 8":
+    "python bench/top_kernels.py validation/results/runs/holdout_accum/*/profile/rank0.json.gz --host 8":
         How("run", "the two profiled Lightning cells' traces are committed"),
+    "trainbench check-models memory": How("run", "reads the published results of both workspaces"),
+    "trainbench check-models time": How("run", "fits the published cells, leave-one-out and by study"),
+    "trainbench check-models time --write": How(
+        "elsewhere", "rewrites the package's constants; tests/test_time_model.py fits on synthetic cells"),
+    "trainbench check-models predictions": How("name", "the command's name; its full forms are run"),
+    "trainbench check-models predictions validation/results/predictions/holdout_unchanged-h200.csv":
+        How("run", "the published round held against its committed predictions"),
+    "trainbench check-models predictions validation/results/predictions/holdout_accum-h200.csv":
+        How("run", "as above, part by part: its cells were profiled"),
+    "trainbench check-models emulation": How("run", "reads the emulation_check study's published cells"),
     "sudo tools/local-slurm-cluster.sh install && sudo tools/local-slurm-cluster.sh start":
         How("elsewhere", "root; CI's .ci/run starts the cluster this way (as root, without sudo)"),
 }
