@@ -337,10 +337,11 @@ def test_an_emulated_rank_holds_what_the_real_rank_of_its_number_holds(case, tmp
         assert abs(held - expected) <= SCALAR_SLACK_BYTES, (rank, held, expected)
         assert math.isfinite(emulated["loss_first"]) and math.isfinite(emulated["loss_last"])
         assert "worker" in doc["provenance"]["command"] and "torchrun" not in doc["provenance"]["command"]
-    # the comparison a multi-GPU host runs (bench/emulated_vs_real.py) pairs each emulated rank with its
-    # real twin's rank and finds what the checks above found; CPU ranks have no device memory to set beside
-    bench = subprocess.run([sys.executable, "bench/emulated_vs_real.py", str(tmp_path)], cwd=REPO,
-                           capture_output=True, text=True, timeout=120)
+    # the comparison a multi-GPU host runs (`trainbench check-models emulation`) pairs each emulated rank
+    # with its real twin's rank and finds what the checks above found; CPU ranks have no device memory to
+    # set beside
+    bench = subprocess.run([sys.executable, "-m", "trainbench", "check-models", "emulation", str(tmp_path)],
+                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert bench.returncode == 0, bench.stderr
     assert f"parameter shards the same on {len(ranks)} of {len(ranks)}" in bench.stdout
     held_line = next(line for line in bench.stdout.splitlines() if line.startswith("tensors kept"))

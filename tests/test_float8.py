@@ -5,7 +5,6 @@ MFU and both models make of it. Its speed is a GPU's to measure (docs/float8.md)
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from trainbench.registry.models import get_model
 from trainbench.study.params import CellParams
 from trainbench.workflow import load_checked
 
-from conftest import REPO, make_cell, tiny_study
+from conftest import make_cell, tiny_study
 
 pytest.importorskip("torchao")
 
@@ -54,15 +53,11 @@ def test_a_float8_cell_trains_beside_its_bf16_twin(single_rank):
     assert first == pytest.approx(bf16["metrics"]["loss_first"], rel=1e-3)
     assert last == pytest.approx(bf16["metrics"]["loss_last"], rel=1e-3)
     assert fp8["metrics"]["mfu_fp8"] is None  # a CPU: no peak to hold it against
-    # the whole curve, warm-up included, as bench/float8_loss.py holds a GPU run's against bf16's
-    curve = fp8["metrics"]["loss_curve"]
+    # the whole curve, warm-up included, kept to be held against bf16's: within 0.1% of it at every step
+    curve, twin = fp8["metrics"]["loss_curve"], bf16["metrics"]["loss_curve"]
     assert curve[0] == first and curve[-1] == last and len(curve) == 1 + fp8["metrics"]["steps_timed"]
-    sys.path.insert(0, str(REPO / "bench"))
-    from float8_loss import compare
-
-    [row] = compare([bf16, fp8])
-    assert (row["recipe"], row["steps"], row["twin"]) == ("tensorwise", len(curve), bf16["cell_id"])
-    assert 0 < row["last_quarter_gap"] <= row["max_gap"] < 1e-3
+    assert len(twin) == len(curve) and curve != twin
+    assert curve == pytest.approx(twin, rel=1e-3)
 
 
 def test_fsdp2_shards_a_float8_model_over_two_ranks(tmp_path):
@@ -200,19 +195,3 @@ def test_both_models_see_what_float8_changes():
     # on a GPU without FP8 tensor cores the model says nothing new: the cell would not run
     assert time_model.predict(cell(float8="rowwise"), GPUS["a100-80g"]).step_time_s == pytest.approx(
         time_model.predict(cell(), GPUS["a100-80g"]).step_time_s)
-
-
-def test_a_compiled_float8_block_keeps_fewer_activation_bytes_for_backward_than_bf16():
-    # bench/saved_tensors.py reads inductor's partition on CPU: float8 keeps one float8 input per
-    # block and recomputes the bf16 norms' and GELU outputs bf16 keeps (docs/float8.md)
-    import torch
-
-    sys.path.insert(0, str(REPO / "bench"))
-    from saved_tensors import saved_for_backward, split
-
-    kept = {}
-    for recipe in ("bf16", "tensorwise"):
-        activations, _ = split(saved_for_backward(recipe, 64, 1, tokens=32, batch=2), 2, 32)
-        kept[recipe] = (sum(a[3] for a in activations), {a[1] for a in activations})
-    assert kept["tensorwise"][0] < kept["bf16"][0]
-    assert torch.float8_e4m3fn in kept["tensorwise"][1] and torch.float8_e4m3fn not in kept["bf16"][1]

@@ -111,3 +111,23 @@ def test_eager_attention_computes_what_sdpa_computes(causal):
         losses[attention].backward()
         losses[attention] = (losses[attention].item(), model.blocks[0].attn.qkv.weight.grad.norm().item())
     assert losses["eager"] == pytest.approx(losses["sdpa"], rel=1e-5)
+
+
+def test_a_compiled_loss_computes_what_the_eager_loss_does():
+    """GPT.compile_loss (what the torch runner does where the blocks are compiled one by one) changes how
+    the loss keeps the logits for backward, not what it computes: the same loss and gradients."""
+    spec = get_model("gpt2-tiny")
+    tokens = torch.randint(0, spec.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    targets = torch.roll(tokens, -1, dims=1)
+    results = []
+    for compiled in (False, True):
+        model = GPT(spec)
+        model.init_weights(0)
+        if compiled:
+            model.compile_loss()
+        loss = model(tokens, targets)
+        loss.backward()
+        results.append((loss.item(), model.wte.weight.grad.clone()))
+    (eager, eager_grad), (compiled, compiled_grad) = results
+    assert compiled == pytest.approx(eager, rel=1e-5)
+    assert torch.allclose(compiled_grad, eager_grad, rtol=1e-4, atol=1e-7)

@@ -264,3 +264,17 @@ def test_trainbench_profile_runs_one_cell_again_with_its_steps_profiled(tmp_path
     assert not (tmp_path / "results/runs/t/micro_batch~1").exists()  # that cell alone
     assert main(["profile", "t", "micro_batch~3"]) != 0  # no such cell: said, nothing run
     assert "has no cell 'micro_batch~3'" in capsys.readouterr().err
+
+
+def test_kernels_are_sorted_into_the_classes_a_breakdown_names_by_their_names():
+    """KERNEL_CLASSES on kernels an H200's traces hold: cuBLAS's and cuDNN's by their families, inductor's
+    by what it fused (its loss apart), the fused optimizer's and the copies by theirs."""
+    from trainbench.execute.profiling import classify
+
+    assert classify("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT") == "matmul"
+    assert classify("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26") == "attention"
+    assert classify("triton_red_fused__log_softmax__to_copy__unsafe_view_prepare_softmax_online") == "loss"
+    assert classify("triton_poi_fused_gelu_gelu_backward_view") == "fused (compiler)"
+    assert classify("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>") == "optimizer"
+    assert classify("Memcpy HtoD (Pageable -> Device)") == "copies and fills"
+    assert classify("a kernel no pattern knows") == "other"
