@@ -97,12 +97,8 @@ HOW: dict[str, How] = {
     "snakemake -c all results/report/smoke.html --forcerun results/runs/smoke/strategy~ddp/metrics.json":
         How("run", trains=True),
     "trainbench predict llama --gpu h200 --gpus-per-node 8 --host-mem-gib 2048": How("run"),
-    "python bench/memory_model.py": How("run"),
-    "python bench/time_model.py --held-out results/bench/threads": How("run"),
     "trainbench predict megatron --gpu a100-80g --gpus-per-node 8 --host-mem-gib 1024": How("run"),
     "trainbench predict zero3_pipeline --gpu a100-40g --gpus-per-node 8 --host-mem-gib 1024": How("run"),
-    "python bench/time_model.py --write": How(
-        "elsewhere", "rewrites the package's constants; tests/test_time_model.py fits on synthetic cells"),
     "trainbench compare results/runs rerun/results/runs": How("run", before=_a_rerun_tree),
     "snakemake --report report.html": How("run", "the report of the smoke study the quick start made"),
     "snakemake --report": How("name", "Snakemake's option, named; its full forms are run (and on a fresh "
