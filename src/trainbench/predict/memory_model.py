@@ -47,7 +47,7 @@ during its recomputation.
 What a GPU reports as used (NVML) is more than the tensors: the caching allocator's slack over the
 peak allocation, and the CUDA context, cuBLAS workspace and NCCL buffers. Those constants, and each
 rank's host-side footprint, were set from the published gpt2_zero and lightning runs on H200 (see
-`bench/memory_model.py` for how well the whole model does on every measured cell).
+`trainbench check-models memory` for how well the whole model does on every measured cell).
 """
 
 from __future__ import annotations

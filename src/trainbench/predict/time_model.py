@@ -68,7 +68,7 @@ reach, the passes of elementwise traffic, a block's launch cost, a collective ca
 fraction of link, PCIe and memory bandwidth collectives, copies and the optimizer reach, the CPU
 optimizer's parameters per second per thread and per host, and the fixed cost per step of each
 training loop and of DeepSpeed's engine at each ZeRO stage. They are fitted by least squares on log
-step time over the measured cells of one GPU type (`fit`; bench/time_model.py reports the error
+step time over the measured cells of one GPU type (`fit`; `trainbench check-models time` reports the error
 leave-one-out). A GPU type without measurements is predicted with the constants of the measured one
 (H200): peaks and bandwidths come from the hardware table, efficiencies are assumed to carry over,
 and the output says so.
@@ -99,7 +99,7 @@ DEFAULT_CPU_THREADS = 8
 # host's Adam, overflow checks and copies ran 2.5x faster at 4 threads and 6.4x at 16 (an exponent of
 # 0.66). The fitted cells, all at 4 to 16 threads, cannot tell exponents apart (leave-one-out 7.6-7.9%
 # from 0.5 to 1), so it is chosen on the thread curves no fit sees, each curve predicted with the
-# exponent the others chose: bench/time_model.py --thread-exponents (results/bench/time_model/).
+# exponent the others chose: check-models time --thread-exponents (validation/results/bench/time_model/).
 CPU_THREAD_EXPONENT = 0.75
 # bytes of device memory an Adam step moves per parameter: fp32 weights, gradients and two moments
 # read (16), weights and moments written (12), the half-precision copy written and its gradient read (4)
@@ -196,7 +196,7 @@ class Constants:
 
 
 def load_constants(path: Path = CONSTANTS_FILE) -> dict[str, Constants]:
-    """The fitted constants by GPU type (bench/time_model.py --write writes them)."""
+    """The fitted constants by GPU type (`trainbench check-models time --write` writes them)."""
     if not path.exists():
         return {}
     raw = json.loads(path.read_text())
@@ -249,13 +249,16 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
     # --- compute, on the busiest GPU (the last stage: its blocks and the head) ---
     layers = math.ceil(spec.n_layer / pp)
     d = spec.d_model
-    block = spec.block_params()
+    block = spec.block_matmul_params()
     head = spec.matmul_params(params.head, params.num_classes) - spec.n_layer * block
     split_vocabulary = vocab_parallel(params)
     if split_vocabulary:  # the LM head's columns split over the tensor-parallel ranks
         head /= tp
     linear = 6 * block * layers / tp + (2 * block * layers / tp if ac else 0)  # the blocks' matmuls
-    attention = (12 + 4 * ac) * layers * d * seq / tp
+    # attention's FLOPs per token, per position it attends to and layer: PaLM's 12 d, or, for a model of
+    # the user's, what torch's FLOP counter found (trainbench.training.user_models)
+    per_position = spec.facts.attention_flops_per_position / spec.n_layer if spec.user_defined else 12 * d
+    attention = per_position * (1 + ac / 3) * layers * seq / tp
     if params.precision == "fp32" and params.attention in ("sdpa", "efficient"):
         # SDPA has no fp32 flash or cuDNN kernel: fp32 runs the memory-efficient one on CUDA cores, TF32
         # or not (holdout_pace's GPT-345M: 221 ms of a 590 ms profiled step, 45 TFLOP/s): the fp32 peak
@@ -477,7 +480,7 @@ def constants_for(gpu: GpuType, table: dict[str, Constants] | None = None) -> tu
 
 def outside(params: CellParams) -> str | None:
     """Why the model does not describe a cell's step, or None. It still predicts one, with this note,
-    and its fit leaves such cells out (bench/time_model.py)."""
+    and its fit leaves such cells out (`trainbench check-models time`)."""
     if params.float8 and not params.compile:
         # measured: GPT-2.5B tensorwise 2.4 times bf16's step eager, 0.88 times compiled (docs/float8.md)
         return ("float8 without torch.compile runs torchao's scaling and casts as separate kernels, which "
