@@ -117,6 +117,7 @@ def test_planned_rows_give_the_memory_models_verdict_in_grid_order():
     assert docs[2]["predicted"]["gpu_mem_mib"] > 140.4 * 1024
     text = study_markdown("s", "d", docs, id_keys=["model", "gpus"], report=["gpu_mem_max_gib"],
                           plan_for=plan_for)
-    assert "5 cells: 1 ok, 3 planned, 1 unsupported." in text
-    assert "| llama-65b | 4 | planned: predicted not to fit: GPU memory |" in text
+    # the measured cell is the table's row; the others are counted by outcome (their rows: the plan)
+    assert "1 cell with a result of the study's 5: 1 ok." in text and "4 of the study's 5 cells" in text
+    assert "| planned: predicted not to fit: GPU memory | 1 |" in text
     assert "for 4 x H200: 4 GPUs of 140.4 GiB and 560 GiB of host memory per node" in text

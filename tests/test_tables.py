@@ -1,35 +1,52 @@
-"""Published tables: every column comes from one computation, so each study's CSV and markdown agree."""
+"""Published tables: every column comes from one computation, so each study's CSV and markdown agree; each
+markdown reads findings first, then the measured cells, and stays small; every cell of a study is in its
+CSV or its plan."""
 
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pandas
 import pytest
 
 from trainbench.study.config import load_config
 from trainbench.reporting.columns import COLUMNS, COMPUTE_ONLY, expand_sets
-from trainbench.reporting.tables import cell_text
+from trainbench.reporting.tables import cell_text, scalar_columns, with_planned, write_tables
 
 from conftest import REPO
 
-CONFIG = load_config(REPO / "config.yaml")
-PUBLISHED = [name for name in CONFIG.studies if (REPO / "results" / "tables" / f"{name}.md").exists()]
+# The two workspaces that publish tables: the benchmarks (config.yaml) and, where it is, the record of
+# the models' validation (validation/config.yaml, `snakemake -d validation`)
+WORKSPACES = [root for root in (REPO, REPO / "validation") if (root / "config.yaml").exists()]
+CONFIGS = {root: load_config(root / "config.yaml") for root in WORKSPACES}
+TABLES = {name: (root / "results" / "tables", config.study(name)) for root, config in CONFIGS.items()
+          for name in config.studies if (root / "results" / "tables" / f"{name}.md").exists()}
+PUBLISHED = sorted(TABLES)
+CONFIG = CONFIGS[REPO]
+MEASURED = "## Measured cells"
+NOT_RUN = "## Planned and not run"
+LARGEST_MARKDOWN = 40_000  # bytes: a table a reader scrolls through, and GitHub renders at once
+
+
+def table(study: str, suffix: str) -> Path:
+    return TABLES[study][0] / f"{study}{suffix}"
 
 
 def markdown_rows(text: str) -> list[list[str]]:
-    """The first table of a study's markdown: its header and rows, cell by cell."""
-    lines = text.split("\n\n")
-    table = next(block for block in lines if block.startswith("| "))
-    return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in table.splitlines()
+    """The table of measured cells of a study's markdown: its header and rows, cell by cell."""
+    section = text.split(MEASURED, 1)[1]
+    table_text = next(block for block in section.split("\n\n") if block.startswith("| "))
+    return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in table_text.splitlines()
             if not line.startswith("|---") and not line.startswith("| ---")]
 
 
 @pytest.mark.parametrize("study", PUBLISHED)
 def test_each_published_tables_csv_and_markdown_agree_column_by_column(study):
-    md = markdown_rows((REPO / "results" / "tables" / f"{study}.md").read_text())
-    csv = pandas.read_csv(REPO / "results" / "tables" / f"{study}.csv")
-    spec = CONFIG.study(study)
+    md = markdown_rows(table(study, ".md").read_text())
+    csv = pandas.read_csv(table(study, ".csv"))
+    spec = TABLES[study][1]
     header, rows = md[0], md[1:]
     assert len(rows) == len(csv), "the markdown and the CSV hold different cells"
     report = [name for name in COLUMNS if COLUMNS[name].header in header]
@@ -71,10 +88,12 @@ def test_run_time_and_current_predictions_are_named_apart_in_the_csv():
 
 def test_tables_give_the_time_model_for_planned_cells_and_its_error_for_measured_ones():
     csv = pandas.read_csv(REPO / "results" / "tables" / "llama.csv")
-    planned, measured = csv[csv.status == "planned"], csv[(csv.status == "ok") & ~csv["table.emulated"]]
+    planned = pandas.read_csv(REPO / "results" / "tables" / "llama.plan.csv")
+    assert set(planned.status) == {"planned"}
+    measured = csv[(csv.status == "ok") & ~csv["table.emulated"]]
     emulated = csv[(csv.status == "ok") & csv["table.emulated"]]
     assert planned["table.predicted_step_time_ms"].notna().all()
-    assert planned["table.step_time_error_pct"].isna().all()  # nothing measured to hold it against
+    assert "table.step_time_error_pct" not in planned  # nothing measured to hold the model against
     assert measured["table.step_time_error_pct"].notna().all()
     # an emulated rank's step is its compute alone: set beside the model's whole step, with no error
     assert len(emulated) and emulated["table.predicted_step_time_ms"].notna().all()
@@ -87,7 +106,7 @@ def test_tables_give_the_time_model_for_planned_cells_and_its_error_for_measured
 
 def test_a_table_names_a_commit_once_whether_its_runs_were_given_the_full_or_the_short_hash():
     # published tables mix both: TRAINBENCH_GIT_COMMIT set to `git rev-parse HEAD` or to its short form
-    text = (REPO / "results/tables/holdout_frameworks.md").read_text()
+    text = table("holdout_frameworks", ".md").read_text()
     code = next(line for line in text.splitlines() if line.startswith("Code: "))
     commits = code.removeprefix("Code: ").split(". Generated")[0].split(", ")
     assert commits == ["32041df", "7093f90"]  # nine cells ran at 32041dff... (the full hash), one at 7093f90
@@ -100,13 +119,13 @@ def test_published_tables_predict_with_the_committed_time_model(study):
     from trainbench.execute.results import read_result
     from trainbench.reporting.predictions import time_prediction
 
-    csv = pandas.read_csv(REPO / "results" / "tables" / f"{study}.csv")
+    csv = pandas.read_csv(table(study, ".csv"))
     column = "table.predicted_step_time_ms"
     if column not in csv:
         pytest.skip(f"{study}'s table reports no predicted step")
     checked = 0
     for cell_id, status, shown in zip(csv["cell_id"], csv["status"], csv[column]):
-        result = REPO / "results" / "runs" / study / cell_id / "metrics.json"
+        result = TABLES[study][0].parent / "runs" / study / cell_id / "metrics.json"
         if status != "ok" or math.isnan(shown) or not result.exists():
             continue
         doc = read_result(result)
@@ -116,3 +135,86 @@ def test_published_tables_predict_with_the_committed_time_model(study):
         assert shown == pytest.approx(predicted["step_time_s"] * 1000, rel=1e-6), (study, cell_id)
         checked += 1
     assert checked or not (csv["status"] == "ok").any()
+
+
+@pytest.mark.parametrize("study", PUBLISHED)
+def test_every_cell_of_a_published_study_is_in_its_csv_or_its_plan_once(study):
+    spec = TABLES[study][1]
+    csv, plan = pandas.read_csv(table(study, ".csv")), pandas.read_csv(table(study, ".plan.csv"))
+    measured, planned = list(csv.cell_id), list(plan.cell_id)
+    assert sorted(measured + planned) == sorted(c.cell_id for c in spec.cells)  # each once, none lost
+    # the CSV's are the cells with a result on disk, the plan's those without
+    results = {c.cell_id for c in spec.cells if (TABLES[study][0].parent.parent / c.target).exists()}
+    assert set(measured) == results
+    assert not set(plan.status) & {"ok", "oom", "failed", "timeout"}
+    # the markdown: a row per measured cell, and the others counted by outcome, adding up to the plan
+    text = table(study, ".md").read_text()
+    assert len(markdown_rows(text)) - 1 == len(csv)
+    assert (NOT_RUN in text) == bool(len(plan))
+    counts = re.findall(r"^\| .+ \| (\d+) \|$", text.split(NOT_RUN, 1)[1] if NOT_RUN in text else "", flags=re.M)
+    assert sum(map(int, counts)) == len(plan)
+
+
+@pytest.mark.parametrize("study", PUBLISHED)
+def test_a_published_markdown_leads_with_its_findings_and_stays_small(study):
+    text = table(study, ".md").read_text()
+    assert len(text.encode()) <= LARGEST_MARKDOWN, f"{study}.md: {len(text.encode()):,} bytes"
+    headings = re.findall(r"^## (.+)$", text, flags=re.M)
+    assert text.startswith(f"# {study}\n\n")
+    if TABLES[study][1].findings:  # title, description, then the findings and their verdicts
+        assert headings[:2] == ["Findings", "Measured cells"]
+        assert text.index("## Findings") < 3_000
+        assert re.search(r"\d+ (reproduced|partly|not reproduced|not yet measured)", text.split(MEASURED)[0])
+    else:
+        assert headings[0] == "Measured cells"
+
+
+@pytest.mark.parametrize("study", PUBLISHED)
+def test_published_csvs_hold_one_scalar_per_column(study):
+    for suffix in (".csv", ".plan.csv"):
+        csv = pandas.read_csv(table(study, suffix))
+        series = [c for c in csv.columns if re.search(r"\.\d+(\.|$)", c)]  # metrics.loss_curve.0, ...
+        assert not series, (suffix, series[:5])
+        assert not [c for c in csv.columns if c.startswith(("provenance.packages", "provenance.environment"))]
+        assert len(csv.columns) < 400, (suffix, len(csv.columns))
+
+
+def test_a_document_becomes_scalar_columns_its_series_left_in_metrics_json():
+    metrics = {"step_time_s": 0.5, "step_time_s_ci": [0.4, 0.6], "loss_curve": [9, 8, 7],
+               "gpu_mem_used_mib": [1000, 1100], "timing": {"method": "windows"}}
+    doc = {"cell_id": "c", "metrics": metrics,
+           "provenance": {"gpu_name": "H200", "packages": {"torch": "2.11"}, "environment": {"A": "1"}}}
+    assert scalar_columns(doc) == {"cell_id": "c", "metrics.step_time_s": 0.5,
+                                   "metrics.step_time_s_ci.low": 0.4, "metrics.step_time_s_ci.high": 0.6,
+                                   "metrics.timing.method": "windows", "provenance.gpu_name": "H200"}
+
+
+def test_planned_cells_go_to_the_plan_and_the_markdown_counts_them(tmp_path):
+    plan_for = {"name": "4 x H200", "gpu_mem_gib": 140.4, "gpus_per_node": 4, "host_mem_gib": 560}
+    study = load_config({"studies": {"s": {
+        "description": "d",
+        "settings": {"framework": "hf_trainer", "strategy": "fsdp", "micro_batch": 1, "grad_accum": 8,
+                     "activation_checkpointing": True},
+        "axes": {"model": ["llama-7b", "llama-65b"], "gpus": [4, 8]},
+        "measure": {"cells": [{"model": "llama-7b", "gpus": 4}], "plan_for": plan_for}}}}).study("s")
+    ran = study.cell("model~llama-7b__gpus~4")
+    result = {"study": "s", "cell_id": ran.cell_id, "params": ran.params.as_dict(), "status": "oom",
+              "reason": "OOM at step 1 (warm-up)", "metrics": {"gpu_mem_used_mib": [140_000] * 4},
+              "provenance": {"gpu_name": "NVIDIA H200", "gpu_count": 4}}
+    docs = with_planned([result], study)
+    files = {name: tmp_path / f"s{name}" for name in (".md", ".csv", ".plan.csv")}
+    write_tables(docs, study="s", description="d", id_keys=["model", "gpus"], report=["gpu_mem_max_gib"],
+                 csv_path=files[".csv"], md_path=files[".md"], plan_path=files[".plan.csv"],
+                 plan_for=plan_for)
+    text = files[".md"].read_text()
+    assert markdown_rows(text)[1][:3] == ["llama-7b", "4", "OOM at step 1 (warm-up)"]
+    assert len(markdown_rows(text)) == 2 and "| planned" not in text.split(NOT_RUN)[0]
+    assert "1 cell with a result of the study's 4: 1 oom." in text
+    assert "3 of the study's 4 cells have no result" in text and "results/tables/s.plan.csv" in text
+    assert "| planned: predicted not to fit: GPUs, GPU memory | 1 |" in text
+    assert "4 GPUs of 140.4 GiB and 560 GiB of host memory per node" in text
+    assert list(pandas.read_csv(files[".csv"]).cell_id) == [ran.cell_id]
+    plan = pandas.read_csv(files[".plan.csv"])
+    assert list(plan.cell_id) == [c.cell_id for c in study.cells if c is not ran]
+    assert plan["table.predicted_gpu_mem_gib"].notna().all()
+    assert "table.gpu_mem_max_gib" not in plan  # nothing measured: the column is left out

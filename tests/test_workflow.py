@@ -19,6 +19,7 @@ from trainbench.study.config import load_config
 from conftest import CPU_MACHINE, REPO, Workflow, parse_dry_run, tiny_study
 
 TABLE_FINDINGS = "results/tables/t.findings.csv"
+TABLE_PLAN = "results/tables/t.plan.csv"
 
 
 def run_counts(jobs: dict[str, set[str]]) -> dict[str, int]:
@@ -89,7 +90,7 @@ def test_each_study_dry_runs_listing_its_cells_and_resources(workflow, every_cel
         jobs.setdefault(job["rule"], set()).update(job["output"])
     assert len(jobs["train_cell"]) == len(expected.cells)
     assert jobs["study_table"] == {f"results/tables/{study}.md", f"results/tables/{study}.csv",
-                                   f"results/tables/{study}.findings.csv"}
+                                   f"results/tables/{study}.plan.csv", f"results/tables/{study}.findings.csv"}
     resources = [job["resources"] for job in planned if job["resources"]]
     for cell in expected.cells:
         r = cell.resources()
@@ -208,7 +209,7 @@ def test_only_missing_or_changed_cells_rerun(rerun_workflow):
     workflow.write_config(changed)
     jobs = workflow.planned()
     assert cells_planned(jobs) == {"micro_batch~4"}
-    assert jobs["study_table"] == {"results/tables/t.md", "results/tables/t.csv", TABLE_FINDINGS}
+    assert jobs["study_table"] == {"results/tables/t.md", "results/tables/t.csv", TABLE_PLAN, TABLE_FINDINGS}
     assert jobs["study_plots"] == {"results/plots/t_memory.png", "results/plots/t_throughput.png"}
     workflow.snakemake()
 
@@ -234,7 +235,7 @@ def test_only_missing_or_changed_cells_rerun(rerun_workflow):
     workflow.write_config(changed)
     jobs = workflow.planned()
     assert "train_cell" not in jobs and jobs["study_table"] == {"results/tables/t.md", "results/tables/t.csv",
-                                                                TABLE_FINDINGS}
+                                                                TABLE_PLAN, TABLE_FINDINGS}
     assert "study_plots" not in jobs
     # and so does a change of the findings it judges
     changed["studies"]["t"]["findings"] = [{"claim": "steps take longer with larger batches",
@@ -262,7 +263,7 @@ def test_only_missing_or_changed_cells_rerun(rerun_workflow):
     jobs = workflow.planned("results/tables/t.md", "--forcerun", cell)
     assert cells_planned(jobs) == {"micro_batch~2"} and jobs["study_table"] == {"results/tables/t.md",
                                                                                  "results/tables/t.csv",
-                                                                                 TABLE_FINDINGS}
+                                                                                 TABLE_PLAN, TABLE_FINDINGS}
     # its plots with it: through a plot, or through the study's page (table, plots and page)
     jobs = workflow.planned("results/plots/t_memory.png", "--forcerun", cell)
     assert cells_planned(jobs) == {"micro_batch~2"} and set(jobs) == {"train_cell", "study_plots"}
@@ -299,7 +300,8 @@ def test_reruns_follow_the_config_in_a_fresh_clone_without_snakemake_metadata(re
     workflow.path("results/runs/u/seed~1/metrics.json").unlink()
     jobs = workflow.planned()
     assert cells_planned(jobs) == {"seed~1"} and jobs["study_table"] == {
-        "results/tables/u.md", "results/tables/u.csv", "results/tables/u.findings.csv"}
+        "results/tables/u.md", "results/tables/u.csv", "results/tables/u.plan.csv",
+        "results/tables/u.findings.csv"}
 
 
 def test_a_refit_of_the_models_reruns_what_shows_their_predictions_and_no_cell(workflow):
@@ -331,7 +333,8 @@ def test_a_refit_of_the_models_reruns_what_shows_their_predictions_and_no_cell(w
     for fitted in refit.values():
         fitted["eta_matmul"] *= 0.9
     constants.write_text(json.dumps(refit, indent=1))
-    assert planned() == {"study_table": {"results/tables/t.md", "results/tables/t.csv", TABLE_FINDINGS},
+    assert planned() == {"study_table": {"results/tables/t.md", "results/tables/t.csv", TABLE_PLAN,
+                                         TABLE_FINDINGS},
                          "study_plots": {"results/plots/t_memory.png", "results/plots/t_throughput.png"},
                          "dataset": {"results/dataset/cells.parquet"}}
 

@@ -19,8 +19,9 @@ PROBE = "results/search/{study}/{cell}/mb~{micro_batch}/metrics.json"
 PROBE_LOG = "results/search/{study}/{cell}/mb~{micro_batch}/log"
 SEARCH = "results/search/{study}/{cell}/max_batch.json"
 SEARCH_LOG = "results/search/{study}/{cell}/max_batch.log"
-TABLE_MD = "results/tables/{study}.md"
-TABLE_CSV = "results/tables/{study}.csv"
+TABLE_MD = "results/tables/{study}.md"  # findings, the cells with a result, a count of the others
+TABLE_CSV = "results/tables/{study}.csv"  # the cells with a result, one row each
+TABLE_PLAN = "results/tables/{study}.plan.csv"  # the cells without one (planned, not run), one row each
 TABLE_FINDINGS = "results/tables/{study}.findings.csv"
 TABLE_LOG = "results/logs/tables/{study}.log"
 PLOT_MEMORY = "results/plots/{study}_memory.png"
@@ -44,9 +45,9 @@ def path(pattern: str, **wildcards) -> str:
 
 
 def study_outputs(study: str, profiled: bool = False) -> list[str]:
-    """What a study's `rule all` target is made of: its table (both forms, and its findings), its plots
-    (where it profiles its cells, where their time went) and its page (the report's)."""
-    patterns = (TABLE_MD, TABLE_CSV, TABLE_FINDINGS, PLOT_MEMORY, PLOT_THROUGHPUT, STUDY_PAGE)
+    """What a study's `rule all` target is made of: its table (markdown, CSV, plan and findings), its
+    plots (where it profiles its cells, where their time went) and its page (the report's)."""
+    patterns = (TABLE_MD, TABLE_CSV, TABLE_PLAN, TABLE_FINDINGS, PLOT_MEMORY, PLOT_THROUGHPUT, STUDY_PAGE)
     return [path(pattern, study=study) for pattern in patterns + ((PLOT_BREAKDOWN,) if profiled else ())]
 
 

@@ -1,5 +1,13 @@
-# Every cell of a study, whatever its status, into one CSV (all fields) and one markdown table, with the
-# study's findings judged under it (and pair by pair in the findings CSV).
+# A study's table: the markdown (findings, the cells with a result, a count of the others), the CSV of
+# the cells with a result, the plan (the cells without one) and the findings judged pair by pair.
+from trainbench.reporting.tables import made_with
+
+
+def get_table_made_with(wildcards):
+    """What the table is made from besides its inputs, as one line: a change reruns it."""
+    study = get_study(wildcards)
+    return made_with(WORKFLOW.table_layout(study), WORKFLOW.planning(study), WORKFLOW.missing_cells(study),
+                     get_cells_short_of_gpus(wildcards), PREDICTION_MODELS)
 
 
 rule study_table:
@@ -8,19 +16,26 @@ rule study_table:
         searches=get_study_searches,
         grid=get_study_grid,
     output:
-        csv=report(
-            paths.TABLE_CSV,
-            caption="../report/table_csv.rst",
-            category="{study}",
-            subcategory="tables",
-            labels={"shows": "table, every field of every cell (CSV)"},
-        ),
         md=report(
             paths.TABLE_MD,
             caption="../report/table_md.rst",
             category="{study}",
             subcategory="tables",
-            labels={"shows": "table (markdown)"},
+            labels={"shows": "findings and measured cells (markdown)"},
+        ),
+        csv=report(
+            paths.TABLE_CSV,
+            caption="../report/table_csv.rst",
+            category="{study}",
+            subcategory="tables",
+            labels={"shows": "measured cells, one row each (CSV)"},
+        ),
+        plan=report(
+            paths.TABLE_PLAN,
+            caption="../report/table_plan.rst",
+            category="{study}",
+            subcategory="tables",
+            labels={"shows": "planned and not-run cells, with predictions (CSV)"},
         ),
         findings=report(
             paths.TABLE_FINDINGS,
@@ -35,11 +50,7 @@ rule study_table:
     conda:
         "../../envs/analysis.yaml"
     params:
-        missing=get_missing_cells,
-        short_of_gpus=get_cells_short_of_gpus,
-        layout=get_study_layout,
-        planning=get_study_planning,
-        prediction_models=PREDICTION_MODELS,
+        made_with=get_table_made_with,
     script:
         "../scripts/make_tables.py"
 

@@ -1,14 +1,21 @@
-"""Aggregate a study's metrics.json files into a CSV (everything, flattened) and a markdown table.
+"""Aggregate a study's metrics.json files into its markdown table, its CSV and its plan.
 
-The markdown table has one row per cell, whatever its status: the cell's varying parameters, its
-result ("ok", "OOM at step 23 (timed)", "unsupported: why"), then the study's report columns
-(reporting.columns) in the units its origin used. Every number comes from a metrics.json; nothing here
+The markdown reads top down: the study's title and description, its findings (the verdict of each,
+reporting.findings), then one row per cell that has a result, whatever its status: the cell's varying
+parameters, its result ("ok", "OOM at step 23 (timed)", "unsupported: why"), then the study's report
+columns (reporting.columns) in the units its origin used; then the cells without one (planned, or
+needing more GPUs than the machine that made the table), counted by reason. Their rows, with the memory
+and time models' figures, are the plan (`<study>.plan.csv`); the CSV has the measured rows. Both CSVs
+are one row per cell and one scalar per column: series (a loss curve, a figure per rank or per step)
+stay in each cell's metrics.json. Every number comes from a metrics.json or the models; nothing here
 invents one.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -236,55 +243,108 @@ def _time_model_note(docs: list[Doc]) -> list[str]:
 def study_markdown(study: str, description: str, docs: list[Doc], *, id_keys: list[str], report: list[str],
                    plan_for: dict[str, Any] | None = None, judged: list | None = None,
                    references: list[dict[str, Any]] | None = None) -> str:
-    """The study's markdown: its table, notes, the largest-batch searches, its findings as `judged`
-    (findings.evaluate) and its cells against its references."""
+    """The study's markdown: its title and description, its findings as `judged` (findings.evaluate),
+    the table of the cells that have a result with its notes, the largest-batch searches, its cells
+    against its references, and the cells without a result counted by reason (their rows: the plan)."""
     from trainbench.reporting import references as referenced
     from trainbench.reporting.findings import markdown as findings_markdown
 
     report = with_predictions(report, docs)
     docs = with_current_predictions(docs)
-    statuses = Counter(d["status"] for d in docs)
-    commits = sorted({_short_commit((d.get("provenance") or {}).get("git_commit") or "unknown") for d in docs
-                      if d["status"] not in ("planned", "not run")})
+    measured, not_run = split_not_run(docs)
+    statuses = Counter(d["status"] for d in measured)
+    commits = sorted({_short_commit((d.get("provenance") or {}).get("git_commit") or "unknown")
+                      for d in measured})
+    made = (f"Generated {dt.date.today().isoformat()} by "
+            f"`snakemake {paths.path(paths.TABLE_MD, study=study)}` from "
+            f"{paths.path(paths.RUN, study=study, cell='*')}.")
+    if measured:
+        table = [
+            markdown_table(measured, id_keys=id_keys, report=report),
+            "",
+            f"{_count(len(measured), 'cell')} with a result"
+            + (f" of the study's {len(docs)}" if not_run else "") + ": "
+            + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) + ".",
+            f"Ran on: {_hardware_summary(measured)}.",
+            f"Code: {', '.join(commits)}. {made}",
+            "",
+            *_emulation_note(measured),
+            *_timing_note(measured),
+            *_time_model_note(measured),
+            "Columns: " + "; ".join(f"{COLUMNS[c].header}: {COLUMNS[c].description}" for c in report) + ".",
+            "",
+        ]
+    else:
+        table = ["No cell of this study has a result yet.", made, ""]
     parts = [
         f"# {study}",
         "",
         description.strip(),
         "",
-        markdown_table(docs, id_keys=id_keys, report=report),
-        "",
-        f"{len(docs)} cells: " + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) + ".",
-        f"Ran on: {_hardware_summary(docs)}.",
-        f"Code: {', '.join(commits)}. Generated {dt.date.today().isoformat()} by `snakemake "
-        f"{paths.path(paths.TABLE_MD, study=study)}` from {paths.path(paths.RUN, study=study, cell='*')}.",
-        "",
-        *_planning_note(docs, plan_for),
-        *_emulation_note(docs),
-        *_timing_note(docs),
-        *_time_model_note(docs),
-        "Columns: " + "; ".join(f"{COLUMNS[c].header}: {COLUMNS[c].description}" for c in report) + ".",
-        "",
-        *search_markdown(docs, id_keys=id_keys),
         *findings_markdown(judged or []),
-        *referenced.markdown(referenced.check(references or [], docs)),
+        "## Measured cells",
+        "",
+        *table,
+        *search_markdown(measured, id_keys=id_keys),
+        *referenced.markdown(referenced.check(references or [], measured)),
+        *not_run_markdown(study, not_run, len(docs), plan_for),
     ]
     return "\n".join(parts)
 
 
-def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested dicts and lists to dotted columns: metrics.gpu_mem_used_mib.0, params.strategy."""
+def _count(n: int, unit: str) -> str:
+    return f"{n} {unit}{'' if n == 1 else 's'}"
+
+
+def not_run_markdown(study: str, docs: list[Doc], cells: int, plan_for: dict[str, Any] | None) -> list[str]:
+    """The cells without a result, as a count by outcome: their rows are the plan file."""
+    if not docs:
+        return []
+    outcomes = Counter(f"{d['status']}: {d['reason']}" if d.get("reason") else d["status"] for d in docs)
+    lines = ["| outcome | cells |", "| --- | --- |"]
+    lines += [f"| {escape(outcome)} | {n} |" for outcome, n in outcomes.most_common()]
+    return [
+        "## Planned and not run",
+        "",
+        f"{len(docs)} of the study's {cells} cells have no result. Their rows, each with the memory and time "
+        f"models' figures, are in {paths.path(paths.TABLE_PLAN, study=study)}.",
+        "",
+        "\n".join(lines),
+        "",
+        *_planning_note(docs, plan_for),
+    ]
+
+
+# Rows of cells that have no result (outside the study's `measure` selection, or needing more GPUs than
+# the machine that made the table had) carry this key: they go to the plan, not the table.
+NOT_RUN = "not_run"
+
+
+def split_not_run(docs: list[Doc]) -> tuple[list[Doc], list[Doc]]:
+    """The rows with a result (the table's), and those without (the plan's), each in grid order."""
+    return [d for d in docs if not d.get(NOT_RUN)], [d for d in docs if d.get(NOT_RUN)]
+
+
+# Maps whose keys are whatever a host had (every installed package, every environment variable the run
+# recorded): hundreds of columns, read in the cell's metrics.json instead.
+OPEN_ENDED = ("provenance.packages", "provenance.environment")
+
+
+def scalar_columns(value: Any, prefix: str = "") -> dict[str, Any]:
+    """A document as scalar columns: nested mappings to dotted names (metrics.timing.method); a 95%
+    interval ([low, high] under a `*_ci` key) to `<key>.low` and `<key>.high`. Other lists (a loss curve,
+    a figure per rank or per step) are series, not columns: the cell's metrics.json keeps them."""
     if isinstance(value, dict):
+        if prefix in OPEN_ENDED:
+            return {}
         out: dict[str, Any] = {}
         for key, item in value.items():
-            out.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+            out.update(scalar_columns(item, f"{prefix}.{key}" if prefix else str(key)))
         return out
     if isinstance(value, list):
-        if not value:
-            return {prefix: ""}
-        out = {}
-        for i, item in enumerate(value):
-            out.update(flatten(item, f"{prefix}.{i}"))
-        return out
+        if prefix.endswith("_ci") and len(value) == 2:
+            return {f"{prefix}.low": value[0], f"{prefix}.high": value[1]}
+        return {}
     return {prefix: value}
 
 
@@ -292,27 +352,32 @@ CSV_FIRST = ["study", "cell_id", "status", "reason", "params_hash"]
 
 
 def csv_rows(docs: list[Doc], *, id_keys: list[str], report: list[str]) -> list[dict[str, Any]]:
-    """One flat row per cell: everything in its metrics.json (the prediction it was launched with as
-    predicted_at_run.*, the current model's as predicted_now.*), and the markdown table's columns as
-    table.<column> from the same computation (table_rows)."""
-    docs = with_current_predictions(docs)
+    """One row per cell: the table's columns as table.<column> (table.<column>_low / _high for an
+    interval), from the same computation as the markdown (table_rows); then the scalars of its
+    metrics.json, the prediction it was launched with as predicted_at_run.*, the current models' as
+    predicted_now.* and predicted_time.*. `docs` carry their current predictions
+    (with_current_predictions)."""
     rows = []
     for doc, table in zip(docs, table_rows(docs, id_keys=id_keys, report=report)):
-        document = {k: v for k, v in doc.items() if k not in ("predicted", "predicted_now")}
-        document["predicted_at_run"] = (doc.get("predicted") if doc["status"] not in ("planned", "not run")
-                                        else {})
+        document = {k: v for k, v in doc.items() if k not in ("predicted", "predicted_now", NOT_RUN)}
+        document["predicted_at_run"] = doc.get("predicted") if not doc.get(NOT_RUN) else {}
         document["predicted_now"] = doc["predicted_now"]
-        row = flatten(document)
-        row.update({f"table.{name}": value for name, value in table.items() if name not in id_keys})
+        row = {f"table.{name}": value for name, value in table.items() if name not in id_keys}
+        row.update(scalar_columns(document))
         rows.append(row)
     return rows
 
 
-def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+def write_csv(rows: list[dict[str, Any]], path: Path, drop_empty: bool = False) -> None:
+    """The rows with the cell's identity first, the table's columns next, the rest by name; with
+    `drop_empty`, without the columns no row has a value in (the plan: nothing measured)."""
     table = [k for k in dict.fromkeys(k for row in rows for k in row) if k.startswith("table.")]
     rest = sorted({k for row in rows for k in row} - set(CSV_FIRST) - set(table))
+    frame = pandas.DataFrame(rows, columns=CSV_FIRST + table + rest)
+    if drop_empty:
+        frame = frame[[c for c in frame.columns if c in CSV_FIRST or frame[c].notna().any()]]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    pandas.DataFrame(rows, columns=CSV_FIRST + table + rest).to_csv(path, index=False)
+    frame.to_csv(path, index=False)
 
 
 def with_searches(docs: list[Doc], searches: list[Doc]) -> list[Doc]:
@@ -323,25 +388,64 @@ def with_searches(docs: list[Doc], searches: list[Doc]) -> list[Doc]:
 
 def with_planned(docs: list[Doc], study: Study, short_of_gpus: dict[str, str] | None = None) -> list[Doc]:
     """The measured cells' documents and the planned cells' rows, in the grid's order; a measured cell
-    the machine that made the table could not run (`short_of_gpus`: id to why) has a row saying so."""
+    the machine that made the table could not run (`short_of_gpus`: id to why) has a row saying so.
+    The rows without a result carry NOT_RUN."""
     by_id = {d["cell_id"]: d for d in docs}
-    by_id.update({c.cell_id: planned_document(c, study.plan_for) for c in study.planned})
+    by_id.update({c.cell_id: {**planned_document(c, study.plan_for), NOT_RUN: True} for c in study.planned})
     for cell_id, why in (short_of_gpus or {}).items():
         row = planned_document(study.cell(cell_id), study.plan_for)
-        by_id[cell_id] = {**row, "status": "not run", "reason": why}
+        by_id[cell_id] = {**row, "status": "not run", "reason": why, NOT_RUN: True}
     return [by_id[c.cell_id] for c in study.cells if c.cell_id in by_id]
 
 
+def short_of_gpus(study: Study, results: list[str]) -> dict[str, str]:
+    """The measured cells the workflow left out of the table's inputs (`results`, the metrics.json files
+    it was given) for want of GPUs on the machine that made it (Workflow.cells_short_of_gpus), and
+    why."""
+    from trainbench.execute.gpus import short_of_gpus as needs
+
+    given = {str(Path(r)) for r in results}
+    return {c.cell_id: f"{needs(c.params, 0) or 'needs GPUs'}, more than the machine that made this table has"
+            for c in study.cells if c.measured and str(Path(c.target)) not in given}
+
+
 def write_tables(docs: list[Doc], *, study: str, description: str, id_keys: list[str], report: list[str],
-                 csv_path: Path, md_path: Path, plan_for: dict[str, Any] | None = None,
-                 findings: list[dict[str, Any]] | None = None, findings_path: Path | None = None,
-                 references: list[dict[str, Any]] | None = None) -> None:
-    """The study's CSV and markdown, and its findings judged once for both the markdown and their CSV."""
+                 csv_path: Path, md_path: Path, plan_path: Path | None = None,
+                 plan_for: dict[str, Any] | None = None, findings: list[dict[str, Any]] | None = None,
+                 findings_path: Path | None = None, references: list[dict[str, Any]] | None = None) -> None:
+    """The study's markdown, its CSV (the cells with a result) and plan (those without), and its
+    findings judged once for both the markdown and their CSV."""
     from trainbench.reporting import findings as judging
 
-    judged = judging.evaluate(findings, with_current_predictions(docs), id_keys)
-    write_csv(csv_rows(docs, id_keys=id_keys, report=with_predictions(report, docs)), Path(csv_path))
+    current = with_current_predictions(docs)
+    judged = judging.evaluate(findings, current, id_keys)
+    columns = with_predictions(report, docs)
+    measured, not_run = split_not_run(current)
+    write_csv(csv_rows(measured, id_keys=id_keys, report=columns), Path(csv_path))
+    if plan_path is not None:
+        write_csv(csv_rows(not_run, id_keys=id_keys, report=columns), Path(plan_path), drop_empty=True)
     Path(md_path).write_text(study_markdown(study, description, docs, id_keys=id_keys, report=report,
                                             plan_for=plan_for, judged=judged, references=references))
     if findings_path is not None:
         judging.write_csv(judged, Path(findings_path))
+
+
+def made_with(layout: dict[str, Any], planning: dict[str, Any], missing: list[str], short: dict[str, str],
+              models: str) -> str:
+    """What a study's table is made from besides its input files (Workflow.table_layout, .planning,
+    .missing_cells, .cells_short_of_gpus, .prediction_models), as one line that changes with any of
+    them: the table job's parameter, so that a change reruns it, and what the report's info panel
+    shows of it."""
+    digest = hashlib.sha256(json.dumps([layout, planning, sorted(missing), short, models], sort_keys=True,
+                                       default=str).encode()).hexdigest()[:12]
+    plan_for = (planning.get("plan_for") or {}).get("name")
+    facts = [
+        f"{_count(len(layout['report']), 'column')}, {_count(len(layout['findings'] or []), 'finding')}, "
+        f"{_count(len(layout['references'] or []), 'reference')}",
+        _count(len(planning["planned"]), "planned cell") + (f" for {plan_for}" if plan_for else ""),
+        f"{_count(len(missing), 'measured cell')} without a result",
+        f"{_count(len(short), 'cell')} short of GPUs here",
+        f"prediction models {models}",
+        f"digest {digest}",
+    ]
+    return "; ".join(facts)
