@@ -245,7 +245,7 @@ def test_schema_errors_name_the_key_and_what_is_allowed(settings, expected):
      "offload_optimizer: means nothing for deepspeed strategy 'zero0'"),
     ({"framework": "deepspeed", "strategy": "zero1", "tp": 3},
      "gpus: gpus=2 is not divisible by tp x pp = 3 x 1"),
-    ({"model": "gpt5"}, "model: unknown model 'gpt5'; known: gpt2-tiny"),
+    ({"model": "gpt5"}, "model: unknown model 'gpt5' (did you mean 'gpt-5.8b'?); known: gpt2-tiny"),
     ({"seq_len": 4096}, "seq_len: 4096 exceeds gpt2-tiny's context of 128 tokens"),
     ({"gpus": 3, "nodes": 2}, "gpus=3 is not a multiple of nodes=2"),
     ({"strategy": "ddp", "launcher": "deepspeed"},

@@ -67,6 +67,12 @@ def load_checked(source: dict[str, Any] | str | Path) -> Config:
     """config.yaml as the workflow and the command line take it: the studies (study.config.load_config)
     and what each study reports, its table columns and its findings, checked before any job runs."""
     config = load_config(source)
+    if config.models:
+        # your models built, checked and counted (on fake tensors) before any job runs: a definition
+        # that cannot train is refused here, by name; each is counted once (results/models/<name>.json)
+        from trainbench.training.user_models import FACTS_DIR, count_registered
+
+        count_registered(config.base / FACTS_DIR)
     problems: list[str] = []
     for name, study in config.studies.items():
         problems += report_problems(name, study.report)
@@ -282,7 +288,7 @@ class Workflow:
         (the published studies), so that the report needs nothing run first."""
         names = self.config.default_targets_studies(have_gpus=have_gpus)
         outputs = [output for name in names
-                   for output in paths.study_outputs(name, profiled=self.config.study(name).profiled)]
+                   for output in paths.study_outputs(name)]
         if reporting and not all(os.path.exists(o) for o in outputs):
             return self.tabled_outputs()
         return outputs
@@ -298,5 +304,5 @@ class Workflow:
         tabled = [name for name in self.config.studies
                   if os.path.exists(paths.path(paths.TABLE_MD, study=name))]
         return [output for name in tabled
-                for output in paths.study_outputs(name, profiled=self.config.study(name).profiled)
+                for output in paths.study_outputs(name)
                 if os.path.exists(output)] + ([paths.DATASET] if os.path.exists(paths.DATASET) else [])

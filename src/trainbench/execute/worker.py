@@ -25,6 +25,7 @@ import torch.distributed as dist
 from trainbench.training import emulation
 from trainbench.registry.frameworks import deepspeed_ops
 from trainbench.training.gpt import hold_attention_kernel
+from trainbench.execute.cellrun import register_user_model
 from trainbench.execute.gpus import EnergyCounter
 from trainbench.execute.launch import free_port
 from trainbench.execute.lifetime import runner_to_watch, when_gone
@@ -70,6 +71,7 @@ def _single_process_environment() -> None:
 class Worker:
     def __init__(self, cell: dict, work_dir: Path, imported: float | None = None):
         params = CellParams.from_dict(cell["params"])  # as cellrun wrote it (CellParams.as_dict)
+        register_user_model(params)
         self.emulated = emulation.rank_of(params) if params.emulate else None
         if self.emulated is not None:
             # one process stands in for one rank of the world: the variables a launcher would set

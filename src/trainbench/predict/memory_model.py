@@ -59,7 +59,7 @@ from trainbench.study.params import CellParams
 from trainbench.registry.frameworks import framework_of, offloads, strategy_of
 from trainbench.registry.hardware import GPUS, GpuType, gpu_type, gpu_type_named_in, gpu_type_of
 from trainbench.registry.hardware import MIB
-from trainbench.registry.models import ModelSpec, get_model
+from trainbench.registry.models import ActivationTrace, ModelSpec, get_model
 
 
 # DeepSpeed's default (deepspeed/runtime/zero/config.py); frameworks' reduction buckets are theirs
@@ -368,9 +368,20 @@ def _dtype_bytes(params: CellParams) -> tuple[int, int]:
     return (2 if mixed else 4), (2 if half_engine else 4)
 
 
+def traced(params: CellParams, spec: ModelSpec) -> ActivationTrace:
+    """What a model of the user's saves for backward per sample, traced at the cell's precision mode
+    (the dtypes _dtype_bytes gives), attention kernel and length (trainbench.training.user_models)."""
+    compute, residual = _dtype_bytes(params)
+    mode = "fp32" if compute == 4 else ("half-16" if residual == 2 else "autocast-16")
+    return spec.facts.activations(spec, mode, "eager" if params.attention == "eager" else "sdpa",
+                                  params.seq_len or spec.max_seq)
+
+
 def block_bytes_per_token(params: CellParams, spec: ModelSpec) -> float:
     """Bytes one block saves for backward per token on one rank (also the time model's measure of a
     block's elementwise memory traffic)."""
+    if spec.user_defined:  # traced, not listed: the architecture is the user's
+        return traced(params, spec).block_bytes / (params.seq_len or spec.max_seq)
     compute, residual = _dtype_bytes(params)
     sizes = {"c": compute, "rep": compute, "res": residual, "mask": 1}
     # tensor parallelism splits what is inside attention and the MLP, not the residual stream nor
@@ -395,7 +406,7 @@ def eager_score_bytes_per_token(params: CellParams, spec: ModelSpec) -> float:
     elementwise traffic too."""
     eager = params.attention == "eager" or (
         framework_of(params).memory.eager_attention_when_deterministic and params.deterministic)
-    if not eager:
+    if not eager or spec.user_defined:  # a traced block's bytes hold its scores already
         return 0.0
     compute, residual = _dtype_bytes(params)
     # Saved per score element: the softmax's output (fp32 where the model asks for it or autocast runs
@@ -424,12 +435,15 @@ def _block_activations(params: CellParams, spec: ModelSpec, in_flight: int) -> f
     block = tokens * block_bytes_per_token(params, spec)
     block += tokens * eager_score_bytes_per_token(params, spec)
     layers = spec.n_layer / params.pp
+    # what a checkpointed block keeps: its input, the residual stream (traced for a user's model)
+    kept = (traced(params, spec).block_input_bytes / (params.seq_len or spec.max_seq) if spec.user_defined
+            else spec.d_model * residual)
     if params.activation_checkpointing and params.checkpoint_in_cpu:
         # the checkpointed inputs wait in host memory (checkpoints_in_host); on the device, the one
         # gathered back for the block being recomputed, and that block's activations
-        return tokens * spec.d_model * residual + block
+        return tokens * kept + block
     if params.activation_checkpointing:
-        return layers * tokens * spec.d_model * residual * in_flight + block
+        return layers * tokens * kept * in_flight + block
     return layers * block * in_flight
 
 
@@ -451,6 +465,10 @@ def _logits(params: CellParams, spec: ModelSpec) -> float:
         return 0.0
     compute, _ = _dtype_bytes(params)
     tokens = (params.seq_len or spec.max_seq) * params.micro_batch
+    if spec.user_defined:
+        # traced: what the embeddings, final norm, head and loss save; and the loss's fp32 gradient of
+        # the logits, which backward makes first
+        return traced(params, spec).outside_bytes * params.micro_batch + tokens * spec.vocab_size * 4
     vocab = -(-spec.vocab_size // params.tp) if vocab_parallel(params) else spec.vocab_size
     return tokens * vocab * _logit_bytes(params, spec, compute)
 

@@ -249,13 +249,16 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
     # --- compute, on the busiest GPU (the last stage: its blocks and the head) ---
     layers = math.ceil(spec.n_layer / pp)
     d = spec.d_model
-    block = spec.block_params()
+    block = spec.block_matmul_params()
     head = spec.matmul_params(params.head, params.num_classes) - spec.n_layer * block
     split_vocabulary = vocab_parallel(params)
     if split_vocabulary:  # the LM head's columns split over the tensor-parallel ranks
         head /= tp
     linear = 6 * block * layers / tp + (2 * block * layers / tp if ac else 0)  # the blocks' matmuls
-    attention = (12 + 4 * ac) * layers * d * seq / tp
+    # attention's FLOPs per token, per position it attends to and layer: PaLM's 12 d, or, for a model of
+    # the user's, what torch's FLOP counter found (trainbench.training.user_models)
+    per_position = spec.facts.attention_flops_per_position / spec.n_layer if spec.user_defined else 12 * d
+    attention = per_position * (1 + ac / 3) * layers * seq / tp
     if params.precision == "fp32" and params.attention in ("sdpa", "efficient"):
         # SDPA has no fp32 flash or cuDNN kernel: fp32 runs the memory-efficient one on CUDA cores, TF32
         # or not (holdout_pace's GPT-345M: 221 ms of a 590 ms profiled step, 45 TFLOP/s): the fp32 peak

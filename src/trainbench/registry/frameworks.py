@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from trainbench.registry.models import MODELS, ModelSpec
+from trainbench.registry.models import ModelSpec, known_models
 
 
 class CellParams(Protocol):
@@ -219,7 +219,7 @@ def _lightning_zero(stage: int, offload: bool) -> Strategy:
 
 register(Framework(
     "torch", "plain torch: one process, DistributedDataParallel, or FSDP2 (fully_shard)",
-    "trainbench.training.runners.torch_native:TorchRunner", ("gpt",), (
+    "trainbench.training.runners.torch_native:TorchRunner", ("gpt", "custom"), (
         Strategy("single", "one process, no distributed wrapper", single_rank=True),
         Strategy("ddp", "torch DistributedDataParallel"),
         Strategy("fsdp", "torch FSDP2 (fully_shard) of every transformer block, then the root; with tp > 1 "
@@ -232,7 +232,7 @@ register(Framework(
 
 register(Framework(
     "deepspeed", "the DeepSpeed engine: ZeRO stages 0-3, offload, AutoTP tensor and pipeline parallelism",
-    "trainbench.training.runners.deepspeed_engine:DeepSpeedRunner", ("gpt",), (
+    "trainbench.training.runners.deepspeed_engine:DeepSpeedRunner", ("gpt", "custom"), (
         Strategy("zero0", "DeepSpeed engine, ZeRO disabled (data parallel)", layout="zero", zero_stage=0,
                  tensor_parallel=AUTOTP, pipeline_parallel=True),
         Strategy("zero1", "DeepSpeed ZeRO stage 1: optimizer states partitioned", layout="zero", zero_stage=1,
@@ -264,7 +264,7 @@ register(Framework(
 
 register(Framework(
     "hf_trainer", "the Hugging Face Trainer (the Alpaca-style LLaMA fine-tuning recipe)",
-    "trainbench.training.runners.hf_trainer:HfTrainerRunner", ("llama",), (
+    "trainbench.training.runners.hf_trainer:HfTrainerRunner", ("llama", "custom"), (
         Strategy("ddp", "Hugging Face Trainer, plain data parallel", wrapper="DistributedDataParallel"),
         Strategy("fsdp", "Trainer fsdp='full_shard auto_wrap' (offload_param adds 'offload')", layout="fsdp",
                  offload_param=OPTIONAL, needs_cuda=_HF_FSDP_CUDA_ONLY, wrapper="FullyShardedDataParallel"),
@@ -321,15 +321,15 @@ def check(params: CellParams) -> tuple[list[tuple[str, str]], str | None]:
             splitters = [f"{f.name} {s.name}" for f in registry().values() for s in f.strategies if has(s)]
             errors.append((key, f"{framework.name} strategy {name!r} has no {kind} parallelism; "
                                 f"strategies with it: {', '.join(splitters)}"))
-    if params.tp > 1 and params.model in MODELS:
-        spec = MODELS[params.model]
+    spec = known_models().get(params.model)
+    if params.tp > 1 and spec is not None and not spec.user_defined:  # (a user's model: unsupported)
         if spec.n_head % params.tp or spec.ffn % params.tp:
             errors.append(("tp", "tensor parallelism splits heads and the MLP across ranks: "
                                  f"tp={params.tp} "
                                  f"must divide {spec.name}'s {spec.n_head} heads and MLP width {spec.ffn}"))
-    if params.pp > 1 and params.model in MODELS and params.pp > MODELS[params.model].n_layer:
+    if params.pp > 1 and spec is not None and not spec.user_defined and params.pp > spec.n_layer:
         errors.append(("pp", f"pp={params.pp} stages need at least as many layers; "
-                             f"{params.model} has {MODELS[params.model].n_layer}"))
+                             f"{params.model} has {spec.n_layer}"))
     for key in (*OPTIONAL_SETTINGS, *OPTIONAL_SWITCHES):
         value = getattr(params, key)
         given = bool(value) if key in OPTIONAL_SWITCHES else value is not None
@@ -367,7 +367,11 @@ def not_implemented(params: CellParams) -> str | None:
     if params.pp > 1 and params.checkpoint_in_cpu:
         return ("the pipeline engine checkpoints its stages itself: checkpoint_in_cpu has no runner for it "
                 "in this version")
-    family = MODELS[params.model].family
+    family = known_models()[params.model].family
+    if family == "custom" and family not in framework_of(params).families:
+        building = [name for name, f in registry().items() if "custom" in f.families]
+        return (f"{params.framework}'s runner builds the registry's models only; a model of the config's "
+                f"`models` trains under {', '.join(building)}")
     if family not in framework_of(params).families:
         return (f"{params.framework} cannot build model family {family!r} ({params.model}) "
                 "in this version")

@@ -1,15 +1,73 @@
 """Model registry: architecture shapes by name, their parameter counts and training FLOPs.
 
-The registry knows shapes only; `trainbench.training.gpt` (and later other builders) turn a spec into a
-module.
-Counting is analytic so that the memory model and MFU work for models that were never built here
-(a 180B model on a laptop).
+Two kinds of models. The registry's own (MODELS): shapes whose counts are analytic, so that the memory
+model and MFU work for models never built here (a 180B model on a laptop); `trainbench.training.gpt`
+and the runners turn a spec into a module. And a user's, defined in config.yaml's `models` (a
+transformers config or a factory of their own module): registered by name when the config loads
+(`register_user_models`), with facts counted from the model itself (`ModelFacts`: built on the meta
+device, one step traced on fake tensors by trainbench.training.user_models) where the registry's
+formulas know nothing of the architecture.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ActivationTrace:
+    """What one sample's forward saves for backward, in bytes, as traced on fake tensors (one step of
+    the model at one precision mode, attention kernel and sequence length): each repeated block's
+    saved tensors (mean over the blocks), the block's input (what a checkpointed block keeps), and
+    everything outside the blocks (embeddings, final norm, head, loss). Parameters are not counted
+    (the memory model counts them as model states); what autocast casts of them is."""
+
+    block_bytes: float
+    block_input_bytes: float
+    outside_bytes: float
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """A user's model counted from itself. FLOPs per token are 6 x matmul_params (each weight's multiply
+    and add, forward, and twice that backward) plus attention_flops_per_position x the sequence length,
+    both read off torch's FLOP counter at two sequence lengths."""
+
+    params_total: int
+    embedding_params: int  # parameters of the input embeddings: looked up, no FLOPs
+    block_params: int  # one repeated block's (the mean, where they differ)
+    largest_param: int
+    matmul_params: int
+    block_matmul_params: int  # one block's share of matmul_params (a mixture of experts: its active ones)
+    attention_flops_per_position: float
+    hidden: int  # the width of a block's input (the residual stream)
+    n_blocks: int
+    block_class: str
+    # activation traces by key (`trace_key`), filled as cells ask; `tracer` makes a missing one
+    traces: dict[str, ActivationTrace] = field(default_factory=dict, compare=False, hash=False)
+
+    def activations(self, spec: ModelSpec, mode: str, attention: str, seq_len: int) -> ActivationTrace:
+        key = trace_key(mode, attention, seq_len)
+        if key not in self.traces:
+            if ACTIVATION_TRACER is None:
+                raise LookupError(f"model {spec.name!r}: no activation trace for {key} and no tracer "
+                                  "loaded (trainbench.training.user_models installs it)")
+            self.traces[key] = ACTIVATION_TRACER(spec, mode, attention, seq_len)
+        return self.traces[key]
+
+
+def trace_key(mode: str, attention: str, seq_len: int) -> str:
+    """`mode`: fp32; autocast-16 (fp32 weights, matmuls in a 16-bit type: single, DDP); or half-16 (the
+    model in a 16-bit type: FSDP2's mixed precision, DeepSpeed). bf16 and fp16 save the same bytes."""
+    return f"{mode}/{attention}/{seq_len}"
+
+
+# Installed by trainbench.training.user_models (the training stage builds and traces models; the
+# registry sits below it): (spec, mode, attention, seq_len) -> ActivationTrace
+ACTIVATION_TRACER: Callable[[Any, str, str, int], ActivationTrace] | None = None
 
 
 @dataclass(frozen=True)
@@ -33,6 +91,14 @@ class ModelSpec:
     # GPT: biases in the linear layers and LayerNorms (GPT-2's shape); False is nanoGPT's bias=False
     bias: bool = True
     note: str = ""
+    # a user's model (config.yaml's `models`): its definition as canonical JSON (what the cells'
+    # `model_definition` holds), and its facts counted from the model (None until counted)
+    definition: str = field(default="", compare=False)
+    facts: ModelFacts | None = field(default=None, compare=False, hash=False)
+
+    @property
+    def user_defined(self) -> bool:
+        return bool(self.definition)
 
     @property
     def ffn(self) -> int:
@@ -42,7 +108,15 @@ class ModelSpec:
     def head_dim(self) -> int:
         return self.d_model // self.n_head
 
+    def _counted(self) -> ModelFacts:
+        if self.facts is None:
+            raise LookupError(f"model {self.name!r} is defined in the config and has not been counted yet "
+                              "(trainbench.training.user_models.count_model)")
+        return self.facts
+
     def block_params(self) -> int:
+        if self.user_defined:
+            return self._counted().block_params
         d, f = self.d_model, self.ffn
         if self.family == "llama":
             # q, k, v, o without bias; gated MLP (gate, up, down); two RMSNorm weights
@@ -52,19 +126,28 @@ class ModelSpec:
             return 4 * d * d + 2 * d * f + 2 * d
         return 4 * d * d + 4 * d + 2 * d * f + f + d + 4 * d
 
+    def block_matmul_params(self) -> int:
+        """A block's parameters that multiply every token (6 FLOPs each per token): all of a dense
+        block's; of a mixture of experts, the experts a token is routed to."""
+        return self._counted().block_matmul_params if self.user_defined else self.block_params()
+
     def block_whole_params(self) -> int:
         """Parameters of a block that tensor parallelism in Megatron's layout leaves whole on every rank:
         the norms, and the biases of the row-parallel output projections (added after their all-reduce)."""
-        if self.family == "llama" or not self.bias:
+        if self.family == "llama" or not self.bias or self.user_defined:
             return 2 * self.d_model  # two norms' weights; no biases
         return 6 * self.d_model  # two LayerNorms (weight and bias), the two output projections' biases
 
     def largest_param(self) -> int:
         """Elements of the model's largest single parameter (token embedding, qkv or MLP weight)."""
+        if self.user_defined:
+            return self._counted().largest_param
         qkv = 3 * self.d_model * self.d_model
         return max(self.vocab_size * self.d_model, self.d_model * self.ffn, qkv)
 
     def embedding_params(self) -> int:
+        if self.user_defined:
+            return self._counted().embedding_params
         tokens = self.vocab_size * self.d_model
         positions = self.max_seq * self.d_model if self.learned_positions else 0
         return tokens + positions
@@ -75,6 +158,8 @@ class ModelSpec:
         return dataclasses.replace(self, vocab_size=-(-self.vocab_size // multiple) * multiple)
 
     def param_count(self, head: str = "lm", num_classes: int = 2) -> int:
+        if self.user_defined:
+            return self._counted().params_total
         final_norm = self.d_model if self.family == "llama" or not self.bias else 2 * self.d_model
         total = self.embedding_params() + self.n_layer * self.block_params() + final_norm
         return total + self.head_params(head, num_classes)
@@ -91,6 +176,8 @@ class ModelSpec:
 
         Embedding lookups cost no FLOPs; a tied embedding still does the LM head's matmul.
         """
+        if self.user_defined:
+            return self._counted().matmul_params
         blocks = self.n_layer * self.block_params()
         if head == "classifier":
             hidden = self.d_model * self.d_model if self.family == "distilbert" else 0
@@ -103,6 +190,9 @@ class ModelSpec:
         6N for the weight matmuls plus 12 L H Q T for attention scores and values. Recomputation
         under activation checkpointing is not counted: this is model FLOPs, the numerator of MFU.
         """
+        if self.user_defined:
+            facts = self._counted()
+            return 6 * facts.matmul_params + facts.attention_flops_per_position * seq_len
         attention = 12 * self.n_layer * self.n_head * self.head_dim * seq_len
         return 6 * self.matmul_params(head, num_classes) + attention
 
@@ -151,5 +241,21 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 
+# the models of the loaded config's `models`, by name (register_user_models)
+USER_MODELS: dict[str, ModelSpec] = {}
+
+
+def register_user_models(specs: dict[str, ModelSpec]) -> None:
+    """The config's models, replacing any registered before (one config is loaded at a time). A name
+    of the registry's own is refused by the config's checks before this."""
+    USER_MODELS.clear()
+    USER_MODELS.update(specs)
+
+
+def known_models() -> dict[str, ModelSpec]:
+    """Every model a cell may name: the registry's, then the loaded config's."""
+    return {**MODELS, **USER_MODELS}
+
+
 def get_model(name: str) -> ModelSpec:
-    return MODELS[name]
+    return MODELS[name] if name in MODELS else USER_MODELS[name]

@@ -14,6 +14,16 @@ from trainbench.study.params import CellParams
 Doc = dict[str, Any]  # one cell's metrics.json, as read
 
 
+def counted(params: CellParams) -> CellParams:
+    """The cell, its model counted first where it is one of the config's `models` (whose facts the
+    predictions read: trainbench.training.user_models, once per definition)."""
+    if params.model_definition:
+        from trainbench.training.user_models import register_from_params
+
+        register_from_params(params.model, params.model_definition)
+    return params
+
+
 def prediction(doc: Doc) -> dict:
     """The memory model's prediction for the cell on the machine it ran on: the current model's, so
     tables follow improvements to it (the prediction the run was launched with stays in its
@@ -26,7 +36,7 @@ def prediction(doc: Doc) -> dict:
     from trainbench.predict.memory_model import hardware_of_run, predict
 
     try:
-        return predict(CellParams.from_dict(doc["params"]), hardware_of_run(doc)).as_dict()
+        return predict(counted(CellParams.from_dict(doc["params"])), hardware_of_run(doc)).as_dict()
     except (KeyError, TypeError, ValueError):  # a model or strategy it does not know, or not a cell's
         return {}
 
@@ -96,7 +106,7 @@ def time_prediction(doc: Doc, study_gpu: str | None = None) -> dict:
     else:
         return {}
     try:
-        params = CellParams.from_dict(doc["params"])
+        params = counted(CellParams.from_dict(doc["params"]))
     except (TypeError, ValueError):  # not a whole cell's parameters: the model says nothing of it
         return {}
     predicted = time_model.predict(params, gpu, cpu_threads=threads)
@@ -116,6 +126,7 @@ def planned_document(cell: Cell, plan_for: dict[str, Any] | None) -> Doc:
     verdict for the study's planning hardware (or the stack's refusal, which needs no run)."""
     from trainbench.predict.memory_model import hardware_from_args, held_gpu_mib, predict
 
+    counted(cell.params)
     doc: Doc = {"study": cell.study, "cell_id": cell.cell_id, "params": cell.params.as_dict(), "metrics": {},
                 "provenance": {}}
     if cell.unsupported:

@@ -19,7 +19,9 @@ import jsonschema
 import yaml
 
 from trainbench.errors import ConfigError
+from trainbench.registry.models import known_models, register_user_models
 from trainbench.study.grid import Study, expand_study
+from trainbench.study.models import parse_models
 from trainbench.study.params import PARAMS_BY_NAME
 from trainbench.study.schema import build_schema
 from trainbench.study.timing import TimingSettings
@@ -33,6 +35,8 @@ class Config:
     default_studies: dict[str, list[str]] = field(default_factory=dict)
     placement: str = "local"  # where cells run: this machine, or a cluster executor
     origins: dict[str, str] = field(default_factory=dict)  # study -> the file that defines it
+    models: dict[str, Any] = field(default_factory=dict)  # the user's models by name (ModelSpec)
+    base: Path = Path(".")  # the folder of config.yaml: its study files, models and results are under it
 
     def study(self, name: str) -> Study:
         if name not in self.studies:
@@ -156,18 +160,22 @@ def validate_structure(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_study_files(config: dict[str, Any], base: Path) -> tuple[dict[str, Any], dict[str, str]]:
-    """config.yaml with the studies of its `study_files` merged in, and where each of those came from.
+    """config.yaml with the studies and models of its `study_files` merged in, and where each study came
+    from.
 
     Each pattern is a glob relative to `base` (the folder of config.yaml); a pattern that matches no
-    file is no error (a user's own folder may be empty). A file holds a `studies` mapping and nothing
-    else; a study defined twice is refused, naming both places."""
+    file is no error (a user's own folder may be empty). A file holds a `studies` mapping and, beside
+    it, a `models` one of its own; a study or model defined twice is refused, naming both places."""
     patterns = config.get("study_files") or []
     if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
         raise ConfigError(f"study_files: must be a list of glob patterns, not {patterns!r}")
-    if config.get("studies") is not None and not isinstance(config["studies"], dict):
+    if any(config.get(key) is not None and not isinstance(config[key], dict)
+           for key in ("studies", "models")):
         return config, {}  # the schema says what is wrong with it
     studies = dict(config.get("studies") or {})
     origins = {name: "config.yaml" for name in studies}
+    models = dict(config.get("models") or {})
+    model_origins = {name: "config.yaml" for name in models}
     problems: list[str] = []
     seen: set[Path] = set()
     for pattern in patterns:
@@ -185,9 +193,19 @@ def read_study_files(config: dict[str, Any], base: Path) -> tuple[dict[str, Any]
             if not isinstance(content, dict) or not isinstance(content.get("studies"), dict):
                 problems.append(f"{shown}: a study file holds a `studies` mapping (studies: {{name: ...}})")
                 continue
-            extra = sorted(set(content) - {"studies"})
+            extra = sorted(set(content) - {"studies", "models"})
             if extra:
-                problems.append(f"{shown}: unknown key {extra[0]!r}; a study file holds `studies` only")
+                problems.append(f"{shown}: unknown key {extra[0]!r}; a study file holds `studies` and "
+                                "`models`")
+            if not isinstance(content.get("models") or {}, dict):
+                problems.append(f"{shown}: models: a mapping of model name to its definition")
+                continue
+            for name, entry in (content.get("models") or {}).items():
+                if name in models:
+                    problems.append(f"{shown}: model {name!r} is already defined in {model_origins[name]}")
+                    continue
+                models[name] = entry
+                model_origins[name] = shown
             for name, spec in content["studies"].items():
                 if name in studies:
                     problems.append(f"{shown}: study {name!r} is already defined in {origins[name]}")
@@ -196,7 +214,7 @@ def read_study_files(config: dict[str, Any], base: Path) -> tuple[dict[str, Any]
                 origins[name] = shown
     if problems:
         raise ConfigError(problems)
-    return {**config, "studies": studies}, origins
+    return {**config, "studies": studies, **({"models": models} if models else {})}, origins
 
 
 def _placed(problems: list[str], origins: dict[str, str]) -> list[str]:
@@ -207,6 +225,39 @@ def _placed(problems: list[str], origins: dict[str, str]) -> list[str]:
         where = origins.get(match.group(1)) if match else None
         out.append(f"{where}: {problem}" if where and where != "config.yaml" else problem)
     return out
+
+
+def check_token_files(studies: dict[str, Study], base: Path) -> list[str]:
+    """Each token file the cells name (`tokens`): there, long enough for a window, and holding ids the
+    model has (its first million read): a mistake here is found before any cell starts."""
+    problems, checked = [], {}
+    for study in studies.values():
+        for cell in study.cells:
+            p = cell.params
+            if p.tokens is None:
+                continue
+            where = f"study {study.name!r}, cell {cell.cell_id!r}: tokens"
+            path = Path(p.tokens) if Path(p.tokens).is_absolute() else base / p.tokens
+            key = (path, p.tokens_dtype)
+            if key not in checked:
+                if not path.is_file():
+                    checked[key] = (None, f"no such file: {path}")
+                else:
+                    import numpy
+
+                    ids = numpy.memmap(path, dtype=numpy.dtype(p.tokens_dtype), mode="r")
+                    checked[key] = (len(ids), int(ids[:1_000_000].max()) if len(ids) else -1)
+            count, top = checked[key]
+            if count is None:
+                problems.append(f"{where}: {top}")
+            elif count < p.seq_len + 1:
+                problems.append(f"{where}: {path} holds {count} {p.tokens_dtype} ids, fewer than a window of "
+                                f"seq_len + 1 = {p.seq_len + 1}")
+            elif top >= known_models()[p.model].vocab_size:
+                problems.append(f"{where}: {path} holds id {top}, beyond {p.model}'s vocabulary of "
+                                f"{known_models()[p.model].vocab_size} (is tokens_dtype {p.tokens_dtype!r} "
+                                "the file's?)")
+    return problems
 
 
 def load_config(source: dict[str, Any] | str | Path, base: str | Path | None = None) -> Config:
@@ -223,11 +274,15 @@ def load_config(source: dict[str, Any] | str | Path, base: str | Path | None = N
             source = yaml.safe_load(f) or {}
     if not isinstance(source, dict):
         raise ConfigError("config.yaml must be a mapping with a 'studies' key")
-    source, origins = read_study_files(source, Path.cwd() if base is None else Path(base))
+    base = Path.cwd() if base is None else Path(base)
+    source, origins = read_study_files(source, base)
     try:
         data = validate_structure(source)
     except ConfigError as error:
         raise ConfigError(_placed(error.problems, origins)) from None
+    user_models = parse_models(data.get("models"), base)
+    # before the studies expand: their cells name these models, and carry their definitions
+    register_user_models(user_models)
     problems: list[str] = []
     if not data["studies"]:
         problems.append("no studies: config.yaml defines none under `studies`, and no file its "
@@ -238,6 +293,7 @@ def load_config(source: dict[str, Any] | str | Path, base: str | Path | None = N
             studies[name] = expand_study(name, spec)
         except ConfigError as e:
             problems.extend(_placed(e.problems, origins))
+    problems += _placed(check_token_files(studies, base), origins)
     for machine, names in data["default_studies"].items():
         for name in names:
             if name not in data["studies"]:
@@ -246,4 +302,5 @@ def load_config(source: dict[str, Any] | str | Path, base: str | Path | None = N
     if problems:
         raise ConfigError(problems)
     return Config(studies=studies, default_studies=data["default_studies"],
-                  placement=data.get("placement", "local"), origins=origins)
+                  placement=data.get("placement", "local"), origins=origins, models=user_models,
+                  base=base)

@@ -9,6 +9,7 @@ changes exactly when the cell's own parameters change.
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import re
 from dataclasses import dataclass, field, replace
@@ -18,7 +19,7 @@ from typing import Any, Iterable
 from trainbench.registry import frameworks
 from trainbench import paths
 from trainbench.errors import ConfigError
-from trainbench.registry.models import MODELS
+from trainbench.registry.models import known_models
 from trainbench.study.params import PARAMS_BY_NAME, SDPA_KERNELS, CellParams, canonical_json, sort_keys
 from trainbench.study.schema import EXECUTION, REPORT_COLUMNS_DEFAULT, SEARCH
 from trainbench.study.timing import TimingSettings
@@ -270,9 +271,13 @@ def _sorted_id_keys(keys: tuple[str, ...]) -> tuple[str, ...]:
 def check_cell(p: CellParams) -> tuple[list[tuple[str, str]], str | None]:
     """Semantic checks of one resolved cell: (key, problem) pairs, and the unsupported reason if any."""
     errors: list[tuple[str, str]] = []
-    model = MODELS.get(p.model)
+    models = known_models()
+    model = models.get(p.model)
     if model is None:
-        errors.append(("model", f"unknown model {p.model!r}; known: {', '.join(MODELS)}"))
+        close = difflib.get_close_matches(p.model, list(models), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        errors.append(("model", f"unknown model {p.model!r}{hint}; known: {', '.join(models)} (the "
+                                "registry's, and the config's `models`)"))
     elif p.seq_len > model.max_seq:
         errors.append(("seq_len", f"{p.seq_len} exceeds {p.model}'s context of {model.max_seq} tokens"))
     if p.gpus_per_node is None:
@@ -313,8 +318,30 @@ def check_cell(p: CellParams) -> tuple[list[tuple[str, str]], str | None]:
                                             "activation_checkpointing: true"))
     if p.gpu_mem_limit_gib is not None and p.device != "cuda":
         errors.append(("gpu_mem_limit_gib", "holds a rank to less GPU memory; a CPU cell has none"))
+    if p.tokens is not None and p.head != "lm":
+        errors.append(("tokens", "trains a language model on your tokens; a classifier's data is "
+                                 "dataset_path (or synthetic)"))
     strategy_errors, unsupported = frameworks.check(p)
+    if model is not None and model.user_defined and unsupported is None:
+        unsupported = user_model_unsupported(p)
     return errors + strategy_errors, unsupported
+
+
+def user_model_unsupported(p: CellParams) -> str | None:
+    """Why a model of the config's `models` cannot run a cell, where it cannot: what trainbench builds
+    into its own GPT alone (float8 layers, Megatron-style tensor parallelism, pipeline stages, host
+    checkpoints), and the runners built around one architecture."""
+    if p.head != "lm":
+        return "your models train as language models (head: lm): forward(input_ids, labels) gives the loss"
+    for key, what in (("tp", "tensor parallelism"), ("pp", "pipeline parallelism")):
+        if getattr(p, key) > 1:
+            return (f"{what} splits trainbench's GPT by its own layout; a model of your own trains under "
+                    "data parallelism and sharding (single, DDP, FSDP2, ZeRO 0-3, the Trainer)")
+    for key, what in (("float8", "float8 training"), ("checkpoint_in_cpu", "checkpoints in host memory"),
+                      ("ort", "ONNX Runtime training")):
+        if getattr(p, key):
+            return f"{what} is built into trainbench's GPT; a model of your own trains without it"
+    return None
 
 
 def _matches(params: CellParams, pattern: dict[str, Any]) -> bool:

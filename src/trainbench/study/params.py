@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from trainbench.registry.models import MODELS
+from trainbench.registry.models import known_models
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,12 @@ class CellParams:
         choices=_frameworks)
     strategy: str = param("single", "Parallelism strategy, in the framework's own vocabulary (`trainbench "
         "strategies` lists them).")
-    model: str = param("gpt2-tiny", "Architecture name from the model registry (`trainbench models`); built "
-        "from its config with random weights.")
+    model: str = param("gpt2-tiny", "Architecture name from the model registry or the config's own `models` "
+        "(`trainbench models` lists both); built from its config with random weights.")
+    model_definition: str = param("", "Filled in, never written: the definition of a model of the config's "
+        "`models` as the cell ran it (its transformers config keys, or its factory and arguments), so that "
+        "editing it reruns the model's cells. Empty for the registry's models.",
+        optional=True)
     head: str = param("lm", "Output head: next-token language modelling or sequence classification.",
         choices=("lm", "classifier"))
     num_classes: int = param(2, "Classes of the classification head (head: classifier).",
@@ -201,6 +205,12 @@ class CellParams:
         minimum=0)
     deterministic: bool = param(False, "Deterministic algorithms only (Lightning's deterministic=True); "
         "attention then uses the eager implementation, whose backward is deterministic.")
+    tokens: str | None = param(None, "Train a language model on your tokens: a flat binary file of token ids "
+        "(as nanoGPT's prepare scripts write them), read in windows of seq_len + 1, each data-parallel rank "
+        "its own; relative to the folder of config.yaml. Null: synthetic tokens.",
+        optional=True)
+    tokens_dtype: str = param("uint16", "The integer type of the token file's ids.",
+        choices=("uint16", "uint32", "int32", "int64"), optional=True)
     dataset_path: str | None = param(None, "Real data to train and test on (the aclImdb folder for "
         "sentiment studies); null: synthetic data of the study's shape.")
     pretrained_path: str | None = param(None, "A local Hugging Face model folder to start from (weights and "
@@ -288,8 +298,11 @@ class CellParams:
         model's context length, the launcher). Assumes schema-valid input; check_cell checks the rest."""
         p = {**DEFAULTS, **{k: (float(v) if k in FLOATS and isinstance(v, int) and not isinstance(v, bool)
                                 else v) for k, v in given.items()}}
-        if p["seq_len"] is None and p["model"] in MODELS:
-            p["seq_len"] = MODELS[p["model"]].max_seq
+        model = known_models().get(p["model"])
+        if p["seq_len"] is None and model is not None:
+            p["seq_len"] = model.max_seq
+        if model is not None and model.user_defined:  # the definition travels with the cell
+            p["model_definition"] = model.definition
         if p["launcher"] == "auto":
             p["launcher"] = "python" if p["gpus"] == 1 and p["nodes"] == 1 else "torchrun"
         return cls(**p)

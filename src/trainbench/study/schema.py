@@ -45,6 +45,31 @@ EXECUTION: dict[str, dict[str, Any]] = {
                                    "and placement; each asks for the largest memory and time of any."},
 }
 
+# An entry of `models` (study/models.py checks what a schema cannot: one kind, files, names).
+USER_MODEL: dict[str, Any] = {
+    "type": "object", "additionalProperties": False,
+    "properties": {
+        "hf_config": {"type": "string", "default": None,
+                      "description": "A transformers config.json (or the folder holding it), relative to "
+                                     "the folder of config.yaml."},
+        "hf": {"type": "object", "default": None,
+               "description": "The keys of a transformers config inline (model_type, hidden_size, ...)."},
+        "factory": {"type": "string", "default": None,
+                    "description": "'module:function' returning your torch.nn.Module; forward(input_ids, "
+                                   "labels=None) returns the mean loss given labels (the next tokens)."},
+        "args": {"type": "object", "default": {}, "description": "Keyword arguments of the factory."},
+        "block": {"type": "string", "default": None,
+                  "description": "The class repeated in the model (the unit FSDP shards and checkpointing "
+                                 "recomputes); a transformers model names its own (_no_split_modules)."},
+        "vocab_size": {"type": "integer", "minimum": 1, "default": None,
+                       "description": "A factory's model: its vocabulary."},
+        "max_seq": {"type": "integer", "minimum": 1, "default": None,
+                    "description": "A factory's model: its longest sequence (a cell's seq_len default)."},
+        "description": {"type": "string", "default": "",
+                        "description": "What the model is, for `trainbench models`."},
+    },
+}
+
 # The max-batch search's settings but its cell patterns (the grid fills a study's search from these
 # defaults).
 SEARCH: dict[str, dict[str, Any]] = {
@@ -313,6 +338,10 @@ def build_schema() -> dict[str, Any]:
                                            "config.yaml or in one file."},
             "studies": {"type": "object", "additionalProperties": study, "default": {},
                         "description": "Study name (letters, digits, '_' and '-') to its grid."},
+            "models": {"type": "object", "additionalProperties": USER_MODEL, "default": {},
+                       "description": "Your own models, by the name a study's `model` gives "
+                                      "(docs/your-model.md): a transformers architecture (hf_config or "
+                                      "hf) or a module of yours (factory)."},
             "placement": {"enum": ["local", "cluster"], "default": "local",
                           "description": "Where cells run: on this machine (cells needing more GPUs than it "
                                          "has are shown as such in the tables, not run), or through a "

@@ -21,7 +21,7 @@ import torch
 
 from trainbench.study.params import CellParams
 from trainbench.training import OPTIMIZER_RANGE
-from trainbench.training.data import SyntheticBatches
+from trainbench.training.data import SyntheticBatches, TokenWindows
 from trainbench.registry.frameworks import framework_of, strategy_of
 from trainbench.registry.models import ModelSpec, get_model
 from trainbench.study.timing import TimingSettings, fixed_step_count
@@ -47,6 +47,28 @@ class RunContext:
         return get_model(self.params.model)
 
     @property
+    def user_model(self) -> bool:
+        """A model of the config's `models` (trainbench.training.user_models builds it)."""
+        return bool(self.params.model_definition)
+
+    def new_model(self) -> torch.nn.Module:
+        """The cell's model, in the current device context: trainbench's GPT, or a user's wrapped as
+        a LanguageModel; either trains as forward(inputs, targets) -> loss, with `blocks` and
+        `init_weights(seed)`."""
+        p = self.params
+        if self.user_model:
+            from trainbench.training.user_models import LanguageModel
+
+            model = LanguageModel(self.spec, p.attention)
+            if p.activation_checkpointing:
+                model.set_activation_checkpointing()
+            return model
+        from trainbench.training.gpt import GPT
+
+        return GPT(self.built_spec, head=p.head, num_classes=p.num_classes,
+                   activation_checkpointing=p.activation_checkpointing, attention=p.attention)
+
+    @property
     def built_spec(self) -> ModelSpec:
         """The model as the runner builds it: its vocabulary padded where the cell asks (`spec` is what
         the data and the FLOPs count use)."""
@@ -56,13 +78,19 @@ class RunContext:
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
 
-    def batches(self, rank: int | None = None) -> SyntheticBatches:
-        """This rank's data shard; `rank`: the data-parallel rank where it differs from the global one."""
+    def batches(self, rank: int | None = None) -> SyntheticBatches | TokenWindows:
+        """This rank's data shard: synthetic tokens, or windows of the cell's token file; `rank`: the
+        data-parallel rank where it differs from the global one."""
         p = self.params
+        rank = self.rank if rank is None else rank
+        if p.tokens is not None:
+            return TokenWindows(path=p.tokens, dtype=p.tokens_dtype, seq_len=p.seq_len,
+                                micro_batch=p.micro_batch, seed=p.seed, rank=rank, ranks=p.dp,
+                                device=self.device)
         return SyntheticBatches(vocab_size=self.spec.vocab_size, seq_len=p.seq_len,
                                 micro_batch=p.micro_batch,
-                                head=p.head, num_classes=p.num_classes, seed=p.seed,
-                                rank=self.rank if rank is None else rank, device=self.device)
+                                head=p.head, num_classes=p.num_classes, seed=p.seed, rank=rank,
+                                device=self.device)
 
     def synchronize(self) -> None:
         if self.is_cuda:

@@ -23,7 +23,7 @@ from torch import nn
 from trainbench.study.params import CellParams
 from trainbench.training import emulation
 from trainbench.registry.frameworks import offloads, strategy_of
-from trainbench.training.gpt import GPT, Block, init_gpt_module, lm_loss, pool
+from trainbench.training.gpt import Block, init_gpt_module, lm_loss, pool
 from trainbench.registry.models import ModelSpec
 from trainbench.training.runners import RunContext, StepRunner, optimizer_range
 
@@ -225,22 +225,23 @@ class DeepSpeedRunner(StepRunner):
 
         engine._recv_tensor_meta = receive_meta
 
-    def _build_model(self, deepspeed) -> GPT:
-        def new_model():
-            return GPT(self.ctx.built_spec, head=self.p.head, num_classes=self.p.num_classes,
-                       activation_checkpointing=self.p.activation_checkpointing,
-                       attention=self.p.attention)
-
+    def _build_model(self, deepspeed) -> torch.nn.Module:
         if self.stage < 3 or self.p.tp > 1:
             # (with tensor parallelism AutoTP shards the built model inside deepspeed.initialize)
             with self.ctx.device:
-                model = new_model()
+                model = self.ctx.new_model()
             model.init_weights(self.p.seed)
             return model
         # ZeRO-3 partitions every layer as it is constructed, so no rank ever holds the whole model;
         # weights are then initialised one module at a time, gathered, written by rank 0.
+        if self.ctx.user_model:
+            # built once on the meta device first: what transformers imports lazily while a model is
+            # built (torch._dynamo among it) must not be imported under zero.Init, which patches tensor
+            # construction and breaks dynamo's import
+            with torch.device("meta"):
+                self.ctx.new_model()
         with deepspeed.zero.Init(config_dict_or_path=self.config):
-            model = new_model()
+            model = self.ctx.new_model()
         for index, name, module in model.init_targets():
             with deepspeed.zero.GatheredParameters(list(module.parameters(recurse=False)), modifier_rank=0):
                 if self.ctx.rank == 0:

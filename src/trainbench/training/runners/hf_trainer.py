@@ -29,6 +29,7 @@ from trainbench.study.params import CellParams
 from trainbench.training import emulation
 from trainbench.registry.frameworks import offloads, strategy_of
 from trainbench.registry.models import ModelSpec
+from trainbench.study.models import definition_of
 from trainbench.training.runners import LoopRunner, RunContext
 
 
@@ -104,18 +105,56 @@ def training_arguments(params: CellParams, spec: ModelSpec, output_dir: Path, de
 
 
 class SyntheticTokens(torch.utils.data.Dataset):
-    """Random token sequences of the study's length, the same on every run of a seed."""
+    """Random token sequences of the study's length, the same on every run of a seed. `shifted`: the
+    labels are the next tokens, a factory model's convention (a transformers model shifts its own)."""
 
-    def __init__(self, size: int, seq_len: int, vocab_size: int, seed: int):
+    def __init__(self, size: int, seq_len: int, vocab_size: int, seed: int, shifted: bool = False):
         self.size, self.seq_len, self.vocab_size, self.seed = size, seq_len, vocab_size, seed
+        self.shifted = shifted
 
     def __len__(self) -> int:
         return self.size
 
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+    def tokens(self, index: int, length: int) -> torch.Tensor:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
-        tokens = torch.randint(0, self.vocab_size, (self.seq_len,), generator=generator)
+        return torch.randint(0, self.vocab_size, (length,), generator=generator)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        if self.shifted:
+            tokens = self.tokens(index, self.seq_len + 1)
+            return {"input_ids": tokens[:-1], "labels": tokens[1:]}
+        tokens = self.tokens(index, self.seq_len)
         return {"input_ids": tokens, "labels": tokens}
+
+
+class FileTokens(SyntheticTokens):
+    """Windows of seq_len + 1 ids of the cell's token file (`tokens`), in a seeded order; the Trainer's
+    sampler hands each data-parallel rank its own."""
+
+    def __init__(self, size: int, seq_len: int, path: str, dtype: str, seed: int, shifted: bool = False):
+        import numpy
+
+        super().__init__(size, seq_len, 0, seed, shifted)
+        self.file = numpy.memmap(path, dtype=numpy.dtype(dtype), mode="r")
+        windows = (len(self.file) - 1) // seq_len
+        self.order = torch.randperm(windows, generator=torch.Generator().manual_seed(seed))
+
+    def tokens(self, index: int, length: int) -> torch.Tensor:
+        import numpy
+
+        start = int(self.order[index % len(self.order)]) * self.seq_len
+        return torch.from_numpy(numpy.asarray(self.file[start:start + length], dtype=numpy.int64))
+
+
+class FactoryLoss(torch.nn.Module):
+    """A factory model for the Trainer, which calls model(input_ids=..., labels=...) and reads `loss`."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, **_) -> dict[str, Any]:
+        return {"loss": self.model(input_ids, labels)}
 
 
 def _initialise_on_device(model, device: torch.device):
@@ -136,6 +175,18 @@ def _initialise_on_device(model, device: torch.device):
     return init
 
 
+def hf_model(spec: ModelSpec, attention: str = "sdpa") -> torch.nn.Module:
+    """The cell's transformers model, random weights, in the current device context: LLaMA built from
+    the registry's shape, or a user's architecture from its config."""
+    if spec.user_defined:
+        from trainbench.training.user_models import build_inner
+
+        return build_inner(spec, attention)
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM._from_config(llama_config(spec, attention))
+
+
 def build_for_fsdp(spec: ModelSpec, device: torch.device, attention: str = "sdpa"):
     """The model with its decoder layers on the meta device, for FSDP to materialise one at a time.
 
@@ -143,14 +194,13 @@ def build_for_fsdp(spec: ModelSpec, device: torch.device, attention: str = "sdpa
     and weights on the device now: FSDP's root unit then has nothing to materialise, and accelerate's
     re-tying of shared weights (which LLaMA does not share) never touches a meta tensor.
     """
-    from transformers import LlamaForCausalLM
-
     with torch.device("meta"):
-        model = LlamaForCausalLM(llama_config(spec, attention))
+        model = hf_model(spec, attention)
     if not model.config.tie_word_embeddings:
         model._tied_weights_keys = {}  # this instance shares no weights; nothing to re-tie
     init = _initialise_on_device(model, device)
-    blocks = {id(m) for layer in model.model.layers for m in layer.modules()}
+    layers = [m for m in model.modules() if type(m).__name__ == spec.block_class]
+    blocks = {id(m) for layer in layers for m in layer.modules()}
     for module in model.modules():
         if id(module) not in blocks:
             init(module)
@@ -164,9 +214,10 @@ class HfTrainerRunner(LoopRunner):
         super().__init__(context)
 
     def setup(self) -> None:
-        from transformers import LlamaForCausalLM, TrainingArguments
+        from transformers import TrainingArguments
 
         p, spec = self.p, self.ctx.spec
+        factory = self.ctx.user_model and definition_of(spec)["kind"] == "factory"
         sharded, zero = self.strategy.layout == "fsdp", self.strategy.layout == "zero"
         self.deepspeed_config = deepspeed_config(p, self.ctx.device.type) if zero else None
         self.max_steps = self.ctx.fixed_steps
@@ -181,17 +232,23 @@ class HfTrainerRunner(LoopRunner):
         # Made before the model: with a ZeRO-3 config it tells transformers to build inside zero.Init.
         self.args = TrainingArguments(**training_arguments(p, spec, Path(self.ctx.work_dir) / "trainer",
                                                            self.ctx.device.type, self.max_steps))
-        config = llama_config(spec, p.attention)
         torch.manual_seed(p.seed)
-        if sharded and self.ctx.is_cuda:
+        if factory:  # the user's module, its loss under the Trainer's calling convention
+            from trainbench.training.user_models import LanguageModel
+
+            language_model = LanguageModel(spec, p.attention)
+            self.hf_model = FactoryLoss(language_model.inner)
+        elif sharded and self.ctx.is_cuda:
             self.hf_model = build_for_fsdp(spec, self.ctx.device, p.attention)
         else:
-            self.hf_model = LlamaForCausalLM._from_config(config)
+            self.hf_model = hf_model(spec, p.attention)
             if zero and emulation.in_this_process() and self.ctx.rank != 0:
                 self._initialise_own_shards()
         self._params_total = sum(getattr(q, "ds_numel", q.numel()) for q in self.hf_model.parameters())
-        self.dataset = SyntheticTokens(self.max_steps * p.global_batch, p.seq_len, spec.vocab_size,
-                                       p.seed)
+        size = self.max_steps * p.global_batch
+        self.dataset = (FileTokens(size, p.seq_len, p.tokens, p.tokens_dtype, p.seed, shifted=factory)
+                        if p.tokens else
+                        SyntheticTokens(size, p.seq_len, spec.vocab_size, p.seed, shifted=factory))
 
     def _initialise_own_shards(self) -> None:
         """Under ZeRO-3 transformers initialises the weights on rank 0 and broadcasts them; an emulated

@@ -112,9 +112,8 @@ class TorchRunner(StepRunner):
         self.tp_group = None  # the tensor-parallel process group, where tp > 1
         self.float8_layers = 0  # linear layers trained in float8 (float8: a recipe)
 
-    def _new_model(self) -> GPT:
-        return GPT(self.ctx.built_spec, head=self.p.head, num_classes=self.p.num_classes,
-                   activation_checkpointing=self.p.activation_checkpointing, attention=self.p.attention)
+    def _new_model(self) -> torch.nn.Module:
+        return self.ctx.new_model()
 
     def setup(self) -> None:
         device = self.ctx.device
@@ -176,7 +175,7 @@ class TorchRunner(StepRunner):
             if self.p.compile:
                 block.compile()
             fully_shard(block, **options)
-        if self.p.compile and self.tp == 1:
+        if self.p.compile and self.tp == 1 and isinstance(model, GPT):
             # the loss outside the compiled blocks, compiled too; under tensor parallelism it runs on
             # vocabulary shards under loss_parallel, eager
             model.compile_loss()
