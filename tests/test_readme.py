@@ -60,8 +60,6 @@ def _a_rerun_tree(flow: Workflow) -> None:
                     dirs_exist_ok=True)
 
 
-GPU_HOST = ("needs a GPU host (nvidia-smi and the cells' GPUs); its target lists are dry-run by "
-            "tests/test_tools.py")
 HOW: dict[str, How] = {
     "make setup": How("elsewhere", "CI's `make test` runs it"),
     "snakemake <target> --forcerun": How("name", "the README's example of what forces nothing"),
@@ -72,12 +70,6 @@ HOW: dict[str, How] = {
     "trainbench compare": How("name", "the command's name; its full forms are run"),
     "trainbench run-cell": How("name", "what the train_cell rule runs"),
     "snakemake -n results/tables/<study>.md": How("run", line="snakemake -n results/tables/llama.md"),
-    "trainbench compare results/runs <rerun>/results/runs": How(
-        "run", line="trainbench compare results/runs rerun/results/runs", before=_a_rerun_tree),
-    "snakemake results/search/<study>/<cell>/max_batch.json": How(
-        "dry-run", "searches probe on GPUs",
-        line="snakemake results/search/megatron/strategy~zero1__model~gpt-2.5b__gpus~2__tp~1__"
-             "offload_optimizer~false/max_batch.json"),
     "snakemake results/tables/<study>.md": How("run", line="snakemake results/tables/megatron.md"),
     "snakemake -n": How("run"),
     "make run": How("elsewhere",
@@ -98,7 +90,6 @@ HOW: dict[str, How] = {
         How("run", trains=True),
     "trainbench predict llama --gpu h200 --gpus-per-node 8 --host-mem-gib 2048": How("run"),
     "trainbench predict megatron --gpu a100-80g --gpus-per-node 8 --host-mem-gib 1024": How("run"),
-    "trainbench predict zero3_pipeline --gpu a100-40g --gpus-per-node 8 --host-mem-gib 1024": How("run"),
     "trainbench compare results/runs rerun/results/runs": How("run", before=_a_rerun_tree),
     "snakemake --report report.html": How("run", "the report of the smoke study the quick start made"),
     "snakemake --report": How("name", "Snakemake's option, named; its full forms are run (and on a fresh "
@@ -108,28 +99,11 @@ HOW: dict[str, How] = {
     "trainbench strategies": How("run"),
     "trainbench models": How("run"),
     "trainbench columns": How("run"),
-    "snakemake results/tables/llama.md": How("run"),
-    "TRAINBENCH_GIT_COMMIT=$(git rev-parse HEAD) bash tools/gpu-host-run.sh .whl 545 out.tgz "
-    "tools/gpu-runs/llama-1.txt tools/gpu-runs/llama-2.txt": How("elsewhere", GPU_HOST),
-    "python3 -m snakemake results/tables/gpt2_zero.md results/plots/gpt2_zero_memory.png -c all "
-    "--resources gpu=4":
-        How("run"),
-    "python3 -m snakemake results/tables/lightning.md results/plots/lightning_memory.png -c all "
-    "--resources gpu=4":
-        How("run"),
-    "python3 -m snakemake -c all --force "
-    "'results/runs/gpt2_zero/strategy~zero3__precision~bf16__offload_optimizer~true__ort~false/metrics.json'":
-        How("dry-run", "retrains a GPU cell"),
-    "python3 -m snakemake -c all results/tables/gpt2_zero.md": How("run"),
-    "python3 -m snakemake results/tables/llama.md -c all --resources gpu=4": How("run"),
-    "trainbench predict llama --gpu h200 --gpus-per-node 4 --host-mem-gib 503": How("run"),
     "python3 tools/build_wheelhouse.py .whl --python 3.12 --skip envs/gpu-host-image.txt":
         How("elsewhere",
             "downloads 28 MiB; tests/test_tools.py builds a wheelhouse and installs from it offline"),
     "bash tools/install_offline.sh .whl":
         How("elsewhere", "tests/test_tools.py installs a wheelhouse offline"),
-    "python3 tools/gpu-runs/plan_reruns.py 'STUDY/*' --without-energy --also ...":
-        How("elsewhere", "tests/test_tools.py runs it on megatron with every rerun tree: nothing to run"),
     "snakemake --profile profiles/slurm -j 64 --default-resources slurm_partition=gpu "
     "slurm_account=myproject":
         How("dry-run",
@@ -142,8 +116,6 @@ HOW: dict[str, How] = {
     "snakemake --profile profiles/slurm -n results/runs/float8/"
     "strategy~fsdp__model~gpt-5.8b__gpus~8__micro_batch~4__float8~tensorwise__compile~true/metrics.json":
         How("dry-run", "a dry run of the SLURM profile already: no cluster needed"),
-    "python bench/mfu_bound.py tools/gpu-runs/minimal-loop-3-124m.json tools/gpu-runs/minimal-loop-2.json":
-        How("run", "arithmetic on committed profiles"),
     "python3 tools/build_wheelhouse.py wheels --python 3.12":
         How("elsewhere", "as the .whl wheelhouse above"),
     "python -m pip install --no-index --find-links wheels -r envs/requirements.txt":
@@ -151,11 +123,6 @@ HOW: dict[str, How] = {
     "python -m pip install --no-index --no-deps -e .": How("elsewhere", "as above"),
     "trainbench compare results/runs rerun/results/runs --fail-on slower:5%,memory:5%":
         How("run", before=_a_rerun_tree),
-    "python3 bench/mfu.py": How("elsewhere", "times GPU training; its output: results/bench/mfu"),
-    'python3 bench/mfu.py --no-profile --out results/bench/mfu --variant-timeout 430 --only '
-    '"124m vocab 50304" "124m vocab + max-autotune (no CUDA graphs)"': How("elsewhere", GPU_HOST),
-    'python3 bench/mfu.py --no-profile --out results/bench/mfu --variant-timeout 470 --only '
-    '"350m vocab 50304" "350m vocab + max-autotune (no CUDA graphs)"': How("elsewhere", GPU_HOST),
     "python3 bench/overhead.py --ablation":
         How("elsewhere", "times GPU cells; tests/test_bench.py runs it on a CPU stand-in"),
     "python3 bench/overhead.py --ablation --out results/bench/overhead/gpt2-124m --cells "
@@ -200,7 +167,6 @@ HOW: dict[str, How] = {
     "trainbench compare results/runs --history --fail-on slower:5%": How("elsewhere", "as above"),
     "trainbench compare results/runs --history --study baseline": How(
         "run", "baseline's published cells against their published earlier runs"),
-    "python3 bench/shared_host.py": How("run", "reads the published results' start and end times"),
     "trainbench history lightning": How("run"),
     "trainbench references baseline": How("run", "baseline's published cells are within their references"),
     "trainbench history --seed": How("run", "adds nothing to a clone's published histories"),
