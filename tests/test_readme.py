@@ -92,8 +92,6 @@ HOW: dict[str, How] = {
     "trainbench predict megatron --gpu a100-80g --gpus-per-node 8 --host-mem-gib 1024": How("run"),
     "trainbench compare results/runs rerun/results/runs": How("run", before=_a_rerun_tree),
     "snakemake --report report.html": How("run", "the report of the smoke study the quick start made"),
-    "snakemake --report": How("name", "Snakemake's option, named; its full forms are run (and on a fresh "
-                                      "clone by tests/test_report.py)"),
     "snakemake -c all report_all": How("run", "the published studies' pages: nothing may train"),
     "snakemake --report report.html report_all": How("run"),
     "trainbench strategies": How("run"),
@@ -129,17 +127,6 @@ HOW: dict[str, How] = {
     "'strategy~single__model~gpt2-124m__gpus~1__micro_batch~32'": How("elsewhere", "as above"),
     "trainbench cost": How("run"),
     "trainbench progress": How("name", "the command's name; its full forms are run"),
-    "python bench/plan_scaling.py --before c565396 --out results/bench/plan_scaling":
-        How("elsewhere", "plans grids of up to 40,000 cells for about 60 minutes; tests/test_bench.py "
-                         "runs it on a small grid, with --before; its output: results/bench/plan_scaling"),
-    "python bench/plan_scaling.py --skip measured scheduler execution --out results/bench/plan_values":
-        How("elsewhere", "plans grids of up to 40,000 cells for about 28 minutes; tests/test_bench.py "
-                         "runs its planning on a small grid; its output: results/bench/plan_values"),
-    "python bench/plan_scaling.py --skip planning measured scheduler --cells 300 --repeats 3 "
-    "--before 918ebb4 --out results/bench/cell_overhead/cpu-box":
-        How("elsewhere", "runs 1,800 cells one at a time for about 12 minutes; tests/test_bench.py runs "
-                         "the same section on 5 cells, with --before; its output: "
-                         "results/bench/cell_overhead/cpu-box"),
     "snakemake results/tables/<study>.md -n -q": How("run", line="snakemake results/tables/llama.md -n -q"),
     "trainbench fit llama <cell> --gpu-mem-gib 80": How(
         "elsewhere",
@@ -159,7 +146,6 @@ HOW: dict[str, How] = {
     "trainbench profile": How("name", "the command's name; tests/test_profiling.py runs it"),
     "trainbench: optimizer step": How("name", "a profiler range's name, not a command"),
     "trainbench breakdown RESULT...": How("name", "the command's synopsis; tests/test_profiling.py runs it"),
-    "trainbench breakdown": How("name", "the command's name"),
     "snakemake -c1 results/dataset/cells.parquet": How("run"),
     "trainbench compare results/runs --history": How(
         "elsewhere", "a clone's cells have no earlier run: tests/test_history.py runs a cell twice and "
@@ -189,6 +175,9 @@ HOW: dict[str, How] = {
     "trainbench check-models emulation": How("run", "reads the emulation_check study's published cells"),
     "sudo tools/local-slurm-cluster.sh install && sudo tools/local-slurm-cluster.sh start":
         How("elsewhere", "root; CI's .ci/run starts the cluster this way (as root, without sudo)"),
+    "python bench/plan_scaling.py --out results/bench/plan_scaling":
+        How("elsewhere", "plans grids of up to 40,000 cells, three times each; tests/test_bench.py runs it "
+                         "on a small grid; its output: results/bench/plan_scaling"),
 }
 
 
