@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trainbench.checks.inputs import first_present
 from trainbench.errors import UsageError
 
-THREADS = "validation/results/bench/threads"  # the thread curves no fit is given
+# the thread curves no fit is given: from the repository root, or from the validation workspace
+THREADS = ("validation/results/bench/threads", "results/bench/threads")
 
 
 def add_check_models(sub):
@@ -36,7 +38,7 @@ def add_check_models(sub):
                       help="the cells to fit and predict (default: the published runs and searches)")
     time.add_argument("--held-out", nargs="*", type=Path, metavar="FOLDER",
                       help=f"cells to predict with the all-cells fit without fitting on them (default: "
-                           f"{THREADS} where present; none: --held-out alone)")
+                           f"{THREADS[0]} where present; none: --held-out alone)")
     time.add_argument("--csv", type=Path, help="also write the per-cell comparison here")
     time.add_argument("--thread-exponents", nargs="+", type=float, metavar="A",
                       help="choose the thread exponent on the held-out thread curves, each predicted at the "
@@ -83,7 +85,7 @@ def run(args) -> int:
 
 def run_time_check(args) -> int:
     if args.held_out is None:
-        args.held_out = [Path(THREADS)] if Path(THREADS).is_dir() else []
+        args.held_out = first_present(*THREADS)
     if args.thread_exponents:
         if not args.held_out or args.write:
             raise UsageError("--thread-exponents needs --held-out (the thread curves) and writes nothing")
