@@ -60,6 +60,14 @@ def _a_rerun_tree(flow: Workflow) -> None:
                     dirs_exist_ok=True)
 
 
+def _my_studies(flow: Workflow) -> None:
+    """`my-studies.yaml`: a study of the reader's, kept out of config.yaml."""
+    flow.path("my-studies.yaml").write_text(
+        "studies:\n  mine:\n    description: one tiny cell of the reader's\n"
+        "    settings: {model: gpt2-tiny, device: cpu, gpus: 1, seq_len: 16}\n"
+        "    include: [{strategy: single}]\n")
+
+
 HOW: dict[str, How] = {
     "make setup": How("elsewhere", "CI's `make test` runs it"),
     "snakemake <target> --forcerun": How("name", "the README's example of what forces nothing"),
@@ -126,7 +134,6 @@ HOW: dict[str, How] = {
     "python3 bench/overhead.py --ablation --out results/bench/overhead/gpt2-124m --cells "
     "'strategy~single__model~gpt2-124m__gpus~1__micro_batch~32'": How("elsewhere", "as above"),
     "trainbench cost": How("run"),
-    "trainbench progress": How("name", "the command's name; its full forms are run"),
     "snakemake results/tables/<study>.md -n -q": How("run", line="snakemake results/tables/llama.md -n -q"),
     "trainbench fit llama <cell> --gpu-mem-gib 80": How(
         "elsewhere",
@@ -178,6 +185,8 @@ HOW: dict[str, How] = {
     "python bench/plan_scaling.py --out results/bench/plan_scaling":
         How("elsewhere", "plans grids of up to 40,000 cells, three times each; tests/test_bench.py runs it "
                          "on a small grid; its output: results/bench/plan_scaling"),
+    "snakemake results/tables/mine.md --configfile my-studies.yaml": How(
+        "dry-run", "the study comes from the merged file alone", before=_my_studies),
 }
 
 
