@@ -98,7 +98,7 @@ def test_snakemake_runs_the_search_probe_by_probe_and_resumes(workflow):
     assert set(planned) == {"search_result"}
     # the study table reports the search next to the cell's own run: the largest batch, the smallest
     # that failed and how, every probe, and the run at the largest batch
-    workflow.snakemake("results/tables/s.md", "results/plots/s_throughput.png", env=env)
+    workflow.snakemake("results/tables/s.md", "results/plots/s", env=env)
     table = workflow.path("results/tables/s.md").read_text()
     section = table.split("## Largest micro batch (search)")[1]
     row = next(line for line in section.splitlines() if line.startswith("| single"))
@@ -111,8 +111,7 @@ def test_snakemake_runs_the_search_probe_by_probe_and_resumes(workflow):
     assert "search.max_micro_batch" in csv_header
     # the plots draw the run at the largest batch too: a changed search result redraws them (Snakemake
     # compares checksums as well as times, so the content changes)
-    newer = workflow.path("results/plots/s_throughput.png").stat().st_mtime + 10
+    newer = workflow.path("results/plots/s/throughput.png").stat().st_mtime + 10
     workflow.path(target).write_text(json.dumps({**result, "max_micro_batch": 4}))
     os.utime(workflow.path(target), (newer, newer))
-    assert set(workflow.planned("results/plots/s_throughput.png", "results/tables/s.md")) == {"study_table",
-                                                                                             "study_plots"}
+    assert set(workflow.planned("results/plots/s", "results/tables/s.md")) == {"study_table", "study_plots"}

@@ -11,7 +11,7 @@ import pytest
 
 from trainbench.execute.profiling import MEMORY_CATEGORIES, PARTS, breakdown, read_trace, summarise_memory
 from trainbench.reporting.columns import expand_sets, report_problems
-from trainbench.reporting.plots import breakdown_plot
+from trainbench.reporting.plots import write_plots
 from trainbench.reporting.predictions import MODEL_PARTS, parts_compared
 from trainbench.reporting.tables import table_rows
 from trainbench.study.config import load_config
@@ -151,11 +151,12 @@ def test_the_time_model_parts_are_held_against_the_profile_at_the_timed_step(tmp
     assert compared["compute"][0] == pytest.approx(0.8 * step)
     assert compared["framework"][0] == pytest.approx(0.2 * step)
     assert all(predicted > 0 for _, predicted in (compared["compute"], compared["optimizer"]))
-    breakdown_plot([doc, {**doc, "cell_id": "d", "status": "oom"}], ["strategy"], "t", tmp_path / "b.png")
-    assert (tmp_path / "b.png").stat().st_size > 10_000
+    write_plots([doc, {**doc, "cell_id": "d", "status": "oom"}], study="t", id_keys=["strategy"],
+                directory=tmp_path, profiled=True)
+    assert (tmp_path / "breakdown.png").stat().st_size > 10_000
 
 
-def test_a_study_that_profiles_has_a_breakdown_plot_among_its_outputs(tmp_path, monkeypatch):
+def test_a_study_that_profiles_has_a_breakdown_plot_in_its_plots_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # results/ of the test's own, empty
     plain = {**tiny_study(strategy="single", gpus=1), "axes": {"micro_batch": [1, 2]}}
     profiled = {**plain, "timing": {**plain["timing"], "profile_steps": 2}}
@@ -163,7 +164,12 @@ def test_a_study_that_profiles_has_a_breakdown_plot_among_its_outputs(tmp_path, 
     workflow = Workflow(load_config(config))
     assert workflow.config.study("p").profiled and not workflow.config.study("q").profiled
     outputs = workflow.final_output(have_gpus=False)
-    assert "results/plots/p_breakdown.png" in outputs and "results/plots/q_breakdown.png" not in outputs
+    assert {"results/plots/p", "results/plots/q"} <= set(outputs)
+    # rule study_plots draws the breakdown of a study that profiles (make_plots.py: study.profiled)
+    for name in ("p", "q"):
+        written = write_plots([], study=name, id_keys=["micro_batch"], directory=tmp_path / name,
+                              profiled=workflow.config.study(name).profiled)
+        assert ("breakdown.png" in [path.name for path in written]) == (name == "p")
 
 
 

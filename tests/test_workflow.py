@@ -210,7 +210,7 @@ def test_only_missing_or_changed_cells_rerun(rerun_workflow):
     jobs = workflow.planned()
     assert cells_planned(jobs) == {"micro_batch~4"}
     assert jobs["study_table"] == {"results/tables/t.md", "results/tables/t.csv", TABLE_PLAN, TABLE_FINDINGS}
-    assert jobs["study_plots"] == {"results/plots/t_memory.png", "results/plots/t_throughput.png"}
+    assert jobs["study_plots"] == {"results/plots/t"}
     workflow.snakemake()
 
     # editing one axis value (2 -> 3) runs exactly the cell with the new value
@@ -265,12 +265,12 @@ def test_only_missing_or_changed_cells_rerun(rerun_workflow):
                                                                                  "results/tables/t.csv",
                                                                                  TABLE_PLAN, TABLE_FINDINGS}
     # its plots with it: through a plot, or through the study's page (table, plots and page)
-    jobs = workflow.planned("results/plots/t_memory.png", "--forcerun", cell)
+    jobs = workflow.planned("results/plots/t", "--forcerun", cell)
     assert cells_planned(jobs) == {"micro_batch~2"} and set(jobs) == {"train_cell", "study_plots"}
     jobs = workflow.planned("results/report/t.html", "--forcerun", cell)
     assert cells_planned(jobs) == {"micro_batch~2"}
     assert set(jobs) == {"train_cell", "study_table", "study_plots", "study_page"}
-    assert jobs["study_plots"] == {"results/plots/t_memory.png", "results/plots/t_throughput.png"}
+    assert jobs["study_plots"] == {"results/plots/t"}
 
 
 def test_reruns_follow_the_config_in_a_fresh_clone_without_snakemake_metadata(rerun_workflow):
@@ -320,7 +320,7 @@ def test_a_refit_of_the_models_reruns_what_shows_their_predictions_and_no_cell(w
     t["measure"] = {"cells": [{"gpus": 1}],
                     "plan_for": {"name": "H200", "gpu_mem_gib": 140, "host_mem_gib": 512, "gpus_per_node": 8}}
     workflow.write_config({"studies": {"t": t}})
-    targets = ("results/tables/t.md", "results/plots/t_memory.png", "results/dataset/cells.parquet")
+    targets = ("results/tables/t.md", "results/plots/t", "results/dataset/cells.parquet")
     workflow.snakemake(*targets, env=on_cpus)
 
     def planned() -> dict[str, set[str]]:
@@ -335,7 +335,7 @@ def test_a_refit_of_the_models_reruns_what_shows_their_predictions_and_no_cell(w
     constants.write_text(json.dumps(refit, indent=1))
     assert planned() == {"study_table": {"results/tables/t.md", "results/tables/t.csv", TABLE_PLAN,
                                          TABLE_FINDINGS},
-                         "study_plots": {"results/plots/t_memory.png", "results/plots/t_throughput.png"},
+                         "study_plots": {"results/plots/t"},
                          "dataset": {"results/dataset/cells.parquet"}}
 
 
@@ -354,7 +354,7 @@ def test_an_oom_cell_is_a_row_of_the_table(workflow):
     csv_text = workflow.path("results/tables/t.csv").read_text().replace('"', "")
     # whichever rank failed first is named; the launcher may stop the other before its own OOM
     assert re.search(r"inject_oom_at_step~2,oom,OOM at step 2 \(timed\) on rank [01]", csv_text)
-    assert workflow.path("results/plots/t_memory.png").stat().st_size > 10_000
+    assert workflow.path("results/plots/t/memory.png").stat().st_size > 10_000
 
 
 # --- bad input: a clear message, a non-zero exit, no traceback, results untouched ----------------
@@ -538,8 +538,8 @@ def test_the_default_study_runs_on_a_cpu_machine_and_a_second_run_does_nothing(s
         # each rank had its cpus_per_rank threads, not the job's threads Snakemake exported (2 here)
         threads = doc["provenance"]["environment"]["OMP_NUM_THREADS"]
         assert threads == str(cell.execution["cpus_per_rank"]), (cell.cell_id, threads)
-    for name in ("tables/smoke.md", "tables/smoke.csv", "plots/smoke_memory.png",
-                 "plots/smoke_throughput.png"):
+    for name in ("tables/smoke.md", "tables/smoke.csv", "plots/smoke/memory.png",
+                 "plots/smoke/throughput.png"):
         assert workflow.path(f"results/{name}").stat().st_size > 0
     table = workflow.path("results/tables/smoke.md").read_text()
     # CPU timing may be noisy

@@ -8,6 +8,10 @@ that its results sit under the cell's search folder.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 # bytes in one file or folder name (ext4, xfs, tmpfs): a cell's id names its folder, its history file
 # (HISTORY_SUFFIX) and, with its study's name, the SLURM plugin's log folder, so all are held to this
 NAME_MAX = 255
@@ -24,11 +28,12 @@ TABLE_CSV = "results/tables/{study}.csv"  # the cells with a result, one row eac
 TABLE_PLAN = "results/tables/{study}.plan.csv"  # the cells without one (planned, not run), one row each
 TABLE_FINDINGS = "results/tables/{study}.findings.csv"
 TABLE_LOG = "results/logs/tables/{study}.log"
-PLOT_MEMORY = "results/plots/{study}_memory.png"
-PLOT_THROUGHPUT = "results/plots/{study}_throughput.png"
-PLOT_BREAKDOWN = "results/plots/{study}_breakdown.png"
+# A study's plots, one folder (reporting/plots.py): `<kind>.png`, or `<kind>-<part>.png` where the study
+# has more cells than one figure holds; kinds memory, throughput, scaling (a study that scales strategies
+# over GPU counts from one GPU) and breakdown (a study that profiles). PLOTS_INDEX in it lists them.
+PLOTS_DIR = "results/plots/{study}"
+PLOTS_INDEX = "plots.json"
 PLOTS_LOG = "results/logs/plots/{study}.log"
-BREAKDOWN_PLOT_LOG = "results/logs/plots/{study}_breakdown.log"
 DATASET = "results/dataset/cells.parquet"  # every study's cells, one long table (reporting/dataset.py)
 DATASET_LOG = "results/logs/dataset.log"
 STUDY_PAGE = "results/report/{study}.html"
@@ -44,11 +49,22 @@ def path(pattern: str, **wildcards) -> str:
     return pattern.format(**wildcards)
 
 
-def study_outputs(study: str, profiled: bool = False) -> list[str]:
+def study_outputs(study: str) -> list[str]:
     """What a study's `rule all` target is made of: its table (markdown, CSV, plan and findings), its
-    plots (where it profiles its cells, where their time went) and its page (the report's)."""
-    patterns = (TABLE_MD, TABLE_CSV, TABLE_PLAN, TABLE_FINDINGS, PLOT_MEMORY, PLOT_THROUGHPUT, STUDY_PAGE)
-    return [path(pattern, study=study) for pattern in patterns + ((PLOT_BREAKDOWN,) if profiled else ())]
+    plots' folder (where the study profiles its cells, where their time went, too) and its page (the
+    report's)."""
+    patterns = (TABLE_MD, TABLE_CSV, TABLE_PLAN, TABLE_FINDINGS, PLOTS_DIR, STUDY_PAGE)
+    return [path(pattern, study=study) for pattern in patterns]
+
+
+def plot_files(directory: str | Path) -> list[dict[str, Any]]:
+    """The plots in a study's PLOTS_DIR, in reading order, from its PLOTS_INDEX: each a dict of `path`
+    (a Path), `kind` (memory, throughput, scaling, breakdown) and `shows` (which of the study's cells,
+    in words, e.g. "gpt-345m, 8 GPUs"; "" for all of them)."""
+    directory = Path(directory)
+    index = json.loads((directory / PLOTS_INDEX).read_text())
+    return [{"path": directory / entry["file"], "kind": entry["kind"], "shows": entry["shows"]}
+            for entry in index["plots"]]
 
 
 def probe_id(cell_id: str, micro_batch: int) -> str:

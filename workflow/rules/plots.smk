@@ -1,4 +1,8 @@
-# Per-study plots: peak memory of every GPU (CPU rank on CPU studies) and throughput, by cell.
+# Per-study plots, one folder a study (paths.PLOTS_DIR; src/trainbench/reporting/plots.py): peak memory of
+# every GPU (CPU rank on CPU studies) and throughput by cell, split into several files where a study has
+# more cells than a figure holds; scaling efficiency where the study scales strategies over GPU counts
+# from one GPU; where each profiled cell's step went, where the study profiles. Each PNG is one item of
+# the report, labelled with its file's name; plots.json in the folder lists them in reading order.
 
 
 rule study_plots:
@@ -7,19 +11,13 @@ rule study_plots:
         searches=get_study_searches,
         grid=get_study_grid,
     output:
-        memory=report(
-            paths.PLOT_MEMORY,
-            caption="../report/memory_plot.rst",
+        report(
+            directory(paths.PLOTS_DIR),
+            patterns=["{plot}.png"],
+            caption="../report/plots.rst",
             category="{study}",
             subcategory="plots",
-            labels={"shows": "peak memory: measured and predicted"},
-        ),
-        throughput=report(
-            paths.PLOT_THROUGHPUT,
-            caption="../report/throughput_plot.rst",
-            category="{study}",
-            subcategory="plots",
-            labels={"shows": "throughput with 95% intervals"},
+            labels={"plot": "{plot}"},
         ),
     log:
         paths.PLOTS_LOG,
@@ -34,28 +32,3 @@ rule study_plots:
         prediction_models=PREDICTION_MODELS,
     script:
         "../scripts/make_plots.py"
-
-
-# A study that profiles its cells (timing: profile_steps): where each cell's step went.
-rule breakdown_plot:
-    input:
-        metrics=get_study_metrics,
-        grid=get_study_grid,
-    output:
-        report(
-            paths.PLOT_BREAKDOWN,
-            caption="../report/breakdown_plot.rst",
-            category="{study}",
-            subcategory="plots",
-            labels={"shows": "where a step's time went: profiled and predicted"},
-        ),
-    log:
-        paths.BREAKDOWN_PLOT_LOG,
-    localrule: True
-    conda:
-        "../../envs/analysis.yaml"
-    params:
-        layout=get_plot_layout,
-        prediction_models=PREDICTION_MODELS,
-    script:
-        "../scripts/make_breakdown_plot.py"

@@ -1,5 +1,5 @@
 """Adapter for rule study_plots: read the study's metrics.json files, draw its plots (planned cells at
-their predictions)."""
+their predictions) into its plot folder."""
 
 import sys
 
@@ -14,7 +14,7 @@ with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
     docs = with_planned(read_cells(snakemake.input.metrics), study,  # noqa: F821
                         short_of_gpus=snakemake.params.short_of_gpus)  # noqa: F821
     docs = with_searches(docs, [read_search(path) for path in snakemake.input.searches])  # noqa: F821
-    write_plots(docs, study=snakemake.wildcards.study,  # noqa: F821
-                id_keys=snakemake.params.layout["id_keys"],  # noqa: F821
-                panel_keys=snakemake.params.layout["plot_panels"],  # noqa: F821
-                memory_path=snakemake.output.memory, throughput_path=snakemake.output.throughput)  # noqa: F821
+    written = write_plots(docs, study=study.name, id_keys=snakemake.params.layout["id_keys"],  # noqa: F821
+                          panel_keys=snakemake.params.layout["plot_panels"],  # noqa: F821
+                          profiled=study.profiled, directory=snakemake.output[0])  # noqa: F821
+    print(f"{len(written)} plots: {', '.join(path.name for path in written)}", file=log)
