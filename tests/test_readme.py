@@ -92,7 +92,6 @@ HOW: dict[str, How] = {
     "trainbench cells smoke": How("run"),
     "trainbench progress smoke --watch": How("run", "the smoke study ran: it shows the grid done and ends"),
     "trainbench progress <study>": How("run", line="trainbench progress smoke"),
-    "trainbench cells baseline": How("run"),
     "snakemake -c all --force results/runs/smoke/strategy~ddp/metrics.json": How("run", trains=True),
     "snakemake -c all results/report/smoke.html --forcerun results/runs/smoke/strategy~ddp/metrics.json":
         How("run", trains=True),
@@ -187,6 +186,8 @@ HOW: dict[str, How] = {
                          "on a small grid; its output: results/bench/plan_scaling"),
     "snakemake results/tables/mine.md --configfile my-studies.yaml": How(
         "dry-run", "the study comes from the merged file alone", before=_my_studies),
+    "snakemake -d validation -n results/tables/holdout_unchanged.md": How("run"),
+    "snakemake --unlock": How("run", "nothing is locked in a clone: it unlocks nothing and exits"),
 }
 
 
