@@ -93,7 +93,7 @@ HOW: dict[str, How] = {
     "trainbench progress smoke --watch": How("run", "the smoke study ran: it shows the grid done and ends"),
     "trainbench progress <study>": How("run", line="trainbench progress smoke"),
     "snakemake -c all --force results/runs/smoke/strategy~ddp/metrics.json": How("run", trains=True),
-    "snakemake -c all results/report/smoke.html --forcerun results/runs/smoke/strategy~ddp/metrics.json":
+    "snakemake -c all results/tables/smoke.html --forcerun results/runs/smoke/strategy~ddp/metrics.json":
         How("run", trains=True),
     "trainbench predict llama --gpu h200 --gpus-per-node 8 --host-mem-gib 2048": How("run"),
     "trainbench predict megatron --gpu a100-80g --gpus-per-node 8 --host-mem-gib 1024": How("run"),

@@ -1,30 +1,56 @@
-"""The report: each study's page (trainbench.reporting.report) on published results, and `snakemake --report
-report.html` built from the smoke study and opened in a real headless Chromium (Selenium), where
-each of the study's items must render: the page with its table rows and images, each plot loaded."""
+"""The report: each study's page (trainbench.reporting.report) made from published results, and `snakemake
+--report report.html` of a fresh clone and of the smoke study, opened in a real headless Chromium
+(Selenium) at 1920 x 1080: the front page fits the screen and lists the campaigns' verdicts, each
+study's page leads with its findings and its measured cells, each plot is stored once and loads, and the
+whole report stays small."""
 
 from __future__ import annotations
 
-import re
-
+import base64
+import json
 import os
+import re
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
+import pandas
 import pytest
 
+from trainbench.execute.results import read_cells, read_search
+from trainbench.reporting.report import (NOT_LAUNCHED, markdown_html, page_labels, provenance_rows,
+                                         study_page, verdict_tally)
+from trainbench.reporting.tables import short_of_gpus, with_planned, with_searches, write_tables
 from trainbench.study.config import load_config
-from trainbench.reporting.report import NOT_LAUNCHED, markdown_html, provenance_rows, study_page, Plot
-from trainbench.execute.results import read_cells
+from trainbench.workflow import Workflow as Flow
 
 from conftest import CPU_MACHINE, REPO
 
 RUNS = REPO / "results" / "runs"
+SCREEN = (1920, 1080)  # the front page fits one such screen
+LARGEST_REPORT = 15 * 2**20  # bytes: the report of every published study
 
 
 def _published(study: str) -> list[dict]:
     return read_cells(sorted(RUNS.glob(f"{study}/*/metrics.json")))
+
+
+def _tables_of(study: str, where: Path) -> dict[str, Path]:
+    """The study's markdown, CSVs and findings made afresh from its published results, as rule
+    study_table makes them (its measured cells without a result here: not run)."""
+    spec = load_config(REPO / "config.yaml").study(study)
+    layout = Flow.table_layout(spec)
+    present = [c.target for c in spec.cells if c.measured and (REPO / c.target).exists()]
+    docs = with_planned(read_cells([REPO / t for t in present]), spec,
+                        short_of_gpus=short_of_gpus(spec, present))
+    docs = with_searches(docs, [read_search(REPO / p) for p in spec.search_targets if (REPO / p).exists()])
+    files = {suffix: where / f"{study}{suffix}" for suffix in (".md", ".csv", ".plan.csv", ".findings.csv")}
+    write_tables(docs, study=study, description=layout["description"], id_keys=layout["id_keys"],
+                 report=layout["report"], csv_path=files[".csv"], md_path=files[".md"],
+                 plan_path=files[".plan.csv"], plan_for=spec.plan_for, findings=layout["findings"],
+                 references=layout["references"], findings_path=files[".findings.csv"])
+    return files
 
 
 # --- where and with what the cells ran ------------------------------------------------------------
@@ -69,31 +95,46 @@ def test_provenance_has_one_row_per_set_up_and_counts_every_cell_that_ran(study)
             == {d["provenance"]["gpu_count"] for d in ran})
 
 
-def test_the_page_shows_the_markdown_table_file_as_it_is_with_its_plots_embedded(tmp_path):
-    study = "baseline"
-    table = (REPO / "results" / "tables" / f"{study}.md").read_text()
-    findings = table + "\n## Findings\n\n- <script>alert(1)</script> DDP scales | not at all\n"
-    plots = [Plot(REPO / "results" / "plots" / f"{study}_{kind}.png", kind)
-             for kind in ("memory", "throughput")]
-    page = study_page(study, findings, plots, _published(study))
-    cells = load_config(REPO / "config.yaml").study(study).cells
-    # the table: a row per cell, every cell's interval (±) as the markdown has it
-    table_html = page.split('<section class="study-table">')[1].split("</table>")[0]
-    assert table_html.count("<tr>") == len(cells) + 1  # and the header
+def test_the_page_leads_with_the_findings_then_the_measured_cells_and_names_its_plots(tmp_path):
+    study = "llama"
+    files = _tables_of(study, tmp_path)
+    table = files[".md"].read_text() + "\n## Notes\n\n- <script>alert(1)</script> DDP scales | not at all\n"
+    plots = [(f"results/plots/llama/{kind}.png", kind) for kind in ("memory", "throughput")]
+    page = study_page(study, table, plots, _published(study))
+    section = page.split('<section class="study-table">')[1].split("</section>")[0]
+    # title, description, then the findings and the measured cells, before anything else
+    assert section.startswith(f"<h1>{study}</h1>\n<p>")
+    assert re.findall(r"<h2>(.*?)</h2>", section)[:2] == ["Findings", "Measured cells"]
+    findings, measured = (part.split("</table>")[0] for part in section.split("<table>")[1:3])
+    assert findings.count("<tr>") == len(load_config(REPO / "config.yaml").study(study).findings) + 1
+    csv = pandas.read_csv(files[".csv"])
+    assert measured.count("<tr>") == len(csv) + 1  # a row per cell with a result, and the header
     value, half = re.search(r"\| ([\d.,]+) ± ([\d.,]+) \|", table).groups()  # the first figure with one
-    assert f"{value}\u00a0±\u00a0{half}" in table_html  # kept on one line
-    # what the markdown file has under the table reaches the page, its markup escaped
-    assert "<h2>Findings</h2>" in page and "&lt;script&gt;" in page and "<script>" not in page
-    for plot in plots:
-        assert f'alt="{plot.caption}"' in page
-    assert page.count('src="data:image/png;base64,') == 2
-    # where the cells ran: baseline's two one-GPU cells on one host at one commit, its four two-GPU
-    # cells on another at another, three four-GPU cells on a third
-    provenance = page.split('<table class="provenance">')[1]
-    assert (provenance.count("<tr>") == 4
-            and "<td>2</td><td>NVIDIA H200 (140.4 GiB)</td><td>1</td>" in provenance
-            and "<td>4</td><td>NVIDIA H200 (140.4 GiB)</td><td>2</td>" in provenance
-            and "<td>3</td><td>NVIDIA H200 (140.4 GiB)</td><td>4</td>" in provenance)
+    assert f"{value}\u00a0±\u00a0{half}" in measured  # kept on one line
+    # the planned cells as a count, not as rows
+    assert "<h2>Planned and not run</h2>" in section and "llama.plan.csv" in section
+    # what the markdown file has reaches the page, its markup escaped
+    assert "&lt;script&gt;" in page and "<script>" not in page
+    # the plots named, not embedded: each is the report's item beside the page
+    assert "data:image" not in page and "<img" not in page
+    assert all(f"<code>{file}</code>" in page for file, _ in plots)
+    assert page.index('<section class="plots">') > page.index("<h2>Measured cells</h2>")
+    # where the cells ran, after the results
+    assert page.index('<table class="provenance">') > page.index('<section class="plots">')
+
+
+def test_a_pages_labels_give_its_findings_verdicts(tmp_path):
+    rows = [(1, "reproduced"), (1, "reproduced"), (2, "partly"), (3, "reproduced"), (4, "not yet measured")]
+    pandas.DataFrame(rows, columns=["finding", "verdict"]).to_csv(tmp_path / "f.csv", index=False)
+    assert verdict_tally(tmp_path / "f.csv") == "2 reproduced, 1 partly, 1 not yet measured"
+    pandas.DataFrame(columns=["finding", "verdict"]).to_csv(tmp_path / "none.csv", index=False)
+    assert page_labels(tmp_path / "none.csv")["findings"] == "none declared"
+    # a campaign's, from its findings as judged on its published results
+    files = _tables_of("lightning", tmp_path)
+    tally = page_labels(files[".findings.csv"])["findings"]
+    counted = sum(int(n) for n in re.findall(r"(\d+) ", tally))
+    assert counted == len(load_config(REPO / "config.yaml").study("lightning").findings)
+    assert tally in files[".md"].read_text().split("## Measured cells")[0]  # the markdown's own tally
 
 
 def test_markdown_tables_render_with_their_rows():
@@ -106,6 +147,8 @@ def test_markdown_tables_render_with_their_rows():
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 REQUIRED = os.environ.get("TRAINBENCH_REQUIRE_BROWSER") == "1"  # CI: a missing browser is a failure
+PAGE = "the study page: findings, measured cells, provenance"
+MARKDOWN = "findings and measured cells (markdown)"
 
 
 def _browser_missing() -> str | None:
@@ -132,10 +175,14 @@ def browser():
     profile = tempfile.mkdtemp(prefix="trainbench-chromium-")
     for argument in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                      "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                     "--no-first-run", f"--user-data-dir={profile}", "--window-size=1600,1000"):
+                     "--no-first-run", f"--user-data-dir={profile}",
+                     f"--window-size={SCREEN[0]},{SCREEN[1]}"):
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    # the page's own size, whatever the headless window keeps for itself
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {"width": SCREEN[0], "height": SCREEN[1],
+                                                                 "deviceScaleFactor": 1, "mobile": False})
     try:
         yield driver
     finally:
@@ -158,14 +205,40 @@ def _quoted(text: str) -> str:
     return f'"{text}"' if "'" in text else f"'{text}'"
 
 
-def _view(driver, shows: str):
-    """Click the eye button of the listed result labelled `shows`."""
+def _row(driver, label: str):
+    """The listed result whose first label is `label`."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    row = WebDriverWait(driver, 10).until(lambda d: d.find_element(
-        By.XPATH, f"//tr[td[normalize-space(.)={_quoted(shows)}]]"))
-    row.find_elements(By.TAG_NAME, "a")[0].click()
+    return WebDriverWait(driver, 10).until(lambda d: d.find_element(
+        By.XPATH, f"//tr[td[1][normalize-space(.)={_quoted(label)}]]"))
+
+
+def _view(driver, label: str):
+    """Click the eye button of the listed result labelled `label`."""
+    from selenium.webdriver.common.by import By
+
+    _row(driver, label).find_elements(By.TAG_NAME, "a")[0].click()
+
+
+def _info(driver, label: str) -> str:
+    """The info panel of the listed result labelled `label`: its caption, size, rule and parameters."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    _row(driver, label).find_elements(By.TAG_NAME, "a")[1].click()
+    # (headings are shown in capitals: Selenium's text is what is shown)
+    body = (By.TAG_NAME, "body")
+    WebDriverWait(driver, 10).until(lambda d: "snakemake rule" in d.find_element(*body).text.lower())
+    return driver.find_element(*body).text
+
+
+def _listed(driver) -> list[str]:
+    """The first labels of the results listed now."""
+    from selenium.webdriver.common.by import By
+
+    rows = driver.find_elements(By.XPATH, "//tbody/tr[td]")
+    return [row.find_element(By.TAG_NAME, "td").text for row in rows]
 
 
 def _loaded_images(driver, images) -> list[int]:
@@ -175,6 +248,69 @@ def _loaded_images(driver, images) -> list[int]:
     WebDriverWait(driver, 10).until(lambda d: all(d.execute_script("return arguments[0].complete", i)
                                                   for i in images))
     return [driver.execute_script("return arguments[0].naturalWidth", image) for image in images]
+
+
+def _front_page(driver) -> str:
+    """The front page's text, once checked to fit the screen: its top not cut off, its end above the
+    screen's."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, 10).until(lambda d: d.find_element(By.XPATH, "//h1[contains(., 'trainbench')]"))
+    # (the description, workflow/report/workflow.rst, is the .prose block; its title the h1.title)
+    top, bottom, screen = driver.execute_script(
+        "const r = document.querySelector('h1.title').closest('.prose').getBoundingClientRect();"
+        "return [r.top, r.bottom, window.innerHeight];")
+    assert screen == SCREEN[1] and top >= 0 and bottom <= screen, (top, bottom, screen)
+    return driver.find_element(By.XPATH, "//h1[contains(., 'trainbench')]/ancestor::*[contains(@class, "
+                                         "'prose')]").text
+
+
+def _study_page(driver, report: Path, study: str) -> dict[str, list[str]]:
+    """The study's page, opened from the report's menu: its section headings, the rows of its findings
+    table and of its table of measured cells."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(report.as_uri())
+    _click(driver, study)
+    _click(driver, "page")
+    _view(driver, PAGE)
+    frame = WebDriverWait(driver, 10).until(lambda d: d.find_element(By.TAG_NAME, "iframe"))
+    assert frame.is_displayed() and frame.size["height"] > 300
+    driver.switch_to.frame(frame)
+    try:
+        assert driver.find_element(By.TAG_NAME, "h1").text == study
+        headings = [h.text for h in driver.find_elements(By.CSS_SELECTOR, "section.study-table h2")]
+        tables = driver.find_elements(By.CSS_SELECTOR, "section.study-table table")
+        rows = [[r.text for r in t.find_elements(By.CSS_SELECTOR, "tbody tr")] for t in tables]
+        measured = rows[headings.index("Measured cells") if "Findings" in headings else 0] if rows else []
+        return {"headings": headings, "findings": rows[0] if "Findings" in headings else [],
+                "measured": measured}
+    finally:
+        driver.switch_to.default_content()
+
+
+def _stored(report: Path) -> dict[str, dict]:
+    """The report's results as it stores them: path to entry (data_uri, mime_type, ...)."""
+    text = report.read_text()
+    start = text.index("var results = ", text.index('<script id="results">')) + len("var results = ")
+    return json.JSONDecoder().raw_decode(text, start)[0]
+
+
+def _each_plot_stored_once(report: Path, root: Path) -> int:
+    """The report's PNGs are the plots on disk of the studies it has a page of, each once, and no page
+    embeds one again."""
+    stored = _stored(report)
+    studies = {Path(path).stem for path, entry in stored.items() if entry["mime_type"] == "text/html"}
+    images = sorted(path for path, entry in stored.items() if entry["mime_type"] == "image/png")
+    assert images == sorted(str(p.relative_to(root)) for study in studies
+                            for p in root.glob(f"results/plots/{study}/*.png"))
+    for path, entry in stored.items():
+        if entry["mime_type"] == "text/html":
+            page = base64.b64decode(entry["data_uri"].split("base64,", 1)[1])
+            assert b"data:image" not in page and b"<img" not in page, path
+    return len(images)
 
 
 @pytest.mark.slow
@@ -192,45 +328,38 @@ def test_the_report_of_the_smoke_study_renders_its_page_table_plots_and_provenan
     smoke = load_config(workflow.path("config.yaml")).study("smoke")
     browser.get(report.as_uri())
     try:
-        # the front page: what the report is, and the study's description from config.yaml
-        WebDriverWait(browser, 10).until(
-            lambda d: d.find_element(By.XPATH, "//h1[contains(., 'trainbench')]"))
-        front = browser.find_element(By.TAG_NAME, "body").text
-        assert " ".join(smoke.description.split()) in " ".join(front.split())
-        # one study here: the menu names its category "Results" (several: by their names)
-        _click(browser, "Results")
-        _click(browser, "page")
-        _view(browser, "the study page: table, plots, provenance")
-        frame = WebDriverWait(browser, 10).until(lambda d: d.find_element(By.TAG_NAME, "iframe"))
-        assert frame.is_displayed() and frame.size["height"] > 300
-        browser.switch_to.frame(frame)
-        assert browser.find_element(By.TAG_NAME, "h1").text == "smoke"
-        rows = browser.find_elements(By.CSS_SELECTOR, "section.study-table table tbody tr")
-        assert len(rows) == len(smoke.cells) and all(r.is_displayed() for r in rows)
-        assert all(" ok" in f" {r.text}" for r in rows)
-        widths = _loaded_images(browser, browser.find_elements(By.CSS_SELECTOR, "section.plots img"))
-        assert len(widths) == 2 and all(w > 0 for w in widths), widths
+        # the front page: what the report is, and the study, in one screen
+        assert "smoke" in _front_page(browser)
+        page = _study_page(browser, report, "smoke")
+        # no findings: the page opens on its measured cells, every one of them ok
+        assert page["headings"][0] == "Measured cells" and len(page["measured"]) == len(smoke.cells)
+        assert all(" ok" in f" {row}" for row in page["measured"])
+        browser.switch_to.frame(browser.find_element(By.TAG_NAME, "iframe"))
+        named = browser.find_elements(By.CSS_SELECTOR, "section.plots li")
         provenance = browser.find_elements(By.CSS_SELECTOR, "table.provenance tbody tr")
         assert provenance and sum(int(r.find_element(By.TAG_NAME, "td").text) for r in provenance) == len(
             smoke.cells)
         assert "none: CPU ranks" in provenance[0].text
         browser.switch_to.default_content()
-        # each plot on its own, loaded
-        for shows in ("peak memory: measured and predicted", "throughput with 95% intervals"):
-            _click(browser, "smoke")
-            _click(browser, "plots")
-            _view(browser, shows)
+        # each plot the page names is an item of the study's plots, and loads
+        browser.get(report.as_uri())
+        _click(browser, "smoke")
+        _click(browser, "plots")
+        plots = _listed(browser)
+        assert len(plots) == len(named) >= 2
+        for plot in plots:
+            _view(browser, plot)
             image = WebDriverWait(browser, 10).until(lambda d: d.find_element(
                 By.CSS_SELECTOR, "img[src^='data:image/png']"))
-            assert image.is_displayed() and _loaded_images(browser, [image])[0] > 0, shows
+            assert image.is_displayed() and _loaded_images(browser, [image])[0] > 0, plot
             assert image.size["width"] > 300
         # the tables as files to download
         _click(browser, "smoke")
         _click(browser, "tables")
-        listed = browser.find_element(By.TAG_NAME, "body").text
-        assert "table (markdown)" in listed and "table, every field of every cell (CSV)" in listed
+        assert set(_listed(browser)) >= {MARKDOWN, "measured cells, one row each (CSV)"}
         errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
         assert not errors, errors
+        _each_plot_stored_once(report, workflow.root)
     finally:
         browser.save_screenshot(str(tmp_path / "report.png"))  # what it looked like, to look at
     print(f"report built in {built:.1f} s, "
@@ -238,8 +367,10 @@ def test_the_report_of_the_smoke_study_renders_its_page_table_plots_and_provenan
 
 
 def test_a_fresh_clone_reports_the_published_studies_with_nothing_run_first(browser, tmp_path):
-    """`snakemake --report` on a clone where nothing ran (no smoke table, no study pages): the report of
-    what is published, every tabled study with its plots, each plot loading, and the dataset."""
+    """`snakemake --report` on a clone where nothing ran (no smoke table): the report of what is
+    published. Its front page fits one screen and gives each campaign's verdicts; each study's page
+    leads with its findings and measured cells; each plot is stored once and loads; the info panel
+    says what a table was made with in words; the whole is at most LARGEST_REPORT."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -249,18 +380,42 @@ def test_a_fresh_clone_reports_the_published_studies_with_nothing_run_first(brow
     report = tmp_path / "report.html"
     clone.shell(f"snakemake --report {report}", env=CPU_MACHINE)
     assert not clone.path("results/tables/smoke.md").exists()  # nothing was run to make it
+    assert report.stat().st_size <= LARGEST_REPORT, f"{report.stat().st_size:,} bytes"
+    assert _each_plot_stored_once(report, clone.root) > 0
+    config = load_config(clone.path("config.yaml"))
+    tabled = [name for name in config.studies if clone.path(f"results/tables/{name}.md").exists()]
     browser.get(report.as_uri())
-    WebDriverWait(browser, 10).until(lambda d: d.find_element(By.XPATH, "//h1[contains(., 'trainbench')]"))
-    for study, shows in (("baseline", "throughput with 95% intervals"),
-                         ("holdout_frameworks", "where a step's time went: profiled and predicted")):
-        _click(browser, study)
-        _click(browser, "plots")
-        _view(browser, shows)
-        image = WebDriverWait(browser, 10).until(lambda d: d.find_element(
-            By.CSS_SELECTOR, "img[src^='data:image/png']"))
-        assert image.is_displayed() and _loaded_images(browser, [image])[0] > 0, (study, shows)
-        browser.get(report.as_uri())
+    front = " ".join(_front_page(browser).split())
+    for study in tabled:
+        findings = config.study(study).findings
+        tally = verdict_tally(clone.path(f"results/tables/{study}.findings.csv"))
+        assert (f"{study}: {tally}" if findings else study) in front, study
+        page = _study_page(browser, report, study)
+        if findings:  # the verdicts first, then what was measured
+            assert page["headings"][:2] == ["Findings", "Measured cells"], study
+            assert len(page["findings"]) == len(findings), study
+        else:
+            assert page["headings"][0] == "Measured cells", study
+        measured = pandas.read_csv(clone.path(f"results/tables/{study}.csv"))
+        assert len(page["measured"]) == len(measured), study
+    # a plot of its own, loaded
+    browser.get(report.as_uri())
+    _click(browser, "baseline")
+    _click(browser, "plots")
+    _view(browser, _listed(browser)[0])
+    image = WebDriverWait(browser, 10).until(lambda d: d.find_element(
+        By.CSS_SELECTOR, "img[src^='data:image/png']"))
+    assert image.is_displayed() and _loaded_images(browser, [image])[0] > 0
+    # what a table was made with, in words: no Python repr of the study's configuration
+    browser.get(report.as_uri())
+    _click(browser, "llama")
+    _click(browser, "tables")
+    panel = _info(browser, MARKDOWN)
+    parameters = panel[panel.lower().index("job parameters"):]
+    assert "made_with=" in parameters and "findings" in parameters
+    assert not re.search(r"[\[{(]'|': |None\b", parameters), parameters
     # the dataset of every cell, to download
+    browser.get(report.as_uri())
     _click(browser, "dataset")
     listed = browser.find_element(By.TAG_NAME, "body").text
     assert "every cell of every study, one row per figure (parquet)" in listed

@@ -267,7 +267,7 @@ def test_only_missing_or_changed_cells_rerun(rerun_workflow):
     # its plots with it: through a plot, or through the study's page (table, plots and page)
     jobs = workflow.planned("results/plots/t", "--forcerun", cell)
     assert cells_planned(jobs) == {"micro_batch~2"} and set(jobs) == {"train_cell", "study_plots"}
-    jobs = workflow.planned("results/report/t.html", "--forcerun", cell)
+    jobs = workflow.planned("results/tables/t.html", "--forcerun", cell)
     assert cells_planned(jobs) == {"micro_batch~2"}
     assert set(jobs) == {"train_cell", "study_table", "study_plots", "study_page"}
     assert jobs["study_plots"] == {"results/plots/t"}

@@ -36,7 +36,8 @@ PLOTS_INDEX = "plots.json"
 PLOTS_LOG = "results/logs/plots/{study}.log"
 DATASET = "results/dataset/cells.parquet"  # every study's cells, one long table (reporting/dataset.py)
 DATASET_LOG = "results/logs/dataset.log"
-STUDY_PAGE = "results/report/{study}.html"
+# the study's page (the report's): beside its table, so that a clone has it, as it has the table
+STUDY_PAGE = "results/tables/{study}.html"
 STUDY_PAGE_LOG = "results/logs/report/{study}.log"
 GRID_STAMP = "results/.grid/{study}.json"
 # what the workflow found each result file to be when it last read it (freshness.py): local, not a result

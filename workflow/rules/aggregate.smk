@@ -37,13 +37,9 @@ rule study_table:
             subcategory="tables",
             labels={"shows": "planned and not-run cells, with predictions (CSV)"},
         ),
-        findings=report(
-            paths.TABLE_FINDINGS,
-            caption="../report/findings_csv.rst",
-            category="{study}",
-            subcategory="tables",
-            labels={"shows": "findings, pair by pair (CSV)"},
-        ),
+        # every pair each finding judged (thousands where planned cells pair up: 4 MB for llama), on
+        # disk only: the markdown and the page give each finding's verdict and its first pairs
+        findings=paths.TABLE_FINDINGS,
     log:
         paths.TABLE_LOG,
     localrule: True

@@ -1,14 +1,21 @@
 # The report (`snakemake --report report.html`): each study's page (src/trainbench/reporting/report.py: its
-# markdown table file rendered, its plots, where and with what its cells ran), and the tables and
-# plots themselves, each under its study's category with a caption (workflow/report/*.rst).
+# markdown table file rendered, the names of its plots, where and with what its cells ran), and the
+# tables and plots themselves, each under its study's category with a caption (workflow/report/*.rst).
+from trainbench.reporting.report import page_labels
+
+
+def get_page_labels(wildcards, input):
+    """The page's labels: what it is, and its findings' verdicts (the front page lists them)."""
+    return page_labels(input.findings)
 
 
 rule study_page:
     input:
-        # the page shows the table and plots as they are: asking for it brings the whole study up to date
+        # the page shows the table as it is and names the plots: asking for it brings the whole study
+        # up to date
         table=paths.TABLE_MD,
-        memory=paths.PLOT_MEMORY,
-        throughput=paths.PLOT_THROUGHPUT,
+        findings=paths.TABLE_FINDINGS,
+        plots=paths.PLOTS_DIR,
         metrics=get_study_metrics,
     output:
         report(
@@ -16,7 +23,7 @@ rule study_page:
             caption="../report/study_page.rst",
             category="{study}",
             subcategory="page",
-            labels={"shows": "the study page: table, plots, provenance"},
+            labels=get_page_labels,
         ),
     log:
         paths.STUDY_PAGE_LOG,

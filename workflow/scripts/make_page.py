@@ -1,13 +1,13 @@
-"""Adapter for rule study_page: the study's page from its table, plots and metrics.json files."""
+"""Adapter for rule study_page: the study's page from its table, the names of its plots and its
+metrics.json files."""
 
 import sys
 
-from trainbench.reporting.report import write_study_page
 from trainbench.execute.results import read_cells
+from trainbench.reporting.report import write_study_page
 
 with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
     sys.stderr = log
     write_study_page(snakemake.output[0], study=snakemake.wildcards.study,  # noqa: F821
-                     table_path=snakemake.input.table, memory_plot=snakemake.input.memory,  # noqa: F821
-                     throughput_plot=snakemake.input.throughput,  # noqa: F821
+                     table_path=snakemake.input.table, plots_dir=snakemake.input.plots,  # noqa: F821
                      docs=read_cells(snakemake.input.metrics))  # noqa: F821

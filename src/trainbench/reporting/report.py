@@ -1,17 +1,16 @@
-"""A study's page: one self-contained HTML file a reviewer reads first, and the study page of the Snakemake
-report (`snakemake --report report.html`).
+"""A study's page: one HTML file a reviewer reads first, and the study page of the Snakemake report
+(`snakemake --report report.html`).
 
-The page shows the study's markdown table file as it is (its title, the description from config.yaml,
-the table with every timed figure's 95% interval, the notes under it and the findings the study
-declares there), the two plots (memory measured against predicted, throughput with error bars),
-and where the cells ran: one row per distinct set-up (hardware, driver and CUDA/NCCL, package
-versions, commit), read from the cells' metrics.json files. Nothing on it is computed twice: the
-table is the markdown file rendered, the plots are the PNG files embedded.
+The page shows the study's markdown table file as it is (its title and description, its findings and
+their verdicts, the table of the cells with a result with every timed figure's 95% interval and the
+notes under it, a count of the cells without one), names its plots, and says where the cells ran:
+one row per distinct set-up (hardware, driver and CUDA/NCCL, package versions, commit), read from the
+cells' metrics.json files. Nothing on it is computed or stored twice: the table is the markdown file
+rendered, and the plots, items of the report beside the page, are not embedded in it again.
 """
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import html
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Any
 
 from markdown_it import MarkdownIt
 
+from trainbench import paths
 from trainbench.execute.results import VERSION_KEYS
 
 Doc = dict[str, Any]
@@ -141,21 +141,6 @@ def markdown_html(text: str) -> str:
     return rendered.replace(" ± ", "\u00a0±\u00a0")
 
 
-@dataclass(frozen=True)
-class Plot:
-    path: Path
-    caption: str
-
-
-PLOT_CAPTIONS = {
-    "memory": "Peak memory by cell: bars per GPU (NVML 'used', as nvidia-smi shows it) or, for CPU ranks, "
-              "per rank (resident memory); the black line is the memory model's prediction for the same "
-              "device. Cells that did not finish are marked with their status.",
-    "throughput": "Training throughput by cell: samples per second at the median step, error bars the 95% "
-                  "interval (the table's ±); MFU under the value where the GPU has a known peak. A cell "
-                  "whose largest batch was searched has a second bar at that batch.",
-}
-
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 0; color: #1e293b; background: #fff; }
 main { padding: 1.5rem 2rem; max-width: 100%; }
@@ -164,28 +149,28 @@ table { border-collapse: collapse; display: block; overflow-x: auto; margin: .75
 th, td { border: 1px solid #cbd5e1; padding: .25rem .5rem; text-align: left; vertical-align: top; }
 th { background: #f1f5f9; position: sticky; top: 0; }
 tbody tr:nth-child(even) { background: #f8fafc; }
-figure { margin: 1rem 0 2rem; } figure img { max-width: 100%; height: auto; border: 1px solid #e2e8f0; }
-figcaption { color: #475569; max-width: 60rem; } code { background: #f1f5f9; padding: 0 .2rem; }
+code { background: #f1f5f9; padding: 0 .2rem; }
 """
 
 
-def study_page(study: str, table_markdown: str, plots: list[Plot], docs: list[Doc]) -> str:
-    """The study's page as one HTML document with everything embedded (the plots as data URIs), so it
-    shows the same inside the report, opened from disk, or mailed."""
-    figures = []
-    for plot in plots:
-        data = base64.b64encode(plot.path.read_bytes()).decode()
-        figures.append(f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(plot.caption)}">'
-                       f"<figcaption>{html.escape(plot.caption)}</figcaption></figure>")
+def study_page(study: str, table_markdown: str, plots: list[tuple[str, str]], docs: list[Doc]) -> str:
+    """The study's page as one HTML document: its markdown table file rendered (title, description,
+    findings, the measured cells, a count of the others), its plots named (`plots`: each file and what
+    it shows), and where its cells ran. The plots are not embedded: in the report each is an item of
+    the study's "plots" beside the page, stored once; on disk they are the files named."""
     rows = provenance_rows(docs)
     provenance = (_html_table(PROVENANCE_HEADERS, rows, "provenance") if rows
                   else "<p>No cell of this study has run yet.</p>")
+    listed = "".join(f"<li>{html.escape(shows)}: <code>{html.escape(file)}</code></li>"
+                     for file, shows in plots)
+    figures = (f"<p>In the report, each plot is an item of this study's <b>plots</b>, beside this page, with "
+               f"its caption.</p><ul>{listed}</ul>" if plots else "<p>This study has no plot.</p>")
     return "\n".join([
         "<!DOCTYPE html>",
         f'<html lang="en"><head><meta charset="utf-8"><title>trainbench: {html.escape(study)}</title>',
         f"<style>{STYLE}</style></head><body><main>",
         f'<section class="study-table">{markdown_html(table_markdown)}</section>',
-        '<section class="plots"><h2>Plots</h2>', *figures, "</section>",
+        f'<section class="plots"><h2>Plots</h2>{figures}</section>',
         '<section class="provenance"><h2>Where and with what the cells ran</h2>',
         "<p>One row per set-up, read from the cells' metrics.json files (each has the rest: every installed "
         "package, the environment variables that steer NCCL, CUDA and torch, the launch command).</p>",
@@ -195,10 +180,36 @@ def study_page(study: str, table_markdown: str, plots: list[Plot], docs: list[Do
     ])
 
 
-def write_study_page(path: Path, *, study: str, table_path: Path, memory_plot: Path, throughput_plot: Path,
+def plots_of(directory: Path | str) -> list[tuple[str, str]]:
+    """A study's plots (its plot folder's index, paths.plot_files): each file, and what it shows ("memory:
+    gpt-345m, 8 GPUs")."""
+    return [(str(plot["path"]), f"{plot['kind']}: {plot['shows']}" if plot["shows"] else plot["kind"])
+            for plot in paths.plot_files(directory)]
+
+
+def write_study_page(path: Path, *, study: str, table_path: Path, plots_dir: Path | str,
                      docs: list[Doc]) -> None:
-    plots = [Plot(Path(memory_plot), PLOT_CAPTIONS["memory"]),
-             Plot(Path(throughput_plot), PLOT_CAPTIONS["throughput"])]
-    page = study_page(study, Path(table_path).read_text(), plots, docs)
+    page = study_page(study, Path(table_path).read_text(), plots_of(plots_dir), docs)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(page)
+
+
+VERDICTS = ("reproduced", "partly", "not reproduced", "not yet measured")
+
+
+def verdict_tally(findings_csv: Path | str) -> str:
+    """A study's findings as their verdicts counted ("7 reproduced, 2 partly, 1 not reproduced"), from
+    its findings CSV (one row per judged pair, each with its finding's verdict); "" for a study that
+    declares none."""
+    import pandas
+
+    table = pandas.read_csv(findings_csv, usecols=["finding", "verdict"])
+    verdicts = table.groupby("finding")["verdict"].first().tolist()
+    return ", ".join(f"{verdicts.count(v)} {v}" for v in VERDICTS if v in verdicts)
+
+
+def page_labels(findings_csv: Path | str) -> dict[str, str]:
+    """The labels of a study's page in the report: what it is, and its findings' verdicts (the front
+    page lists them beside each study)."""
+    return {"shows": "the study page: findings, measured cells, provenance",
+            "findings": verdict_tally(findings_csv) or "none declared"}
