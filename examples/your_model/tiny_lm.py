@@ -34,6 +34,17 @@ class TinyLM(nn.Module):
         self.position = nn.Embedding(max_seq, width)
         self.blocks = nn.ModuleList(Block(width, heads) for _ in range(depth))
         self.norm = nn.RMSNorm(width)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """GPT-2's initialisation. trainbench calls it after building the model on the meta device (FSDP2),
+        so it must (re)make everything the model needs: weights, and any non-persistent buffer."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+            elif isinstance(module, nn.RMSNorm):
+                nn.init.ones_(module.weight)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)

@@ -427,13 +427,16 @@ def cmd_vocabulary(args) -> int:
                 print(f"{framework.name:<11} {s.name:<27} {s.description} {note}".rstrip())
     elif args.command == "models":
         from trainbench.registry.frameworks import registry
-        from trainbench.registry.models import MODELS
+        from trainbench.registry.models import known_models
 
-        for m in MODELS.values():
+        if Path(args.config).exists():  # your models, counted (built on fake tensors) as the workflow does
+            _config(args.config)
+        for m in known_models().values():
             runners = [f.name for f in registry().values() if m.family in f.families]
             built = f" (runs with {', '.join(runners)})" if runners else " (planning only in this version)"
+            mine = " [config.yaml's models]" if m.user_defined else ""
             print(f"{m.name:<16} {m.param_count() / 1e6:>10,.1f}M  L={m.n_layer} d={m.d_model} h={m.n_head} "
-                  f"ctx={m.max_seq}  {m.note}{built}")
+                  f"ctx={m.max_seq}  {m.note}{built}{mine}")
     elif args.command == "columns":
         from trainbench.reporting.findings import metrics
         from trainbench.reporting.columns import COLUMN_SETS, COLUMNS
@@ -654,9 +657,14 @@ def parser() -> argparse.ArgumentParser:
     group.add_argument("--check", metavar="PATH")
     schema.set_defaults(func=cmd_schema)
 
-    for name, text in (("strategies", "strategies by framework"), ("models", "models in the registry"),
+    for name, text in (("strategies", "strategies by framework"),
+                       ("models", "models: the registry's, and your own from the config's `models`"),
                        ("columns", "report columns a study can put in its table")):
-        sub.add_parser(name, help=f"list {text}").set_defaults(func=cmd_vocabulary)
+        vocabulary = sub.add_parser(name, help=f"list {text}")
+        vocabulary.set_defaults(func=cmd_vocabulary)
+        if name == "models":
+            vocabulary.add_argument("--config", default="config.yaml",
+                                    help="whose `models` to list too (where the file exists)")
     return p
 
 

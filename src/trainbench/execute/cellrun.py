@@ -205,6 +205,28 @@ def classify(work_dir: Path, returncode: int | None, timed_out: bool, timeout_s:
                    None, records)
 
 
+def model_section(params) -> dict[str, Any]:
+    """What a result says of a model of the config's `models` (its facts, counted from the model, which
+    its predictions used) and of the token file it trained on (its size and a fingerprint: the path
+    alone is the cell's parameter)."""
+    section: dict[str, Any] = {}
+    if params.model_definition:
+        from trainbench.registry.models import get_model
+
+        facts = get_model(params.model).facts
+        section["facts"] = {k: v for k, v in facts.__dict__.items() if k != "traces"}
+        section["activations"] = "traced on fake tensors (trainbench.training.user_models)"
+    if params.tokens:
+        import hashlib
+
+        path = Path(params.tokens)
+        with open(path, "rb") as f:
+            head = f.read(64 * 2**20)
+        section["tokens"] = {"path": params.tokens, "bytes": path.stat().st_size,
+                             "sha256_first_64_mib": hashlib.sha256(head).hexdigest()}
+    return section
+
+
 def register_user_model(params) -> None:
     """A model of the config's `models`, from the definition the cell carries: this process and the
     ranks load no config (the model is counted once, its facts kept beside the results)."""
@@ -244,6 +266,8 @@ class CellRun:
                "provenance": {}}
         if self.params.emulate:  # which rank it stands for, whatever became of it (account() adds more)
             doc["emulation"] = emulation.section(self.params)
+        if self.params.model_definition or self.params.tokens:
+            doc["model"] = model_section(self.params)
         return doc
 
     def _prediction(self) -> dict[str, Any]:

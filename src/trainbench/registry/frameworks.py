@@ -29,6 +29,9 @@ class CellParams(Protocol):
     framework: str
     strategy: str
     model: str
+    head: str
+    float8: str | None
+    model_definition: str
     device: str
     launcher: str
     gpus: int
@@ -357,6 +360,24 @@ def unsupported(params: CellParams) -> str | None:
         return strategy.needs_cuda
     if params.ort:
         return ORT_UNSUPPORTED
+    if params.model_definition:  # a model of the config's `models` (the cell carries its definition)
+        return user_model_unsupported(params)
+    return None
+
+
+def user_model_unsupported(params: CellParams) -> str | None:
+    """Why a model of the config's `models` cannot run a cell, where it cannot: what trainbench builds
+    into its own GPT alone (Megatron-style tensor parallelism, pipeline stages, float8 layers, host
+    checkpoints). (A framework whose runner builds no such model: not_implemented.)"""
+    if params.head != "lm":
+        return "your models train as language models (head: lm): forward(input_ids, labels) gives the loss"
+    for key, what in (("tp", "tensor parallelism"), ("pp", "pipeline parallelism")):
+        if getattr(params, key) > 1:
+            return (f"{what} splits trainbench's GPT by its own layout; a model of your own trains under "
+                    "data parallelism and sharding (single, DDP, FSDP2, ZeRO 0-3, the Trainer)")
+    for key, what in (("float8", "float8 training"), ("checkpoint_in_cpu", "checkpoints in host memory")):
+        if getattr(params, key):
+            return f"{what} is built into trainbench's GPT; a model of your own trains without it"
     return None
 
 

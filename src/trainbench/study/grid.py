@@ -322,26 +322,7 @@ def check_cell(p: CellParams) -> tuple[list[tuple[str, str]], str | None]:
         errors.append(("tokens", "trains a language model on your tokens; a classifier's data is "
                                  "dataset_path (or synthetic)"))
     strategy_errors, unsupported = frameworks.check(p)
-    if model is not None and model.user_defined and unsupported is None:
-        unsupported = user_model_unsupported(p)
     return errors + strategy_errors, unsupported
-
-
-def user_model_unsupported(p: CellParams) -> str | None:
-    """Why a model of the config's `models` cannot run a cell, where it cannot: what trainbench builds
-    into its own GPT alone (float8 layers, Megatron-style tensor parallelism, pipeline stages, host
-    checkpoints), and the runners built around one architecture."""
-    if p.head != "lm":
-        return "your models train as language models (head: lm): forward(input_ids, labels) gives the loss"
-    for key, what in (("tp", "tensor parallelism"), ("pp", "pipeline parallelism")):
-        if getattr(p, key) > 1:
-            return (f"{what} splits trainbench's GPT by its own layout; a model of your own trains under "
-                    "data parallelism and sharding (single, DDP, FSDP2, ZeRO 0-3, the Trainer)")
-    for key, what in (("float8", "float8 training"), ("checkpoint_in_cpu", "checkpoints in host memory"),
-                      ("ort", "ONNX Runtime training")):
-        if getattr(p, key):
-            return f"{what} is built into trainbench's GPT; a model of your own trains without it"
-    return None
 
 
 def _matches(params: CellParams, pattern: dict[str, Any]) -> bool:

@@ -6,7 +6,7 @@
   checkpointing recomputes), `init_weights(seed)` (after a meta-device build).
 - `count_model` builds the model on fake tensors (no memory, no GPU) and counts what the predictions
   need: parameters (whole, per block, in embeddings, the largest), the matmul parameters and attention's
-  FLOPs per position from torch's FLOP counter over one forward and backward at two sequence lengths,
+  FLOPs per position from torch's FLOP counter over one forward at two sequence lengths (x 3 for the step),
   and the width of a block's input. Anything wrong with the definition (a model_type transformers does
   not know, a factory that does not import or returns no module, no block of the class named, a forward
   that gives no loss) is a ConfigError naming the model and key.
@@ -91,15 +91,20 @@ def _factory(spec: ModelSpec) -> nn.Module:
     return built
 
 
-def build_inner(spec: ModelSpec, attention: str = "sdpa", dtype: torch.dtype | None = None) -> nn.Module:
-    """The user's model itself, in the current device context (meta, fake or a device), random weights,
-    its parameters in `dtype` (default: torch's, fp32)."""
+def build_inner(spec: ModelSpec, attention: str = "sdpa", dtype: torch.dtype | None = None,
+                initialise: bool = True) -> nn.Module:
+    """The user's model itself, in the current device context (meta, fake or a device), its parameters in
+    `dtype` (default: torch's, fp32); random weights, or, with initialise=False, a transformers model's
+    left as allocated (built under ZeRO-3's partitioning, whose placeholders cannot be initialised: the
+    weights are drawn afterwards, module by module, gathered; and on fake tensors, where nothing is)."""
     with _default_dtype(dtype):
         if definition_of(spec)["kind"] == "hf":
             from transformers import AutoModelForCausalLM
+            from transformers.initialization import no_init_weights
 
-            return AutoModelForCausalLM.from_config(_hf_config(spec, attention),
-                                                    dtype=dtype or torch.get_default_dtype())
+            with contextlib.nullcontext() if initialise else no_init_weights():
+                return AutoModelForCausalLM.from_config(_hf_config(spec, attention),
+                                                        dtype=dtype or torch.get_default_dtype())
         return _factory(spec)
 
 
@@ -146,10 +151,11 @@ class LanguageModel(nn.Module):
     of the next tokens (a transformers model's logits taken in fp32, as trainbench's GPT does; a
     factory's module computes its own)."""
 
-    def __init__(self, spec: ModelSpec, attention: str = "sdpa", dtype: torch.dtype | None = None):
+    def __init__(self, spec: ModelSpec, attention: str = "sdpa", dtype: torch.dtype | None = None,
+                 initialise: bool = True):
         super().__init__()
         self.spec = spec
-        self.inner = build_inner(spec, attention, dtype)
+        self.inner = build_inner(spec, attention, dtype, initialise)
         self.hf = definition_of(spec)["kind"] == "hf"
         # a list, not a ModuleList: the blocks stay where they are in the user's model
         self.blocks = find_blocks(spec, self.inner)
@@ -217,8 +223,12 @@ def _parent_of(root: nn.Module, child: nn.Module) -> tuple[nn.Module, str]:
 
 # --- counting and tracing on fake tensors ------------------------------------------------------------
 
+# what a facts file was counted by: a change to the counting makes every model count again
+COUNTING = "forward-flops-x3"
+
+
 def _hash(spec: ModelSpec) -> str:
-    return hashlib.sha256(spec.definition.encode()).hexdigest()[:16]
+    return hashlib.sha256(f"{COUNTING}\n{spec.definition}".encode()).hexdigest()[:16]
 
 
 class _CastsOfParameters(torch.utils._python_dispatch.TorchDispatchMode):
@@ -248,7 +258,8 @@ def _fake_step(spec: ModelSpec, mode: str, attention: str, seq_len: int, flops: 
 
     _count_cpu_attention()
     with FakeTensorMode():
-        model = LanguageModel(spec, attention, torch.bfloat16 if mode.startswith("half") else None)
+        model = LanguageModel(spec, attention, torch.bfloat16 if mode.startswith("half") else None,
+                              initialise=False)
         params = {_storage(p) for p in model.parameters()}
         tokens = torch.randint(0, spec.vocab_size, (1, seq_len + 1))
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
@@ -287,8 +298,10 @@ def _fake_step(spec: ModelSpec, mode: str, attention: str, seq_len: int, flops: 
         autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if mode.startswith("autocast")
                     else contextlib.nullcontext())
         try:
-            with counter, casts, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                with autocast:
+            with casts, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                # the forward's FLOPs only: model FLOPs are three times them (the backward twice the
+                # forward, PaLM's and MFU's convention), where a kernel's backward also recomputes
+                with counter, autocast:
                     loss = model(inputs, targets)
                 if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
                     raise TypeError(f"forward gave {type(loss).__name__}, not a scalar loss")
@@ -343,8 +356,10 @@ def count_model(spec: ModelSpec, facts_dir: Path = FACTS_DIR) -> ModelFacts:
         by_module = counter.get_flop_counts()
         total = counter.get_total_flops() / seq
         counts.append((total, _block_flops(model, by_module) / seq))
-    (total_1, block_1), (total_2, block_2) = counts
-    attention = (total_2 - total_1) / (seqs[1] - seqs[0])  # FLOPs per token that grow with the sequence
+    # forward FLOPs per token at two lengths, made training FLOPs (x 3): what grows with the sequence
+    # is attention's, the rest the matmuls' (6 per parameter that multiplies each token)
+    (total_1, block_1), (total_2, block_2) = [(3 * total, 3 * block) for total, block in counts]
+    attention = (total_2 - total_1) / (seqs[1] - seqs[0])
     n_blocks = len(model.blocks)
     block_sizes = [sum(p.numel() for p in b.parameters()) for b in model.blocks]
     embeddings = sum(p.numel() for m in model.inner.modules() if isinstance(m, nn.Embedding)
@@ -422,8 +437,8 @@ def _write(spec: ModelSpec, facts: ModelFacts, facts_dir: Path) -> None:
     document = {"model": spec.name, "definition_sha256": _hash(spec),
                 "definition": json.loads(spec.definition),
                 "counted_with": f"torch {torch.__version__}, transformers {transformers.__version__}: built "
-                                f"on fake tensors; FLOPs from torch's FLOP counter over one forward and "
-                                f"backward at sequence lengths {list(COUNT_SEQ)}",
+                                f"on fake tensors; FLOPs 3 x those torch's FLOP counter finds in one "
+                                f"forward at sequence lengths {list(COUNT_SEQ)}",
                 "facts": {k: v for k, v in facts.__dict__.items() if k != "traces"},
                 "traces": {k: v.__dict__ for k, v in facts.traces.items()}}
     _write_json_atomic(_facts_path(spec, facts_dir), document)

@@ -51,15 +51,15 @@ class RunContext:
         """A model of the config's `models` (trainbench.training.user_models builds it)."""
         return bool(self.params.model_definition)
 
-    def new_model(self) -> torch.nn.Module:
+    def new_model(self, initialise: bool = True) -> torch.nn.Module:
         """The cell's model, in the current device context: trainbench's GPT, or a user's wrapped as
         a LanguageModel; either trains as forward(inputs, targets) -> loss, with `blocks` and
-        `init_weights(seed)`."""
+        `init_weights(seed)`. initialise=False: a user's model's weights are drawn later (ZeRO-3)."""
         p = self.params
         if self.user_model:
             from trainbench.training.user_models import LanguageModel
 
-            model = LanguageModel(self.spec, p.attention)
+            model = LanguageModel(self.spec, p.attention, initialise=initialise)
             if p.activation_checkpointing:
                 model.set_activation_checkpointing()
             return model

@@ -241,7 +241,7 @@ class DeepSpeedRunner(StepRunner):
             with torch.device("meta"):
                 self.ctx.new_model()
         with deepspeed.zero.Init(config_dict_or_path=self.config):
-            model = self.ctx.new_model()
+            model = self.ctx.new_model(initialise=False)
         for index, name, module in model.init_targets():
             with deepspeed.zero.GatheredParameters(list(module.parameters(recurse=False)), modifier_rank=0):
                 if self.ctx.rank == 0:
