@@ -120,6 +120,11 @@ def test_a_report_where_the_default_studies_never_ran_shows_what_is_on_disk(here
         os.makedirs(os.path.dirname(path), exist_ok=True)
         open(path, "w").close()
     assert flow.final_output(have_gpus=False, reporting=True) == default  # made here: those
+    # a workspace whose default studies are none (the validation one): what is on disk
+    none = {"without_gpus": [], "with_gpus": []}
+    alone = Workflow(load_checked({**two_studies(), "default_studies": none}))
+    assert alone.final_output(have_gpus=False) == []
+    assert "results/tables/gpu.md" in alone.final_output(have_gpus=False, reporting=True)
 
 
 def test_slurm_placement_reaches_snakemake_only_where_a_study_names_it(here):

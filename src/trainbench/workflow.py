@@ -289,7 +289,8 @@ class Workflow:
         names = self.config.default_targets_studies(have_gpus=have_gpus)
         outputs = [output for name in names
                    for output in paths.study_outputs(name)]
-        if reporting and not all(os.path.exists(o) for o in outputs):
+        # (a workspace of no default study, as the validation one, has nothing of its own to report)
+        if reporting and not (outputs and all(os.path.exists(o) for o in outputs)):
             return self.tabled_outputs()
         return outputs
 
