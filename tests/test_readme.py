@@ -184,6 +184,13 @@ HOW: dict[str, How] = {
     "python bench/plan_scaling.py --out results/bench/plan_scaling":
         How("elsewhere", "plans grids of up to 40,000 cells, three times each; tests/test_bench.py runs it "
                          "on a small grid; its output: results/bench/plan_scaling"),
+    "trainbench cells qwen-strategies": How(
+        "elsewhere", "a study of the reader's, on their model and tokens; tests/test_user_models.py "
+                     "predicts and trains a study of a model defined in the config"),
+    "snakemake -c all results/tables/qwen-strategies.md": How("elsewhere", "as above, on an 8-GPU host"),
+    "trainbench predict qwen-strategies --gpu h100 --gpus-per-node 8 --host-mem-gib 1024 > plan.csv":
+        How("elsewhere", "as above"),
+    "trainbench fit qwen-strategies <cell> --gpu-mem-gib 80": How("elsewhere", "as above, on a GPU"),
     "snakemake results/tables/mine.md --configfile my-studies.yaml": How(
         "dry-run", "the study comes from the merged file alone", before=_my_studies),
     "snakemake -d validation -n results/tables/holdout_unchanged.md": How("run"),
