@@ -29,7 +29,7 @@ def cell_status(cell: Cell, target: Path) -> str:
     """A cell's state on disk, as freshness.result_state decides it: missing, unreadable (with why: the
     workflow runs it again), or the status in its metrics.json (marked stale if the cell's parameters
     changed since it ran, which is when Snakemake reruns it)."""
-    from trainbench.reporting.freshness import INVALID, MISSING, STALE, result_state
+    from trainbench.reporting.freshness import INVALID, MISSING, RETRY, STALE, result_state
 
     state = result_state(cell, target)
     if state.kind == MISSING:
@@ -37,6 +37,8 @@ def cell_status(cell: Cell, target: Path) -> str:
     if state.kind == INVALID:
         return f"unreadable ({state.why[:120]})"
     status = state.result["status"]
+    if state.kind == RETRY:
+        return f"{status} (runs again: the infrastructure failed it)"
     return f"{status} (stale: parameters changed)" if state.kind == STALE else status
 
 

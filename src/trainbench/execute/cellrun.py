@@ -8,6 +8,7 @@ cell this version cannot run (no runner yet, not enough GPUs here) stops with an
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shlex
@@ -26,7 +27,7 @@ from trainbench.study.params import CellParams
 from trainbench.training import emulation
 from trainbench.registry import frameworks
 from trainbench.predict import memory_model
-from trainbench.execute import history, provenance
+from trainbench.execute import history, provenance, watch
 from trainbench.study.grid import Cell
 from trainbench.execute.gpus import NotEnoughGpus, devices_for_cell, machine_devices, timed_alone, under_slurm
 from trainbench.execute.lifetime import driver_pid, runner_environment, wait_for_an_exit, when_gone
@@ -162,6 +163,8 @@ class Outcome:
     reason: str | None
     result: dict[str, Any] | None = None
     rank_records: list[dict[str, Any]] = field(default_factory=list)
+    # the infrastructure's failure (a rank lost to a signal, a freeze), not the cell's: it runs again
+    infrastructure: bool = False
 
 
 def _read_rank_records(work_dir: Path) -> list[dict[str, Any]]:
@@ -175,12 +178,17 @@ def _read_rank_records(work_dir: Path) -> list[dict[str, Any]]:
 
 
 def classify(work_dir: Path, returncode: int | None, timed_out: bool, timeout_s: float,
-             warmup_steps: int) -> Outcome:
-    """What happened to one attempt, from the files the ranks left and the launcher's exit status."""
+             warmup_steps: int, verdict: watch.Verdict | None = None, launcher_output: str = "",
+             ranks_per_node: int = 0) -> Outcome:
+    """What happened to one attempt, from the files the ranks left, what the watch saw, and what the
+    launcher said and how it exited."""
     records = _read_rank_records(work_dir)
     result_file = work_dir / "result.json"
     if returncode == 0 and result_file.exists():
         return Outcome("ok", None, json.loads(result_file.read_text()), records)
+    lost = lost_rank(work_dir, verdict, launcher_output, records, ranks_per_node)
+    if lost is not None:
+        return lost
     ooms = [r for r in records if r.get("event") == "oom"]
     if ooms:
         at_init = [r for r in ooms if r["phase"] == "init"]
@@ -203,6 +211,35 @@ def classify(work_dir: Path, returncode: int | None, timed_out: bool, timeout_s:
                        None, records)
     return Outcome("failed", f"launcher exited with status {returncode} and no rank reported why (see log)",
                    None, records)
+
+
+def lost_rank(work_dir: Path, verdict: watch.Verdict | None, launcher_output: str,
+              records: list[dict[str, Any]], ranks_per_node: int = 0) -> Outcome | None:
+    """A rank the watch saw die, freeze or stall, or one the launcher says a signal ended: the outcome
+    naming it, how it ended and its last lines; a rank that failed and said why (its record) is not
+    lost, it failed. An infrastructure failure (a signal, a freeze) is marked so: it runs again."""
+    cause = watch.root_cause(launcher_output)
+    reported = {r.get("rank") for r in records}
+    if verdict is None and (cause is None or cause[1] >= 0 or cause[0] in reported):
+        return None
+    if verdict is not None and verdict.kind != "dead":
+        reason, infrastructure, rank = verdict.reason, verdict.infrastructure, verdict.rank
+    elif cause is not None and cause[0] not in reported:
+        rank = cause[0]
+        seen = watch.Progress.read(work_dir / watch.PROGRESS_DIR / f"rank{rank}")
+        where = f" on {seen.host}" if seen is not None else ""
+        reason = f"rank {rank}{where} ended by {watch.describe_exit(cause[1])}"
+        infrastructure = cause[1] < 0
+    elif verdict is not None and verdict.rank not in reported:
+        rank, reason, infrastructure = verdict.rank, f"{verdict.reason}, saying nothing", True
+    else:
+        return None
+    lines = watch.last_lines(work_dir, rank, ranks_per_node)
+    if lines:
+        reason += "; its last lines: " + " | ".join(lines)
+    outcome = Outcome("failed", reason[:900], None, records)
+    outcome.infrastructure = infrastructure
+    return outcome
 
 
 def model_section(params) -> dict[str, Any]:
@@ -394,7 +431,8 @@ class CellRun:
             wall_time_s = time.monotonic() - attempt_start
             exited = launched + wall_time_s
             outcome = classify(self.work_dir, returncode, timed_out, self.timeout_s,
-                               self.params.warmup_steps)
+                               self.params.warmup_steps, self.verdict, "".join(self.launcher_tail),
+                               self.params.gpus_per_node or 0)
             self._say(f"attempt {attempt}: {outcome.status}"
                       + (f" ({outcome.reason})" if outcome.reason else ""))
             if outcome.status != "failed":
@@ -416,6 +454,8 @@ class CellRun:
         if self.params.gpu_mem_limit_gib is not None:
             doc["device_limit"] = measured_as.get("device_limit")
         doc["attempts"] = attempt
+        if outcome.infrastructure:
+            doc["failure"] = "infrastructure"  # freshness.py: the next run runs the cell again
         return self._write(doc, started=started, asked=asked, devices=devices, gpu=gpu,
                            command=" & ".join(shlex.join(c) for c in commands), result=outcome.result,
                            ranks=outcome.result["ranks"] if outcome.result else outcome.rank_records,
@@ -442,26 +482,50 @@ class CellRun:
             # This runs on the allocation's first node (the batch host): it hosts the rendezvous.
             rendezvous = Rendezvous(socket.gethostname(), free_port(), run_id, p.nodes)
             node_argv = multinode_command(p.gpus_per_node, rendezvous,
-                                          worker_args(cell_file, self.work_dir), python=self.python)
+                                          worker_args(cell_file, self.work_dir), python=self.python,
+                                          work_dir=self.work_dir)
             return [srun_command(p, node_argv, cpus_per_task=self.cell.resources()["cpus_per_task"])]
         rendezvous = Rendezvous("127.0.0.1", free_port(), run_id, p.nodes)
         node_argv = multinode_command(p.gpus_per_node, rendezvous, worker_args(cell_file, self.work_dir),
-                                      python=self.python)
+                                      python=self.python, work_dir=self.work_dir)
         return [node_argv] * p.nodes
 
     def _launch(self, commands: list[list[str]], devices: list[str] | None,
                 deadline: float) -> tuple[int | None, bool]:
-        """Start the commands, wait for all; stop them all at the deadline or soon after one fails."""
+        """Start the commands and wait for all; stop them all at the deadline, soon after one fails, or
+        as soon as the watch finds a rank dead, stopped or stalled (watch.py). Whatever way the attempt
+        ends, no process of it is left (watch.sweep)."""
         env = launch_environment(self.params, cpus_per_rank=self.cell.execution["cpus_per_rank"],
                                  devices=devices)
         env.update(runner_environment())  # every rank on this host stops if this runner is gone
-        self.launch_environment = env
-        # Each in a session of its own, so a launcher's whole tree can be stopped together.
-        self._children = [subprocess.Popen(c, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+        token = env[watch.CELL_TOKEN_ENV] = f"{os.getpid()}-{time.time_ns()}"
+        self.launch_environment = {k: v for k, v in env.items() if k != watch.CELL_TOKEN_ENV}
+        self.verdict, self.launcher_tail = None, collections.deque(maxlen=400)
+        # Each in a session of its own, so a launcher's whole tree can be stopped together; its stderr
+        # read through here (and passed on to the log), where torchrun says which rank failed and how.
+        self._children = [subprocess.Popen(c, env=env, start_new_session=True, stdin=subprocess.DEVNULL,
+                                           stderr=subprocess.PIPE, text=True, errors="replace")
                           for c in commands]
+        readers = [threading.Thread(target=self._pass_on, args=(child.stderr,), daemon=True)
+                   for child in self._children]
+        for reader in readers:
+            reader.start()
         self.host_facts.start()  # the provenance the result will need, read while the launchers start
+        ranks = watch.RankWatch(self.work_dir, self.cell.timing.stall_s or None)
+        try:
+            return self._wait(ranks, deadline)
+        finally:
+            left = watch.sweep(token)
+            if left:
+                self._say(f"killed {len(left)} process(es) of the cell still running (pids "
+                          f"{', '.join(map(str, left))})")
+            for reader in readers:
+                reader.join(timeout=5)
+
+    def _wait(self, ranks: watch.RankWatch, deadline: float) -> tuple[int | None, bool]:
         first_failure: int | None = None
-        failed_at = None
+        failed_at = dead_at = None
+        checked = 0.0
         while True:
             codes = [child.poll() for child in self._children]
             for code in codes:
@@ -477,13 +541,38 @@ class CellRun:
                 self._say("a node's launcher failed and the others did not stop; stopping them")
                 self.stop_children()
                 return first_failure, False
+            if time.monotonic() - checked >= 1.0:
+                checked = time.monotonic()
+                verdict = ranks.check()
+                if verdict is not None and verdict.kind != "dead":
+                    self.verdict = verdict
+                    self._say(f"{verdict.reason}; stopping the cell")
+                    self.stop_children(grace_s=0)
+                    return first_failure, False
+                if verdict is not None and dead_at is None:
+                    self.verdict, dead_at = verdict, time.monotonic()
+                    self._say(f"{verdict.reason}; waiting {watch.DEAD_GRACE_S:.0f} s for its launcher")
+                if dead_at is not None and time.monotonic() - dead_at > watch.DEAD_GRACE_S:
+                    self._say("the launcher did not stop the other ranks; stopping them")
+                    self.stop_children(grace_s=0)
+                    return first_failure, False
             wait_for_an_exit([child.pid for child, code in zip(self._children, codes) if code is None], 0.1)
 
-    def stop_children(self) -> None:
+    def _pass_on(self, stream) -> None:
+        """A launcher's stderr, line by line, to this process's (the cell's log), its end kept."""
+        for line in stream:
+            sys.stderr.write(line)
+            self.launcher_tail.append(line)
+        sys.stderr.flush()
+
+    def stop_children(self, grace_s: float = TERMINATE_GRACE_S) -> None:
+        """SIGTERM to each launcher's process group, SIGKILL after `grace_s` (none: a rank that is
+        frozen or stalled will not act on SIGTERM). Ranks a launcher started in sessions of their own
+        are swept after (watch.sweep)."""
         for child in self._children:
             if child.poll() is not None:
                 continue
-            for sig, wait_s in ((signal.SIGTERM, TERMINATE_GRACE_S), (signal.SIGKILL, 5)):
+            for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5)):
                 try:
                     os.killpg(child.pid, sig)
                 except ProcessLookupError:

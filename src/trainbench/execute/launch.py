@@ -68,18 +68,29 @@ def node_command(params: CellParams, cell_file: Path, work_dir: Path, *, python:
                 "--module", WORKER_MODULE, *args]
     if rendezvous is None:
         return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-                "-m", WORKER_MODULE, *args]
-    return multinode_command(ranks, rendezvous, args, python=python)
+                *launcher_logs(work_dir), "-m", WORKER_MODULE, *args]
+    return multinode_command(ranks, rendezvous, args, python=python, work_dir=work_dir)
+
+
+LAUNCHER_LOGS = "launcher"  # torchrun's --log-dir under an attempt's work folder: a folder per rank
+
+
+def launcher_logs(work_dir: Path | None) -> list[str]:
+    """torchrun's copy of each rank's output in a file of its own, as well as on the console (each line
+    then prefixed with its local rank): the last lines of a rank that dies say where it was."""
+    if work_dir is None:
+        return []
+    return ["--tee", "3", "--log-dir", str(work_dir / LAUNCHER_LOGS)]
 
 
 def multinode_command(ranks_per_node: int, rendezvous: Rendezvous, args: list[str], *,
-                      python: str = sys.executable) -> list[str]:
+                      python: str = sys.executable, work_dir: Path | None = None) -> list[str]:
     """One node's torchrun in a multi-node c10d rendezvous: the same argv on every node. The node
     whose hostname is the endpoint's hosts the rendezvous store; c10d numbers the nodes."""
     return [python, "-m", "torch.distributed.run", f"--nnodes={rendezvous.nodes}",
             f"--nproc-per-node={ranks_per_node}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={rendezvous.host}:{rendezvous.port}", f"--rdzv-id={rendezvous.run_id}",
-            "-m", WORKER_MODULE, *args]
+            *launcher_logs(work_dir), "-m", WORKER_MODULE, *args]
 
 
 def srun_command(params: CellParams, node_argv: list[str], *, cpus_per_task: int) -> list[str]:

@@ -34,6 +34,7 @@ from trainbench.registry.hardware import MIB
 from trainbench.execute.metrics import process_peak_rss_mib, tensors_held_bytes
 from trainbench.execute.profiling import PROFILE_DIR, MemoryRecorder, StepProfiler
 from trainbench.execute.results import write_json_atomic
+from trainbench.execute.watch import ProgressWriter
 from trainbench.study.params import CellParams
 from trainbench.training.runners import (LoopRunner, RunContext, Runner, StepRunner, make_runner,
                                          params_per_module)
@@ -42,6 +43,9 @@ from trainbench.study.timing import TimingSettings, fixed_step_count, steps_per_
 # Test hook: TRAINBENCH_FAIL_AT_STEP=k makes every rank raise an ordinary error at step k (0 = init),
 # to exercise the failure path (retries, 'failed' with the error) with the real launchers.
 FAIL_AT_STEP_ENV = "TRAINBENCH_FAIL_AT_STEP"
+# Testing aid: "RANK:STEP", that rank hangs at that step (sleeps, alive and never stopped), as a rank
+# stuck in a collective does: what the watch's stall limit is for (watch.py)
+HANG_AT_STEP_ENV = "TRAINBENCH_HANG_AT_STEP"
 # Testing aid: a memory boundary, "B:k" = any micro batch above B runs out of memory at step k
 # (0 = while initialising), through the same real allocation as inject_oom_at_step.
 OOM_ABOVE_BATCH_ENV = "TRAINBENCH_OOM_ABOVE_MICRO_BATCH"
@@ -97,6 +101,14 @@ class Worker:
         self.breakdown: dict | None = None  # where a profiled step's time went (profiling.py)
         self.runner: Runner | None = None
         self.memory: MemoryRecorder | None = None  # a GPU rank's allocator snapshots (profiling.py)
+        # what the cell runner watches (watch.py): this rank's pid, step and phase, once a second
+        rank = self.emulated.rank if self.emulated is not None else self.rank
+        self.progress = ProgressWriter(work_dir, rank)
+        self.beat("start", force=True)
+
+    def beat(self, phase: str | None = None, force: bool = False) -> None:
+        # the first steps each, then once a second: what a stalled rank was doing is exact early on
+        self.progress.beat(self.step, phase or self.phase, force=force or self.step <= 10)
 
     def _device(self) -> torch.device:
         if self.params.device == "cuda":
@@ -114,6 +126,9 @@ class Worker:
             torch.empty(IMPOSSIBLE_ALLOCATION, dtype=torch.uint8, device=device)
         if os.environ.get(FAIL_AT_STEP_ENV) == str(self.step):
             raise RuntimeError(f"injected failure at step {self.step} ({FAIL_AT_STEP_ENV})")
+        if os.environ.get(HANG_AT_STEP_ENV) == f"{self.rank}:{self.step}":
+            while True:
+                time.sleep(60)
 
     def _say(self, text: str) -> None:
         if self.reporting:
@@ -159,6 +174,7 @@ class Worker:
         if self.local_rank == 0:  # one sampler per node sees all of the node's GPUs
             self.sampler = MemorySampler(use_gpus=device.type == "cuda").start()
         self.marks["group_ready"] = time.time()
+        self.beat("build", force=True)
         context = RunContext(self.params, self.rank, self.world_size, self.local_rank, device, self.work_dir,
                              self.timing)
 
@@ -172,6 +188,7 @@ class Worker:
         self.marks["built"] = time.time()
 
         self.phase = "step"
+        self.beat(force=True)
         # a framework that owns its loop calls the recorder around each step, for a fixed number of them
         steps = StepRecorder(self, context.synchronize, device, adaptive=isinstance(runner, StepRunner))
         if isinstance(runner, LoopRunner):
@@ -233,6 +250,7 @@ class Worker:
                 result["framework_config"] = {"file": runner.CONFIG_FILE, "config": config}
             write_json_atomic(self.work_dir / "result.json", result)
         written = time.time()
+        self.beat("done", force=True)
         dist.barrier()
         dist.destroy_process_group()
         self._say("teardown: results gathered and written in "
@@ -333,6 +351,7 @@ class StepRecorder:
     def begin(self) -> None:
         self.worker.step += 1
         self.worker._inject_faults(self.device)
+        self.worker.beat()  # the step begun (a rank made to hang at it never says so)
         if self._in_warmup() or (self._timed_index() - 1) % self.steps_per_window == 0:
             self._synchronize()
             if self.energy is not None and not self._in_warmup():
@@ -460,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
             os._exit(0)
     except BaseException as error:  # noqa: BLE001 - every failure is recorded before the rank exits
         worker.record_failure(error)
+        worker.beat("failed", force=True)
         if is_oom(error):
             print(f"rank {worker.rank}: out of memory during {worker.phase}"
                   f"{f' at step {worker.step}' if worker.phase == 'step' else ''}: {error}", file=sys.stderr,

@@ -64,9 +64,12 @@ class Checked:
     parameters' hash it records."""
     problem: str | None
     params_hash: str | None
+    # the result says the infrastructure failed it (a rank lost to a signal, a freeze: cellrun.lost_rank)
+    retry: bool = False
 
 
-MISSING, INVALID, STALE, CURRENT = "missing", "invalid", "stale", "current"
+# RETRY: a current result of a failure that was not the cell's, which the next run runs again
+MISSING, INVALID, STALE, RETRY, CURRENT = "missing", "invalid", "stale", "retry", "current"
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,9 @@ def result_state(cell: Cell, target: Path | str, checked: Checked | None = None)
     what it was found to be if known (a plan's kept verdict), else the file is read. A file that does not
     follow the schema (unreadable, edited, of another schema version) is INVALID: the workflow sets it
     aside and runs the cell again. A result whose params_hash is not the cell's as config.yaml gives it
-    now is STALE: the workflow runs it again. Any other result is CURRENT, whatever its status."""
+    now is STALE: the workflow runs it again. A result of the infrastructure's failure (a rank lost to a
+    signal or frozen, after the cell's retries) is RETRY: it stands until the next run runs the cell
+    again. Any other result is CURRENT, whatever its status."""
     result = None
     if checked is None:
         if not Path(target).exists():
@@ -94,10 +99,12 @@ def result_state(cell: Cell, target: Path | str, checked: Checked | None = None)
             result = read_result(target)
         except InvalidResult as error:
             return State(INVALID, why_invalid(error))
-        checked = Checked(None, result.get("params_hash"))
+        checked = Checked(None, result.get("params_hash"), result.get("failure") == "infrastructure")
     if checked.problem:
         return State(INVALID, checked.problem)
-    return State(CURRENT if checked.params_hash == cell.params_hash else STALE, result=result)
+    if checked.params_hash != cell.params_hash:
+        return State(STALE, result=result)
+    return State(RETRY if checked.retry else CURRENT, result=result)
 
 
 @cache
@@ -112,7 +119,7 @@ def check_result(target: Path) -> Checked:
         doc = read_result(target)
     except InvalidResult as error:
         return Checked(why_invalid(error), None)
-    return Checked(None, doc.get("params_hash"))
+    return Checked(None, doc.get("params_hash"), doc.get("failure") == "infrastructure")
 
 
 def checked_results(study: Study, root: Path | str = ".") -> dict[str, Checked]:
@@ -134,11 +141,12 @@ def checked_results(study: Study, root: Path | str = ".") -> dict[str, Checked]:
             continue
         version = [stat.st_mtime_ns, stat.st_size]
         seen = verdicts.get(cell.cell_id)
-        if seen and seen[:2] == version:
-            found[cell.cell_id] = Checked(seen[2], seen[3])
+        if seen and seen[:2] == version and len(seen) == 5:
+            found[cell.cell_id] = Checked(*seen[2:])
         else:
             found[cell.cell_id] = check_result(target)
-        now[cell.cell_id] = [*version, found[cell.cell_id].problem, found[cell.cell_id].params_hash]
+        verdict = found[cell.cell_id]
+        now[cell.cell_id] = [*version, verdict.problem, verdict.params_hash, verdict.retry]
     if now != verdicts:
         try:
             write_json_atomic(verdicts_path, {"checker": checker_version(), "verdicts": now})
@@ -168,6 +176,16 @@ def prepare(study: Study, root: Path | str = ".", runs_here: Callable[[Cell], bo
     invalid = {cell_id: state.why for cell_id, state in states.items() if state.kind == INVALID}
     for cell_id, problem in invalid.items():
         set_aside(Path(root) / study.cell(cell_id).target, problem)
+    # a failure of the infrastructure is run again: its result is set aside (its history keeps it), so
+    # the cell has none, as after a run that died
+    retried = [cell_id for cell_id, state in states.items() if state.kind == RETRY]
+    for cell_id in retried:
+        target = Path(root) / study.cell(cell_id).target
+        reason = read_result(target).get("reason")
+        os.replace(target, target.with_name(target.name + ".retried"))
+        say(f"trainbench: {study.name}/{cell_id} failed for a reason not its own ({reason}); it runs again "
+            f"(the result is kept as {target.name}.retried and in its history)")
+    invalid.update((cell_id, "retried") for cell_id in retried)
     stale = {cell_id for cell_id, state in states.items() if state.kind == STALE}
     newest = max((os.stat(Path(root) / study.cell(i).target).st_mtime for i in stale), default=None)
     table = Path(root) / path(TABLE_MD, study=study.name)

@@ -90,9 +90,11 @@ def survey(study: Study, root: Path, *, gpus_here: int, cluster: bool = False,
         work_dir = target.parent / WORK_DIR
         verdict = freshness.result_state(cell, target)  # whether its result is current: decided there
         result = verdict.result
-        if verdict.kind == freshness.CURRENT:
+        if verdict.kind in (freshness.CURRENT, freshness.RETRY):
             state = FAILED if result["status"] in FAILED_STATUSES else DONE
             text = result["status"] + (f": {result['reason']}" if result.get("reason") else "")
+            if verdict.kind == freshness.RETRY:
+                text += " (the infrastructure's failure: the next run runs it again)"
             progress = CellProgress(cell.cell_id, state, text,
                                     wall_s=(result.get("metrics") or {}).get("wall_time_s"))
         elif work_dir.is_dir():

@@ -57,6 +57,11 @@ class TimingSettings:
                                     "and keep a snapshot at the end, with its peak by category. A GPU "
                                     "cell that runs out of memory keeps a snapshot whatever this says.",
                                     minimum=0, maximum=1)
+    stall_s: float = _setting(0, "number", "End the cell as failed when no rank has made progress for this "
+                              "many seconds after its first step (a hung collective, a deadlock): 0 derives "
+                              "it, twenty times the slowest step so far and at least 120 s. A rank that "
+                              "dies or is stopped ends the cell within seconds whatever this says.",
+                              minimum=0)
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
