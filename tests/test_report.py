@@ -30,6 +30,7 @@ from conftest import CPU_MACHINE, REPO
 RUNS = REPO / "results" / "runs"
 SCREEN = (1920, 1080)  # the front page fits one such screen
 LARGEST_REPORT = 15 * 2**20  # bytes: the report of every published study
+PYTHON_REPR = r"[\[{(]'|': |\bNone\b"  # ['a', ...], {'key': ...}: a dict or list printed by Python
 
 
 def _published(study: str) -> list[dict]:
@@ -382,6 +383,8 @@ def test_a_fresh_clone_reports_the_published_studies_with_nothing_run_first(brow
     assert not clone.path("results/tables/smoke.md").exists()  # nothing was run to make it
     assert report.stat().st_size <= LARGEST_REPORT, f"{report.stat().st_size:,} bytes"
     assert _each_plot_stored_once(report, clone.root) > 0
+    for path, entry in _stored(report).items():  # each item's job parameters, as its info panel shows them
+        assert not re.search(PYTHON_REPR, entry["job_properties"]["params"]), (path, entry["job_properties"])
     config = load_config(clone.path("config.yaml"))
     tabled = [name for name in config.studies if clone.path(f"results/tables/{name}.md").exists()]
     browser.get(report.as_uri())
@@ -413,7 +416,7 @@ def test_a_fresh_clone_reports_the_published_studies_with_nothing_run_first(brow
     panel = _info(browser, MARKDOWN)
     parameters = panel[panel.lower().index("job parameters"):]
     assert "made_with=" in parameters and "findings" in parameters
-    assert not re.search(r"[\[{(]'|': |None\b", parameters), parameters
+    assert not re.search(PYTHON_REPR, parameters), parameters
     # the dataset of every cell, to download
     browser.get(report.as_uri())
     _click(browser, "dataset")

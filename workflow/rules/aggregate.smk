@@ -1,13 +1,5 @@
 # A study's table: the markdown (findings, the cells with a result, a count of the others), the CSV of
 # the cells with a result, the plan (the cells without one) and the findings judged pair by pair.
-from trainbench.reporting.tables import made_with
-
-
-def get_table_made_with(wildcards):
-    """What the table is made from besides its inputs, as one line: a change reruns it."""
-    study = get_study(wildcards)
-    return made_with(WORKFLOW.table_layout(study), WORKFLOW.planning(study), WORKFLOW.missing_cells(study),
-                     get_cells_short_of_gpus(wildcards), PREDICTION_MODELS)
 
 
 rule study_table:
@@ -46,7 +38,7 @@ rule study_table:
     conda:
         "../../envs/analysis.yaml"
     params:
-        made_with=get_table_made_with,
+        made_with=made_with_of(WORKFLOW.table_layout),
     script:
         "../scripts/make_tables.py"
 

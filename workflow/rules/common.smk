@@ -11,6 +11,8 @@ try:
     from trainbench.execute.gpus import local_gpu_count
     from trainbench.execute.lifetime import stale_lock_hint, stop_cells_on_sigterm
     from trainbench.execute.slurm import StatusCommandError, ensure_status_command
+    from trainbench.reporting.report import page_labels
+    from trainbench.reporting.tables import made_with
     from trainbench.workflow import STUDY_NAME, Workflow, load_checked
 except ImportError as error:
     sys.exit(f"error: cannot import trainbench ({error}); set up the environment first: make setup")
@@ -152,13 +154,29 @@ def of_study(decide):
 
 get_study_searches = of_study(WORKFLOW.study_searches)
 get_study_grid = of_study(WORKFLOW.grid_stamp)
-get_study_layout = of_study(WORKFLOW.table_layout)
-get_plot_layout = of_study(WORKFLOW.plot_layout)
-get_missing_cells = of_study(WORKFLOW.missing_cells)
-get_study_planning = of_study(WORKFLOW.planning)
 # The models' predictions shown by tables, plots and the dataset: a param of theirs, so a change of the
 # models reruns them (Workflow.prediction_models). One value for every job, no function to call per job.
 PREDICTION_MODELS = WORKFLOW.prediction_models()
+
+
+def made_with_of(layout):
+    """An input function: what a study's table or plots are made from besides their inputs (`layout`:
+    what they show, a Workflow method), as one line (tables.made_with): a change reruns the job, and the
+    report's info panel shows the line."""
+
+    def get(wildcards):
+        study = get_study(wildcards)
+        return made_with(layout(study), WORKFLOW.planning(study), WORKFLOW.missing_cells(study),
+                         get_cells_short_of_gpus(wildcards), PREDICTION_MODELS)
+
+    get.__name__ = f"get_made_with_{layout.__name__}"
+    return get
+
+
+def get_page_labels(wildcards, input):
+    """A study page's labels in the report: what it is, and its findings' verdicts (the front page
+    lists them)."""
+    return page_labels(input.findings)
 
 
 def get_pages_of_tabled_studies():

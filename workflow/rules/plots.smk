@@ -25,10 +25,8 @@ rule study_plots:
     conda:
         "../../envs/analysis.yaml"
     params:
-        missing=get_missing_cells,
-        short_of_gpus=get_cells_short_of_gpus,
-        planning=get_study_planning,
-        layout=get_plot_layout,
-        prediction_models=PREDICTION_MODELS,
+        # what they show, the planned cells, those without a result and the models, as one line
+        # (common.smk): a change redraws them
+        made_with=made_with_of(WORKFLOW.plot_layout),
     script:
         "../scripts/make_plots.py"

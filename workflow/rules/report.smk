@@ -1,12 +1,6 @@
 # The report (`snakemake --report report.html`): each study's page (src/trainbench/reporting/report.py: its
 # markdown table file rendered, the names of its plots, where and with what its cells ran), and the
 # tables and plots themselves, each under its study's category with a caption (workflow/report/*.rst).
-from trainbench.reporting.report import page_labels
-
-
-def get_page_labels(wildcards, input):
-    """The page's labels: what it is, and its findings' verdicts (the front page lists them)."""
-    return page_labels(input.findings)
 
 
 rule study_page:

@@ -430,18 +430,22 @@ def write_tables(docs: list[Doc], *, study: str, description: str, id_keys: list
         judging.write_csv(judged, Path(findings_path))
 
 
+# what a layout (Workflow.table_layout, .plot_layout) holds, counted in the line made_with gives
+LAYOUT_WORDS = {"report": "column", "findings": "finding", "references": "reference",
+                "plot_panels": "panel key"}
+
+
 def made_with(layout: dict[str, Any], planning: dict[str, Any], missing: list[str], short: dict[str, str],
               models: str) -> str:
-    """What a study's table is made from besides its input files (Workflow.table_layout, .planning,
-    .missing_cells, .cells_short_of_gpus, .prediction_models), as one line that changes with any of
-    them: the table job's parameter, so that a change reruns it, and what the report's info panel
-    shows of it."""
+    """What a study's table or plots are made from besides their input files (Workflow.table_layout or
+    .plot_layout, .planning, .missing_cells, .cells_short_of_gpus, .prediction_models), as one line that
+    changes with any of them: the job's parameter, so that a change reruns it, and what the report's
+    info panel shows of it (words and counts, not the study's configuration)."""
     digest = hashlib.sha256(json.dumps([layout, planning, sorted(missing), short, models], sort_keys=True,
                                        default=str).encode()).hexdigest()[:12]
     plan_for = (planning.get("plan_for") or {}).get("name")
     facts = [
-        f"{_count(len(layout['report']), 'column')}, {_count(len(layout['findings'] or []), 'finding')}, "
-        f"{_count(len(layout['references'] or []), 'reference')}",
+        ", ".join(_count(len(layout[k] or []), word) for k, word in LAYOUT_WORDS.items() if k in layout),
         _count(len(planning["planned"]), "planned cell") + (f" for {plan_for}" if plan_for else ""),
         f"{_count(len(missing), 'measured cell')} without a result",
         f"{_count(len(short), 'cell')} short of GPUs here",
