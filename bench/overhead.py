@@ -76,7 +76,7 @@ def run_bare(cell, out: Path, steps: int, log) -> dict:
             "step_time_s": figures["step_time_s"], "steps": figures["steps"]}
 
 
-MINIMAL = REPO / "bench" / "minimal_loop.py"
+MINIMAL = REPO / "validation" / "scripts" / "minimal_loop.py"
 MINIMAL_SIZES = {"gpt2-124m": "124m", "gpt2-350m": "350m"}  # the shapes bench/minimal_loop.py writes
 
 

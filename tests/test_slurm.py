@@ -337,3 +337,54 @@ def test_a_study_submitted_as_job_arrays_takes_one_sbatch_for_its_cells(workflow
         asked = subprocess.run(["sacct", "-j", arrays.pop(), "-X", "-n", "-P", "-o", "ReqMem"],
                                capture_output=True, text=True).stdout.split()
         assert len(asked) == 3 and len(set(asked)) == 1 and 1500 <= int(asked[0].rstrip("M")) < 1600
+
+
+def test_a_rank_killed_in_a_slurm_job_ends_the_job_and_the_next_run_makes_one_result(workflow):
+    """A rank of a cell's SLURM job killed while it trains: the job ends within seconds with the cell's
+    result saying which rank and how (the infrastructure's failure), no process of it is left on the
+    node, and the next run runs the cell again: one result remains, the failure in its history."""
+    from trainbench.execute import watch
+
+    # windows of 100 steps (a tenth of a second or so), timed until the cap: 300 s, 1 s in the rerun
+    study = tiny_study(strategy="ddp", gpus=2, timed_steps=600)
+    study["include"] = [{}]
+    study["timing"] = {"target_ci": 0.0001, "max_timed_s": 300, "min_window_s": 0.05}
+    workflow.write_config({"studies": {"k": study}})
+    cell = load_config(workflow.path("config.yaml")).study("k").cells[0]
+    proc = subprocess.Popen([sys.executable, "-m", "snakemake", cell.target, *PROFILE, "-j", "1",
+                             *ON_PARTITION], cwd=workflow.root, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    progress = workflow.path(cell.target).parent / ".work" / watch.PROGRESS_DIR / "rank1"
+    try:
+        deadline = time.monotonic() + 300
+        while (seen := watch.Progress.read(progress)) is None or seen.step < 5:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0][-3000:]
+            time.sleep(0.2)
+        os.kill(seen.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        output = proc.communicate(timeout=300)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    doc = json.loads(workflow.path(cell.target).read_text())
+    assert doc["status"] == "failed" and doc["failure"] == "infrastructure", (doc["reason"], output[-3000:])
+    assert "rank 1 on" in doc["reason"] and "SIGKILL" in doc["reason"] and doc["provenance"]["slurm_job_id"]
+    assert time.monotonic() - killed < 120  # the job's end included: not its time limit
+    assert not [p for p in psutil_worker_processes(workflow.root)]
+    study["timing"] = {**study["timing"], "max_timed_s": 1}  # the rerun need not train for long
+    workflow.write_config({"studies": {"k": study}})
+    workflow.snakemake(cell.target, *PROFILE, "-j", "1", *ON_PARTITION, timeout=600)
+    doc = json.loads(workflow.path(cell.target).read_text())
+    assert doc["status"] == "ok"
+    assert sorted(workflow.path(cell.target).parent.glob("metrics.json*")) == [
+        workflow.path(cell.target), workflow.path(cell.target + ".retried")]
+    kept = history.runs(history.history_file(workflow.path(cell.target)))
+    assert [run["status"] for run in kept] == ["failed", "ok"]
+
+
+def psutil_worker_processes(root: Path) -> list:
+    import psutil
+
+    return [p for p in psutil.process_iter(["cmdline"])
+            if "trainbench.execute.worker" in " ".join(p.info["cmdline"] or [])
+            and str(root) in " ".join(p.info["cmdline"] or [])]

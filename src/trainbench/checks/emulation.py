@@ -28,11 +28,11 @@ import statistics
 import sys
 from pathlib import Path
 
+from trainbench.checks.inputs import counted_params
 from trainbench.checks.inputs import first_present, metrics_files
 from trainbench.execute.results import read_result
 from trainbench.predict.memory_model import emulated_rank_shortfall_mib, nccl_layout
 from trainbench.reporting.compare import shorten
-from trainbench.study.params import CellParams
 
 EMULATION_KEYS = ("emulate", "emulate_rank")
 # per-rank memory of a result, MiB: (label, metrics key); lists with one entry per rank (per GPU for NVML)
@@ -92,7 +92,7 @@ def pairs(paths: list[Path]) -> tuple[list[dict], list[str]]:
         # NCCL buffers (emulation.account), which is what a real rank has beyond it
         measured = (doc["emulation"].get("measured") or {}).get("gpu_mem_used_mib") or []
         row["device_emulated_measured"] = measured[0] if measured else None
-        params = CellParams.from_dict(doc["params"])
+        params = counted_params(doc["params"])
         row["layout"], row["modelled_mib"] = nccl_layout(params), emulated_rank_shortfall_mib(params)
         row["held_real"], row["held_emulated"] = held_bytes(real_m, rank), held_bytes(em, 0)
         row["shard_real"] = rank_figure(real_m, "params_held_per_rank", rank)

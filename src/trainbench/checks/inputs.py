@@ -36,3 +36,12 @@ def _below_parent(path: Path, folders: list[Path]) -> str:
         if path.is_relative_to(folder):
             return str(path.relative_to(folder.parent))
     return str(path)
+
+
+def counted_params(mapping):
+    """A result's cell parameters, its model counted first where it is one of a config's `models`
+    (a check runs in no workflow: the model is registered from the definition the cell carries)."""
+    from trainbench.reporting.predictions import counted
+    from trainbench.study.params import CellParams
+
+    return counted(CellParams.from_dict(mapping))

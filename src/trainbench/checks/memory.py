@@ -26,13 +26,13 @@ import statistics
 import sys
 from pathlib import Path
 
+from trainbench.checks.inputs import counted_params
 from trainbench.checks.inputs import metrics_files, published
 from trainbench.checks.memory_out_of_sample import error_pct, linear_terms, print_out_of_sample
 from trainbench.checks.memory_snapshots import print_snapshots
 from trainbench.execute.results import read_result
 from trainbench.predict.memory_model import ALLOCATOR_SLACK, allocated_mib, engine, hardware_of_run, predict
 from trainbench.reporting.compare import shorten
-from trainbench.study.params import CellParams
 
 
 def engine_label(params) -> str:
@@ -49,7 +49,7 @@ def measured_rows(paths: list[Path]) -> list[dict]:
         if doc["status"] not in ("ok", "oom"):
             continue
         m = doc["metrics"]
-        params = CellParams.from_dict(doc["params"])
+        params = counted_params(doc["params"])
         pred = predict(params, hardware_of_run(doc))
         row = {"study": doc["study"], "cell": doc["cell_id"], "status": doc["status"],
                "gpu_pred_mib": pred.gpu_mem_mib, "gpu_meas_mib": max(m["gpu_mem_used_mib"] or [0]) or None,

@@ -15,13 +15,13 @@ import statistics
 
 import numpy as np
 
+from trainbench.checks.inputs import counted_params
 from trainbench.predict import memory_model
 from trainbench.predict.memory_model import (CUDA_CONTEXT_MIB, DEEPSPEED_IMPORT_MIB, HOST_RANK_BASE_MIB,
                                              OFFLOAD_STAGING_BYTES, allocated_mib, engine, model_states,
                                              nccl_buffers_mib, predict)
 from trainbench.registry.frameworks import framework_of
 from trainbench.registry.models import get_model
-from trainbench.study.params import CellParams
 
 
 def error_pct(predicted, measured):
@@ -46,7 +46,7 @@ def linear_terms(doc: dict) -> dict | None:
     """A measured cell's predictions as linear functions of the fitted constants: GPU = slack x alloc +
     context + nccl scale x the layout's NCCL figure; host = ranks x (base + rest + staging x offloaded)
     (MiB)."""
-    params = CellParams.from_dict(doc["params"])
+    params = counted_params(doc["params"])
     if params.device != "cuda":
         return None
     pred = predict(params)

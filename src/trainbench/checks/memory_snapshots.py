@@ -8,9 +8,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from trainbench.checks.inputs import counted_params
 from trainbench.execute.results import read_result
 from trainbench.predict.memory_model import ALLOCATOR_SLACK, allocated_mib, hardware_of_run, predict
-from trainbench.study.params import CellParams
 
 # The model's parts as a snapshot sorts the allocator's blocks (trainbench.execute.profiling): by the
 # runner's parameters, gradients and optimizer states; all else is activations and other.
@@ -28,7 +28,7 @@ def print_snapshots(paths: list[Path]) -> int:
         if not snapshot:
             continue
         found += 1
-        params = CellParams.from_dict(doc["params"])
+        params = counted_params(doc["params"])
         parts = predict(params, hardware_of_run(doc)).parts_mib
         model: dict[str, float] = {}
         for part, mib in parts.items():

@@ -30,12 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
+from trainbench.checks.inputs import counted_params
 from trainbench.checks.inputs import metrics_files, published
 from trainbench.execute.results import read_result
 from trainbench.predict import time_model
 from trainbench.registry.hardware import gpu_type_of
 from trainbench.reporting.compare import shorten
-from trainbench.study.params import CellParams
 
 # Cells whose windows hold more than the step (noted in the output, fitted like the others: their
 # loop's fixed cost per step absorbs it) or that were timed too briefly to trust
@@ -59,7 +59,7 @@ def measured_cells(folders: list[Path]) -> list[dict]:
             continue
         if doc.get("emulation"):  # one rank of a world alone: its step holds no communication
             continue
-        params = CellParams.from_dict(doc["params"])
+        params = counted_params(doc["params"])
         if (why := time_model.outside(params)) is not None:  # a step the model does not describe
             print(f"left out {doc['study']}/{doc['cell_id']}: {why}", file=sys.stderr)
             continue

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import numpy as np
 
+from trainbench.checks.inputs import counted_params
 from trainbench.checks.inputs import published
 from trainbench.checks.step_time import label, leave_one_out, measured_cells
 from trainbench.predict import time_model
 from trainbench.registry.hardware import gpu_type_of
 from trainbench.reporting.compare import shorten
-from trainbench.study.params import CellParams
 
 
 def curve_of(cell: dict) -> str:
@@ -26,7 +26,7 @@ def curve_of(cell: dict) -> str:
 def with_work_again(cells: list[dict]) -> list[dict]:
     """The cells with their work computed again from their parameters (after a change to the model's
     module constants), as measured_cells computed it."""
-    return [{**c, "work": time_model.work(CellParams.from_dict(c["doc"]["params"]),
+    return [{**c, "work": time_model.work(counted_params(c["doc"]["params"]),
                                           gpu_type_of(c["doc"]["provenance"]["gpu_name"]), c["threads"])}
             for c in cells]
 
