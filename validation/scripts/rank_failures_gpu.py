@@ -41,8 +41,8 @@ def one(workspace: Path, sig: signal.Signals, model: str) -> None:
              "include": [{}], "timing": {"target_ci": 0.0001, "max_timed_s": 300},
              "execution": {"runtime_min": 10, "retries": 0}}
     (workspace / "config.yaml").write_text(yaml.safe_dump({"studies": {"failures": study}}))
-    proc = subprocess.Popen([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "all",
-                             "results/tables/failures.md"], cwd=workspace, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores",
+                             "all", "results/tables/failures.md"], cwd=workspace, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     runs = workspace / "results/runs/failures"
     deadline = time.monotonic() + 400
