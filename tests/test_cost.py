@@ -141,5 +141,6 @@ def test_the_slurm_plugins_efficiency_report_is_summarised_by_study(tmp_path, ca
                  str(tmp_path / "missing.csv")]) == 1
     other = tmp_path / "other.csv"
     other.write_text("JobID,Elapsed\n7001,100\n")
-    assert main(["cost", "holdout_mix", *validation, "--root", str(tmp_path), "--slurm-efficiency", str(other)]) == 1
+    assert main(["cost", "holdout_mix", *validation, "--root", str(tmp_path), "--slurm-efficiency",
+                 str(other)]) == 1
     assert "not a SLURM efficiency report (no Elapsed_sec" in capsys.readouterr().err

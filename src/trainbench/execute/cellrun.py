@@ -37,8 +37,7 @@ from trainbench.execute.launch import (WORKER_MODULE, Rendezvous, free_port, lau
 from trainbench.registry.hardware import gpu_type_of, host_memory_mib
 from trainbench.execute.profiling import PROFILE_DIR
 from trainbench.execute.results import (SCHEMA_VERSION, empty_metrics, empty_predicted, node_memory,
-                                       partial_metrics,
-                                summarize, write_json_atomic)
+                                       partial_metrics, sanity_problems, summarize, write_json_atomic)
 
 TERMINATE_GRACE_S = 15
 PEER_EXIT_GRACE_S = 30  # after one node's launcher fails, how long the others get to notice
@@ -186,9 +185,6 @@ def classify(work_dir: Path, returncode: int | None, timed_out: bool, timeout_s:
     result_file = work_dir / "result.json"
     if returncode == 0 and result_file.exists():
         return Outcome("ok", None, json.loads(result_file.read_text()), records)
-    lost = lost_rank(work_dir, verdict, launcher_output, records, ranks_per_node)
-    if lost is not None:
-        return lost
     ooms = [r for r in records if r.get("event") == "oom"]
     if ooms:
         at_init = [r for r in ooms if r["phase"] == "init"]
@@ -200,6 +196,9 @@ def classify(work_dir: Path, returncode: int | None, timed_out: bool, timeout_s:
             reason = f"OOM at step {step} ({'warm-up' if step <= warmup_steps else 'timed'})"
         ranks = ", ".join(str(r["rank"]) for r in ooms)
         return Outcome("oom", f"{reason} on rank {ranks}: {ooms[0]['message'][:300]}", None, records)
+    lost = lost_rank(work_dir, verdict, launcher_output, records, ranks_per_node)
+    if lost is not None:
+        return lost
     if timed_out:
         return Outcome("timeout", f"stopped at the time limit of {timeout_s:.0f} s", None, records)
     errors = [r for r in records if r.get("event") == "error"]
@@ -220,17 +219,16 @@ def lost_rank(work_dir: Path, verdict: watch.Verdict | None, launcher_output: st
     lost, it failed. An infrastructure failure (a signal, a freeze) is marked so: it runs again."""
     cause = watch.root_cause(launcher_output)
     reported = {r.get("rank") for r in records}
-    if verdict is None and (cause is None or cause[1] >= 0 or cause[0] in reported):
-        return None
-    if verdict is not None and verdict.kind != "dead":
+    if verdict is not None and verdict.kind != "dead":  # stopped, or stalled: the watch ended it
         reason, infrastructure, rank = verdict.reason, verdict.infrastructure, verdict.rank
-    elif cause is not None and cause[0] not in reported:
+    elif cause is not None and cause[1] < 0 and cause[0] not in reported:
+        # the first rank to fail was ended by a signal, saying nothing: what the others reported after
+        # (a peer gone, a collective broken) follows from it
         rank = cause[0]
         seen = watch.Progress.read(work_dir / watch.PROGRESS_DIR / f"rank{rank}")
         where = f" on {seen.host}" if seen is not None else ""
-        reason = f"rank {rank}{where} ended by {watch.describe_exit(cause[1])}"
-        infrastructure = cause[1] < 0
-    elif verdict is not None and verdict.rank not in reported:
+        reason, infrastructure = f"rank {rank}{where} ended by {watch.describe_exit(cause[1])}", True
+    elif verdict is not None and not records:  # gone, and no launcher report nor any rank's word
         rank, reason, infrastructure = verdict.rank, f"{verdict.reason}, saying nothing", True
     else:
         return None
@@ -441,6 +439,7 @@ class CellRun:
         if outcome.status == "ok":
             doc["metrics"] = summarize(self.params, outcome.result, wall_time_s, self.cell.timing,
                                        launched=launched, exited=exited)
+            doc["sanity"] = sanity_problems(doc)  # what the tables check too: sane training, or why not
             framework_config = outcome.result.get("framework_config")
             if framework_config:  # the framework's own config as it ran (DeepSpeed's JSON, FSDP's settings)
                 write_json_atomic(self.output.parent / framework_config["file"], framework_config["config"])

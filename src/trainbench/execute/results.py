@@ -91,6 +91,8 @@ METRICS: tuple[Key, ...] = (
     Key("loss_last", _NUMBER, "training loss at the last step"),
     Key("loss_curve", _NUMBERS, "the training loss at every step, warm-up included (the rank that "
         "reports: its micro batches' mean)", required=False),
+    Key("optimizer_steps_skipped", _INT, "timed steps whose optimizer step the framework skipped (fp16 "
+        "loss scaling found an overflow); null where the framework does not say", required=False),
     Key("test_accuracy", _NUMBER, "accuracy on held-out data, where the study measures it"),
     Key("params_total", _INT, "parameters of the whole model"),
     Key("params_per_module_rank0", {"type": ["object", "null"]},
@@ -298,6 +300,41 @@ def node_memory(entries: list[dict[str, Any] | None]) -> dict[str, list]:
             "host_percent": host_percent}
 
 
+# --- is the training that was timed sane? -------------------------------------------------------------
+# A timed result is a result only if the training it timed was sane (ReFrame's rule: sanity before
+# performance). Checked on what every result keeps; a cell that fails is marked in its table, and
+# findings leave it out (docs/measurement.md, "Sane training").
+DIVERGED_NATS = 1.0  # the loss's last quarter this far above its lowest point: diverged
+SANE_CURVE_STEPS = 8  # a curve shorter than this says too little to judge divergence
+
+
+def sanity_problems(doc: dict[str, Any]) -> list[str]:
+    """Why a cell that ran (`ok`) did not train sanely: a loss that is not finite, a loss that fell and
+    then climbed more than DIVERGED_NATS above its lowest point (over the curve's last quarter, or at
+    its end), an optimizer that skipped timed steps (fp16 overflow). Empty for a sane one, and for cells
+    that did not run (their status says what happened)."""
+    if doc.get("status") != "ok":
+        return []
+    m = doc.get("metrics") or {}
+    curve = m.get("loss_curve") or [v for v in (m.get("loss_first"), m.get("loss_last"))
+                                    if v is not None]
+    problems = []
+    bad = next((i for i, v in enumerate(curve) if not math.isfinite(v)), None)
+    if bad is not None:
+        problems.append(f"the loss is {curve[bad]} at step {bad + 1}")
+    elif len(curve) >= SANE_CURVE_STEPS:
+        tail = curve[-max(2, len(curve) // 4):]
+        end, low = sum(tail) / len(tail), min(curve)
+        if end > low + DIVERGED_NATS:
+            problems.append(f"diverged: the loss fell to {low:.3g} and its last quarter averages {end:.3g}")
+        elif curve[-1] > low + DIVERGED_NATS:
+            problems.append(f"diverged: the loss fell to {low:.3g} and ended at {curve[-1]:.3g}")
+    skipped = m.get("optimizer_steps_skipped")
+    if skipped:
+        problems.append(f"the optimizer skipped {skipped} timed step(s) (fp16 overflow)")
+    return problems
+
+
 def _round(value, digits=3):
     return None if value is None else round(value, digits)
 
@@ -355,6 +392,7 @@ def summarize(params: CellParams, result: dict[str, Any], wall_time_s: float,
         step_times_s=[_round(t, 6) for t in result["step_times_s"]],
         warmup_step_times_s=[_round(t, 6) for t in result["warmup_step_times_s"]],
         loss_curve=[_round(v, 5) for v in result["losses"]],
+        optimizer_steps_skipped=result.get("optimizer_steps_skipped"),
         timing={"method": "windows", "stopped": result["timing_stopped"], **timing.as_dict()},
         host_rss_peak_mib_per_rank=[_round(r["host_rss_peak_mib"], 1) for r in ranks],
         tensors_held_bytes_per_rank=[r.get("tensors_held_bytes") for r in ranks],

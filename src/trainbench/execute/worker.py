@@ -240,6 +240,8 @@ class Worker:
                 "steps_per_window": steps.steps_per_window, "warmup_step_times_s": steps.warmup_times,
                 "timing_stopped": steps.stopped,
                 "params_total": runner.params_total(), "params_per_module_rank0": per_module,
+                "optimizer_steps_skipped": _difference(runner.optimizer_steps_skipped(),
+                                                       getattr(steps, "skipped_at_warmup", 0)),
                 "torch_version": torch.__version__, "torch_cuda": torch.version.cuda,
                 "nccl": ".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else None,
                 **runner.results(),
@@ -282,6 +284,10 @@ class Worker:
             record["memory_snapshot"] = self.memory.summaries["oom"]
         record.update(self._measured_as())
         write_json_atomic(self.work_dir / f"rank{self.rank}.json", record)
+
+
+def _difference(now: int | None, before: int | None) -> int | None:
+    return None if now is None or before is None else now - before
 
 
 def agree_through_store(value: int, rank: int, key: str) -> int:
@@ -374,6 +380,9 @@ class StepRecorder:
                 self.worker.marks["first_step"] = time.time()
             if self.worker.step == self.warmup:
                 self.worker.marks["warmed_up"] = time.time()
+                # the optimizer's skipped steps so far (fp16 loss scaling settles in warm-up): those
+                # after are the timed steps' (the sanity check, results.sanity_problems)
+                self.skipped_at_warmup = self.worker.runner.optimizer_steps_skipped()
             self._read_losses()
             if self.worker.step == self.warmup and self.adaptive:
                 self.steps_per_window = self._agree(steps_per_window(

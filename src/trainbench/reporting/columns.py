@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from trainbench.execute.profiling import MEANINGS, PARTS
+from trainbench.execute.results import sanity_problems
 from trainbench.reporting.predictions import Doc, prediction, time_prediction
 
 def metric(doc: Doc, key: str):
@@ -346,7 +347,10 @@ def result_text(doc: Doc, notes: list[str] | None = None) -> str:
 
 def _outcome_text(doc: Doc, notes: list[str] | None) -> str:
     status, reason = doc["status"], doc.get("reason")
-    if status == "ok":
+    insane = sanity_problems(doc)
+    if status == "ok" and insane:  # it ran, but what it timed was not sane training: no figure of it counts
+        status, reason = "ok, not sane", "; ".join(insane)
+    elif status == "ok":
         return f"ok, {noisy_text(doc)}" if metric(doc, "noisy") else "ok"
     if status == "oom":
         # "OOM at step 23 (timed) on rank 0, 1: <allocator message>" -> the part before the ranks

@@ -42,6 +42,7 @@ from typing import Any
 
 import pandas
 
+from trainbench.execute.results import sanity_problems
 from trainbench.reporting.columns import (COLUMNS, column_values, emulated, predicted_gib, predicted_time,
                                           result_text)
 from trainbench.reporting.predictions import prediction, time_prediction
@@ -402,7 +403,7 @@ def _figure(metric: Metric, doc: Doc) -> tuple[str, tuple[float, float, bool] | 
         return "not measured", None
     if status == "oom" and metric.memory:
         return "measured", (math.inf, math.inf, False)
-    if status != "ok":
+    if status != "ok" or sanity_problems(doc):  # a cell that did not train sanely gives no figure
         return "no figure", None
     if metric.timed and doc.get("emulation"):  # one rank's compute: no measure of the whole step
         return "not measured", None
@@ -456,6 +457,9 @@ def _outcome_cell(finding: Finding, doc: Doc, label: str) -> Pair:
             short = (doc.get("predicted_now") or doc.get("predicted") or {}).get("short_of")
             if not fits and short:
                 pair.status += ": " + ", ".join(short)
+    elif status == "ok" and sanity_problems(doc):
+        pair.basis = "no figure"
+        pair.status = "not sane: " + sanity_problems(doc)[0]
     elif status in ("ok", "oom"):
         pair.outcome = "holds" if status == wanted else "fails"
         pair.status = "trains" if status == "ok" else result_text(doc)

@@ -103,8 +103,11 @@ def build_inner(spec: ModelSpec, attention: str = "sdpa", dtype: torch.dtype | N
             from transformers.initialization import no_init_weights
 
             with contextlib.nullcontext() if initialise else no_init_weights():
-                return AutoModelForCausalLM.from_config(_hf_config(spec, attention),
-                                                        dtype=dtype or torch.get_default_dtype())
+                model = AutoModelForCausalLM.from_config(_hf_config(spec, attention),
+                                                         dtype=dtype or torch.get_default_dtype())
+            if not initialise:  # transformers ties the LM head to the embedding in what was skipped
+                model.tie_weights()
+            return model
         return _factory(spec)
 
 

@@ -125,6 +125,11 @@ class Runner:
         to_local = getattr(parameter, "to_local", None)
         return to_local().numel() if to_local else parameter.numel()
 
+    def optimizer_steps_skipped(self) -> int | None:
+        """Optimizer steps the framework skipped so far (fp16 loss scaling found an overflow); None
+        where it does not say."""
+        return None
+
     def optimizer_object(self) -> Any:
         """The framework's optimizer as this rank holds it (its states are found inside)."""
         return getattr(self, "optimizer", None)

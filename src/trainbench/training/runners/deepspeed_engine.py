@@ -271,6 +271,9 @@ class DeepSpeedRunner(StepRunner):
     def optimizer_object(self):
         return self.engine.optimizer  # ZeRO's, holding the fp32 partitions and the inner optimizer
 
+    def optimizer_steps_skipped(self) -> int | None:
+        return getattr(self.engine, "skipped_steps", None)
+
     def params_total(self) -> int:
         return self._params_total  # counted before tensor parallelism split the layers
 

@@ -111,6 +111,7 @@ class TorchRunner(StepRunner):
         self.wrapped: torch.nn.Module | None = None
         self.tp_group = None  # the tensor-parallel process group, where tp > 1
         self.float8_layers = 0  # linear layers trained in float8 (float8: a recipe)
+        self.skipped_steps = 0  # optimizer steps fp16 loss scaling skipped
 
     def _new_model(self) -> torch.nn.Module:
         return self.ctx.new_model()
@@ -229,8 +230,15 @@ class TorchRunner(StepRunner):
                 self.scaler.scale(loss).backward()
             total += loss.detach()
         with optimizer_range():
+            # (fp16 only: GradScaler.step has synchronised already, reading its scale costs no wait)
+            scale = (self.scaler.get_scale() if isinstance(self.scaler, torch.amp.GradScaler)
+                     and self.scaler.is_enabled() else None)
             self.scaler.step(self.optimizer)
             self.scaler.update()
+            # a step fp16 loss scaling skipped: its scale halved (torch's scaler), or it says so (ours)
+            halved = scale is not None and self.scaler.get_scale() < scale
+            if getattr(self.scaler, "skipped", False) or halved:
+                self.skipped_steps += 1
             self.optimizer.zero_grad(set_to_none=True)
             if self.p.float8_all_gather:
                 # every float8 weight's scale for the next all-gathers, in one all-reduce of their amaxes
@@ -276,6 +284,9 @@ class TorchRunner(StepRunner):
                                                                         "reduce_dtype": "torch.float32"},
                 "offload_policy": "CPUOffloadPolicy" if self.p.offload_param else None}
         return config
+
+    def optimizer_steps_skipped(self) -> int | None:
+        return self.skipped_steps
 
     def model(self) -> torch.nn.Module:
         return self.inner
