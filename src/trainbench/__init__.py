@@ -15,7 +15,7 @@ it (tests/test_layers.py holds them to it, and to no import cycle):
 ARCHITECTURE.md draws the picture.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # The stages in import order: a module of one may import the stages before it, never one after.
 LAYERS = ("registry", "study", "predict", "training", "execute", "reporting", "checks")
