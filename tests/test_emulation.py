@@ -142,7 +142,7 @@ def test_a_gpu_limit_leaves_the_allocator_what_the_smaller_gpu_would():
 
 
 def test_nccl_buffers_follow_the_communicators_of_the_cells_layout():
-    """Real ranks on 4 x H200 held NCCL memory by layout (issue 35), not one constant: the model's figure
+    """Real ranks on 4 x H200 held NCCL memory by layout, not one constant: the model's figure
     for each must be the one measured for that layout, and none where no communicator opens."""
     from trainbench.predict.memory_model import NCCL_MIB_BY_LAYOUT, nccl_buffers_mib, nccl_layout
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run pipeline targets on a GPU host that reaches no package index, within a fixed time, and pack
-# what they wrote. This is how the published results under results/runs/ were made on the lent
+# what they wrote. This is how the published results under results/runs/ were made on the
 # H200 hosts (a copy of the working tree, no .git, a few minutes per command).
 #
 #   tools/gpu-host-run.sh WHEELHOUSE SECONDS TARBALL TARGETS_FILE...

@@ -5,7 +5,7 @@ checks them without Snakemake.
 
 Nothing here reaches into Snakemake's internals. (Handing Snakemake the input functions' signatures
 once did, through snakemake.common and Resource.evaluate; bench/snakemake_tuning.py measured it saving
-about 1% of a 10,000-cell plan, results/bench/snakemake_tuning/, and it went.)
+about 1% of a 10,000-cell plan, validation/results/bench/snakemake_tuning/, and it went.)
 """
 
 from __future__ import annotations

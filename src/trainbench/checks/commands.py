@@ -9,7 +9,7 @@ from trainbench.checks.inputs import first_present
 from trainbench.errors import UsageError
 
 # the thread curves no fit is given: from the repository root, or from the validation workspace
-THREADS = ("validation/results/bench/threads", "results/bench/threads")
+THREADS = ("validation/results/bench/threads", "validation/results/bench/threads")
 
 
 def add_check_models(sub):

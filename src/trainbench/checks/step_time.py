@@ -88,8 +88,8 @@ def leave_one_out(works: dict, measured: np.ndarray,
 
 def leave_study_out(works: dict, measured: np.ndarray, studies: list[str],
                     everything: time_model.Constants | None = None) -> np.ndarray:
-    """Each study's cells from a fit of the other studies' cells alone. A study ran in sessions of its
-    own, on a host of that session: leaving one cell out keeps its session's host in the fit through
+    """Each study's cells from a fit of the other studies' cells alone. A study ran in runs of its
+    own, on a host of that run: leaving one cell out keeps its run's host in the fit through
     its neighbours, leaving its study out does not (host-bound cells move a quarter between hosts,
     docs/time-model.md), so this is the nearer figure to cells the model never saw."""
     predicted = np.empty(len(measured))

@@ -118,13 +118,14 @@ def cache_environment(base: Mapping[str, str]) -> dict[str, str]:
     environment, shared by every cell and rank that runs in it.
 
     - torch.compile's compiled graphs and kernels (inductor's FX-graph and autograd caches).
-      Inductor's default is /tmp, which a compute node or a freshly lent host does not keep, so each
+      Inductor's default is /tmp, which a compute node or a freshly started host does not keep, so each
       cell there compiles again (20-35 s of a GPT-2 cell's 40-60 s on an H200). The cache writes
       atomically and locks while compiling: concurrent ranks share it safely. A
       TORCHINDUCTOR_CACHE_DIR the caller set is left alone.
     - Python's bytecode, where the environment says not to write it (PYTHONDONTWRITEBYTECODE, as
       the GPU hosts' images do, whose torch has no .pyc files): every rank then compiles torch's
-      sources again, 6-7 s of each GPT-2 cell's set-up on an H200 (results/bench/startup/bytecode-1.log).
+      sources again, 6-7 s of each GPT-2 cell's set-up on an H200
+      (validation/results/bench/startup/bytecode-1.log).
       The bytecode goes to the cache folder (PYTHONPYCACHEPREFIX), not into the environment, which
       is what not writing it was for; Python writes each file atomically. A PYTHONPYCACHEPREFIX the
       caller set is left alone.

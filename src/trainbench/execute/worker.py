@@ -50,7 +50,7 @@ HANG_AT_STEP_ENV = "TRAINBENCH_HANG_AT_STEP"
 # (0 = while initialising), through the same real allocation as inject_oom_at_step.
 OOM_ABOVE_BATCH_ENV = "TRAINBENCH_OOM_ABOVE_MICRO_BATCH"
 # "fast" (the default): a rank that finished leaves without the interpreter's shutdown; "interpreter":
-# the usual exit, to measure the difference (tools/gpu-runs/startup-1.sh)
+# the usual exit, to measure the difference (results/provenance/gpu-runs/startup-1.sh)
 WORKER_EXIT_ENV = "TRAINBENCH_WORKER_EXIT"
 OOM_EXIT_CODE = 75  # distinct from Python's 1 so a reader of the launcher's log can tell
 IMPOSSIBLE_ALLOCATION = 1 << 60  # 1 EiB: more than any machine has, so the allocator must refuse
@@ -138,7 +138,7 @@ class Worker:
         """Compile or load the DeepSpeed ops the cell steps with (frameworks.deepspeed_ops) before
         anything else, so that the cost report tells this work apart from the cell's set-up (the
         `builds` phase): compiled once per environment into TORCH_EXTENSIONS_DIR (CPU Adam: 55-80 s on
-        a freshly lent H200 host), loaded from there by every cell after. DeepSpeed keeps what it
+        a freshly started H200 host), loaded from there by every cell after. DeepSpeed keeps what it
         loaded, so the optimizer's own load later is free. Concurrent ranks share one build (torch
         locks the extension's folder while one of them compiles)."""
         ops = deepspeed_ops(self.params)

@@ -72,7 +72,7 @@ CUDA_CONTEXT_MIB = 1850.0
 # NCCL's buffers and communicators on a GPU rank of a world of several, by the communicators its layout
 # opens: what NVML shows over torch's peak reservation on a real rank, less a one-GPU rank's context
 # (the median of the published one-GPU torch cells, 1,940 MiB on the same driver). From 4 x H200 over
-# NVLink (issue 35: tools/gpu-runs/emulated-vs-real-2.log), where real ranks showed over their
+# NVLink (results/provenance/gpu-runs/emulated-vs-real-2.log), where real ranks showed over their
 # reservation 1,464 MiB (an emulated rank's context, below) plus, alike at 2 and 4 GPUs and across
 # frameworks of one layout: torch FSDP2 774, the HF Trainer's FSDP 772; DeepSpeed ZeRO-3 974, the HF
 # Trainer's ZeRO-3 973; ZeRO-1/2 1,264 with or without offload (its own data-parallel group beside the
@@ -83,10 +83,12 @@ CUDA_CONTEXT_MIB = 1850.0
 # group (the ranks agreeing on window sizes) opened a communicator DeepSpeed's ZeRO 0-2 and pipeline
 # engine do not. The ranks agree through the store now (execute/worker.py agree_through_store), and the
 # figures are without it: "zero" as measured since, megatron's two-GPU ZeRO 0-2 cells rerun windowed at
-# fbc3ff2 (tools/gpu-runs/energy-rerun-10.log) showing 2,426-2,428 MiB over their reservation at tp 1,
+# fbc3ff2 (results/provenance/gpu-runs/energy-rerun-10.log) showing 2,426-2,428 MiB over their reservation
+# at tp 1,
 # each GPU to the MiB as in their first run, less the one-GPU context: 488, with ZeRO-3's 498 one
 # data-parallel communicator each; "pipeline" 3,272 less the 288, which zero3_pipeline's pipeline cells
-# showed below their windowed reruns of c7c5ed6 (results/bench/rerun/history-zero3_pipeline-energy.txt).
+# showed below their windowed reruns of c7c5ed6
+# (validation/results/bench/rerun/history-zero3_pipeline-energy.txt).
 NCCL_MIB_BY_LAYOUT = {"data": 298.0, "zero3": 498.0, "zero": 488.0, "tensor": 1272.0, "pipeline": 2984.0}
 # What an emulated rank shows over its reservation is 476 MiB less than a real one-GPU rank's context:
 # 1,452-1,464 MiB on every emulated GPU rank published (H200, driver 580), 1,924-1,954 on the one-GPU
@@ -234,7 +236,7 @@ def model_states(params: CellParams, spec: ModelSpec) -> tuple[dict[str, float],
             # autocast's cached half weights, but for float8's linear layers: torchao casts their
             # weights to float8 at each use and keeps no copy (the float8 study's compiled GPT-2.5B
             # tensorwise cell, allocator snapshot at its peak: parameters, optimizer states and
-            # activations, nothing else; tools/gpu-runs/gpu-session-6.log)
+            # activations, nothing else; results/provenance/gpu-runs/gpu-session-6.log)
             cached = psi - float8_linear_params(params, spec)
             device["buffers"] = device.get("buffers", 0) + 2 * cached
     elif kind == "fsdp":

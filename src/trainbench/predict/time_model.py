@@ -59,7 +59,7 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
   divides among them as threads ** CPU_THREAD_EXPONENT (0.75), and Adam on the host streams ~30 bytes
   per parameter through memory that all the node's ranks share, so the step is the threads' share
   plus the node's parameters at the rate the host's memory sustains, the one term threads do not
-  shorten (offloaded cells at 1, 2, 4, 8 and 16 threads: results/bench/threads).
+  shorten (offloaded cells at 1, 2, 4, 8 and 16 threads: validation/results/bench/threads).
   Offloaded parameters cross PCIe at every fetch: FSDP's prefetched behind compute like its gathers,
   ZeRO-Infinity's on the critical path.
 
@@ -95,7 +95,8 @@ from trainbench.registry.models import ModelSpec, get_model
 # studies' execution.cpus_per_rank)
 DEFAULT_CPU_THREADS = 8
 # A rank's CPU optimizer work divides among its threads as threads ** this, not in proportion: profiled
-# at 1, 4 and 16 threads (GPT-345M, ZeRO-3 fp16 offloaded, tools/gpu-runs/threads-profile-1.log), the
+# at 1, 4 and 16 threads (GPT-345M, ZeRO-3 fp16 offloaded,
+# results/provenance/gpu-runs/threads-profile-1.log), the
 # host's Adam, overflow checks and copies ran 2.5x faster at 4 threads and 6.4x at 16 (an exponent of
 # 0.66). The fitted cells, all at 4 to 16 threads, cannot tell exponents apart (leave-one-out 7.6-7.9%
 # from 0.5 to 1), so it is chosen on the thread curves no fit sees, each curve predicted with the

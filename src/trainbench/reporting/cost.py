@@ -80,7 +80,7 @@ class Cost:
     def timed_share_ops_built(self) -> float | None:
         """The timed share with the `builds` phase left out: an upper bound on what the runs cost again in
         an environment that has compiled its DeepSpeed ops (each cell still loads them from the cache,
-        3 s for CPU Adam on an H100 host: results/bench/op_builds)."""
+        3 s for CPU Adam on an H100 host: validation/results/bench/op_builds)."""
         rest = self.device_s - self.phase_device_s.get("builds", 0.0)
         return self.timed_device_s / rest if rest > 0 else None
 

@@ -236,7 +236,7 @@ def _time_model_note(docs: list[Doc]) -> list[str]:
         text += (" Its constants were fitted on measured cells, these among them"
                  + (f" ({'; '.join(f'{g}: {w}' for g, w in fitted.items())})" if fitted else "")
                  + ", so a measured cell's error here is in sample; predicted from fits that did not "
-                 "see them, the error is in results/bench/time_model/time_model.txt.")
+                 "see them, the error is in validation/results/bench/time_model/time_model.txt.")
     return [text, ""]
 
 

@@ -117,7 +117,8 @@ def materialise(model: GPT, device: torch.device, init_device: torch.device, see
         if init_device.type == "cuda":
             # each module's whole weights are drawn in blocks of their own size, which the caching
             # allocator would keep, and the next module's are other sizes: 13 GiB stayed reserved for
-            # 6 allocated on rank 0 of bert-180b at tp 16 (tools/gpu-runs/emulated-7.log, before this
+            # 6 allocated on rank 0 of bert-180b at tp 16 (results/provenance/gpu-runs/emulated-7.log,
+            # before this
             # release; its effect is not yet measured on a GPU)
             del whole, value
             torch.cuda.empty_cache()
