@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-WORKFLOW_FILES = ("Snakefile", "workflow", "profiles", "envs")
+# the campaigns too: a test that writes the repository's config.yaml gets the study files it names
+WORKFLOW_FILES = ("Snakefile", "workflow", "profiles", "envs", "studies")
 
 # Everything the tests start (and DeepSpeed's op builds in this process) uses the environment's own
 # tools, as for a user who activated it: a machine's other ninja would rebuild DeepSpeed's CPU ops.
