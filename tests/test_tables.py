@@ -219,3 +219,22 @@ def test_planned_cells_go_to_the_plan_and_the_markdown_counts_them(tmp_path):
     assert list(plan.cell_id) == [c.cell_id for c in study.cells if c is not ran]
     assert plan["table.predicted_gpu_mem_gib"].notna().all()
     assert "table.gpu_mem_max_gib" not in plan  # nothing measured: the column is left out
+
+
+def test_scaling_efficiency_is_held_against_the_one_gpu_cell_of_the_same_machine():
+    """A study that scales a strategy: each scaled cell's samples/s per GPU over its set-up's one-GPU
+    cell, in the table where both ran on one machine (their host ids), not where they did not."""
+    from trainbench.reporting.columns import column_values
+    from trainbench.reporting.plots import with_scaling
+
+    def cell(strategy, gpus, samples, host):
+        params = {"strategy": strategy, "gpus": gpus, "model": "m"}
+        return {"cell_id": f"{strategy}-{gpus}", "status": "ok", "params": params,
+                "metrics": {"samples_per_s": samples}, "provenance": {"host_id": host}}
+
+    docs = with_scaling([cell("single", 1, 100.0, "a"), cell("ddp", 2, 190.0, "a"),
+                         cell("ddp", 4, 360.0, "a"), cell("fsdp", 2, 180.0, "b"),
+                         cell("fsdp", 4, 320.0, None)], ["strategy", "gpus"])
+    efficiency = {d["cell_id"]: column_values(d, "scaling_efficiency")[0] for d in docs}
+    assert efficiency == {"single-1": None, "ddp-2": 0.95, "ddp-4": 0.9, "fsdp-2": None, "fsdp-4": 0.8}
+    assert docs[3]["scaling"] == {"efficiency": 0.9, "reference": "single-1", "same_host": False}

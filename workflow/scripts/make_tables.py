@@ -4,6 +4,7 @@ and its findings judged (findings CSV, and a section of the markdown)."""
 import sys
 
 from trainbench.execute.results import read_cells, read_search
+from trainbench.reporting.plots import with_scaling
 from trainbench.reporting.tables import short_of_gpus, with_planned, with_searches, write_tables
 from trainbench.study.config import load_config
 from trainbench.workflow import Workflow
@@ -17,6 +18,7 @@ with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
     metrics = list(snakemake.input.metrics)  # noqa: F821
     docs = with_planned(read_cells(metrics), study, short_of_gpus=short_of_gpus(study, metrics))
     docs = with_searches(docs, [read_search(path) for path in snakemake.input.searches])  # noqa: F821
+    docs = with_scaling(docs, layout["id_keys"])  # a study that scales a strategy: its efficiency
     output = snakemake.output  # noqa: F821
     write_tables(docs, study=study.name, description=layout["description"], id_keys=layout["id_keys"],
                  report=layout["report"], csv_path=output.csv, md_path=output.md, plan_path=output.plan,

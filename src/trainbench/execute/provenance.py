@@ -187,6 +187,22 @@ def _slurm_restarts(job: str, env) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def host_id(machine_id: Path = Path("/etc/machine-id"),
+            boot_id: Path = Path("/proc/sys/kernel/random/boot_id")) -> str | None:
+    """Which machine, and which boot of it, a cell ran on: hostnames repeat across machines (containers
+    and cloud hosts often share one), so scaling efficiency checks that a cell and the one-GPU cell it is
+    held against have this in common. A short hash of the machine's id and its boot's, or None."""
+    import hashlib
+
+    parts = []
+    for path in (machine_id, boot_id):
+        try:
+            parts.append(path.read_text().strip())
+        except OSError:
+            parts.append("")
+    return hashlib.sha256("/".join(parts).encode()).hexdigest()[:12] if any(parts) else None
+
+
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
     """The host CPU's model name (Linux's /proc/cpuinfo): host-bound steps (launches, DeepSpeed's hooks,
     a CPU optimizer) run at its pace, and what it computes decides what CPU ranks can train."""
@@ -246,6 +262,7 @@ def host_facts() -> dict[str, Any]:
     topology = gpu_topology()  # a process of nvidia-smi: read here, beside the ranks' start-up
     return {
         "hostname": socket.gethostname(),
+        "host_id": host_id(),
         "cpu": platform.processor() or platform.machine(),
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),

@@ -146,6 +146,8 @@ PROVENANCE: tuple[Key, ...] = (
     Key("gpu_name", _TEXT, "the GPU model"), Key("gpu_count", _INT, "GPUs of the cell"),
     Key("nodes", _INT, "nodes of the cell"), Key("driver", _TEXT, "the NVIDIA driver"),
     Key("cuda", _TEXT, "torch's CUDA version"), Key("hostname", _TEXT, "the (first) node"),
+    Key("host_id", _TEXT, "which machine and boot of it: a hash of its machine and boot ids (hostnames "
+        "repeat)", required=False),
     Key("versions", {"type": "object"}, "python, torch, deepspeed, lightning, transformers, snakemake"),
     Key("git_commit", _TEXT, "the code's commit (-dirty: with changes)"),
     Key("slurm_job_id", _TEXT, "the SLURM job, where there is one"),

@@ -284,6 +284,19 @@ BREAKDOWN_COLUMNS: dict[str, Column] = {
                           lambda v: f"{v:.0%}", "share of the collectives' time that compute overlapped",
                           comparable=False),
 }
+
+
+def _scaling(doc: Doc) -> float | None:
+    """A scaled cell's samples/s per GPU over the one-GPU cell of its set-up (plots.with_scaling attaches
+    it); none where the two ran on different machines (their host ids differ): hosts of one type differ
+    by a few per cent, as much as what scaling loses."""
+    scaling = doc.get("scaling") or {}
+    return None if scaling.get("same_host") is False else scaling.get("efficiency")
+
+
+COLUMNS["scaling_efficiency"] = Column(
+    "scaling efficiency", _scaling, lambda v: f"{v:.1%}",
+    "samples/s per GPU over the one-GPU cell of the same set-up and machine (100%: linear)", comparable=False)
 COLUMNS.update(BREAKDOWN_COLUMNS)
 
 # what the timed steps cost in energy (NVML's counter on every GPU cell: execute/gpus.py EnergyCounter)

@@ -620,6 +620,24 @@ def scalings(docs: list[Doc], id_keys: list[str]) -> list[Scaling]:
     return found
 
 
+def with_scaling(docs: list[Doc], id_keys: list[str]) -> list[Doc]:
+    """Each scaled cell with its efficiency against the one-GPU cell of its set-up (`scaling`: the
+    figure, the reference cell, and whether both ran on one machine by their host ids: None where a
+    result predates the id), for the table's `scaling_efficiency` column."""
+    found = {}
+    for scaling in scalings(docs, id_keys):
+        ref = scaling.reference
+        for cells in scaling.series.values():
+            for doc in cells:
+                efficiency = _efficiency(doc, ref, measured=True)
+                if efficiency is None:
+                    continue
+                hosts = [(d.get("provenance") or {}).get("host_id") for d in (doc, ref)]
+                found[doc["cell_id"]] = {"efficiency": efficiency, "reference": ref["cell_id"],
+                                         "same_host": None if None in hosts else hosts[0] == hosts[1]}
+    return [{**doc, "scaling": found[doc["cell_id"]]} if doc["cell_id"] in found else doc for doc in docs]
+
+
 def _efficiency(doc: Doc, reference: Doc, measured: bool) -> float | None:
     """Samples/s per GPU over the one-GPU cell's (1.0: linear scaling)."""
     value, alone = _samples(doc, measured), _samples(reference, measured)
