@@ -166,8 +166,13 @@ def made_with_of(layout):
 
     def get(wildcards):
         study = get_study(wildcards)
-        return made_with(layout(study), WORKFLOW.planning(study), WORKFLOW.missing_cells(study),
-                         get_cells_short_of_gpus(wildcards), PREDICTION_MODELS)
+        return made_with(
+            layout(study),
+            WORKFLOW.planning(study),
+            WORKFLOW.missing_cells(study),
+            get_cells_short_of_gpus(wildcards),
+            PREDICTION_MODELS,
+        )
 
     get.__name__ = f"get_made_with_{layout.__name__}"
     return get
