@@ -34,15 +34,13 @@ from trainbench.checks.inputs import counted_params
 from trainbench.checks.inputs import metrics_files, published
 from trainbench.execute.results import read_result
 from trainbench.predict import time_model
+from trainbench.registry.frameworks import registry
 from trainbench.registry.hardware import gpu_type_of
 from trainbench.reporting.compare import shorten
 
-# Cells whose windows hold more than the step (noted in the output, fitted like the others: their
-# loop's fixed cost per step absorbs it) or that were timed too briefly to trust
+# Studies timed too briefly to trust (noted beside their errors). Frameworks whose windows hold more
+# than the step say so themselves (TimeFacts.window_holds)
 CAVEATS = {
-    "lightning": "Lightning's windows include what its loop does between steps (fitted: its loop's cost)",
-    "hf_trainer": "the Hugging Face Trainer's windows include its loop's work between steps (fitted: its "
-                  "loop's cost)",
     "gpt2_zero": "gpt2_zero timed 3 steps per cell: no interval, and a rerun moved one by 74%",
 }
 
@@ -180,9 +178,10 @@ def report(cells: list[dict], gpu: str) -> tuple[time_model.Constants, dict]:
         note = f"  [{CAVEATS[study]}]" if study in CAVEATS else ""
         print(f"  {study:<15} {int(chosen.sum()):>3} cells: median {np.median(absolute[chosen]):5.1f}%, "
               f"worst {absolute[chosen].max():5.1f}%{note}")
-    for framework in ("lightning", "hf_trainer"):
-        if any(d["params"]["framework"] == framework for d in docs):
-            print(f"  note: {CAVEATS[framework]}")
+    for framework in sorted({d["params"]["framework"] for d in docs}):
+        holds = registry()[framework].time.window_holds if framework in registry() else ""
+        if holds:
+            print(f"  note: {framework}'s windows include {holds} (fitted: its loop's fixed cost)")
     summary = {"cells": len(cells), "median_abs_error_pct": float(np.median(absolute)),
                "worst_abs_error_pct": float(absolute.max())}
     if len(studies) > 1:  # with one study, its fit would see no cell at all
