@@ -446,7 +446,7 @@ def timed_run_cell(times_file: str, argv: list[str]) -> int:
     CellRun._launch (starting the launchers, waiting for them, noticing their exit)."""
     from trainbench.execute import cellrun
     from trainbench import cli
-    from trainbench.execute.lifetime import when_gone
+    from trainbench.execute.watch import when_gone
 
     launch = cellrun.CellRun._launch
     times: dict[str, list[float]] = {"launch_s": [], "launcher_s": []}

@@ -109,7 +109,7 @@ def test_a_rank_killed_mid_step_stops_its_peers_and_the_cell_is_failed(workflow)
 def test_the_cell_runner_notices_its_launchers_exit_when_it_happens():
     # the runner waits on its launchers in steps (to check its deadline): a step must end at the exit,
     # not run its length out, or every cell pays half a step after its launcher is done
-    from trainbench.execute.lifetime import wait_for_an_exit
+    from trainbench.execute.watch import wait_for_an_exit
 
     launcher = subprocess.Popen(["sleep", "0.2"])
     started = time.monotonic()
@@ -124,7 +124,7 @@ def test_the_driver_is_the_nearest_snakemake_above_the_cell_runner(tmp_path):
     middle = ("import ctypes, subprocess, sys\n"
               "ctypes.CDLL(None).prctl(15, b'a) b (c', 0, 0, 0)  # PR_SET_NAME: this process's comm\n"
               "sys.exit(subprocess.call([sys.executable, '-c', "
-              "'from trainbench.execute.lifetime import driver_pid; print(driver_pid())']))\n")
+              "'from trainbench.execute.watch import driver_pid; print(driver_pid())']))\n")
     script = tmp_path / "middle.py"
     script.write_text(middle)
     top = subprocess.Popen([sys.executable, "-c",

@@ -9,7 +9,7 @@ try:
     from trainbench import paths
     from trainbench.errors import ConfigError
     from trainbench.execute.gpus import local_gpu_count
-    from trainbench.execute.lifetime import stale_lock_hint, stop_cells_on_sigterm
+    from trainbench.execute.watch import stale_lock_hint, stop_cells_on_sigterm
     from trainbench.execute.slurm import StatusCommandError, ensure_status_command
     from trainbench.reporting.report import page_labels
     from trainbench.reporting.tables import made_with
@@ -33,7 +33,7 @@ except ConfigError as error:
 
 
 onstart:
-    # SIGTERM to Snakemake stops the running cells too, instead of waiting for them (lifetime.py)
+    # SIGTERM to Snakemake stops the running cells too, instead of waiting for them (watch.py)
     stop_cells_on_sigterm()
     # Under the SLURM executor: a status command that cannot see jobs finish makes Snakemake wait
     # forever without a word (sacct on a cluster without accounting); check it before submitting.

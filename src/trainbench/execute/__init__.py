@@ -1,7 +1,7 @@
 """Running one cell: the cell runner (`cellrun`) places and launches its ranks (`launch`, `gpus`,
-`slurm`), watches their lifetime (`lifetime`); each rank's worker (`worker`) trains through a runner,
-samples memory (`memory_sampler`), records provenance (`provenance`) and turns timings into metrics
-(`metrics`); `results` is the one metrics.json schema, read and written.
+`slurm`) and watches them and what started it (`watch`); each rank's worker (`worker`) trains through
+a runner, samples memory (`memory_sampler`), records provenance (`provenance`) and turns timings into
+metrics (`metrics`); `results` is the one metrics.json schema, read and written.
 
 May import: `registry`, `study`, `predict`, `training`, and `trainbench.errors` / `trainbench.paths`.
 """

@@ -28,13 +28,12 @@ from trainbench.training.gpt import hold_attention_kernel
 from trainbench.execute.cellrun import register_user_model
 from trainbench.execute.gpus import EnergyCounter
 from trainbench.execute.launch import free_port
-from trainbench.execute.lifetime import runner_to_watch, when_gone
+from trainbench.execute.watch import ProgressWriter, runner_to_watch, when_gone
 from trainbench.execute.memory_sampler import MemorySampler
 from trainbench.registry.hardware import MIB
 from trainbench.execute.metrics import process_peak_rss_mib, tensors_held_bytes
 from trainbench.execute.profiling import PROFILE_DIR, MemoryRecorder, StepProfiler
 from trainbench.execute.results import write_json_atomic
-from trainbench.execute.watch import ProgressWriter
 from trainbench.study.params import CellParams
 from trainbench.training.runners import (LoopRunner, RunContext, Runner, StepRunner, make_runner,
                                          params_per_module)
