@@ -77,7 +77,7 @@ def test_a_rank_killed_or_stopped_ends_its_cell_in_seconds_and_the_next_run_runs
         if proc.poll() is None:
             proc.kill()
     doc = json.loads(workflow.path(cell.target).read_text())
-    assert doc["status"] == "failed" and doc["failure"] == "infrastructure", doc["reason"]
+    assert doc["status"] == "failed" and doc.get("failure") == "infrastructure", doc["reason"]
     assert words.format(host=rank.host, pid=rank.pid) in doc["reason"], doc["reason"]
     assert ended_s < 30, f"the cell ended {ended_s:.0f} s after the signal:\n{output[-2000:]}"
     deadline = time.monotonic() + 15  # nothing of the cell outlives it: the stopped rank neither
@@ -124,6 +124,26 @@ Root Cause (first observed failure):
     assert watch.root_cause(report) == (1, -9)
     assert watch.describe_exit(-9) == "SIGKILL (signal 9)" and watch.describe_exit(3) == "exit status 3"
     assert watch.root_cause("no report") is None
+
+
+def test_a_rank_killed_is_named_when_a_peer_that_failed_for_its_loss_ties_for_the_root_cause(tmp_path):
+    """torchrun's own report, made by torch: rank 1 killed and rank 0 failing for its loss in the same
+    second. torchrun names rank 0 the root cause (the lower rank of a tie); the cell names rank 1."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from trainbench.execute.cellrun import classify
+
+    missing = str(tmp_path / "no-error-file.json")
+    peer, killed = ProcessFailure(0, 101, 1, missing), ProcessFailure(1, 102, -9, missing)
+    killed.timestamp = peer.timestamp
+    report = ChildFailedError("worker", {0: peer, 1: killed}).format_msg()
+    assert watch.root_cause(report) == (0, 1) and watch.failures(report) == [(0, 1), (1, -9)]
+    (tmp_path / "rank0.json").write_text(json.dumps({
+        "rank": 0, "event": "error", "phase": "step", "step": 6,
+        "message": "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer"}))
+    outcome = classify(tmp_path, 1, False, 100, 2, None, report)
+    assert outcome.status == "failed" and outcome.infrastructure, outcome.reason
+    assert outcome.reason.startswith("rank 1 ended by SIGKILL (signal 9)"), outcome.reason
 
 
 def test_the_stall_limit_follows_the_slowest_step_with_a_floor(tmp_path):

@@ -30,7 +30,7 @@ from trainbench.predict import memory_model
 from trainbench.execute import history, provenance, watch
 from trainbench.study.grid import Cell
 from trainbench.execute.gpus import NotEnoughGpus, devices_for_cell, machine_devices, timed_alone, under_slurm
-from trainbench.execute.lifetime import driver_pid, runner_environment, wait_for_an_exit, when_gone
+from trainbench.execute.watch import driver_pid, runner_environment, wait_for_an_exit, when_gone
 from trainbench.execute.launch import (WORKER_MODULE, Rendezvous, free_port, launch_environment,
                                       multinode_command,
                               node_command, srun_command, worker_args)
@@ -217,17 +217,18 @@ def lost_rank(work_dir: Path, verdict: watch.Verdict | None, launcher_output: st
     """A rank the watch saw die, freeze or stall, or one the launcher says a signal ended: the outcome
     naming it, how it ended and its last lines; a rank that failed and said why (its record) is not
     lost, it failed. An infrastructure failure (a signal, a freeze) is marked so: it runs again."""
-    cause = watch.root_cause(launcher_output)
     reported = {r.get("rank") for r in records}
+    # ranks the launcher says a signal ended without a word, its root cause first: what the others
+    # reported after (a peer gone, a collective broken) follows from it
+    signalled = [(rank, code) for rank, code in watch.failures(launcher_output)
+                 if code < 0 and rank not in reported]
     if verdict is not None and verdict.kind != "dead":  # stopped, or stalled: the watch ended it
         reason, infrastructure, rank = verdict.reason, verdict.infrastructure, verdict.rank
-    elif cause is not None and cause[1] < 0 and cause[0] not in reported:
-        # the first rank to fail was ended by a signal, saying nothing: what the others reported after
-        # (a peer gone, a collective broken) follows from it
-        rank = cause[0]
+    elif signalled:
+        rank, code = signalled[0]
         seen = watch.Progress.read(work_dir / watch.PROGRESS_DIR / f"rank{rank}")
         where = f" on {seen.host}" if seen is not None else ""
-        reason, infrastructure = f"rank {rank}{where} ended by {watch.describe_exit(cause[1])}", True
+        reason, infrastructure = f"rank {rank}{where} ended by {watch.describe_exit(code)}", True
     elif verdict is not None and not records:  # gone, and no launcher report nor any rank's word
         rank, reason, infrastructure = verdict.rank, f"{verdict.reason}, saying nothing", True
     else:
