@@ -297,6 +297,18 @@ def cmd_fit(args) -> int:
     return fit.main(args, _config(args.config))
 
 
+def cmd_commbench(args) -> int:
+    from pathlib import Path
+
+    from trainbench import commbench
+
+    return commbench.run(ranks=args.ranks, device=args.device, out=Path(args.out) if args.out else None,
+                         collectives=args.collectives, min_bytes=commbench.parse_bytes(args.min_bytes),
+                         max_bytes=commbench.parse_bytes(args.max_bytes) if args.max_bytes else None,
+                         warmup=args.warmup,
+                         iters=args.iters, repeats=args.repeats, dtype=args.dtype, name=args.name)
+
+
 def cmd_search_summary(args) -> int:
     """The max-batch search's result from its probes (the search_result rule)."""
     from trainbench.predict.batch_search import summary
@@ -587,6 +599,27 @@ def parser() -> argparse.ArgumentParser:
     fit.add_argument("--force", action="store_true", help="run again what results/fit already has")
     fit.add_argument("--runtime-min", type=positive(float), default=60, help="each run's time limit")
     fit.set_defaults(func=cmd_fit)
+
+    comm = sub.add_parser("commbench", help="bus bandwidth and latency of each collective on this host",
+                          description="Time all-reduce, all-gather, reduce-scatter, broadcast, send/recv and "
+                                      "all-to-all through torch.distributed on --ranks GPUs of this host (or "
+                                      "CPU ranks with gloo), from --min-bytes to --max-bytes, and write "
+                                      "algorithm and bus bandwidth as nccl-tests reports them, with the "
+                                      "host's provenance (docs/communication.md). Results: "
+                                      "results/comm/<name>.json and .csv.")
+    comm.add_argument("--ranks", type=positive(int), default=2, help="GPUs (or CPU ranks) to span")
+    comm.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    comm.add_argument("--name", help="the interconnect's name (default: the GPU type and ranks, h200-x2)")
+    comm.add_argument("--out", help="the JSON file to write (default: results/comm/<name>.json)")
+    comm.add_argument("--collectives", nargs="+", default=["all_reduce", "all_gather", "reduce_scatter",
+                                                           "broadcast", "send_recv", "all_to_all"])
+    comm.add_argument("--min-bytes", default="1K")
+    comm.add_argument("--max-bytes", help="the largest message (default: 1G on GPUs, 4M on CPU ranks)")
+    comm.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    comm.add_argument("--warmup", type=positive(int), default=5)
+    comm.add_argument("--iters", type=positive(int), default=20, help="operations timed back to back")
+    comm.add_argument("--repeats", type=positive(int), default=5, help="timed rounds per size (median kept)")
+    comm.set_defaults(func=cmd_commbench)
 
     search = sub.add_parser("search-summary", help="write a max-batch search's result from its probes")
     search.add_argument("--output", required=True)

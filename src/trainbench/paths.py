@@ -36,6 +36,9 @@ PLOTS_INDEX = "plots.json"
 PLOTS_LOG = "results/logs/plots/{study}.log"
 DATASET = "results/dataset/cells.parquet"  # every study's cells, one long table (reporting/dataset.py)
 DATASET_LOG = "results/logs/dataset.log"
+# the collectives' bus bandwidth over `ranks` GPUs of one host (`trainbench commbench`)
+COMMBENCH = "results/comm/{interconnect}-x{ranks}.json"
+COMMBENCH_LOG = "results/comm/{interconnect}-x{ranks}.log"
 # the study's page (the report's): beside its table, so that a clone has it, as it has the table
 STUDY_PAGE = "results/tables/{study}.html"
 STUDY_PAGE_LOG = "results/logs/report/{study}.log"

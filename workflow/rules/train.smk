@@ -30,3 +30,24 @@ for train_rule, studies in WORKFLOW.train_rules():
             "trainbench run-cell --study {wildcards.study} --cell {wildcards.cell} --params {params.cell:q}"
             " --retries {resources.cell_retries} --cpus-per-rank {resources.cpus_per_rank}"
             " --runtime-min {resources.cell_runtime} --timing {resources.timing} --output {output.metrics} > {log} 2>&1"
+
+
+# The collectives' bus bandwidth and latency over {ranks} GPUs of this host, {interconnect} naming
+# their type ("cpu": gloo ranks): `snakemake results/comm/h200-x2.json` (docs/communication.md).
+rule commbench:
+    output:
+        table=paths.COMMBENCH,
+    log:
+        paths.COMMBENCH_LOG,
+    wildcard_constraints:
+        interconnect=r"[a-z0-9][a-z0-9-]*",
+        ranks=r"\d+",
+    conda:
+        "../../envs/train.yaml"
+    resources:
+        gpu=lambda wildcards: 0 if wildcards.interconnect == "cpu" else int(wildcards.ranks),
+    params:
+        device=lambda wildcards: "cpu" if wildcards.interconnect == "cpu" else "cuda",
+    shell:
+        "trainbench commbench --ranks {wildcards.ranks} --device {params.device}"
+        " --name {wildcards.interconnect}-x{wildcards.ranks} --out {output.table} > {log} 2>&1"
