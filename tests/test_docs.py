@@ -203,3 +203,21 @@ def test_the_results_page_gives_each_campaign_the_verdicts_its_table_gives():
         said = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
         assert f"**{said}.**" in " ".join(sections[study].split()), (
             f"docs/results.md, {study}: its tally is not {said}")
+
+
+# --- docs/communication.md: its bandwidth table is the published commbench table's own ---------------------
+
+def test_the_bandwidth_table_of_the_communication_page_is_the_published_one():
+    text = (REPO / "docs" / "communication.md").read_text()
+    sizes = {"1 MiB": 1 << 20, "16 MiB": 1 << 24, "64 MiB": 1 << 26, "1 GiB": 1 << 30}
+    header = next(line for line in text.splitlines() if line.startswith("| collective |"))
+    columns = [c.strip() for c in header.strip("|").split("|")][1:]
+    with open(REPO / "results" / "comm" / "h200-x2.csv") as f:
+        published = {(row["collective"], int(row["size_bytes"])): float(row["busbw_gb_s"])
+                     for row in csv.DictReader(f)}
+    shown = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+             if line.startswith("| ") and line.split("|")[1].strip() in {c for c, _ in published}]
+    assert len(shown) == 6 and columns == list(sizes)
+    for collective, *figures in shown:
+        for column, figure in zip(columns, figures):
+            assert figure == f"{published[collective, sizes[column]]:.1f}", (collective, column)
