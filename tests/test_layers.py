@@ -17,7 +17,7 @@ import trainbench
 
 PACKAGE = Path(trainbench.__file__).parent
 SHARED = {"errors", "paths"}  # imported by every stage; import no stage themselves
-TOP = {"cli", "fit", "workflow", "__main__", "__init__"}  # sit on all stages
+TOP = {"cli", "fit", "commbench", "workflow", "__main__", "__init__"}  # sit on all stages
 
 
 def module_name(path: Path) -> str:

@@ -163,6 +163,12 @@ HOW: dict[str, How] = {
     "trainbench references baseline": How("run", "baseline's published cells are within their references"),
     "trainbench history --seed": How("run", "adds nothing to a clone's published histories"),
     "trainbench query": How("name", "the command's name; its full forms are run"),
+    "trainbench commbench": How("name", "the command's name; its forms are below"),
+    "trainbench commbench --help": How("run"),
+    "trainbench commbench --device cpu --ranks 2": How("run", "two gloo ranks: a table of the CPU's own"),
+    "trainbench commbench --ranks 4": How("elsewhere", "4 GPUs; tests/test_commbench.py times CPU ranks"),
+    "snakemake -c all results/comm/h200-x2.json": How(
+        "elsewhere", "2 H200s; tests/test_commbench.py runs the rule for CPU ranks (cpu-x2)"),
     "trainbench query \"metric == 'mfu' and p_strategy == 'zero3'\"": How("run"),
     "trainbench query \"metric == 'mfu' and p_strategy == 'zero3' and source == 'measured'\"": How("run"),
     "trainbench query \"metric == 'gpu_mem_used_max_mib' and p_strategy == 'fsdp'\" --columns "

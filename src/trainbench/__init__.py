@@ -11,7 +11,8 @@ it (tests/test_layers.py holds them to it, and to no import cycle):
     reporting  tables, findings, plots, report, compare, cost, progress, freshness
     checks     how good the memory and time models are on the published results (`check-models`)
 
-`errors` and `paths` are shared by all; `cli`, `fit` and `workflow` (the Snakefile's side) sit on top.
+`errors` and `paths` are shared by all; `cli`, `fit`, `commbench` and `workflow` (the Snakefile's side)
+sit on top.
 ARCHITECTURE.md draws the picture.
 """
 
