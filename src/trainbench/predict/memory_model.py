@@ -256,6 +256,10 @@ def model_states(params: CellParams, spec: ModelSpec) -> tuple[dict[str, float],
         states = {"weights": 4 * psi / n, "gradients": 4 * psi / n, "optimizer": 8 * psi / n}
         (host if offload_param else device).update(states)
         device["buffers"] = in_flight
+        if (params.fsdp_reshard or "after_forward") != "after_forward":
+            # every block's gathered weights kept from its forward to its backward (or the whole step):
+            # at the end of forward all are unsharded, two of them counted in flight above
+            device["unsharded_weights"] = max(0, spec.n_layer - 2) * block * compute
         if params.grad_accum > 1 and memory.fsdp_accumulates_unsharded:
             # Accumulating under FSDP1's no_sync keeps every unit's unsharded gradient, in the
             # compute dtype, until the synchronising micro batch: compute x psi on every rank,

@@ -322,14 +322,17 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
         overlapped = 2 * ring * 4 * psi / dp_link
         budget = 2 / 3 / ga  # the last micro batch's backward
     elif layout == "fsdp" and dp > 1:
-        # weights gathered for forward and backward of every micro batch, gradients reduce-scattered
-        # once (accumulation without synchronisation), in the framework's reduce dtype (torch's FSDP2: fp32)
+        # weights gathered for forward and backward of every micro batch (fsdp_reshard: fewer), gradients
+        # reduce-scattered once (accumulation without synchronisation), in the framework's reduce dtype
+        # (torch's FSDP2: fp32)
         reduce_bytes = framework.memory.fsdp_reduce_bytes or weight_bytes
         gathered = weight_bytes * psi
         if params.float8_all_gather:  # the float8 layers' weights gathered in float8, 1 byte each
             gathered -= (weight_bytes - 1) * float8_linear_params(params, spec)
-        overlapped = (2 * ga * gathered + reduce_bytes * psi) * ring / dp_link
-        calls += (2 * ga + 1) * spec.n_layer
+        # gathered for forward and again for backward, or kept to backward, or kept for the whole step
+        gathers = {"after_backward": ga, "after_step": 1}.get(params.fsdp_reshard or "", 2 * ga)
+        overlapped = (gathers * gathered + reduce_bytes * psi) * ring / dp_link
+        calls += (gathers + 1) * spec.n_layer
     elif layout == "zero":
         grad_bytes = weight_bytes
         hides = params.overlap_comm if params.overlap_comm is not None else (

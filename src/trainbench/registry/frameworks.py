@@ -46,7 +46,7 @@ class CellParams(Protocol):
 # whether a strategy offloads: never, if the cell asks, itself
 NO, OPTIONAL, ALWAYS = "no", "optional", "always"
 # parameters only some runners read: a cell that sets one for a runner that ignores it is refused
-OPTIONAL_SETTINGS = ("overlap_comm", "dataset_path", "pretrained_path", "float8")
+OPTIONAL_SETTINGS = ("overlap_comm", "dataset_path", "pretrained_path", "float8", "fsdp_reshard")
 # switches (off by default) only some runners honour: a cell may turn one on only for those
 OPTIONAL_SWITCHES = ("checkpoint_in_cpu", "float8_all_gather")
 
@@ -233,7 +233,8 @@ register(Framework(
                  "tensor parallel", layout="fsdp", offload_param=OPTIONAL, tensor_parallel=SHARDED_TP),
     ),
     MemoryFacts(fsdp_casts_parameters=True, replicated_gradients_freed=True, fsdp_reduce_bytes=4),
-    honours=("checkpoint_in_cpu", "float8", "float8_all_gather"), time=TimeFacts(loop_step_s=0.005),
+    honours=("checkpoint_in_cpu", "float8", "float8_all_gather", "fsdp_reshard"),
+    time=TimeFacts(loop_step_s=0.005),
     compiles=("gpt",)))
 
 register(Framework(

@@ -313,6 +313,9 @@ def check_cell(p: CellParams) -> tuple[list[tuple[str, str]], str | None]:
         errors.append(("float8_all_gather", "all-gathers FSDP2's tensorwise float8 weights in float8 "
                                             "(torchao has none for rowwise scales); set float8: tensorwise "
                                             "and strategy: fsdp, or leave it off"))
+    if p.fsdp_reshard and p.strategy != "fsdp":
+        errors.append(("fsdp_reshard", f"chooses when FSDP2 frees gathered parameters; strategy "
+                                       f"{p.strategy!r} gathers none: set strategy: fsdp, or leave it unset"))
     if p.checkpoint_in_cpu and not p.activation_checkpointing:
         errors.append(("checkpoint_in_cpu", "keeps checkpointed activations in host memory; set "
                                             "activation_checkpointing: true"))

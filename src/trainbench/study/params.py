@@ -183,6 +183,14 @@ class CellParams:
         "bytes), their scales computed in one all-reduce after each optimizer step "
         "(precompute_float8_dynamic_scale_for_fsdp), as torchtitan's float8 runs do. torch framework.",
         optional=True)
+    fsdp_reshard: str | None = param(None, "torch FSDP2: when a block's gathered parameters are freed. "
+        "after_forward: after its forward, and again after its backward on every micro batch (FSDP2's "
+        "default, the least memory: 2 x grad_accum all-gathers of each block a step); after_backward: kept "
+        "from forward to backward (reshard_after_forward=False: grad_accum all-gathers, the whole model "
+        "unsharded at the end of forward); after_step: kept across an accumulation's micro batches and "
+        "freed after the last backward (set_reshard_after_backward on that one only: one all-gather a "
+        "step). Null: after_forward.",
+        choices=("after_forward", "after_backward", "after_step"), optional=True)
     ort: bool = param(False, "Run the model under ONNX Runtime training (ORTModule).")
     compile: bool = param(False, "Compile the model with torch.compile.")
     lr: float = param(0.0001, "Peak learning rate.",

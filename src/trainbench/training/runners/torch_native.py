@@ -172,10 +172,13 @@ class TorchRunner(StepRunner):
             options["mp_policy"] = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
         if self.p.offload_param:
             options["offload_policy"] = CPUOffloadPolicy(pin_memory=self.ctx.is_cuda and self.p.pin_memory)
+        # FSDP2 frees a block's gathered weights after its forward unless the cell keeps them to its
+        # backward, or across the accumulation (_gradient_sync)
+        keep_to_backward = (self.p.fsdp_reshard or "after_forward") != "after_forward"
         for block in model.blocks:
             if self.p.compile:
                 block.compile()
-            fully_shard(block, **options)
+            fully_shard(block, reshard_after_forward=not keep_to_backward, **options)
         if self.p.compile and self.tp == 1 and isinstance(model, GPT):
             # the loss outside the compiled blocks, compiled too; under tensor parallelism it runs on
             # vocabulary shards under loss_parallel, eager
@@ -206,6 +209,8 @@ class TorchRunner(StepRunner):
             return self.wrapped.no_sync()
         if self.sharded:
             self.inner.set_requires_gradient_sync(last_micro_batch)
+            if self.p.fsdp_reshard == "after_step":  # gathered once a step, freed after the last backward
+                self.inner.set_reshard_after_backward(last_micro_batch)
         return contextlib.nullcontext()
 
     def _loss_context(self):
@@ -282,7 +287,10 @@ class TorchRunner(StepRunner):
                 "mesh": [self.ctx.world_size // self.tp, self.tp] if self.tp > 1 else [self.ctx.world_size],
                 "mp_policy": None if self.p.precision == "fp32" else {"param_dtype": str(self.dtype),
                                                                         "reduce_dtype": "torch.float32"},
-                "offload_policy": "CPUOffloadPolicy" if self.p.offload_param else None}
+                "offload_policy": "CPUOffloadPolicy" if self.p.offload_param else None,
+                "reshard_after_forward": (self.p.fsdp_reshard or "after_forward") == "after_forward",
+                "reshard_after_backward": "last micro batch only" if self.p.fsdp_reshard == "after_step"
+                else True}
         return config
 
     def optimizer_steps_skipped(self) -> int | None:
