@@ -577,7 +577,9 @@ def throughput_figures(docs: list[Doc], id_keys: list[str], title: str, panel_ke
 # --- scaling ----------------------------------------------------------------------------------------------
 
 # what sets a scaling series apart from its neighbours at other GPU counts: the rest are the same set-up
-SCALED = ("strategy", "framework", "gpus", "nodes")
+SCALED = ("strategy", "framework", "gpus", "nodes", "fsdp_reshard")
+# settings of a strategy that a one-GPU cell has none of: they name a series of their own
+STRATEGY_SETTINGS = ("fsdp_reshard",)
 
 
 @dataclass
@@ -595,11 +597,17 @@ def _samples(doc: Doc, measured: bool) -> float | None:
     return time_prediction(doc).get("samples_per_s")
 
 
-def scalings(docs: list[Doc], id_keys: list[str]) -> list[Scaling]:
+def _series_name(doc: Doc) -> str:
+    name = value_label("strategy", doc["params"].get("strategy"))
+    settings = [f"{key} {doc['params'][key]}" for key in STRATEGY_SETTINGS if doc["params"].get(key)]
+    return f"{name} ({', '.join(settings)})" if settings else name
+
+
+def scalings(docs: list[Doc], id_keys: list[str], counts: int = 2) -> list[Scaling]:
     """The study's strategies scaled over GPU counts from a one-GPU cell of the same set-up (the same
-    values of every key but SCALED): a strategy needs two GPU counts or more, above one, and the set-up
-    a one-GPU cell that did not emulate a larger world (the plain one-GPU run where several strategies
-    ran on one GPU). None for a study that scales nothing so."""
+    values of every key but SCALED): a strategy needs `counts` GPU counts or more, above one, and the
+    set-up a one-GPU cell that did not emulate a larger world (the plain one-GPU run where several
+    strategies ran on one GPU). None for a study that scales nothing so."""
     same = [k for k in id_keys if k not in SCALED]
     found = []
     for group in _grouped([d for d in docs if not d["params"].get("emulate")], same):
@@ -607,9 +615,9 @@ def scalings(docs: list[Doc], id_keys: list[str]) -> list[Scaling]:
         several = [d for d in group if (d["params"].get("gpus") or 1) > 1]
         series: dict[str, list[Doc]] = {}
         for doc in several:
-            series.setdefault(value_label("strategy", doc["params"].get("strategy")), []).append(doc)
+            series.setdefault(_series_name(doc), []).append(doc)
         series = {name: sorted(cells, key=lambda d: d["params"]["gpus"]) for name, cells in series.items()
-                  if len({d["params"]["gpus"] for d in cells}) >= 2}
+                  if len({d["params"]["gpus"] for d in cells}) >= counts}
         plain = [d for d in alone if d["params"].get("strategy") not in {c["params"].get("strategy")
                                                                           for c in several}] or alone
         if series and len(plain) == 1:
@@ -623,9 +631,10 @@ def scalings(docs: list[Doc], id_keys: list[str]) -> list[Scaling]:
 def with_scaling(docs: list[Doc], id_keys: list[str]) -> list[Doc]:
     """Each scaled cell with its efficiency against the one-GPU cell of its set-up (`scaling`: the
     figure, the reference cell, and whether both ran on one machine by their host ids: None where a
-    result predates the id), for the table's `scaling_efficiency` column."""
+    result predates the id), for the table's `scaling_efficiency` column: a cell of one GPU count has
+    one too, where a plot needs two."""
     found = {}
-    for scaling in scalings(docs, id_keys):
+    for scaling in scalings(docs, id_keys, counts=1):
         ref = scaling.reference
         for cells in scaling.series.values():
             for doc in cells:
