@@ -34,7 +34,8 @@ def test_every_collective_is_timed_at_every_size_with_nccl_tests_bandwidths(cpu_
     assert {c for c, _ in measured} >= {"all_reduce", "all_gather", "broadcast", "send_recv"}
     for row in doc["rows"]:
         assert row["time_us_min"] <= row["time_us"] <= row["time_us_max"]
-        assert row["algbw_gb_s"] == pytest.approx(row["size_bytes"] / row["time_us"] / 1e3, rel=1e-2, abs=1e-4)
+        algbw = row["size_bytes"] / row["time_us"] / 1e3
+        assert row["algbw_gb_s"] == pytest.approx(algbw, rel=1e-2, abs=1e-4)
         # two ranks: an all-reduce's bus moves 2(n-1)/n = 1 x the buffer, an all-gather's (n-1)/n = 1/2
         factor = {"all_reduce": 1.0, "broadcast": 1.0, "send_recv": 1.0}.get(row["collective"], 0.5)
         assert row["busbw_gb_s"] == pytest.approx(row["algbw_gb_s"] * factor, rel=1e-2, abs=1e-4)

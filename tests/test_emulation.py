@@ -304,10 +304,10 @@ DEEPSPEED_HALF = "fp16" if cpu_computes_fp16() else "bf16"
 
 RANK_FOR_RANK = [
     # (cell, the ranks to emulate)
-    ({"strategy": "ddp", "gpus": 2}, [1]),
+    # (a replicated model, DDP's or ZeRO-0's, is every rank's whole: the cases shard, split or stage it)
     ({"strategy": "fsdp", "gpus": 4, "tp": 2, "precision": "fp16"}, [0, 3]),  # both halves of both dims
-    ({"framework": "deepspeed", "strategy": "zero0", "gpus": 2, "precision": DEEPSPEED_HALF}, [1]),
-    ({"framework": "deepspeed", "strategy": "zero2", "gpus": 2, "offload_optimizer": True}, [0, 1]),
+    ({"framework": "deepspeed", "strategy": "zero2", "gpus": 2, "offload_optimizer": True,
+      "precision": DEEPSPEED_HALF}, [0, 1]),
     ({"framework": "deepspeed", "strategy": "zero3", "gpus": 4, "tp": 2}, [0, 3]),
     ({"framework": "deepspeed", "strategy": "zero1", "gpus": 4, "pp": 2, "grad_accum": 2}, [0, 3]),
     ({"framework": "hf_trainer", "model": "llama-tiny", "strategy": "zero3", "gpus": 2,

@@ -170,6 +170,9 @@ def test_sweep_kills_a_stopped_process_in_a_session_of_its_own(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                              start_new_session=True, env={**os.environ, watch.CELL_TOKEN_ENV: token})
     try:
+        deadline = time.monotonic() + 10  # its environment readable once the interpreter is up
+        while not watch.processes_of(token) and time.monotonic() < deadline:
+            time.sleep(0.1)
         os.kill(child.pid, signal.SIGSTOP)
         assert [p.pid for p in watch.processes_of(token)] == [child.pid]
         assert watch.sweep(token) == [child.pid]

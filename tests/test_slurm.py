@@ -126,15 +126,16 @@ def test_the_smoke_study_through_slurm_is_one_job_per_cell_and_the_local_table_s
 
 
 def test_two_gpu_cells_get_two_devices_each_and_never_more_than_four_at_once(workflow):
-    """Six cells of 2 GPUs on a node of 4: SLURM runs two at a time with disjoint devices.
+    """Four cells of 2 GPUs, all submitted at once, on a node of 4: SLURM runs two at a time with
+    disjoint devices.
 
     The GPUs are character devices, so each cell's ranks fail once they try CUDA (status
     `failed`); what is checked is what SLURM gave each cell, and when.
     """
     study = tiny_study(strategy="ddp", device="cuda", gpus=2)
-    study["axes"] = {"seed": list(range(6))}
+    study["axes"] = {"seed": list(range(4))}
     workflow.write_config({"studies": {"g": study}})
-    workflow.snakemake("results/tables/g.md", *PROFILE, "-j", "6", *ON_PARTITION, timeout=900)
+    workflow.snakemake("results/tables/g.md", *PROFILE, "-j", "4", *ON_PARTITION, timeout=900)
     intervals, jobs = [], set()
     for path in sorted(workflow.path("results/runs/g").glob("*/metrics.json")):
         doc = json.loads(path.read_text())
@@ -143,7 +144,7 @@ def test_two_gpu_cells_get_two_devices_each_and_never_more_than_four_at_once(wor
         assert len(devices) == 2 and prov["slurm_job_gpus"]
         intervals.append((devices, prov["started"], prov["ended"]))
         jobs.add(prov["slurm_job_id"])
-    assert len(intervals) == 6 and len(jobs) == 6
+    assert len(intervals) == 4 and len(jobs) == 4
     assert_never_shared(intervals)
     assert max_in_use(intervals) <= 4
 
@@ -367,7 +368,8 @@ def test_a_rank_killed_in_a_slurm_job_ends_the_job_and_the_next_run_makes_one_re
         if proc.poll() is None:
             proc.kill()
     doc = json.loads(workflow.path(cell.target).read_text())
-    assert doc["status"] == "failed" and doc.get("failure") == "infrastructure", (doc["reason"], output[-3000:])
+    assert doc["status"] == "failed" and doc.get("failure") == "infrastructure", (doc["reason"],
+                                                                                  output[-3000:])
     assert "rank 1 on" in doc["reason"] and "SIGKILL" in doc["reason"] and doc["provenance"]["slurm_job_id"]
     assert time.monotonic() - killed < 120  # the job's end included: not its time limit
     assert not [p for p in psutil_worker_processes(workflow.root)]
