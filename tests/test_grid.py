@@ -196,7 +196,7 @@ def test_stack_limits_make_cells_unsupported_not_errors():
 def test_the_five_studies_and_smoke_expand(repo):
     config = load_config(repo / "config.yaml")
     counts = {name: len(s.cells) for name, s in config.studies.items()}
-    assert counts["smoke"] == 8
+    assert counts["smoke"] == 6
     assert counts["lightning"] == 8  # 7 strategies on 4 GPUs and one GPU
     # (4 stages + offload at stages 1-3) x 3 precisions x ORT on/off
     assert counts["gpt2_zero"] == (4 + 3) * 3 * 2
