@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainbench.errors import UsageError
+from trainbench.execute.gpus import NotEnoughGpus, devices_for_cell
+from trainbench.execute.launch import FIXED_ENVIRONMENT
 
 SCHEMA_VERSION = 1
 DEFAULT_MIN_BYTES = 1 << 10
@@ -240,7 +242,9 @@ def _provenance(device: str, ranks: int) -> dict[str, Any]:
 
     facts = host_facts()
     facts.pop("packages", None)  # the versions of the main packages are enough for a bandwidth table
-    gpus = gpu_facts([str(i) for i in range(ranks)]) if device == "cuda" else {}
+    leased = os.environ.get("CUDA_VISIBLE_DEVICES")  # as NVML names them: the lease's, or every GPU's
+    devices = leased.split(",") if leased else [str(i) for i in range(ranks)]
+    gpus = {**gpu_facts(devices), "cuda_visible_devices": leased} if device == "cuda" else {}
     import torch
 
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if device == "cuda" else None
@@ -256,14 +260,6 @@ def write(doc: dict[str, Any], out: Path) -> None:
     header = list(Row.__dataclass_fields__)
     lines = [",".join(header)] + [",".join(str(row[k]) for k in header) for row in doc["rows"]]
     out.with_suffix(".csv").write_text("\n".join(lines) + "\n")
-
-
-def read(path: Path) -> dict[str, Any]:
-    doc = json.loads(Path(path).read_text())
-    if doc.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(f"{path}: commbench schema {doc.get('schema_version')}, this version reads "
-                         f"{SCHEMA_VERSION}: run `trainbench commbench` again")
-    return doc
 
 
 # --- the command -----------------------------------------------------------------------------------------
@@ -304,11 +300,21 @@ def run(*, ranks: int, device: str, out: Path | None, collectives: list[str],
                "-m", "trainbench.commbench", "--device", device, "--out", str(out), "--name", name,
                "--dtype", dtype, "--warmup", str(warmup), "--iters", str(iters), "--repeats", str(repeats),
                "--collectives", *collectives, "--sizes", *map(str, sizes_between(min_bytes, max_bytes))]
-    env = dict(os.environ)
+    # the cells' fixed settings (NCCL's and CUDA's among them): the table speaks for what they run with
+    env = {**os.environ, **FIXED_ENVIRONMENT}
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
         env.setdefault("OMP_NUM_THREADS", "1")
-    done = subprocess.run(command, env=env)
+        done = subprocess.run(command, env=env)
+    else:
+        # GPUs leased as a cell leases them, with the machine to itself: no cell shares its links
+        try:
+            with devices_for_cell(ranks, alone=True,
+                                  on_wait=lambda: print(f"commbench: waiting for {ranks} free GPUs and the "
+                                                        "machine to itself", flush=True)) as devices:
+                done = subprocess.run(command, env={**env, "CUDA_VISIBLE_DEVICES": ",".join(devices)})
+        except NotEnoughGpus as error:
+            raise UsageError(f"--ranks {ranks}: {error}") from None
     if done.returncode == 0 and out.exists():
         print(f"commbench: {out} and {out.with_suffix('.csv')}")
     return done.returncode
