@@ -256,7 +256,7 @@ def model_states(params: CellParams, spec: ModelSpec) -> tuple[dict[str, float],
         states = {"weights": 4 * psi / n, "gradients": 4 * psi / n, "optimizer": 8 * psi / n}
         (host if offload_param else device).update(states)
         device["buffers"] = in_flight
-        if (params.fsdp_reshard or "after_forward") != "after_forward":
+        if params.fsdp_reshard in ("after_backward", "after_step"):
             # every block's gathered weights kept from its forward to its backward (or the whole step):
             # at the end of forward all are unsharded, two of them counted in flight above
             device["unsharded_weights"] = max(0, spec.n_layer - 2) * block * compute

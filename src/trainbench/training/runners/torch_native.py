@@ -174,7 +174,7 @@ class TorchRunner(StepRunner):
             options["offload_policy"] = CPUOffloadPolicy(pin_memory=self.ctx.is_cuda and self.p.pin_memory)
         # FSDP2 frees a block's gathered weights after its forward unless the cell keeps them to its
         # backward, or across the accumulation (_gradient_sync)
-        keep_to_backward = (self.p.fsdp_reshard or "after_forward") != "after_forward"
+        keep_to_backward = self.p.fsdp_reshard in ("after_backward", "after_step")
         for block in model.blocks:
             if self.p.compile:
                 block.compile()
@@ -288,7 +288,7 @@ class TorchRunner(StepRunner):
                 "mp_policy": None if self.p.precision == "fp32" else {"param_dtype": str(self.dtype),
                                                                         "reduce_dtype": "torch.float32"},
                 "offload_policy": "CPUOffloadPolicy" if self.p.offload_param else None,
-                "reshard_after_forward": (self.p.fsdp_reshard or "after_forward") == "after_forward",
+                "reshard_after_forward": self.p.fsdp_reshard not in ("after_backward", "after_step"),
                 "reshard_after_backward": "last micro batch only" if self.p.fsdp_reshard == "after_step"
                 else True}
         return config
