@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import sys
 
 import pytest
 
 from trainbench import commbench
 from trainbench.errors import UsageError
 
-from conftest import Workflow, tiny_study
+from conftest import REPO, Workflow, tiny_study
 
 
 @pytest.fixture(scope="module")
@@ -67,3 +69,14 @@ def test_bad_input_is_refused_by_name(tmp_path):
         commbench.parse_bytes("lots")
     assert commbench.parse_bytes("64M") == 64 << 20 and commbench.parse_bytes("1GiB") == 1 << 30
     assert not (tmp_path / "x.json").exists()
+
+
+def test_the_published_repeat_comparison_is_what_its_command_prints_from_the_published_tables():
+    """results/bench/commbench/h200-x2-repeat.txt: the figures docs/communication.md gives for how
+    well the table repeats, made again from the two committed tables by the command it names."""
+    published = (REPO / "results/bench/commbench/h200-x2-repeat.txt").read_text()
+    command = published.splitlines()[0].removeprefix("command: ").split()
+    again = subprocess.run([sys.executable, *command[1:]], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout
+    assert again == published
+    assert "16 MiB and more: 24 rows, |difference| median 0.23%, worst 5.51%" in published
