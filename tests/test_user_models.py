@@ -6,6 +6,7 @@ them."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import shutil
 
@@ -14,8 +15,12 @@ import pytest
 import torch
 
 from trainbench.errors import ConfigError
+from trainbench.predict.memory_model import shard_params
+from trainbench.predict.time_model import work
+from trainbench.registry.hardware import gpu_type
 from trainbench.registry import models as registry
 from trainbench.study.config import load_config
+from trainbench.study.params import CellParams
 from trainbench.workflow import load_checked
 
 from conftest import FAST_TIMING, REPO, Workflow, tiny_study
@@ -64,6 +69,9 @@ CASES = {
     "max_seq given to a transformers model": (
         {"m": {"hf": ARCHITECTURES["qwen2"], "max_seq": 64}},
         "models.m.max_seq: a transformers model takes it from its config"),
+    "a tensor-parallel style no one knows": (
+        {"m": {**FACTORY, "tp_plan": {"blocks.*.up": "diagonal"}}},
+        "models.m.tp_plan.blocks.*.up: 'diagonal' is not a style; known: colwise, rowwise"),
 }
 
 
@@ -90,6 +98,12 @@ BUILD_CASES = {
     "a factory that returns no module": ({"m": FACTORY}, "models.m.factory", "returned"),
     "no block of that class": ({"m": {**FACTORY, "block": "Layer"}},
                                "models.m.block: no module of class 'Layer' in the model", "Block"),
+    "a tensor-parallel plan naming no layer": (
+        {"m": {**FACTORY, "tp_plan": {"blocks.*.mlp.up": "colwise"}}},
+        "models.m.tp_plan: 'blocks.*.mlp.up' names no module"),
+    "a tensor-parallel plan splitting a norm": (
+        {"m": {**FACTORY, "tp_plan": {"blocks.*.norm_1": "colwise"}}},
+        "models.m.tp_plan: blocks.0.norm_1 is a RMSNorm"),
 }
 
 
@@ -125,6 +139,58 @@ def test_a_forward_that_gives_no_loss_is_refused(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"models.m: one training step of the model on fake tensors failed "
                                           r"\(TypeError: .*not the mean loss"):
         load_checked(config_with({"m": model}, seq_len=8))
+
+
+# --- split by a tensor-parallel plan --------------------------------------------------------------------
+
+def test_tensor_parallelism_splits_by_the_models_plan_or_says_why_it_cannot(monkeypatch):
+    """transformers' published plan, or the definition's own (here the MLP alone of the factory's model):
+    the checks name the sizes tp must divide, and what has no plan, or no runner that splits by one, is
+    unsupported with the reason."""
+    monkeypatch.chdir(REPO)
+    models = {"qwen2": {"hf": ARCHITECTURES["qwen2"]},
+              "gpt2": {"hf": {"model_type": "gpt2", "n_embd": 32, "n_layer": 2, "n_head": 4,
+                              "vocab_size": 256, "n_positions": 128}},
+              "mlp-split": {**FACTORY, "tp_plan": {"blocks.*.up": "colwise", "blocks.*.down": "rowwise"}},
+              "mine": FACTORY}
+    include = [{"model": "qwen2", "gpus": 4, "tp": 4}, {"model": "qwen2", "gpus": 2, "tp": 2},
+               {"model": "gpt2", "gpus": 2, "tp": 2}, {"model": "mlp-split", "gpus": 2, "tp": 2},
+               {"model": "mine", "gpus": 2, "tp": 2},
+               {"model": "qwen2", "framework": "deepspeed", "strategy": "zero3", "gpus": 2, "tp": 2}]
+    study = tiny_study(strategy="fsdp")
+    del study["settings"]["model"]
+    study["include"] = include
+    with pytest.raises(ConfigError) as raised:
+        load_config({"models": models, "studies": {"t": study}})
+    # Qwen2's 2 key/value heads do not split 4 ways
+    assert str(raised.value).count("tp=4 must divide qwen2's 4 heads and 2 key/value heads and 64 MLP width")
+    study["include"] = include[1:]
+    config = load_checked({"models": models, "studies": {"t": study}})
+    reasons = {(c.params.model, c.params.framework): c.unsupported for c in config.studies["t"].cells}
+    assert reasons[("qwen2", "torch")] is None and reasons[("mlp-split", "torch")] is None
+    assert "publishes no tensor-parallel plan for 'gpt2' (base_model_tp_plan); give the model a tp_plan" \
+        in reasons[("gpt2", "torch")]
+    assert "a factory's model splits by the tp_plan its definition gives" in reasons[("mine", "torch")]
+    assert "deepspeed zero3's tensor parallelism splits trainbench's GPT alone" \
+        in reasons[("qwen2", "deepspeed")]
+    # what the plan splits, counted from the model: the MLP's two weights of each block
+    facts = registry.get_model("mlp-split").facts
+    assert facts.tp_block_params == 2 * 32 * 4 * 32 and facts.tp_collectives_per_block == 2
+    assert facts.tp_other_params == 0  # the head is tied to the embedding: whole
+    spec = registry.get_model("mlp-split")
+    one, split = (facts.activations(spec, "half-16", "sdpa", 32, tp) for tp in (1, 2))
+    # a rank of two saves half of the MLP's hidden activations (its up output and GELU output), the rest
+    # whole
+    assert one.block_bytes - split.block_bytes == 2 * 32 * 4 * 32 * 2 / 2
+    assert one.outside_bytes == split.outside_bytes
+    # the time model: the MLP's matmuls split, the rest not; an all-reduce per split layer and micro batch
+    cells = {c.params.model: c.params for c in config.studies["t"].cells if c.params.framework == "torch"}
+    h200 = gpu_type("h200")
+    whole = work(dataclasses.replace(cells["mlp-split"], tp=1, gpus=1), h200)
+    halved = work(cells["mlp-split"], h200)
+    share = facts.tp_block_params / facts.block_params
+    assert whole.matmul_s * (1 - share / 2) < halved.matmul_s < whole.matmul_s
+    assert halved.calls - whole.calls == cells["mlp-split"].grad_accum * 2 * 2
 
 
 # --- counted from the model itself ----------------------------------------------------------------------
@@ -227,6 +293,7 @@ def test_your_models_train_on_your_tokens_under_every_framework_that_builds_them
         "phi3": [{"strategy": "fsdp", "emulate": True, "gpus": 4}],
         "mine": [{"strategy": "ddp"}, {"framework": "deepspeed", "strategy": "zero2"},
                  {"strategy": "fsdp", "tp": 2, "gpus": 2}],
+        "qwen2-tp": [{"strategy": "fsdp", "tp": 2, "gpus": 2}],  # split by transformers' plan for Qwen2
     }
     include = [{"model": model, **setup} for model, chosen in setups.items() for setup in chosen]
     study = {"description": "your models", "settings": {
@@ -234,6 +301,7 @@ def test_your_models_train_on_your_tokens_under_every_framework_that_builds_them
         "lr": 3e-3, "tokens": "tokens.bin"}, "include": include, "timing": dict(FAST_TIMING),
         "execution": {"runtime_min": 5, "cpus_per_rank": 1, "mem_mb_per_rank": 2000, "retries": 0}}
     models = {name: {"hf": config} for name, config in ARCHITECTURES.items()}
+    models["qwen2-tp"] = {"hf": {**ARCHITECTURES["qwen2"], "tie_word_embeddings": False}}
     models["mine"] = copy.deepcopy(FACTORY)
     flow.write_config({"default_studies": {"without_gpus": ["mine"]}, "models": models,
                        "studies": {"mine": study}})
@@ -243,8 +311,9 @@ def test_your_models_train_on_your_tokens_under_every_framework_that_builds_them
             for p in tmp_path.glob("results/runs/mine/*/metrics.json")}
     assert len(docs) == len(include)
     unsupported = [d for d in docs.values() if d["status"] == "unsupported"]
-    assert [d["params"]["tp"] for d in unsupported] == [2]  # tensor parallelism: a result saying why
-    assert "tensor parallelism splits trainbench's GPT" in unsupported[0]["reason"]
+    # a factory's model without a tensor-parallel plan: a result saying why
+    assert [(d["params"]["model"], d["params"]["tp"]) for d in unsupported] == [("mine", 2)]
+    assert "no tensor-parallel plan: a factory's model splits by the tp_plan" in unsupported[0]["reason"]
     trained = [d for d in docs.values() if d["status"] != "unsupported"]
     assert all(d["status"] == "ok" for d in trained), [(d["cell_id"], d["reason"]) for d in trained]
     for doc in trained:
@@ -256,6 +325,18 @@ def test_your_models_train_on_your_tokens_under_every_framework_that_builds_them
         assert doc["model"]["facts"]["n_blocks"] == 2 and doc["model"]["tokens"]["bytes"] == 80000
         assert doc["predicted"]["host_mem_mib"] > 0
     assert {d["params"]["framework"] for d in trained} == {"torch", "deepspeed", "hf_trainer"}
+    # split by the plan transformers publishes for Qwen2: attention and the MLP in every block, and the
+    # untied LM head; rank 0 holds what the memory model says it does
+    split = next(d for d in trained if d["params"]["tp"] == 2)
+    ran = json.loads((tmp_path / "results/runs/mine" / split["cell_id"] / "torch_config.json").read_text())
+    layers = ran["tensor_parallel"]["layers"]
+    assert layers["lm_head"] == "colwise_gather_output"
+    assert layers["model.layers.1.mlp.down_proj"] == "rowwise"
+    assert len(layers) == 2 * 7 + 1
+    load_checked(tmp_path / "config.yaml")  # the models registered and counted, as the workflow does
+    held = sum(split["metrics"]["params_per_module_rank0"].values())
+    psi = shard_params(CellParams.from_dict(split["params"]), registry.get_model("qwen2-tp"))
+    assert held == psi < split["metrics"]["params_total"]
     table = (tmp_path / "results/tables/mine.md").read_text()
     assert "predicted host mem" in table and "unsupported" in table
     facts = json.loads((tmp_path / "results/models/qwen2.json").read_text())

@@ -179,11 +179,15 @@ def engine(params: CellParams) -> tuple[str, int | None]:
 def vocab_parallel(params: CellParams) -> bool:
     """Whether the cell's tensor parallelism splits the token embedding and the tied LM head."""
     split = strategy_of(params).tensor_parallel
-    return params.tp > 1 and split is not None and split.vocab_parallel
+    # (a user's model splits by its plan: ModelFacts.tp_other_params says what it splits outside its blocks)
+    return (params.tp > 1 and split is not None and split.vocab_parallel
+            and not get_model(params.model).user_defined)
 
 
 def block_shard_params(params: CellParams, spec: ModelSpec) -> float:
     """Parameters of one block on one tensor-parallel rank."""
+    if spec.user_defined:  # what its plan splits (ModelFacts.tp_block_params), the rest whole
+        return spec.block_params() - spec.facts.tp_block_params * (1 - 1 / params.tp)
     if vocab_parallel(params):  # sharded: the norms and row-parallel biases stay whole
         whole = spec.block_whole_params()
         return (spec.block_params() - whole) / params.tp + whole
@@ -204,6 +208,8 @@ def shard_params(params: CellParams, spec: ModelSpec) -> float:
     psi = total - blocks + spec.n_layer * block_shard_params(params, spec)
     if vocab_parallel(params):
         psi -= (spec.vocab_size - -(-spec.vocab_size // params.tp)) * spec.d_model
+    if spec.user_defined:  # the layers its plan splits outside the blocks (an untied LM head)
+        psi -= spec.facts.tp_other_params * (1 - 1 / params.tp)
     return psi / params.pp
 
 
@@ -376,11 +382,13 @@ def _dtype_bytes(params: CellParams) -> tuple[int, int]:
 
 def traced(params: CellParams, spec: ModelSpec) -> ActivationTrace:
     """What a model of the user's saves for backward per sample, traced at the cell's precision mode
-    (the dtypes _dtype_bytes gives), attention kernel and length (trainbench.training.user_models)."""
+    (the dtypes _dtype_bytes gives), attention kernel and length, on one rank of its tensor-parallel
+    split (trainbench.training.user_models; a model without a plan splits nothing)."""
     compute, residual = _dtype_bytes(params)
     mode = "fp32" if compute == 4 else ("half-16" if residual == 2 else "autocast-16")
+    tp = params.tp if spec.facts.tp_collectives_per_block or spec.facts.tp_other_params else 1
     return spec.facts.activations(spec, mode, "eager" if params.attention == "eager" else "sdpa",
-                                  params.seq_len or spec.max_seq)
+                                  params.seq_len or spec.max_seq, tp)
 
 
 def block_bytes_per_token(params: CellParams, spec: ModelSpec) -> float:

@@ -253,9 +253,11 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
     block = spec.block_matmul_params()
     head = spec.matmul_params(params.head, params.num_classes) - spec.n_layer * block
     split_vocabulary = vocab_parallel(params)
-    if split_vocabulary:  # the LM head's columns split over the tensor-parallel ranks
-        head /= tp
-    linear = 6 * block * layers / tp + (2 * block * layers / tp if ac else 0)  # the blocks' matmuls
+    if split_vocabulary or (spec.user_defined and spec.facts.tp_other_params):
+        head /= tp  # the LM head's columns split over the tensor-parallel ranks
+    # the blocks' matmuls, split over the tensor-parallel ranks; a user's model, the share its plan splits
+    split = spec.facts.tp_block_params / spec.block_params() if spec.user_defined and tp > 1 else 1.0
+    linear = 6 * block * layers * (1 - split + split / tp) * (1 + ac / 3)
     # attention's FLOPs per token, per position it attends to and layer: PaLM's 12 d, or, for a model of
     # the user's, what torch's FLOP counter found (trainbench.training.user_models)
     per_position = spec.facts.attention_flops_per_position / spec.n_layer if spec.user_defined else 12 * d
@@ -310,7 +312,10 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
     if tp > 1:
         # per block 2 all-reduces forward and 2 backward (2 more recomputing); a vocabulary-parallel
         # embedding all-reduces its output, and the LM head's input gradient is all-reduced
-        reductions = ga * (layers * (4 + 2 * ac) + 2 * split_vocabulary)
+        # (a user's model: one per layer its plan splits, ModelFacts.tp_collectives_per_block, half of them
+        # again recomputing)
+        per_block = spec.facts.tp_collectives_per_block if spec.user_defined else 4
+        reductions = ga * (layers * per_block * (1 + ac / 2) + 2 * split_vocabulary)
         calls += reductions
         micro_link += reductions * 2 * (tp - 1) / tp * mb * seq * d * weight_bytes / tp_link
     if pp > 1:  # activations forward and their gradients backward, into and out of a middle stage

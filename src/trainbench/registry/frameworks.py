@@ -15,11 +15,12 @@ strategy any more), which makes the cell a result of status `unsupported` with t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from trainbench.registry.models import ModelSpec, known_models
+from trainbench.registry.models import TP_STYLES, ModelSpec, known_models, tensor_parallel_plan
 
 
 class CellParams(Protocol):
@@ -331,11 +332,12 @@ def check(params: CellParams) -> tuple[list[tuple[str, str]], str | None]:
             errors.append((key, f"{framework.name} strategy {name!r} has no {kind} parallelism; "
                                 f"strategies with it: {', '.join(splitters)}"))
     spec = known_models().get(params.model)
-    if params.tp > 1 and spec is not None and not spec.user_defined:  # (a user's model: unsupported)
-        if spec.n_head % params.tp or spec.ffn % params.tp:
+    if params.tp > 1 and spec is not None:
+        split = _tp_must_divide(spec)
+        if any(size % params.tp for size in split.values()):
             errors.append(("tp", "tensor parallelism splits heads and the MLP across ranks: "
-                                 f"tp={params.tp} "
-                                 f"must divide {spec.name}'s {spec.n_head} heads and MLP width {spec.ffn}"))
+                                 f"tp={params.tp} must divide {spec.name}'s "
+                                 f"{' and '.join(f'{size} {what}' for what, size in split.items())}"))
     if params.pp > 1 and spec is not None and not spec.user_defined and params.pp > spec.n_layer:
         errors.append(("pp", f"pp={params.pp} stages need at least as many layers; "
                              f"{params.model} has {spec.n_layer}"))
@@ -353,6 +355,21 @@ def check(params: CellParams) -> tuple[list[tuple[str, str]], str | None]:
     if params.launcher == "python" and params.gpus > 1:
         errors.append(("launcher", f"'python' starts one process; this cell has {params.gpus} ranks"))
     return errors, unsupported(params)
+
+
+def _tp_must_divide(spec: ModelSpec) -> dict[str, int]:
+    """The sizes tensor parallelism splits, by what they are: the heads and the MLP's width (of a
+    transformers model, what its config gives; a factory's model says none, and a size its plan cannot
+    split fails where the layer is split)."""
+    if not spec.user_defined:
+        return {"heads": spec.n_head, "MLP width": spec.ffn}
+    definition = json.loads(spec.definition)
+    if definition["kind"] != "hf":
+        return {}
+    config = definition["config"]
+    sizes = {"heads": spec.n_head if spec.n_head > 1 else None,
+             "key/value heads": config.get("num_key_value_heads"), "MLP width": spec.ffn_hidden or None}
+    return {what: size for what, size in sizes.items() if isinstance(size, int) and size > 0}
 
 
 def unsupported(params: CellParams) -> str | None:
@@ -377,10 +394,20 @@ def user_model_unsupported(params: CellParams) -> str | None:
     checkpoints). (A framework whose runner builds no such model: not_implemented.)"""
     if params.head != "lm":
         return "your models train as language models (head: lm): forward(input_ids, labels) gives the loss"
-    for key, what in (("tp", "tensor parallelism"), ("pp", "pipeline parallelism")):
-        if getattr(params, key) > 1:
-            return (f"{what} splits trainbench's GPT by its own layout; a model of your own trains under "
-                    "data parallelism and sharding (single, DDP, FSDP2, ZeRO 0-3, the Trainer)")
+    if params.pp > 1:
+        return ("pipeline parallelism splits trainbench's GPT by its own layout; a model of your own trains "
+                "under data parallelism, sharding and tensor parallelism (torch fsdp with tp)")
+    if params.tp > 1:
+        if strategy_of(params).tensor_parallel is not SHARDED_TP:
+            return (f"{params.framework} {params.strategy}'s tensor parallelism splits trainbench's GPT "
+                    "alone; a model of your own splits by its tensor-parallel plan under torch fsdp with tp")
+        plan, source = tensor_parallel_plan(json.loads(params.model_definition))
+        if plan is None:
+            return f"no tensor-parallel plan: {source}"
+        unknown = sorted({style for style in plan.values() if style not in TP_STYLES})
+        if unknown:
+            return (f"{source} splits layers as {', '.join(map(repr, unknown))}, which trainbench does not "
+                    f"apply (it applies {', '.join(TP_STYLES)})")
     for key, what in (("float8", "float8 training"), ("checkpoint_in_cpu", "checkpoints in host memory")):
         if getattr(params, key):
             return f"{what} is built into trainbench's GPT; a model of your own trains without it"

@@ -46,28 +46,69 @@ class ModelFacts:
     hidden: int  # the width of a block's input (the residual stream)
     n_blocks: int
     block_class: str
+    # under its tensor-parallel plan (`tensor_parallel_plan`; 0 where it has none): the parameters of the
+    # layers the plan splits, in one block (the mean) and outside the blocks (an untied LM head), and
+    # the collectives one block's forward and backward make (an all-reduce of each row-parallel output
+    # and of each column-parallel input's gradient)
+    tp_block_params: int = 0
+    tp_other_params: int = 0
+    tp_collectives_per_block: int = 0
     # activation traces by key (`trace_key`), filled as cells ask; `tracer` makes a missing one
     traces: dict[str, ActivationTrace] = field(default_factory=dict, compare=False, hash=False)
 
-    def activations(self, spec: ModelSpec, mode: str, attention: str, seq_len: int) -> ActivationTrace:
-        key = trace_key(mode, attention, seq_len)
+    def activations(self, spec: ModelSpec, mode: str, attention: str, seq_len: int,
+                    tp: int = 1) -> ActivationTrace:
+        key = trace_key(mode, attention, seq_len, tp)
         if key not in self.traces:
             if ACTIVATION_TRACER is None:
                 raise LookupError(f"model {spec.name!r}: no activation trace for {key} and no tracer "
                                   "loaded (trainbench.training.user_models installs it)")
-            self.traces[key] = ACTIVATION_TRACER(spec, mode, attention, seq_len)
+            self.traces[key] = ACTIVATION_TRACER(spec, mode, attention, seq_len, tp)
         return self.traces[key]
 
 
-def trace_key(mode: str, attention: str, seq_len: int) -> str:
+def trace_key(mode: str, attention: str, seq_len: int, tp: int = 1) -> str:
     """`mode`: fp32; autocast-16 (fp32 weights, matmuls in a 16-bit type: single, DDP); or half-16 (the
-    model in a 16-bit type: FSDP2's mixed precision, DeepSpeed). bf16 and fp16 save the same bytes."""
-    return f"{mode}/{attention}/{seq_len}"
+    model in a 16-bit type: FSDP2's mixed precision, DeepSpeed). bf16 and fp16 save the same bytes.
+    `tp`: one rank of the model split by its tensor-parallel plan."""
+    return f"{mode}/{attention}/{seq_len}" + (f"/tp{tp}" if tp > 1 else "")
 
 
 # Installed by trainbench.training.user_models (the training stage builds and traces models; the
-# registry sits below it): (spec, mode, attention, seq_len) -> ActivationTrace
-ACTIVATION_TRACER: Callable[[Any, str, str, int], ActivationTrace] | None = None
+# registry sits below it): (spec, mode, attention, seq_len, tp) -> ActivationTrace
+ACTIVATION_TRACER: Callable[[Any, str, str, int, int], ActivationTrace] | None = None
+
+# How a tensor-parallel plan may split a layer (transformers' names for PyTorch's DTensor styles):
+# colwise splits a linear layer's output features (its input whole), rowwise its input features (its
+# output all-reduced; on an embedding, the vocabulary); the gathered and split variants hand whole
+# tensors to the code around the layer; embedding_rowwise splits an embedding's vocabulary.
+TP_STYLES = ("colwise", "rowwise", "colwise_gather_output", "rowwise_split_input", "embedding_rowwise")
+
+
+def tensor_parallel_plan(definition: dict[str, Any]) -> tuple[dict[str, str] | None, str]:
+    """A user's model's tensor-parallel plan, as module paths (`*` one path component) from the model
+    itself to styles, and where it comes from; (None, why) where it has none. The definition's own
+    `tp_plan`, else the plan transformers publishes for the architecture: the config class's
+    `base_model_tp_plan` under the causal LM's base model, and the LM head's (`_tp_plan`)."""
+    if definition.get("tp_plan"):
+        return dict(definition["tp_plan"]), "the model's tp_plan"
+    if definition["kind"] != "hf":
+        return None, "a factory's model splits by the tp_plan its definition gives, and this one gives none"
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = definition["config"]["model_type"]
+    config_class = CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None
+    published = getattr(config_class, "base_model_tp_plan", None)
+    if not published:
+        return None, (f"transformers {transformers.__version__} publishes no tensor-parallel plan for "
+                      f"{model_type!r} (base_model_tp_plan); give the model a tp_plan")
+    causal_lm = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type, ""), None)
+    prefix = getattr(causal_lm, "base_model_prefix", "model")
+    plan = {f"{prefix}.{path}": style for path, style in published.items()}
+    plan.update(getattr(causal_lm, "_tp_plan", None) or {})
+    return plan, f"transformers' plan for {model_type!r}"
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,10 @@ Two kinds of entry:
   whose forward(input_ids, labels=None) returns the mean loss when labels are given; `block` names the
   class repeated in it, `vocab_size` and `max_seq` what its tokens may be.
 
+Either may give a `tp_plan` (module paths to tensor-parallel styles, as transformers writes its plans):
+how tensor parallelism splits it. A transformers architecture without one splits by the plan
+transformers publishes for it.
+
 Here the entries are checked as data (keys, files, types) and each becomes a ModelSpec whose
 `definition` is the canonical JSON a cell's `model_definition` carries: the config's keys themselves,
 not the file's path, so that editing a config.json reruns the cells of its model. What needs torch
@@ -24,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from trainbench.errors import ConfigError
-from trainbench.registry.models import MODELS, ModelSpec
+from trainbench.registry.models import MODELS, TP_STYLES, ModelSpec
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 FACTORY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
@@ -38,7 +42,9 @@ HF_KEYS = {
     "ffn_hidden": ("intermediate_size", "n_inner", "ffn_dim", "hidden_dim"),
     "max_seq": ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"),
 }
-ENTRY_KEYS = ("hf_config", "hf", "factory", "args", "block", "vocab_size", "max_seq", "description")
+ENTRY_KEYS = ("hf_config", "hf", "factory", "args", "block", "vocab_size", "max_seq", "tp_plan",
+              "description")
+MODULE_PATH = re.compile(r"^[A-Za-z0-9_*]+(\.[A-Za-z0-9_*]+)*$")
 
 
 def _first(config: dict[str, Any], names: tuple[str, ...]) -> Any:
@@ -99,6 +105,8 @@ def parse_models(raw: dict[str, Any] | None, base: Path) -> dict[str, ModelSpec]
             problems.append(f"{where}.block: {block!r} is not a class name (e.g. 'Qwen2DecoderLayer' or "
                             "'mypkg.model.Block')")
             continue
+        if not _tp_plan_ok(where, entry.get("tp_plan"), problems):
+            continue
         if kinds[0] == "factory":
             spec = _factory_spec(name, entry, problems)
         else:
@@ -110,6 +118,29 @@ def parse_models(raw: dict[str, Any] | None, base: Path) -> dict[str, ModelSpec]
     return specs
 
 
+def _tp_plan_ok(where: str, plan: Any, problems: list[str]) -> bool:
+    if plan is None:
+        return True
+    if not isinstance(plan, dict) or not plan:
+        problems.append(f"{where}.tp_plan: a mapping of module paths to styles (e.g. "
+                        f"'layers.*.mlp.up_proj: colwise'), not {plan!r}"[:200])
+        return False
+    for path, style in plan.items():
+        if not (isinstance(path, str) and MODULE_PATH.match(path)):
+            problems.append(f"{where}.tp_plan: {path!r} is not a module path ('*' stands for one part)")
+            return False
+        if style not in TP_STYLES:
+            problems.append(f"{where}.tp_plan.{path}: {style!r} is not a style; known: "
+                            f"{', '.join(TP_STYLES)}")
+            return False
+    return True
+
+
+def _with_plan(definition: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    # only where given: a definition without one keeps the JSON (and its cells' ids) it had
+    return {**definition, "tp_plan": entry["tp_plan"]} if entry.get("tp_plan") else definition
+
+
 def _hf_spec(name: str, entry: dict[str, Any], base: Path, problems: list[str]) -> ModelSpec | None:
     config = _hf_entry(name, entry, base, problems)
     if config is None:
@@ -119,7 +150,7 @@ def _hf_spec(name: str, entry: dict[str, Any], base: Path, problems: list[str]) 
             problems.append(f"models.{name}.{key}: a transformers model takes it from its config; "
                             f"`{key}` is for a factory's model")
             return None
-    definition = {"kind": "hf", "config": config, "block": entry.get("block")}
+    definition = _with_plan({"kind": "hf", "config": config, "block": entry.get("block")}, entry)
     return spec_from_definition(name, definition, entry.get("description"))
 
 
@@ -161,8 +192,8 @@ def _factory_spec(name: str, entry: dict[str, Any], problems: list[str]) -> Mode
     if not isinstance(args, dict):
         problems.append(f"{where}.args: the factory's keyword arguments are a mapping, not {args!r}"[:200])
         return None
-    definition = {"kind": "factory", "factory": factory, "args": args, "block": entry["block"],
-                  "vocab_size": entry["vocab_size"], "max_seq": entry["max_seq"]}
+    definition = _with_plan({"kind": "factory", "factory": factory, "args": args, "block": entry["block"],
+                             "vocab_size": entry["vocab_size"], "max_seq": entry["max_seq"]}, entry)
     return spec_from_definition(name, definition, entry.get("description"))
 
 

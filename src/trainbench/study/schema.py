@@ -65,6 +65,11 @@ USER_MODEL: dict[str, Any] = {
                        "description": "A factory's model: its vocabulary."},
         "max_seq": {"type": "integer", "minimum": 1, "default": None,
                     "description": "A factory's model: its longest sequence (a cell's seq_len default)."},
+        "tp_plan": {"type": "object", "default": None, "additionalProperties": {"type": "string"},
+                    "description": "How tensor parallelism (tp > 1) splits the model: module paths ('*' one "
+                                   "part) to colwise, rowwise, colwise_gather_output, rowwise_split_input "
+                                   "or embedding_rowwise. A transformers model without one splits by the "
+                                   "plan transformers publishes for its architecture."},
         "description": {"type": "string", "default": "",
                         "description": "What the model is, for `trainbench models`."},
     },

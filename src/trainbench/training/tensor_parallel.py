@@ -25,6 +25,12 @@ Two things differ from torchtitan's LLaMA because trainbench's GPT differs:
   `chunk(3)` of the local output is right. `qkv_layout` is that permutation of the rows.
 - the tied LM head: the tied weight is one parameter, vocabulary-sharded (Shard(0)) for both uses.
 
+A model of the user's (config.yaml's `models`) splits by its own plan instead (`parallelize_plan`):
+transformers' for its architecture (`base_model_tp_plan`, the LM head's `_tp_plan`) or the definition's
+`tp_plan`, module paths to styles that map onto PyTorch's ColwiseParallel and RowwiseParallel as
+transformers maps them. Its weights are then initialised on their shards by the model's own
+initialisation (DTensor draws each shard from one generator state the ranks agree on).
+
 Initialisation draws each parameter whole from the generator a plain build uses (`GPT.init_module`),
 one parameter at a time, and keeps this rank's shard, so every tp (and dp) starts from the model one
 rank builds: what Megatron's `--use-cpu-initialization` does. The transient is the largest single
@@ -33,9 +39,12 @@ parameter (the memory model counts it).
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import nn
 
+from trainbench.errors import ConfigError
 from trainbench.training.gpt import GPT, init_gpt_module
 
 # which linear layers of a block are column- and row-parallel (Megatron's layout)
@@ -129,3 +138,85 @@ def local_loss(loss: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return loss.to_local() if isinstance(loss, DTensor) else loss
+
+
+# --- a user's model, split by its plan ------------------------------------------------------------------
+
+# the styles that split a layer's output features (and bias); the others split its input features or
+# an embedding's rows, and leave a linear layer's bias whole (added after the all-reduce)
+COLUMN_STYLES = ("colwise", "colwise_gather_output")
+
+
+def parallel_style(style: str, module: nn.Module):
+    """PyTorch's ParallelStyle for one of transformers' style names (registry.models.TP_STYLES)."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    if style == "colwise":
+        return ColwiseParallel()
+    if style == "colwise_gather_output":  # the output gathered whole (an LM head's logits)
+        return ColwiseParallel(output_layouts=Replicate())
+    if style == "rowwise" and not isinstance(module, nn.Embedding):
+        return RowwiseParallel()
+    # rowwise_split_input, and an embedding split over its rows: the input whole on every rank
+    return RowwiseParallel(input_layouts=Replicate())
+
+
+def resolve_plan(model_name: str, inner: nn.Module, plan: dict[str, str],
+                 tp: int | None = None) -> dict[str, tuple[str, nn.Module]]:
+    """The plan's paths as the modules they name: {module path: (style, module)}. A layer whose weight is
+    tied to another's (a tied LM head) stays whole, as the embedding it shares its weight with. A path
+    that names no layer, a module no style splits, or (given `tp`) a size tp does not divide is a
+    ConfigError naming the model and the path."""
+    where = f"models.{model_name}.tp_plan"
+    shared: dict[int, int] = {}
+    for _, parameter in inner.named_parameters(remove_duplicate=False):
+        shared[id(parameter)] = shared.get(id(parameter), 0) + 1
+    modules = dict(inner.named_modules())
+    resolved: dict[str, tuple[str, nn.Module]] = {}
+    for path, style in plan.items():
+        pattern = re.compile(re.escape(path).replace(r"\*", r"[^.]+"))
+        names = [name for name in modules if pattern.fullmatch(name)]
+        if not names:
+            raise ConfigError(f"{where}: {path!r} names no module of the model")
+        for name in names:
+            module = modules[name]
+            if not isinstance(module, (nn.Linear, nn.Embedding)):
+                raise ConfigError(f"{where}: {name} is a {type(module).__name__}; a plan splits "
+                                  "nn.Linear and nn.Embedding layers")
+            if shared[id(module.weight)] > 1:
+                continue
+            if tp is not None:
+                size, what = _split_size(style, module)
+                if size % tp:
+                    raise ConfigError(f"{where}: tp={tp} does not divide {name}'s {size} {what}")
+            resolved[name] = (style, module)
+    return resolved
+
+
+def _split_size(style: str, module: nn.Module) -> tuple[int, str]:
+    if isinstance(module, nn.Embedding):
+        return module.num_embeddings, "rows"
+    if style in COLUMN_STYLES:
+        return module.out_features, "output features"
+    return module.in_features, "input features"
+
+
+def split_params(resolved: dict[str, tuple[str, nn.Module]]) -> dict[str, int]:
+    """Elements of each split layer that its ranks share out (a column-parallel bias too; a row-parallel
+    bias stays whole)."""
+    counts = {}
+    for name, (style, module) in resolved.items():
+        bias = module.bias if style in COLUMN_STYLES and getattr(module, "bias", None) is not None else None
+        counts[name] = module.weight.numel() + (bias.numel() if bias is not None else 0)
+    return counts
+
+
+def parallelize_plan(model: nn.Module, tp_mesh, plan: dict[str, str]) -> dict[str, str]:
+    """Split a user's (meta) model over `tp_mesh` by its plan; returns {module path: style} as applied."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    resolved = resolve_plan(model.spec.name, model.inner, plan, tp_mesh.size())
+    parallelize_module(model.inner, tp_mesh,
+                       {name: parallel_style(style, module) for name, (style, module) in resolved.items()})
+    return {name: style for name, (style, _) in resolved.items()}

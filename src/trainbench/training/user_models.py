@@ -227,7 +227,7 @@ def _parent_of(root: nn.Module, child: nn.Module) -> tuple[nn.Module, str]:
 # --- counting and tracing on fake tensors ------------------------------------------------------------
 
 # what a facts file was counted by: a change to the counting makes every model count again
-COUNTING = "forward-flops-x3"
+COUNTING = "forward-flops-x3/tp-plan"
 
 
 def _hash(spec: ModelSpec) -> str:
@@ -244,8 +244,8 @@ class _CastsOfParameters(torch.utils._python_dispatch.TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func is torch.ops.aten._to_copy.default and _storage(args[0]) in self.parameters:
-            self.casts.add(_storage(out))
+        if func is torch.ops.aten._to_copy.default and _storage(_local(args[0])) in self.parameters:
+            self.casts.add(_storage(_local(out)))
         return out
 
 
@@ -253,17 +253,49 @@ def _storage(tensor: torch.Tensor):
     return tensor.untyped_storage()._cdata
 
 
-def _fake_step(spec: ModelSpec, mode: str, attention: str, seq_len: int, flops: bool = False):
-    """One forward and backward of one sample on fake tensors: (model, per-block saved bytes, block input
-    bytes, outside saved bytes, FLOP counter or None)."""
+@contextlib.contextmanager
+def _fake_tensor_parallel(tp: int):
+    """A tensor-parallel mesh of `tp` ranks in a fake process group (its collectives return at once, as
+    torchtitan's memory estimator fakes them), to trace rank 0 of a split model; nothing without tp."""
+    if tp == 1:
+        yield None
+        return
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise RuntimeError("a tensor-parallel trace makes a process group of its own; this process has one")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp)
+    try:
+        yield init_device_mesh("cpu", (tp,))  # made outside the fake tensors: its ranks are real numbers
+    finally:
+        dist.destroy_process_group()
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A rank's own part of a tensor tensor parallelism splits (a DTensor), or the tensor."""
+    return tensor._local_tensor if hasattr(tensor, "_local_tensor") else tensor
+
+
+def _fake_step(spec: ModelSpec, mode: str, attention: str, seq_len: int, flops: bool = False, tp: int = 1):
+    """One forward and backward of one sample on fake tensors (with tp: on rank 0 of the model split by its
+    tensor-parallel plan): (model, per-block saved bytes, block input bytes, outside saved bytes, FLOP
+    counter or None)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
     _count_cpu_attention()
-    with FakeTensorMode():
+    with _fake_tensor_parallel(tp) as mesh, FakeTensorMode():
         model = LanguageModel(spec, attention, torch.bfloat16 if mode.startswith("half") else None,
                               initialise=False)
-        params = {_storage(p) for p in model.parameters()}
+        if mesh is not None:
+            from trainbench.registry.models import tensor_parallel_plan
+            from trainbench.training.tensor_parallel import parallelize_plan
+
+            plan, _ = tensor_parallel_plan(definition_of(spec))
+            parallelize_plan(model, mesh, plan)
+        params = {_storage(_local(p)) for p in model.parameters()}
         tokens = torch.randint(0, spec.vocab_size, (1, seq_len + 1))
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
         stack: list[int] = [-1]
@@ -288,14 +320,15 @@ def _fake_step(spec: ModelSpec, mode: str, attention: str, seq_len: int, flops: 
 
         counted: set = set()
 
-        def pack(tensor):
+        def pack(saved_tensor):
             # a tensor saved in several places (rotary tables every block multiplies by) counts once,
             # where it was first saved
+            tensor = _local(saved_tensor)
             key = _storage(tensor)
             if key not in params and key not in counted:
                 counted.add(key)
                 saved.setdefault(stack[-1], {})[key] = tensor.untyped_storage().nbytes()
-            return tensor
+            return saved_tensor
 
         counter = FlopCounterMode(display=False) if flops else contextlib.nullcontext()
         autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if mode.startswith("autocast")
@@ -375,9 +408,34 @@ def count_model(spec: ModelSpec, facts_dir: Path = FACTS_DIR) -> ModelFacts:
         block_matmul_params=round((block_1 - (block_2 - block_1) / (seqs[1] - seqs[0]) * seqs[0])
                                   / 6 / n_blocks),
         attention_flops_per_position=attention, hidden=hidden[0] if hidden else spec.d_model,
-        n_blocks=n_blocks, block_class=type(model.blocks[0]).__name__)
+        n_blocks=n_blocks, block_class=type(model.blocks[0]).__name__, **_tp_facts(spec, model))
     _write(spec, facts, facts_dir)
     return facts
+
+
+def _tp_facts(spec: ModelSpec, model: LanguageModel) -> dict[str, int]:
+    """What the model's tensor-parallel plan splits (ModelFacts.tp_*); nothing where it has no plan. A
+    plan of the definition's own that does not fit the model is refused here, before anything runs;
+    transformers' plan, only by a cell that splits by it."""
+    from trainbench.registry.models import TP_STYLES, tensor_parallel_plan
+    from trainbench.training.tensor_parallel import resolve_plan, split_params
+
+    definition = definition_of(spec)
+    plan, _ = tensor_parallel_plan(definition)
+    if plan is None or any(style not in TP_STYLES for style in plan.values()):
+        return {}
+    try:
+        resolved = resolve_plan(spec.name, model.inner, plan)
+    except ConfigError:
+        if definition.get("tp_plan"):
+            raise
+        return {}
+    inside = [name for name, module in model.inner.named_modules() if any(module is b for b in model.blocks)]
+    in_block = {name for name in resolved if any(name.startswith(block + ".") for block in inside)}
+    sizes = split_params(resolved)
+    return {"tp_block_params": round(sum(sizes[n] for n in in_block) / len(model.blocks)),
+            "tp_other_params": sum(size for name, size in sizes.items() if name not in in_block),
+            "tp_collectives_per_block": round(len(in_block) / len(model.blocks))}
 
 
 def _block_flops(model: LanguageModel, by_module: dict[str, dict]) -> float:
@@ -392,15 +450,15 @@ def _block_flops(model: LanguageModel, by_module: dict[str, dict]) -> float:
     return total
 
 
-def trace_activations(spec: ModelSpec, mode: str, attention: str, seq_len: int,
+def trace_activations(spec: ModelSpec, mode: str, attention: str, seq_len: int, tp: int = 1,
                       facts_dir: Path = FACTS_DIR) -> ActivationTrace:
-    """What one sample saves for backward at this precision mode, kernel and length (the registry's
-    ACTIVATION_TRACER); kept in the model's facts file."""
-    key = trace_key(mode, attention, seq_len)
+    """What one sample saves for backward at this precision mode, kernel and length, on one rank of `tp`
+    (the registry's ACTIVATION_TRACER); kept in the model's facts file."""
+    key = trace_key(mode, attention, seq_len, tp)
     stored = _read_document(spec, facts_dir)
     if stored is not None and key in stored.get("traces", {}):
         return ActivationTrace(**stored["traces"][key])
-    _, per_block, block_inputs, outside, _, _ = _fake_step(spec, mode, attention, seq_len)
+    _, per_block, block_inputs, outside, _, _ = _fake_step(spec, mode, attention, seq_len, tp=tp)
     trace = ActivationTrace(block_bytes=sum(per_block) / len(per_block),
                             block_input_bytes=sum(block_inputs) / max(1, len(block_inputs)),
                             outside_bytes=float(outside))

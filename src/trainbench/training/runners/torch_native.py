@@ -15,6 +15,7 @@ under `loss_parallel`.
 from __future__ import annotations
 
 import contextlib
+import json
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -110,6 +111,8 @@ class TorchRunner(StepRunner):
         self.inner: GPT | None = None
         self.wrapped: torch.nn.Module | None = None
         self.tp_group = None  # the tensor-parallel process group, where tp > 1
+        self.tp_plan: dict[str, str] | None = None  # a user's model: {module path: style} as split
+        self.tp_plan_source = ""
         self.float8_layers = 0  # linear layers trained in float8 (float8: a recipe)
         self.skipped_steps = 0  # optimizer steps fp16 loss scaling skipped
 
@@ -159,11 +162,17 @@ class TorchRunner(StepRunner):
         if self.p.float8:
             self.float8_layers = to_float8(model, self.p.float8, self.p.float8_all_gather)
         if self.tp > 1:
-            from trainbench.training.tensor_parallel import parallelize
+            from trainbench.training.tensor_parallel import parallelize, parallelize_plan
 
             mesh = init_device_mesh(device.type, (self.ctx.world_size // self.tp, self.tp),
                                     mesh_dim_names=("dp", "tp"))
-            parallelize(model, mesh["tp"], self.p.float8)
+            if isinstance(model, GPT):
+                parallelize(model, mesh["tp"], self.p.float8)
+            else:  # a model of the user's, by its plan (frameworks.user_model_unsupported: it has one)
+                from trainbench.registry.models import tensor_parallel_plan
+
+                plan, self.tp_plan_source = tensor_parallel_plan(json.loads(self.p.model_definition))
+                self.tp_plan = parallelize_plan(model, mesh["tp"], plan)
             self.tp_group = mesh["tp"].get_group()
             options = {"mesh": mesh["dp"]}
         else:
@@ -186,7 +195,7 @@ class TorchRunner(StepRunner):
         fully_shard(model, **options)
         # With CPU offload the sharded parameters live in host memory; FSDP copies them in per use.
         home = torch.device("cpu") if self.p.offload_param else device
-        if self.tp > 1:
+        if self.tp > 1 and isinstance(model, GPT):
             from trainbench.training.tensor_parallel import materialise
 
             # every parameter drawn whole on the device, one at a time, and this rank's shard kept:
@@ -216,7 +225,7 @@ class TorchRunner(StepRunner):
     def _loss_context(self):
         """Tensor parallelism's vocabulary-sharded logits: cross-entropy (forward and backward) on the
         shards, with all-reduces of their maxima and sums instead of gathering them."""
-        if self.tp == 1:
+        if self.tp == 1 or self.tp_plan is not None:  # a user's plan gathers its logits whole
             return contextlib.nullcontext()
         from torch.distributed.tensor.parallel import loss_parallel
 
@@ -270,7 +279,13 @@ class TorchRunner(StepRunner):
                                 "recipe": self.p.float8, "layers": self.float8_layers,
                                 "fsdp_float8_all_gather": bool(self.p.float8_all_gather),
                                 "left_in_bf16": "the LM head, any classifier, layers not multiples of 16"}
-        if self.sharded and self.tp > 1:
+        if self.sharded and self.tp_plan is not None:
+            config["tensor_parallel"] = {
+                "implementation": "torch.distributed.tensor.parallel (DTensor), built on the meta device",
+                "size": self.tp, "plan": self.tp_plan_source, "layers": self.tp_plan,
+                "logits": "gathered whole where the plan's LM head is colwise_gather_output; whole where "
+                          "it is tied to the embedding"}
+        elif self.sharded and self.tp > 1:
             from trainbench.training.tensor_parallel import COLUMN_PARALLEL, ROW_PARALLEL, linear_plans
 
             config["tensor_parallel"] = {
