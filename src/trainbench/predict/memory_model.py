@@ -236,8 +236,8 @@ def model_states(params: CellParams, spec: ModelSpec) -> tuple[dict[str, float],
         device["weights"] = 4 * psi
         device["gradients"] = 4 * psi
         device["optimizer"] = 8 * psi
-        if params.gpus > 1:
-            device["buffers"] = 4 * psi  # DDP's gradient buckets
+        if params.gpus > 1 and not params.ddp_bucket_view:
+            device["buffers"] = 4 * psi  # DDP's gradient buckets (with ddp_bucket_view, the gradients)
         if mixed:
             # autocast's cached half weights, but for float8's linear layers: torchao casts their
             # weights to float8 at each use and keeps no copy (the float8 study's compiled GPT-2.5B

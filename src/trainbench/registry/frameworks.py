@@ -47,9 +47,10 @@ class CellParams(Protocol):
 # whether a strategy offloads: never, if the cell asks, itself
 NO, OPTIONAL, ALWAYS = "no", "optional", "always"
 # parameters only some runners read: a cell that sets one for a runner that ignores it is refused
-OPTIONAL_SETTINGS = ("overlap_comm", "dataset_path", "pretrained_path", "float8", "fsdp_reshard")
+OPTIONAL_SETTINGS = ("overlap_comm", "dataset_path", "pretrained_path", "float8", "fsdp_reshard",
+                     "ddp_compile", "ddp_bucket_cap_mb")
 # switches (off by default) only some runners honour: a cell may turn one on only for those
-OPTIONAL_SWITCHES = ("checkpoint_in_cpu", "float8_all_gather")
+OPTIONAL_SWITCHES = ("checkpoint_in_cpu", "float8_all_gather", "ddp_bucket_view", "ddp_static_graph")
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,8 @@ register(Framework(
                  "tensor parallel", layout="fsdp", offload_param=OPTIONAL, tensor_parallel=SHARDED_TP),
     ),
     MemoryFacts(fsdp_casts_parameters=True, replicated_gradients_freed=True, fsdp_reduce_bytes=4),
-    honours=("checkpoint_in_cpu", "float8", "float8_all_gather", "fsdp_reshard"),
+    honours=("checkpoint_in_cpu", "float8", "float8_all_gather", "fsdp_reshard", "ddp_compile",
+             "ddp_bucket_cap_mb", "ddp_bucket_view", "ddp_static_graph"),
     time=TimeFacts(loop_step_s=0.005),
     compiles=("gpt",)))
 

@@ -316,6 +316,19 @@ def check_cell(p: CellParams) -> tuple[list[tuple[str, str]], str | None]:
     if p.fsdp_reshard and p.strategy != "fsdp":
         errors.append(("fsdp_reshard", f"chooses when FSDP2 frees gathered parameters; strategy "
                                        f"{p.strategy!r} gathers none: set strategy: fsdp, or leave it unset"))
+    for key in ("ddp_compile", "ddp_bucket_cap_mb", "ddp_bucket_view", "ddp_static_graph"):
+        if getattr(p, key) and p.strategy != "ddp":
+            errors.append((key, f"sets up torch DDP; strategy {p.strategy!r} is not DDP: set strategy: ddp, "
+                                "or leave it unset"))
+    if p.ddp_static_graph and p.grad_accum > 1:
+        # torch's reducer asserts on the first backward under no_sync with a static graph, and past that
+        # stops all-reducing gradients (pytorch/pytorch#143580, fixed by #187732, not yet released)
+        errors.append(("ddp_static_graph", "DDP's static graph breaks under no_sync, which accumulating "
+                                           "micro batches uses (torch asserts on the first backward); set "
+                                           "grad_accum: 1, or leave it off"))
+    if p.ddp_compile and not p.compile:
+        errors.append(("ddp_compile", "says how torch.compile meets DDP; set compile: true, or leave it "
+                                      "unset"))
     if p.checkpoint_in_cpu and not p.activation_checkpointing:
         errors.append(("checkpoint_in_cpu", "keeps checkpointed activations in host memory; set "
                                             "activation_checkpointing: true"))

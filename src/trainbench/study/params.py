@@ -191,6 +191,22 @@ class CellParams:
         "freed after the last backward (set_reshard_after_backward on that one only: one all-gather a "
         "step). Null: after_forward.",
         choices=("after_forward", "after_backward", "after_step"), optional=True)
+    ddp_compile: str | None = param(None, "torch DDP with compile: how torch.compile meets DDP. wrapper: "
+        "the DDP-wrapped model compiled whole, Dynamo's DDP optimizer splitting its graph at each gradient "
+        "bucket (a graph per bucket, on every micro batch); blocks: each block compiled, and the loss, "
+        "inside DDP's wrapper, whose hooks then start each bucket's all-reduce while the earlier blocks' "
+        "backward runs (torchtitan's way). Null: wrapper.",
+        choices=("wrapper", "blocks"), optional=True)
+    ddp_bucket_cap_mb: int | None = param(None, "torch DDP: the gradient bucket size in MiB, one all-reduce "
+        "each (bucket_cap_mb). Null: DDP's 25.",
+        minimum=1, optional=True)
+    ddp_bucket_view: bool = param(False, "torch DDP: gradients as views into the all-reduce buckets "
+        "(gradient_as_bucket_view): no copy into the buckets after backward, and one gradient-sized buffer "
+        "less.",
+        optional=True)
+    ddp_static_graph: bool = param(False, "torch DDP: the graph is the same every step (static_graph): DDP "
+        "then skips searching for unused parameters and fixes its bucket order after the first step.",
+        optional=True)
     ort: bool = param(False, "Run the model under ONNX Runtime training (ORTModule).")
     compile: bool = param(False, "Compile the model with torch.compile.")
     lr: float = param(0.0001, "Peak learning rate.",

@@ -131,10 +131,20 @@ class TorchRunner(StepRunner):
             if self.p.float8:
                 self.float8_layers = to_float8(self.inner, self.p.float8)
             self.wrapped = self.inner
+            per_block = self.p.compile and self.data_parallel and self.p.ddp_compile == "blocks"
+            if per_block:  # compiled inside DDP's wrapper: its hooks see each block's gradients as they come
+                for block in self.inner.blocks:
+                    block.compile()
+                if isinstance(self.inner, GPT):
+                    self.inner.compile_loss()
             if self.data_parallel:
+                options = {"gradient_as_bucket_view": bool(self.p.ddp_bucket_view),
+                           "static_graph": bool(self.p.ddp_static_graph)}
+                if self.p.ddp_bucket_cap_mb:
+                    options["bucket_cap_mb"] = self.p.ddp_bucket_cap_mb
                 self.wrapped = DistributedDataParallel(
-                    self.inner, device_ids=[device.index] if self.ctx.is_cuda else None)
-            if self.p.compile:
+                    self.inner, device_ids=[device.index] if self.ctx.is_cuda else None, **options)
+            if self.p.compile and not per_block:
                 self.wrapped = torch.compile(self.wrapped)
         if self.p.checkpoint_in_cpu:
             from trainbench.training.gpt import CheckpointsInHostMemory
@@ -269,6 +279,9 @@ class TorchRunner(StepRunner):
         on_device = self.ctx.is_cuda and not self.p.offload_param
         config = {"wrapper": "fully_shard" if self.sharded else "DistributedDataParallel"
                              if self.data_parallel else None,
+                  "compile_scope": None if not self.p.compile else "every block, then the root"
+                  if self.sharded else "every block and the loss, inside DDP"
+                  if self.data_parallel and self.p.ddp_compile == "blocks" else "the whole (wrapped) model",
                   "compile": bool(self.p.compile), "autocast": None if self.sharded else
                   (None if self.p.precision == "fp32" else str(self.dtype)),
                   "optimizer": {"type": "AdamW", "lr": self.p.lr, "weight_decay": self.p.weight_decay,
@@ -296,6 +309,13 @@ class TorchRunner(StepRunner):
                 "vocabulary_parallel": ["wte (RowwiseParallel, input Replicate)",
                                         "LM head tied to wte (Shard(-1) logits, loss_parallel)"],
                 "replicated": ["wpe", "LayerNorms", "row-parallel biases"]}
+        if self.data_parallel:
+            config["DistributedDataParallel"] = {
+                "bucket_cap_mb": self.p.ddp_bucket_cap_mb or 25,
+                "gradient_as_bucket_view": bool(self.p.ddp_bucket_view),
+                "static_graph": bool(self.p.ddp_static_graph),
+                "dynamo_optimize_ddp": torch._dynamo.config.optimize_ddp
+                if self.p.compile and self.p.ddp_compile != "blocks" else None}
         if self.sharded:
             config["fully_shard"] = {
                 "units": "every Block, then the root",
