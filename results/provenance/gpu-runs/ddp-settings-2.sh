@@ -3,7 +3,7 @@
 export TRAINBENCH_GIT_COMMIT=${TRAINBENCH_GIT_COMMIT:?the commit the cells ran at}
 export TORCH_EXTENSIONS_DIR=/tmp/torch-extensions
 start=$(date +%s)
-python3 -c "import torch" 2>/dev/null || bash tools/install_offline.sh .whl > $OUT/install.log 2>&1
+command -v snakemake > /dev/null || bash tools/install_offline.sh .whl > $OUT/install.log 2>&1
 for c in results/runs/ddp_settings/model~gpt2-350m__micro_batch~16__ddp_bucket_cap_mb~100 \
          results/runs/ddp_settings/model~gpt2-124m__micro_batch~32__ddp_bucket_cap_mb~100 \
          validation/results/runs/unseen_architectures_tp/model~qwen2-1.5b; do

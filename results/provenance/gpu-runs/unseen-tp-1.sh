@@ -3,7 +3,7 @@
 export TRAINBENCH_GIT_COMMIT=${TRAINBENCH_GIT_COMMIT:?the commit the cells ran at}
 export TORCH_EXTENSIONS_DIR=/tmp/torch-extensions
 start=$(date +%s)
-python3 -c "import torch" 2>/dev/null || bash tools/install_offline.sh .whl > $OUT/install.log 2>&1
+command -v snakemake > /dev/null || bash tools/install_offline.sh .whl > $OUT/install.log 2>&1
 echo "ready at $(( $(date +%s) - start )) s"
 p=results/runs/unseen_architectures_tp
 for c in model~qwen2-1.5b model~pythia-1.4b; do
