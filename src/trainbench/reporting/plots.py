@@ -576,9 +576,10 @@ def throughput_figures(docs: list[Doc], id_keys: list[str], title: str, panel_ke
 
 # --- scaling ----------------------------------------------------------------------------------------------
 
-# what sets a scaling series apart from its neighbours at other GPU counts: the rest are the same set-up
 # settings of a strategy that a one-GPU cell has none of: they name a series of their own
-STRATEGY_SETTINGS = ("fsdp_reshard", "ddp_compile", "ddp_bucket_cap_mb", "ddp_bucket_view", "ddp_static_graph")
+STRATEGY_SETTINGS = ("fsdp_reshard", "ddp_compile", "ddp_bucket_cap_mb", "ddp_bucket_view",
+                     "ddp_static_graph")
+# what sets a scaling series apart from its neighbours at other GPU counts: the rest are the same set-up
 SCALED = ("strategy", "framework", "gpus", "nodes", *STRATEGY_SETTINGS)
 
 
