@@ -187,6 +187,8 @@ HOW: dict[str, How] = {
     "trainbench check-models emulation": How("run", "reads the emulation_check study's published cells"),
     "sudo tools/local-slurm-cluster.sh install && sudo tools/local-slurm-cluster.sh start":
         How("elsewhere", "root; CI's .ci/run starts the cluster this way (as root, without sudo)"),
+    "python bench/communication.py": How(
+        "elsewhere", "tests/test_communication.py runs it and holds its output to the published one"),
     "python bench/plan_scaling.py --out results/bench/plan_scaling":
         How("elsewhere", "plans grids of up to 40,000 cells, three times each; tests/test_bench.py runs it "
                          "on a small grid; its output: results/bench/plan_scaling"),

@@ -1,0 +1,157 @@
+"""What a cell's step sends, collective by collective, and how long that takes on a measured interconnect.
+
+`step_collectives` derives the collectives from what each strategy does, per optimizer step of one rank:
+
+- DDP: the fp32 gradients all-reduced once a step (accumulation runs under no_sync), in buckets of
+  `ddp_bucket_cap_mb` (DDP's 25 MiB);
+- FSDP2: each block's weights all-gathered in the compute dtype 2 x grad_accum times a step, or fewer as
+  `fsdp_reshard` keeps them, and its gradients reduce-scattered once a step in fp32 (FSDP2's reduce
+  dtype); the root's (embeddings, final norm) gathered for each micro batch;
+- DeepSpeed ZeRO: stage 0 all-reduces the gradients once; stage 1 too, then all-gathers the updated
+  weights; stage 2 reduce-scatters them after every micro batch, then all-gathers the weights; stage 3
+  gathers each block's weights for every forward and backward (and recomputation) and reduce-scatters
+  its gradients every micro batch; each in buckets of DeepSpeed's 5e8 elements;
+- tensor parallelism: an all-reduce of a micro batch's activations (tokens x width) per split layer
+  and pass; a pipeline's send/recv of them at each stage boundary, forward and backward.
+
+Sizes are counted as nccl-tests counts them (the buffer of an all-reduce, the gathered output of an
+all-gather, the scattered input of a reduce-scatter), so that `BandwidthTable` can time each from
+`trainbench commbench`'s rows for the same collective and number of ranks: interpolated between the
+measured sizes (log-log), at the smallest size's time below them (an operation's issue time), and at
+the largest size's bandwidth above them. The sum is the time the collectives take alone on the link;
+a step exposes only what compute does not overlap, which is the time model's business.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainbench.predict.memory_model import block_shard_params, shard_params, vocab_parallel
+from trainbench.registry.frameworks import framework_of, strategy_of
+from trainbench.registry.models import get_model
+from trainbench.study.params import CellParams
+
+MIB = 1 << 20
+DDP_BUCKET_MIB = 25  # torch DDP's bucket_cap_mb default
+ZERO_BUCKET_ELEMENTS = 5e8  # DeepSpeed's reduce_bucket_size and allgather_bucket_size defaults
+
+
+@dataclass(frozen=True)
+class Collective:
+    """`count` operations a step of one `kind` over `ranks` ranks, each of `size_bytes` (nccl-tests'
+    convention)."""
+
+    what: str
+    kind: str  # all_reduce, all_gather, reduce_scatter, send_recv (commbench's names)
+    size_bytes: float
+    count: float
+    ranks: int
+
+
+def _buckets(what: str, kind: str, total_bytes: float, bucket_bytes: float, times: float,
+             ranks: int) -> list[Collective]:
+    """`total_bytes` sent `times` a step in buckets of `bucket_bytes`: the full ones, then the rest."""
+    full = math.floor(total_bytes / bucket_bytes)
+    rest = total_bytes - full * bucket_bytes
+    found = [Collective(what, kind, bucket_bytes, full * times, ranks)] if full else []
+    if rest > 0:
+        found.append(Collective(what, kind, rest, times, ranks))
+    return found
+
+
+def step_collectives(params: CellParams) -> list[Collective]:
+    """The collectives of one optimizer step of the cell's busiest rank (see the module's notes)."""
+    spec = get_model(params.model)
+    strategy = strategy_of(params)
+    layout, stage = strategy.layout, strategy.zero_stage
+    tp, pp, dp, ga = params.tp, params.pp, params.dp or 1, params.grad_accum
+    mixed = params.precision != "fp32"
+    weight_bytes = 2 if mixed else 4
+    psi = shard_params(params, spec)
+    layers = spec.n_layer / pp
+    block = block_shard_params(params, spec)
+    found: list[Collective] = []
+    if dp > 1 and layout == "replicated":
+        bucket = (params.ddp_bucket_cap_mb or DDP_BUCKET_MIB) * MIB
+        found += _buckets("DDP's gradient buckets", "all_reduce", 4 * psi, bucket, 1, dp)
+    elif dp > 1 and layout == "fsdp":
+        gathers = {"after_backward": ga, "after_step": 1}.get(params.fsdp_reshard or "", 2 * ga)
+        reduce_bytes = framework_of(params).memory.fsdp_reduce_bytes or weight_bytes
+        root = psi - layers * block
+        found.append(Collective("FSDP2: a block's weights", "all_gather", block * weight_bytes,
+                                gathers * layers, dp))
+        found.append(Collective("FSDP2: the root's weights", "all_gather", root * weight_bytes, ga, dp))
+        found.append(Collective("FSDP2: a block's gradients", "reduce_scatter", block * reduce_bytes,
+                                layers, dp))
+        found.append(Collective("FSDP2: the root's gradients", "reduce_scatter", root * reduce_bytes, 1, dp))
+    elif dp > 1 and layout == "zero":
+        bucket = ZERO_BUCKET_ELEMENTS * weight_bytes
+        if stage in (0, 1):
+            found += _buckets(f"ZeRO-{stage}: gradients", "all_reduce", psi * weight_bytes, bucket, 1, dp)
+        elif stage == 2:
+            found += _buckets("ZeRO-2: gradients", "reduce_scatter", psi * weight_bytes, bucket, ga, dp)
+        else:
+            passes = 2 + bool(params.activation_checkpointing)
+            found.append(Collective("ZeRO-3: a block's weights", "all_gather", block * weight_bytes,
+                                    ga * passes * layers, dp))
+            found.append(Collective("ZeRO-3: a block's gradients", "reduce_scatter", block * weight_bytes,
+                                    ga * layers, dp))
+        if stage in (1, 2):
+            found += _buckets(f"ZeRO-{stage}: updated weights", "all_gather", psi * weight_bytes, bucket, 1,
+                              dp)
+    tokens = params.micro_batch * (params.seq_len or spec.max_seq)
+    activations = tokens * spec.d_model * weight_bytes
+    if tp > 1:
+        per_block = spec.facts.tp_collectives_per_block if spec.user_defined else 4
+        passes = 1 + bool(params.activation_checkpointing) / 2  # the forward's half again, recomputing
+        count = ga * (layers * per_block * passes + 2 * vocab_parallel(params))
+        found.append(Collective("tensor parallelism: a split layer's activations", "all_reduce",
+                                activations, count, tp))
+    if pp > 1:
+        found.append(Collective("pipeline: activations and their gradients", "send_recv", activations,
+                                2 * ga, 2))
+    return [c for c in found if c.count > 0 and c.size_bytes > 0]
+
+
+class BandwidthTable:
+    """A `trainbench commbench` table (results/comm/<gpu>-x<ranks>.json): each collective's measured
+    time by message size, over its number of ranks."""
+
+    def __init__(self, document: dict):
+        self.name, self.ranks = document["interconnect"], document["ranks"]
+        self.times: dict[str, tuple[list[float], list[float]]] = {}
+        for row in sorted(document["rows"], key=lambda r: (r["collective"], r["size_bytes"])):
+            sizes, times = self.times.setdefault(row["collective"], ([], []))
+            sizes.append(float(row["size_bytes"]))
+            times.append(row["time_us"] * 1e-6)
+
+    @classmethod
+    def read(cls, path: Path) -> BandwidthTable:
+        return cls(json.loads(Path(path).read_text()))
+
+    def seconds(self, kind: str, size_bytes: float) -> float:
+        """One operation's time at `size_bytes`: log-log between measured sizes, the smallest's time
+        below them, the largest's bandwidth above."""
+        if kind not in self.times:
+            raise KeyError(f"{self.name} has no {kind} rows")
+        sizes, times = self.times[kind]
+        if size_bytes <= sizes[0]:
+            return times[0]
+        if size_bytes >= sizes[-1]:
+            return times[-1] * size_bytes / sizes[-1]
+        i = bisect.bisect_left(sizes, size_bytes)
+        if sizes[i] == size_bytes:
+            return times[i]
+        share = math.log(size_bytes / sizes[i - 1]) / math.log(sizes[i] / sizes[i - 1])
+        return math.exp(math.log(times[i - 1]) + share * math.log(times[i] / times[i - 1]))
+
+    def step_seconds(self, collectives: list[Collective]) -> float | None:
+        """The collectives' time alone on this interconnect; None where one runs over another number of
+        ranks than the table's (it says nothing of them)."""
+        if any(c.ranks != self.ranks for c in collectives):
+            return None
+        return sum(c.count * self.seconds(c.kind, c.size_bytes) for c in collectives)

@@ -1,0 +1,78 @@
+"""What a cell's step sends (trainbench.predict.communication), and how long it takes on a measured
+interconnect: the collectives each strategy makes, the bandwidth table's timing, and the published
+comparison with the profiled cells."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from trainbench.predict.communication import MIB, BandwidthTable, step_collectives
+from trainbench.predict.memory_model import shard_params
+from trainbench.registry.models import get_model
+from trainbench.study.params import CellParams
+
+from conftest import REPO
+
+BASE = {"model": "gpt2-350m", "precision": "bf16", "seq_len": 1024, "micro_batch": 16, "grad_accum": 4,
+        "gpus": 2}
+
+
+def cell(**settings) -> CellParams:
+    return CellParams.resolve({**BASE, **settings})
+
+
+def test_ddp_all_reduces_its_fp32_gradients_once_a_step_in_its_buckets():
+    ddp = cell(strategy="ddp")
+    psi = shard_params(ddp, get_model("gpt2-350m"))
+    for cap in (None, 100):
+        found = step_collectives(ddp if cap is None else cell(strategy="ddp", ddp_bucket_cap_mb=cap))
+        assert {c.kind for c in found} == {"all_reduce"} and {c.ranks for c in found} == {2}
+        assert sum(c.size_bytes * c.count for c in found) == pytest.approx(4 * psi)
+        assert max(c.size_bytes for c in found) == (cap or 25) * MIB
+
+
+def test_fsdp2_gathers_each_block_as_its_reshard_policy_says_and_reduces_its_gradients_once():
+    gathers = {}
+    for policy in (None, "after_backward", "after_step"):
+        found = {c.what: c for c in step_collectives(cell(strategy="fsdp", fsdp_reshard=policy))}
+        gathers[policy] = found["FSDP2: a block's weights"].count
+        assert found["FSDP2: a block's gradients"].count == 24  # once a block, a step
+        block = found["FSDP2: a block's weights"].size_bytes
+        assert found["FSDP2: a block's gradients"].size_bytes == 2 * block  # fp32 gradients, bf16 weights
+    assert gathers == {None: 2 * 4 * 24, "after_backward": 4 * 24, "after_step": 24}
+
+
+def test_tensor_parallelism_all_reduces_activations_and_one_rank_sends_nothing():
+    split = {c.kind: c for c in step_collectives(cell(strategy="fsdp", gpus=2, tp=2))}
+    assert list(split) == ["all_reduce"]  # dp 1: nothing to gather; tp 2: the activations
+    assert split["all_reduce"].size_bytes == 16 * 1024 * 1024 * 2
+    assert step_collectives(cell(strategy="single", gpus=1)) == []
+
+
+@pytest.fixture(scope="module")
+def table():
+    return BandwidthTable.read(REPO / "results/comm/h200-x2.json")
+
+
+def test_the_table_times_a_measured_size_as_measured_and_the_rest_between_them(table):
+    sizes, times = table.times["all_gather"]
+    assert table.seconds("all_gather", sizes[3]) == times[3]
+    assert table.seconds("all_gather", 1) == times[0]  # below the smallest: an operation's issue time
+    # above the largest size: its bandwidth
+    assert table.seconds("all_gather", 2 * sizes[-1]) == pytest.approx(2 * times[-1])
+    middle = table.seconds("all_gather", (sizes[5] * sizes[6]) ** 0.5)
+    assert times[5] < middle < times[6]
+    four_gpus = step_collectives(cell(strategy="ddp", gpus=4))
+    assert table.step_seconds(four_gpus) is None  # a table of 2 ranks says nothing of 4
+
+
+def test_the_published_comparison_is_what_its_command_prints_from_the_published_cells():
+    published = (REPO / "results/bench/communication/h200-x2.txt").read_text()
+    command = published.splitlines()[0].removeprefix("command: ").split()
+    again = subprocess.run([sys.executable, *command[1:]], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout
+    assert again == published
+    assert "torch ddp" in published and "torch fsdp" in published
