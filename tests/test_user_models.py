@@ -288,12 +288,12 @@ def test_your_models_train_on_your_tokens_under_every_framework_that_builds_them
     shutil.copytree(EXAMPLE, tmp_path / "examples/your_model")
     flow.shell("python examples/your_model/make_tokens.py tokens.bin --tokens 40000")
     setups = {  # every set-up for one model at least; each architecture under one or two
-        "qwen2": [{"strategy": "fsdp"}],
+        # FSDP2, and FSDP2 split by the tensor-parallel plan transformers publishes for Qwen2
+        "qwen2": [{"strategy": "fsdp"}, {"strategy": "fsdp", "tp": 2, "gpus": 2}],
         "gpt-neox": [{"framework": "hf_trainer", "strategy": "zero3"}],
         "phi3": [{"strategy": "fsdp", "emulate": True, "gpus": 4}],
         "mine": [{"strategy": "ddp"}, {"framework": "deepspeed", "strategy": "zero2"},
                  {"strategy": "fsdp", "tp": 2, "gpus": 2}],
-        "qwen2-tp": [{"strategy": "fsdp", "tp": 2, "gpus": 2}],  # split by transformers' plan for Qwen2
     }
     include = [{"model": model, **setup} for model, chosen in setups.items() for setup in chosen]
     study = {"description": "your models", "settings": {
@@ -301,7 +301,6 @@ def test_your_models_train_on_your_tokens_under_every_framework_that_builds_them
         "lr": 3e-3, "tokens": "tokens.bin"}, "include": include, "timing": dict(FAST_TIMING),
         "execution": {"runtime_min": 5, "cpus_per_rank": 1, "mem_mb_per_rank": 2000, "retries": 0}}
     models = {name: {"hf": config} for name, config in ARCHITECTURES.items()}
-    models["qwen2-tp"] = {"hf": {**ARCHITECTURES["qwen2"], "tie_word_embeddings": False}}
     models["mine"] = copy.deepcopy(FACTORY)
     flow.write_config({"default_studies": {"without_gpus": ["mine"]}, "models": models,
                        "studies": {"mine": study}})
@@ -326,7 +325,7 @@ def test_your_models_train_on_your_tokens_under_every_framework_that_builds_them
         assert doc["predicted"]["host_mem_mib"] > 0
     assert {d["params"]["framework"] for d in trained} == {"torch", "deepspeed", "hf_trainer"}
     # split by the plan transformers publishes for Qwen2: attention and the MLP in every block, and the
-    # untied LM head; rank 0 holds what the memory model says it does
+    # LM head (Qwen2's is not tied); rank 0 holds what the memory model says it does
     split = next(d for d in trained if d["params"]["tp"] == 2)
     ran = json.loads((tmp_path / "results/runs/mine" / split["cell_id"] / "torch_config.json").read_text())
     layers = ran["tensor_parallel"]["layers"]
@@ -335,7 +334,7 @@ def test_your_models_train_on_your_tokens_under_every_framework_that_builds_them
     assert len(layers) == 2 * 7 + 1
     load_checked(tmp_path / "config.yaml")  # the models registered and counted, as the workflow does
     held = sum(split["metrics"]["params_per_module_rank0"].values())
-    psi = shard_params(CellParams.from_dict(split["params"]), registry.get_model("qwen2-tp"))
+    psi = shard_params(CellParams.from_dict(split["params"]), registry.get_model("qwen2"))
     assert held == psi < split["metrics"]["params_total"]
     table = (tmp_path / "results/tables/mine.md").read_text()
     assert "predicted host mem" in table and "unsupported" in table
