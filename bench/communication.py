@@ -27,8 +27,9 @@ from trainbench.training.user_models import register_from_params
 RUNS = ("results/runs", "validation/results/runs")
 
 
-def profiled_cells(roots: list[str], gpu: str, ranks: int) -> list[dict]:
-    """metrics.json documents of profiled real cells of `ranks` GPUs on GPU type `gpu`."""
+def profiled_cells(roots: list[str], gpu: str, ranks: int) -> list[tuple[dict, Path]]:
+    """metrics.json documents of profiled real cells of `ranks` GPUs on GPU type `gpu`, each with the
+    folder its workspace keeps its models' facts in."""
     found = []
     for root in roots:
         for path in sorted(Path(root).glob("*/*/metrics.json")):
@@ -37,7 +38,7 @@ def profiled_cells(roots: list[str], gpu: str, ranks: int) -> list[dict]:
             named = gpu_type_named_in(doc["provenance"].get("gpu_name") or "")
             if (doc["status"] == "ok" and breakdown and not params.get("emulate") and params["gpus"] == ranks
                     and named is not None and named.key == gpu):
-                found.append({**doc, "_root": root})
+                found.append((doc, Path(root).parent / "models"))
     return found
 
 
@@ -54,10 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     ratios: dict[str, list[float]] = {}
     skipped = 0
-    for doc in profiled_cells(args.runs, gpu, table.ranks):
+    for doc, facts_dir in profiled_cells(args.runs, gpu, table.ranks):
         params = CellParams.from_dict(doc["params"])
         if params.model_definition:  # a model of a config's `models`: counted where its results are
-            register_from_params(params.model, params.model_definition, Path(doc["_root"]).parent / "models")
+            register_from_params(params.model, params.model_definition, facts_dir)
         collectives = step_collectives(params)
         link = table.step_seconds(collectives)
         if link is None or not link:

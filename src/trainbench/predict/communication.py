@@ -63,6 +63,24 @@ def _buckets(what: str, kind: str, total_bytes: float, bucket_bytes: float, time
     return found
 
 
+def fsdp_gathers(params: CellParams) -> int:
+    """How often FSDP2 all-gathers each block a step: for forward and again for backward of every micro
+    batch (its default), kept to backward (after_backward), or kept for the whole step (after_step)."""
+    ga = params.grad_accum
+    return {"after_backward": ga, "after_step": 1}.get(params.fsdp_reshard or "", 2 * ga)
+
+
+def tp_all_reduces(params: CellParams, layers: float) -> float:
+    """Tensor parallelism's activation all-reduces a step on a rank holding `layers` blocks: per block 2
+    forward and 2 backward in Megatron's layout (2 more recomputing), or one per layer a user's plan
+    splits (ModelFacts.tp_collectives_per_block; half again recomputing); a vocabulary-parallel
+    embedding all-reduces its output, and the LM head's input gradient is all-reduced."""
+    spec = get_model(params.model)
+    per_block = spec.facts.tp_collectives_per_block if spec.user_defined else 4
+    recomputing = 1 + bool(params.activation_checkpointing) / 2
+    return params.grad_accum * (layers * per_block * recomputing + 2 * vocab_parallel(params))
+
+
 def step_collectives(params: CellParams) -> list[Collective]:
     """The collectives of one optimizer step of the cell's busiest rank (see the module's notes)."""
     spec = get_model(params.model)
@@ -79,7 +97,7 @@ def step_collectives(params: CellParams) -> list[Collective]:
         bucket = (params.ddp_bucket_cap_mb or DDP_BUCKET_MIB) * MIB
         found += _buckets("DDP's gradient buckets", "all_reduce", 4 * psi, bucket, 1, dp)
     elif dp > 1 and layout == "fsdp":
-        gathers = {"after_backward": ga, "after_step": 1}.get(params.fsdp_reshard or "", 2 * ga)
+        gathers = fsdp_gathers(params)
         reduce_bytes = framework_of(params).memory.fsdp_reduce_bytes or weight_bytes
         root = psi - layers * block
         found.append(Collective("FSDP2: a block's weights", "all_gather", block * weight_bytes,
@@ -106,11 +124,8 @@ def step_collectives(params: CellParams) -> list[Collective]:
     tokens = params.micro_batch * (params.seq_len or spec.max_seq)
     activations = tokens * spec.d_model * weight_bytes
     if tp > 1:
-        per_block = spec.facts.tp_collectives_per_block if spec.user_defined else 4
-        passes = 1 + bool(params.activation_checkpointing) / 2  # the forward's half again, recomputing
-        count = ga * (layers * per_block * passes + 2 * vocab_parallel(params))
         found.append(Collective("tensor parallelism: a split layer's activations", "all_reduce",
-                                activations, count, tp))
+                                activations, tp_all_reduces(params, layers), tp))
     if pp > 1:
         found.append(Collective("pipeline: activations and their gradients", "send_recv", activations,
                                 2 * ga, 2))

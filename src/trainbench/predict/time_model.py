@@ -90,6 +90,7 @@ from trainbench.registry.hardware import GpuType, peak_flops, peak_flops_of
 from trainbench.predict.memory_model import (block_bytes_per_token, eager_score_bytes_per_token,
                                      float8_linear_params, shard_params, vocab_parallel)
 from trainbench.registry.models import ModelSpec, get_model
+from trainbench.predict.communication import fsdp_gathers, tp_all_reduces
 
 # DeepSpeed's CPU Adam and torch's optimizer threads per rank where a cell does not say (the
 # studies' execution.cpus_per_rank)
@@ -310,12 +311,7 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
     calls = 0.0
     micro_link = 0.0
     if tp > 1:
-        # per block 2 all-reduces forward and 2 backward (2 more recomputing); a vocabulary-parallel
-        # embedding all-reduces its output, and the LM head's input gradient is all-reduced
-        # (a user's model: one per layer its plan splits, ModelFacts.tp_collectives_per_block, half of them
-        # again recomputing)
-        per_block = spec.facts.tp_collectives_per_block if spec.user_defined else 4
-        reductions = ga * (layers * per_block * (1 + ac / 2) + 2 * split_vocabulary)
+        reductions = tp_all_reduces(params, layers)
         calls += reductions
         micro_link += reductions * 2 * (tp - 1) / tp * mb * seq * d * weight_bytes / tp_link
     if pp > 1:  # activations forward and their gradients backward, into and out of a middle stage
@@ -334,8 +330,7 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
         gathered = weight_bytes * psi
         if params.float8_all_gather:  # the float8 layers' weights gathered in float8, 1 byte each
             gathered -= (weight_bytes - 1) * float8_linear_params(params, spec)
-        # gathered for forward and again for backward, or kept to backward, or kept for the whole step
-        gathers = {"after_backward": ga, "after_step": 1}.get(params.fsdp_reshard or "", 2 * ga)
+        gathers = fsdp_gathers(params)
         overlapped = (gathers * gathered + reduce_bytes * psi) * ring / dp_link
         calls += (gathers + 1) * spec.n_layer
     elif layout == "zero":

@@ -392,8 +392,9 @@ def unsupported(params: CellParams) -> str | None:
 
 def user_model_unsupported(params: CellParams) -> str | None:
     """Why a model of the config's `models` cannot run a cell, where it cannot: what trainbench builds
-    into its own GPT alone (Megatron-style tensor parallelism, pipeline stages, float8 layers, host
-    checkpoints). (A framework whose runner builds no such model: not_implemented.)"""
+    into its own GPT alone (pipeline stages, DeepSpeed's tensor parallelism, float8 layers, host
+    checkpoints), or tensor parallelism without a plan it can apply. (A framework whose runner builds no
+    such model: not_implemented.)"""
     if params.head != "lm":
         return "your models train as language models (head: lm): forward(input_ids, labels) gives the loss"
     if params.pp > 1:
