@@ -10,7 +10,8 @@
 - DeepSpeed ZeRO: stage 0 all-reduces the gradients once; stage 1 too, then all-gathers the updated
   weights; stage 2 reduce-scatters them after every micro batch, then all-gathers the weights; stage 3
   gathers each block's weights for every forward and backward (and recomputation) and reduce-scatters
-  its gradients every micro batch; each in buckets of DeepSpeed's 5e8 elements;
+  its gradients every micro batch; in buckets of `reduce_bucket_size` and `allgather_bucket_size`
+  elements (DeepSpeed's 5e8);
 - tensor parallelism: an all-reduce of a micro batch's activations (tokens x width) per split layer
   and pass; a pipeline's send/recv of them at each stage boundary, forward and backward.
 
@@ -107,7 +108,8 @@ def step_collectives(params: CellParams) -> list[Collective]:
                                 layers, dp))
         found.append(Collective("FSDP2: the root's gradients", "reduce_scatter", root * reduce_bytes, 1, dp))
     elif dp > 1 and layout == "zero":
-        bucket = ZERO_BUCKET_ELEMENTS * weight_bytes
+        bucket = (params.reduce_bucket_size or ZERO_BUCKET_ELEMENTS) * weight_bytes
+        gather_bucket = (params.allgather_bucket_size or ZERO_BUCKET_ELEMENTS) * weight_bytes
         if stage in (0, 1):
             found += _buckets(f"ZeRO-{stage}: gradients", "all_reduce", psi * weight_bytes, bucket, 1, dp)
         elif stage == 2:
@@ -119,8 +121,8 @@ def step_collectives(params: CellParams) -> list[Collective]:
             found.append(Collective("ZeRO-3: a block's gradients", "reduce_scatter", block * weight_bytes,
                                     ga * layers, dp))
         if stage in (1, 2):
-            found += _buckets(f"ZeRO-{stage}: updated weights", "all_gather", psi * weight_bytes, bucket, 1,
-                              dp)
+            found += _buckets(f"ZeRO-{stage}: updated weights", "all_gather", psi * weight_bytes,
+                              gather_bucket, 1, dp)
     tokens = params.micro_batch * (params.seq_len or spec.max_seq)
     activations = tokens * spec.d_model * weight_bytes
     if tp > 1:

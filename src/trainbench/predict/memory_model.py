@@ -279,7 +279,7 @@ def model_states(params: CellParams, spec: ModelSpec) -> tuple[dict[str, float],
     else:
         weight = 2 if mixed else 4
         master = 4  # the optimizer's fp32 copy (a separate partition even in fp32 for stages 1-3)
-        bucket_elements = memory.reduce_bucket_elements(spec)
+        bucket_elements = params.reduce_bucket_size or memory.reduce_bucket_elements(spec)
         if params.device == "cpu":
             # host pages of an untouched torch.empty are not resident: only what reduction writes counts
             bucket_elements = min(bucket_elements, psi)

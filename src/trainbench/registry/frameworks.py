@@ -48,7 +48,8 @@ class CellParams(Protocol):
 NO, OPTIONAL, ALWAYS = "no", "optional", "always"
 # parameters only some runners read: a cell that sets one for a runner that ignores it is refused
 OPTIONAL_SETTINGS = ("overlap_comm", "dataset_path", "pretrained_path", "float8", "fsdp_reshard",
-                     "ddp_compile", "ddp_bucket_cap_mb")
+                     "ddp_compile", "ddp_bucket_cap_mb", "contiguous_gradients", "reduce_bucket_size",
+                     "allgather_bucket_size", "prefetch_bucket_size")
 # switches (off by default) only some runners honour: a cell may turn one on only for those
 OPTIONAL_SWITCHES = ("checkpoint_in_cpu", "float8_all_gather", "ddp_bucket_view", "ddp_static_graph")
 
@@ -253,7 +254,8 @@ register(Framework(
                  layout="zero", zero_stage=3, offload_optimizer=OPTIONAL, offload_param=OPTIONAL,
                  tensor_parallel=AUTOTP, pipeline_parallel=True),
     ),
-    honours=("overlap_comm", "checkpoint_in_cpu"),
+    honours=("overlap_comm", "contiguous_gradients", "reduce_bucket_size", "allgather_bucket_size",
+             "prefetch_bucket_size", "checkpoint_in_cpu"),
     launchers=("python", "torchrun", "deepspeed"), time=TimeFacts(loop_step_s=None)))
 
 register(Framework(

@@ -42,6 +42,7 @@ from trainbench.execute.profiling import PARTS  # noqa: E402
 from trainbench.execute.results import with_intervals  # noqa: E402
 from trainbench.reporting.predictions import (MODEL_PARTS, parts_compared, prediction, time_prediction,  # noqa: E402
                                               with_current_predictions)
+from trainbench.study.params import PARAMS_BY_NAME  # noqa: E402
 
 Doc = dict[str, Any]
 
@@ -578,7 +579,8 @@ def throughput_figures(docs: list[Doc], id_keys: list[str], title: str, panel_ke
 
 # settings of a strategy that a one-GPU cell has none of: they name a series of their own
 STRATEGY_SETTINGS = ("fsdp_reshard", "ddp_compile", "ddp_bucket_cap_mb", "ddp_bucket_view",
-                     "ddp_static_graph")
+                     "ddp_static_graph", "overlap_comm", "contiguous_gradients", "reduce_bucket_size",
+                     "allgather_bucket_size", "prefetch_bucket_size")
 # what sets a scaling series apart from its neighbours at other GPU counts: the rest are the same set-up
 SCALED = ("strategy", "framework", "gpus", "nodes", *STRATEGY_SETTINGS)
 
@@ -598,9 +600,16 @@ def _samples(doc: Doc, measured: bool) -> float | None:
     return time_prediction(doc).get("samples_per_s")
 
 
+def _set(params: dict[str, Any], key: str) -> bool:
+    """Whether a cell chose a strategy setting: a switch turned on, or a value where unset is null (a
+    setting unset by null, such as overlap_comm, says something when false)."""
+    value = params.get(key)
+    return value is not None and (value is not False or PARAMS_BY_NAME[key].default is None)
+
+
 def _series_name(doc: Doc) -> str:
     name = value_label("strategy", doc["params"].get("strategy"))
-    settings = [f"{key} {doc['params'][key]}" for key in STRATEGY_SETTINGS if doc["params"].get(key)]
+    settings = [f"{key} {doc['params'][key]}" for key in STRATEGY_SETTINGS if _set(doc["params"], key)]
     return f"{name} ({', '.join(settings)})" if settings else name
 
 

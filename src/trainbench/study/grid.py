@@ -329,6 +329,7 @@ def check_cell(p: CellParams) -> tuple[list[tuple[str, str]], str | None]:
     if p.ddp_compile and not p.compile:
         errors.append(("ddp_compile", "says how torch.compile meets DDP; set compile: true, or leave it "
                                       "unset"))
+    errors += _zero_setting_errors(p)
     if p.checkpoint_in_cpu and not p.activation_checkpointing:
         errors.append(("checkpoint_in_cpu", "keeps checkpointed activations in host memory; set "
                                             "activation_checkpointing: true"))
@@ -339,6 +340,25 @@ def check_cell(p: CellParams) -> tuple[list[tuple[str, str]], str | None]:
                                  "dataset_path (or synthetic)"))
     strategy_errors, unsupported = frameworks.check(p)
     return errors + strategy_errors, unsupported
+
+
+# DeepSpeed's ZeRO settings, and the stages whose optimizer reads each (stage 0 reduces gradients in
+# the engine, not in a ZeRO optimizer)
+ZERO_SETTING_STAGES = {"contiguous_gradients": (1, 2, 3), "reduce_bucket_size": (1, 2, 3),
+                       "allgather_bucket_size": (1, 2), "prefetch_bucket_size": (3,)}
+
+
+def _zero_setting_errors(p: CellParams) -> list[tuple[str, str]]:
+    """A ZeRO setting on a stage that never reads it, by key: DeepSpeed would accept it and ignore it."""
+    strategy = frameworks.registry().get(p.framework)
+    strategy = strategy and strategy.strategy(p.strategy)
+    stage = getattr(strategy, "zero_stage", None)
+    if stage is None:  # not a ZeRO strategy: the framework check refuses what its runner does not honour
+        return []
+    return [(key, f"is read by ZeRO stage {' and '.join(map(str, stages))}, and strategy {p.strategy!r} is "
+                  f"stage {stage}: leave it unset")
+            for key, stages in ZERO_SETTING_STAGES.items()
+            if getattr(p, key) is not None and stage not in stages]
 
 
 def _matches(params: CellParams, pattern: dict[str, Any]) -> bool:

@@ -140,6 +140,21 @@ class CellParams:
         "the OS cannot swap). CUDA only.")
     overlap_comm: bool | None = param(None, "DeepSpeed: overlap gradient reduction with the backward pass; "
         "null keeps DeepSpeed's default for the stage.")
+    contiguous_gradients: bool | None = param(None, "DeepSpeed ZeRO 1-3: copy each gradient into one "
+        "contiguous buffer as the backward produces it (no fragmentation; a copy per gradient). Null: "
+        "DeepSpeed's (on).",
+        optional=True)
+    reduce_bucket_size: int | None = param(None, "DeepSpeed ZeRO 1-3: elements reduced at once "
+        "(reduce_bucket_size): larger buckets are fewer collectives and a larger buffer. Null: DeepSpeed's "
+        "500,000,000.",
+        minimum=1, optional=True)
+    allgather_bucket_size: int | None = param(None, "DeepSpeed ZeRO 1-2: elements of updated weights "
+        "all-gathered at once after the optimizer step (allgather_bucket_size). Null: DeepSpeed's "
+        "500,000,000.",
+        minimum=1, optional=True)
+    prefetch_bucket_size: int | None = param(None, "DeepSpeed ZeRO-3: elements of parameters gathered ahead "
+        "of their use (stage3_prefetch_bucket_size). Null: DeepSpeed's 50,000,000.",
+        minimum=1, optional=True)
     activation_checkpointing: bool = param(False, "Recompute each transformer block's activations in the "
         "backward pass instead of storing them.")
     checkpoint_in_cpu: bool = param(False, "With activation checkpointing, keep each block's checkpointed "

@@ -52,8 +52,15 @@ def deepspeed_config(params: CellParams, device_type: str) -> dict[str, Any]:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
     if offload_param:
         zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
-    if params.overlap_comm is not None:
-        zero["overlap_comm"] = params.overlap_comm
+    # DeepSpeed's own default wherever the cell leaves a setting unset, so that the config says only
+    # what the cell chose
+    for key, value in (("overlap_comm", params.overlap_comm),
+                       ("contiguous_gradients", params.contiguous_gradients),
+                       ("reduce_bucket_size", params.reduce_bucket_size),
+                       ("allgather_bucket_size", params.allgather_bucket_size),
+                       ("stage3_prefetch_bucket_size", params.prefetch_bucket_size)):
+        if value is not None:
+            zero[key] = value
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": params.micro_batch,
         "gradient_accumulation_steps": params.grad_accum,
