@@ -412,13 +412,32 @@ def stack(works: list[Work]) -> dict[str, np.ndarray]:
     return arrays
 
 
+def _names(works: dict[str, np.ndarray], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct names of a stack's `key` (loop, engine) and each cell's index into them: computed
+    once by `fit` (`indexed`) for the many evaluations of one stack, else here."""
+    if f"{key}_names" in works:
+        return works[f"{key}_names"], works[f"{key}_at"]
+    return np.unique(works[key], return_inverse=True)
+
+
+def indexed(works: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A stack with its loop and engine names indexed, for evaluating it many times (not to be sliced by
+    cell: the names are not per cell)."""
+    found = dict(works)
+    for key in ("loop", "engine"):
+        found[f"{key}_names"], found[f"{key}_at"] = np.unique(works[key], return_inverse=True)
+    return found
+
+
 def parts(w, c: Constants) -> dict[str, Any]:
     """Seconds by part of the step (each an array where `w` holds arrays): the device's compute,
     communication that is not hidden, the optimizer, and the framework's part: the loop's and the
     engine's fixed costs with the time the GPU waits on the host's launches (a profile's idle)."""
     if isinstance(w, dict):
-        step = np.array([c.step_s.get(a, 0.0) * r + c.step_s.get(b, 0.0)
-                         for a, r, b in zip(w["loop"], w["loop_repeats"], w["engine"])])
+        loops, loop_at = _names(w, "loop")
+        engines, engine_at = _names(w, "engine")
+        step = (np.array([c.step_s.get(n, 0.0) for n in loops])[loop_at] * w["loop_repeats"]
+                + np.array([c.step_s.get(n, 0.0) for n in engines])[engine_at])
     else:
         step = c.step_s.get(w.loop, 0.0) * w.loop_repeats + c.step_s.get(w.engine, 0.0)
     g = (lambda k: w[k]) if isinstance(w, dict) else (lambda k: getattr(w, k))
@@ -557,6 +576,7 @@ def fit(works: dict[str, np.ndarray], measured_s: np.ndarray, start: Constants |
     of almost the same cells (leave-one-out) begins at the fit of all of them and takes a few steps."""
     start = start or Constants()
     names = start.names()
+    works = indexed(works)
     x0 = _to_free(start.vector(), names)
     target = np.log(measured_s)
 
