@@ -76,3 +76,15 @@ def test_the_bucket_sizes_set_the_buffer_and_the_collectives_predicted():
     # 354.8M parameters: one bucket of 5e8, or four of 1e8 (three full and the rest)
     assert counts[default] == {"ZeRO-2: gradients": 4, "ZeRO-2: updated weights": 1}
     assert counts[small] == {"ZeRO-2: gradients": 16, "ZeRO-2: updated weights": 4}
+
+
+def test_zero3_reduces_each_micro_batchs_gradients_through_its_bucket():
+    """The Trainer's "auto" bucket (width^2) cuts ZeRO-3's gradients into many small reduce-scatters."""
+    base = {"model": "gpt2-124m", "framework": "deepspeed", "strategy": "zero3", "gpus": 2,
+            "precision": "bf16", "seq_len": 1024, "micro_batch": 32, "grad_accum": 4}
+    scatters = {}
+    for bucket in (None, 768 ** 2):
+        params = CellParams.resolve({**base, "reduce_bucket_size": bucket})
+        scatters[bucket] = sum(c.count for c in step_collectives(params) if c.what == "ZeRO-3: gradients")
+    assert scatters[None] == 4  # the blocks' 85M parameters in one bucket of 5e8, each micro batch
+    assert scatters[768 ** 2] == 4 * 145  # 12 blocks of 7.08M elements in buckets of 589,824

@@ -10,8 +10,9 @@
 - DeepSpeed ZeRO: stage 0 all-reduces the gradients once; stage 1 too, then all-gathers the updated
   weights; stage 2 reduce-scatters them after every micro batch, then all-gathers the weights; stage 3
   gathers each block's weights for every forward and backward (and recomputation) and reduce-scatters
-  its gradients every micro batch; in buckets of `reduce_bucket_size` and `allgather_bucket_size`
-  elements (DeepSpeed's 5e8);
+  the gradients every micro batch; reductions in buckets of `reduce_bucket_size` elements (the
+  framework's: DeepSpeed's 5e8, Lightning's 2e8, the Trainer's width^2), ZeRO-1/2's gathers in
+  buckets of `allgather_bucket_size` (5e8);
 - tensor parallelism: an all-reduce of a micro batch's activations (tokens x width) per split layer
   and pass; a pipeline's send/recv of them at each stage boundary, forward and backward.
 
@@ -108,7 +109,9 @@ def step_collectives(params: CellParams) -> list[Collective]:
                                 layers, dp))
         found.append(Collective("FSDP2: the root's gradients", "reduce_scatter", root * reduce_bytes, 1, dp))
     elif dp > 1 and layout == "zero":
-        bucket = (params.reduce_bucket_size or ZERO_BUCKET_ELEMENTS) * weight_bytes
+        # the framework's reduce bucket (DeepSpeed's 5e8 elements, Lightning's 2e8, the Trainer's width^2)
+        bucket = (params.reduce_bucket_size or framework_of(params).memory.reduce_bucket_elements(spec)
+                  ) * weight_bytes
         gather_bucket = (params.allgather_bucket_size or ZERO_BUCKET_ELEMENTS) * weight_bytes
         if stage in (0, 1):
             found += _buckets(f"ZeRO-{stage}: gradients", "all_reduce", psi * weight_bytes, bucket, 1, dp)
@@ -118,8 +121,9 @@ def step_collectives(params: CellParams) -> list[Collective]:
             passes = 2 + bool(params.activation_checkpointing)
             found.append(Collective("ZeRO-3: a block's weights", "all_gather", block * weight_bytes,
                                     ga * passes * layers, dp))
-            found.append(Collective("ZeRO-3: a block's gradients", "reduce_scatter", block * weight_bytes,
-                                    ga * layers, dp))
+            # each micro batch's gradients leave through the reduce bucket as the backward fills it
+            found += _buckets("ZeRO-3: gradients", "reduce_scatter", block * layers * weight_bytes, bucket,
+                              ga, dp)
         if stage in (1, 2):
             found += _buckets(f"ZeRO-{stage}: updated weights", "all_gather", psi * weight_bytes,
                               gather_bucket, 1, dp)
