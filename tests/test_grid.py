@@ -282,8 +282,8 @@ def test_structural_mistakes_are_reported():
 def test_unknown_study_and_cell_lookups_say_what_exists(repo):
     config = load_config(repo / "config.yaml")
     with pytest.raises(ConfigError,
-                       match="unknown study 'nope'; studies: smoke, baseline, ddp_settings, deepspeed_settings, "
-                             "float8, fsdp_reshard, gpt2_zero"):
+                       match="unknown study 'nope'; studies: smoke, baseline, ddp_settings, "
+                             "deepspeed_settings, float8, fsdp_reshard, gpt2_zero"):
         config.study("nope")
     with pytest.raises(ConfigError, match="has no cell 'x'; `trainbench cells smoke` lists"):
         config.study("smoke").cell("x")

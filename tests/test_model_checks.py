@@ -305,3 +305,10 @@ def test_the_emulation_check_reads_the_published_emulation_check_study_by_defaul
     emulated = [p for p in (VALIDATION_RUNS / "emulation_check").glob("*emulate~true*/metrics.json")]
     assert emulated and "ranks the same emulated and real" in run.stdout
     assert re.search(rf"outcomes: \d+ of {len(emulated)} ranks", run.stdout)
+    # the whole step, emulated + the model's wait out of sample, is nearer the real step than the
+    # emulated step alone
+    whole = re.search(r"whole step .* median ([\d.]+)%, worst ([\d.]+)% over \d+ ranks \(the emulated step "
+                      r"alone: median ([\d.]+)%, worst ([\d.]+)%", run.stdout)
+    assert whole, run.stdout[-2000:]
+    median, worst, alone_median, alone_worst = map(float, whole.groups())
+    assert median < alone_median and worst < alone_worst

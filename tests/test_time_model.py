@@ -293,3 +293,22 @@ def test_sdpas_fp32_attention_runs_at_the_fp32_peak_even_with_tf32():
     fp32, tf32_peak = time_model.peak_flops(H200, "fp32", False), time_model.peak_flops(H200, "fp32", True)
     extra = attention * (1 / fp32 - 1 / tf32_peak)
     assert sdpa.matmul_s - eager.matmul_s == pytest.approx(extra)
+
+
+def test_a_rank_alone_waits_for_nothing_its_world_makes_it_wait_for():
+    """An emulated rank's step lacks what its world adds: the collectives no compute hides, a pipeline's
+    bubble, the node's other CPU optimizers on the same host memory. The model's wait is that, and
+    nothing for a world of one."""
+    constants = time_model.load_constants()["h200"]
+    assert time_model.waiting_s(cell(gpus=1, strategy="zero0"), H200, constants) == 0.0
+    synced = cell(strategy="zero1", overlap_comm=False)
+    alone = time_model.work(synced, H200, alone=True)
+    assert alone.sync_link_s == alone.micro_link_s == alone.overlapped_link_s == 0.0
+    assert time_model.waiting_s(synced, H200, constants) == pytest.approx(
+        time_model.work(synced, H200).sync_link_s / constants.eta_link)
+    piped = cell(strategy="zero1", pp=2, grad_accum=4)
+    bubble = time_model.parts(time_model.work(piped, H200, alone=True), constants)["compute"] / 4
+    assert time_model.waiting_s(piped, H200, constants) > bubble  # (ga + pp - 1) / ga: a quarter more
+    offloaded = cell(strategy="zero2", gpus=4, offload_optimizer=True)
+    assert time_model.work(offloaded, H200).cpu_host_params == 4 * time_model.work(
+        offloaded, H200, alone=True).cpu_host_params

@@ -233,8 +233,12 @@ def _link_gb_s(gpu: GpuType, crosses_nodes: bool) -> float:
     return gpu.network_gb_s if crosses_nodes else gpu.peer_gb_s()
 
 
-def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREADS) -> Work:
-    """The physical work of one optimizer step of a cell on the busiest GPU of `gpu`s."""
+def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREADS,
+         alone: bool = False) -> Work:
+    """The physical work of one optimizer step of a cell on the busiest GPU of `gpu`s; `alone`: of that
+    rank run by itself, as an emulated rank runs (training.emulation): its collectives complete at once,
+    a pipeline stage waits for no other (no bubble), and its host is its own, not shared with the node's
+    other ranks. The host still issues every call."""
     spec: ModelSpec = get_model(params.model)
     framework, strategy = framework_of(params), strategy_of(params)
     layout, stage = strategy.layout, strategy.zero_stage
@@ -355,6 +359,8 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
             budget = 1.0 if stage == 3 else 2 / 3 / ga
         else:
             sync = traffic
+    if alone:
+        micro_link = overlapped = sync = 0.0
 
     # --- optimizer: on the GPU, or offloaded ---
     sharded = layout == "fsdp" or (layout == "zero" and stage >= 1)
@@ -362,7 +368,7 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
     optimizer_hbm = torch_optimizer_hbm = offload_pcie = overlapped_pcie = 0.0
     cpu_adam = cpu_torch = cpu_unscale = cpu_host = 0.0
     # the node's ranks step their partitions at the same time, through the same host memory
-    on_host = stepped * params.gpus_per_node
+    on_host = stepped * (1 if alone else params.gpus_per_node)
     if layout == "fsdp" and offload_param:
         # FSDP's CPU offload: fp32 shards on the host, copied in for every gather, gradients copied
         # out once per step, torch's optimizer on the host
@@ -398,7 +404,7 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
         sync_link_s=sync, optimizer_hbm_s=optimizer_hbm, torch_optimizer_hbm_s=torch_optimizer_hbm,
         offload_pcie_s=offload_pcie,
         cpu_adam_params=cpu_adam, cpu_torch_params=cpu_torch, cpu_unscale_params=cpu_unscale,
-        cpu_host_params=cpu_host, pipeline_factor=(ga + pp - 1) / ga)
+        cpu_host_params=cpu_host, pipeline_factor=1.0 if alone else (ga + pp - 1) / ga)
 
 
 FIELDS = [f for f in Work.__dataclass_fields__ if f not in ("loop", "engine")]
@@ -535,6 +541,23 @@ def predict(params: CellParams, gpu: GpuType | None, constants: Constants | None
     note = "; ".join(n for n in (note, outside(params)) if n) or None
     return TimePrediction(step, samples, samples * seq, mfu, {k: float(v) for k, v in parts_s.items()},
                           gpu.key, constants.gpu, note)
+
+
+def waiting_s(params: CellParams, gpu: GpuType, constants: Constants | None = None,
+              cpu_threads: int = DEFAULT_CPU_THREADS) -> float | None:
+    """What a rank of the cell's world spends that the same rank run alone (emulated) does not, as the
+    model has it: its collectives' exposed time and the host it shares with its node's other ranks. An
+    emulated rank's measured step plus this is the whole step of its world, compute measured and
+    communication modelled (trainbench check-models emulation holds it against real cells). None where
+    the model predicts nothing."""
+    if constants is None:
+        constants, _ = constants_for(gpu)
+    try:
+        whole = step_time(work(params, gpu, cpu_threads), constants)
+        alone = step_time(work(params, gpu, cpu_threads, alone=True), constants)
+    except (KeyError, ValueError):
+        return None
+    return float(whole - alone)
 
 
 def thread_ratio(params: CellParams, gpu: GpuType | None, then: int, now: int) -> float | None:

@@ -175,6 +175,11 @@ def _step_time_error_pct(doc: Doc):
     return 100 * (predicted - measured) / measured if predicted and measured else None
 
 
+def _whole_step_ms(doc: Doc) -> float | None:
+    step, wait = metric(doc, "step_time_s"), time_prediction(doc).get("emulated_wait_s")
+    return (step + wait) * 1e3 if step and wait is not None else None
+
+
 COLUMNS: dict[str, Column] = {
     "gpus": Column("GPUs", lambda d: d["params"]["gpus"], str, "ranks (GPUs) of the cell", needs_ok=False),
     "global_batch": Column("global batch", lambda d: d["params"].get("global_batch"), str,
@@ -250,6 +255,11 @@ COLUMNS: dict[str, Column] = {
                                       comparable=False),
     "predicted_mfu": Column("predicted MFU", predicted_time("mfu"), lambda v: f"{v:.1%}",
                             "MFU at the time model's step time", needs_ok=False, comparable=False),
+    "whole_step_ms": Column("whole step (ms, modelled wait)", _whole_step_ms, _fmt(1),
+                            "an emulated rank's measured step plus what its world adds as the time model has "
+                            "it (exposed communication, a pipeline's bubble, the node's shared host): the "
+                            "world's step, compute measured and communication modelled",
+                            comparable=False),
     "step_time_error_pct": Column("time model error", _step_time_error_pct, lambda v: f"{v:+.0f}%",
                                   "predicted step time against the measured median", needs_ok=True,
                                   comparable=False),

@@ -110,7 +110,12 @@ def time_prediction(doc: Doc, study_gpu: str | None = None) -> dict:
     except (TypeError, ValueError):  # not a whole cell's parameters: the model says nothing of it
         return {}
     predicted = time_model.predict(params, gpu, cpu_threads=threads)
-    return predicted.as_dict() if predicted else {}
+    if not predicted:
+        return {}
+    found = predicted.as_dict()
+    if doc.get("emulation") and doc["status"] == "ok":  # what its world adds to the rank's measured step
+        found["emulated_wait_s"] = time_model.waiting_s(params, gpu, cpu_threads=threads)
+    return found
 
 
 def with_current_predictions(docs: list[Doc]) -> list[Doc]:

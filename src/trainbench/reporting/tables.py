@@ -200,7 +200,8 @@ def _emulation_note(docs: list[Doc]) -> list[str]:
             "rank's, measured, with NCCL's buffers modelled (" + (", ".join(f"{n:,}" for n in nccl) or "no")
             + " MiB added to the GPU's, by the layout's communicators) and "
             "the node's host memory derived (the rank's times the ranks per node); their timed figures, "
-            "marked (compute), are the rank's compute alone, beside the time model's whole step." + held, ""]
+            "marked (compute), are the rank's compute alone, beside the time model's whole step; a whole "
+            "step column adds to the measured step what the time model says its world waits." + held, ""]
 
 
 def _timing_note(docs: list[Doc]) -> list[str]:
