@@ -166,7 +166,8 @@ def cmd_run_cell(args) -> int:
 PREDICT_COLUMNS = ("study", "cell", "model", "strategy", "gpus", "nodes", "micro_batch",
                    "activation_checkpointing", "offload_optimizer", "offload_param", "gpu_mem_gib",
                    "host_mem_gib_per_node", "fits", "why_not", "step_time_s", "samples_per_s", "mfu",
-                   "time_constants_from", "compute_s", "communication_s", "optimizer_s", "framework_s")
+                   "time_constants_from", "compute_s", "communication_s", "optimizer_s", "framework_s",
+                   "emulated_wait_s")
 
 
 def cmd_predict(args) -> int:
@@ -200,9 +201,11 @@ def cmd_predict(args) -> int:
                     if p.emulate else hardware)
             prediction = predict(p, here)
             gpu = prediction.gpu_mem_mib
+            threads = cell.execution.get("cpus_per_rank") or time_model.DEFAULT_CPU_THREADS
             timed = (None if hardware.gpu is None or cell.unsupported else
-                     time_model.predict(p, hardware.gpu, constants, cell.execution.get("cpus_per_rank") or
-                                        time_model.DEFAULT_CPU_THREADS))
+                     time_model.predict(p, hardware.gpu, constants, threads))
+            # an emulated rank's measured step plus this is its world's whole step (time_model.waiting_s)
+            wait = time_model.waiting_s(p, hardware.gpu, constants, threads) if timed and p.emulate else None
             writer.writerow([name, cell.cell_id, p.model, p.strategy, p.gpus, p.nodes,
                              p.micro_batch,
                              p.activation_checkpointing, p.offload_optimizer, p.offload_param,
@@ -216,7 +219,8 @@ def cmd_predict(args) -> int:
                              # the step's parts (time_model.parts): what a profile is held against
                              *(("",) * 4 if timed is None else
                                (f"{timed.parts_s[part]:.4g}" for part in
-                                ("compute", "communication", "optimizer", "framework")))])
+                                ("compute", "communication", "optimizer", "framework"))),
+                             "" if wait is None else f"{wait:.4g}"])
     return 0
 
 

@@ -62,6 +62,10 @@ def add_check_models(sub):
                            help="emulated results and their real twins (default: the emulation_check study's "
                                 "published runs)")
     emulation.add_argument("--json", type=Path, help="also write the rows here")
+    emulation.add_argument("--predictions", type=Path, metavar="CSV",
+                           help="the waits of a predictions file committed before the cells ran "
+                                "(`trainbench predict`'s emulated_wait_s) for the whole step, instead of "
+                                "the model fitted without the cells' study")
     emulation.set_defaults(check="emulation")
     return checks
 

@@ -23,6 +23,7 @@ runs out of memory) is listed with both statuses.
 
 from __future__ import annotations
 
+import csv
 import json
 import statistics
 import sys
@@ -106,25 +107,41 @@ def pairs(paths: list[Path]) -> tuple[list[dict], list[str]]:
         row["real_exposed_comm_share"] = exposed_share(real_m, rank)
         # what the time model needs for the rank's wait: the real cell's parameters, GPU and threads
         row["study"], row["params"] = twin["study"], counted_params(twin["params"])
+        row["emulated_cell"] = f"{doc['study']}/{doc['cell_id']}"
         row["gpu"] = gpu_type_of((twin.get("provenance") or {}).get("gpu_name"))
         row["threads"] = time_model.threads_of_run(twin)
         rows.append(row)
     return rows, alone
 
 
-def add_whole_steps(rows: list[dict]) -> None:
+def committed_waits(path: Path) -> dict[str, float]:
+    """The waits a predictions file (`trainbench predict`, committed before the cells ran) gives its
+    emulated cells, by study/cell."""
+    with path.open() as f:
+        return {f"{r['study']}/{r['cell']}": float(r["emulated_wait_s"]) for r in csv.DictReader(f)
+                if r.get("emulated_wait_s")}
+
+
+def add_whole_steps(rows: list[dict], waits: dict[str, float] | None = None) -> None:
     """Each emulated step plus the time model's wait of its real rank (time_model.waiting_s): the whole
-    step an emulated rank publishes, `whole_s`. The constants are fitted without the twin's study (its
-    real cells are in the published fit), so the figure is out of sample for the real step it is held
-    against."""
+    step an emulated rank publishes, `whole_s`. The wait is the one `waits` committed for the cell
+    before it ran, or else the model's with constants fitted without the twin's study (whose real cells
+    are in the published fit): either way out of sample for the real step it is held against."""
     from trainbench.checks.step_time import measured_cells
 
-    fitted = [c for c in measured_cells(published("runs", "search")) if not c["search"]]
+    fitted = None
     constants: dict[tuple[str, str], time_model.Constants] = {}
     for row in rows:
         if row["gpu"] is None or not row["step_emulated_s"] or row["status_emulated"] != "ok":
             row["whole_s"] = None
             continue
+        if waits is not None:
+            wait = waits.get(row["emulated_cell"])
+            row["whole_s"] = None if wait is None else row["step_emulated_s"] + wait
+            row["whole_from"] = "committed"
+            continue
+        if fitted is None:
+            fitted = [c for c in measured_cells(published("runs", "search")) if not c["search"]]
         key = (row["gpu"].key, row["study"])
         if key not in constants:
             chosen = [c for c in fitted if c["gpu"] == key[0] and c["doc"]["study"] != key[1]]
@@ -233,7 +250,9 @@ def print_summary(rows: list[dict]) -> None:
     if wholes:
         alone = [abs(error_pct(r["step_emulated_s"], r["step_real_s"])) for r, _ in wholes]
         errors = [abs(e) for _, e in wholes]
-        print(f"whole step (emulated + the time model's wait, fitted without the cell's study) against the "
+        source = "committed before the run" if any("whole_from" in r for r in rows) else (
+            "fitted without the cell's study")
+        print(f"whole step (emulated + the time model's wait, {source}) against the "
               f"real step: |error| median {statistics.median(errors):.1f}%, worst {max(errors):.1f}% over "
               f"{len(errors)} ranks (the emulated step alone: median {statistics.median(alone):.1f}%, worst "
               f"{max(alone):.1f}%; goal: median within {GOAL_WHOLE_PCT:.0f}%)")
@@ -251,7 +270,7 @@ def run(args) -> int:
         print(f"no emulated rank with a real twin under {', '.join(map(str, folders)) or DEFAULT_FOLDERS[0]}",
               file=sys.stderr)
         return 1
-    add_whole_steps(rows)
+    add_whole_steps(rows, committed_waits(args.predictions) if args.predictions else None)
     print_rows(rows)
     print_summary(rows)
     if args.json:
