@@ -333,5 +333,6 @@ def test_the_emulation_check_takes_the_waits_committed_before_the_run(tmp_path):
                 writer.writerow([study, cell, row["step_real_s"] - row["step_emulated_s"]])
     run = check_models("emulation", "--predictions", str(path), timeout=120)
     assert run.returncode == 0, run.stderr
-    assert re.search(r"whole step \(emulated \+ the time model's wait, committed before the run\) against the "
-                     r"real step: \|error\| median 0\.0%, worst 0\.0% over 19 ranks", run.stdout), run.stdout[-800:]
+    assert re.search(r"whole step \(emulated \+ the time model's wait, committed before the run\) against "
+                     r"the real step: \|error\| median 0\.0%, worst 0\.0% over 19 ranks", run.stdout), (
+        run.stdout[-800:])
