@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -220,7 +221,7 @@ def _timing_note(docs: list[Doc]) -> list[str]:
     return [text, ""]
 
 
-def _time_model_note(docs: list[Doc]) -> list[str]:
+def _time_model_note(docs: list[Doc], study: str) -> list[str]:
     predicted = [d for d in docs if d.get("predicted_time")]
     if not predicted:
         return []
@@ -233,11 +234,17 @@ def _time_model_note(docs: list[Doc]) -> list[str]:
             f" (or the GPU the study's measured cells ran on).")
     borrowed = sorted({d["predicted_time"]["note"] for d in predicted if d["predicted_time"].get("note")})
     text += "".join(f" {note[0].upper()}{note[1:]}." for note in borrowed)
-    if any(d["status"] == "ok" for d in predicted):
+    # the fit names its studies: "243 cells (baseline, emulation_check, ...), by ..."
+    in_fit = any(re.search(rf"[(, ]{re.escape(study)}[,)]", w or "") for w in fitted.values())
+    if any(d["status"] == "ok" for d in predicted) and in_fit:
         text += (" Its constants were fitted on measured cells, these among them"
                  + (f" ({'; '.join(f'{g}: {w}' for g, w in fitted.items())})" if fitted else "")
                  + ", so a measured cell's error here is in sample; predicted from fits that did not "
                  "see them, the error is in validation/results/bench/time_model/time_model.txt.")
+    elif any(d["status"] == "ok" for d in predicted):
+        text += (" Its constants were fitted on measured cells of other studies"
+                 + (f" ({'; '.join(f'{g}: {w}' for g, w in fitted.items())})" if fitted else "")
+                 + ", not these: a measured cell's error here is out of sample.")
     return [text, ""]
 
 
@@ -271,7 +278,7 @@ def study_markdown(study: str, description: str, docs: list[Doc], *, id_keys: li
             "",
             *_emulation_note(measured),
             *_timing_note(measured),
-            *_time_model_note(measured),
+            *_time_model_note(measured, study),
             "Columns: " + "; ".join(f"{COLUMNS[c].header}: {COLUMNS[c].description}" for c in report) + ".",
             "",
         ]
