@@ -457,3 +457,21 @@ def test_the_published_emulated_cells_say_what_they_are():
             assert doc["device_limit"]["limit_mib"] == doc["params"]["gpu_mem_limit_gib"] * 1024
             # the measured peak stays within the GPU it was held to
             assert max(section["measured"]["gpu_mem_used_mib"]) <= doc["device_limit"]["limit_mib"] + 512
+
+
+def test_fit_reports_an_emulated_gpu_ranks_whole_step_with_its_worlds_wait():
+    """`trainbench fit`'s report of a GPU rank: its measured step, and that plus the time model's wait of
+    its world (here a published emulated last stage of a 2-stage pipeline: its bubble)."""
+    from trainbench import fit
+    from trainbench.predict import time_model
+    from trainbench.registry.hardware import gpu_type_of
+    from trainbench.study.params import CellParams
+
+    runs = REPO / "validation/results/runs/emulated_whole_step"
+    doc = json.loads(next(runs.glob("*pp~2*emulate~true*/metrics.json")).read_text())
+    gpu = gpu_type_of(doc["provenance"]["gpu_name"])
+    wait = time_model.waiting_s(CellParams.from_dict(doc["params"]), gpu,
+                                cpu_threads=time_model.threads_of_run(doc))
+    assert wait > 0.05  # a quarter of the stage's step more, for 4 micro batches through 2 stages
+    said = "\n".join(fit.report(doc))
+    assert f"whole step: {doc['metrics']['step_time_s'] + wait:.3f} s" in said and f"({wait:.3f} s:" in said

@@ -78,7 +78,26 @@ def report(doc: dict[str, Any]) -> list[str]:
                      f"{_gib(predicted.get('host_mem_mib'))} per node: {verdict}")
     if m.get("step_time_s"):
         lines.append(f"  step time: {m['step_time_s']:.3f} s of this rank's compute (no communication)")
+        wait = _world_wait_s(doc, p)
+        if wait is not None:
+            lines.append(f"  whole step: {m['step_time_s'] + wait:.3f} s with what its world adds as the "
+                         f"time model has it ({wait:.3f} s: exposed collectives, a pipeline's bubble, the "
+                         f"node's shared host); `trainbench check-models emulation` says how near such "
+                         f"steps come")
     return lines
+
+
+def _world_wait_s(doc: dict[str, Any], params: CellParams) -> float | None:
+    """The time model's wait of the rank's world on the GPU type it ran on (time_model.waiting_s);
+    None on a CPU rank or a GPU the hardware table does not know."""
+    from trainbench.predict import time_model
+    from trainbench.reporting.predictions import counted
+    from trainbench.registry.hardware import gpu_type_of
+
+    gpu = gpu_type_of((doc.get("provenance") or {}).get("gpu_name"))
+    if gpu is None or params.device != "cuda":
+        return None
+    return time_model.waiting_s(counted(params), gpu, cpu_threads=time_model.threads_of_run(doc))
 
 
 def run(cell: Cell, *, root: str = FIT_ROOT, force: bool = False, runtime_min: float = 60,
