@@ -205,7 +205,8 @@ def cmd_predict(args) -> int:
             timed = (None if hardware.gpu is None or cell.unsupported else
                      time_model.predict(p, hardware.gpu, constants, threads))
             # an emulated rank's measured step plus this is its world's whole step (time_model.waiting_s)
-            wait = time_model.waiting_s(p, hardware.gpu, constants, threads) if timed and p.emulate else None
+            wait = (time_model.waiting_s(p, hardware.gpu, constants, threads, whole_s=timed.step_time_s)
+                    if timed and p.emulate else None)
             writer.writerow([name, cell.cell_id, p.model, p.strategy, p.gpus, p.nodes,
                              p.micro_batch,
                              p.activation_checkpointing, p.offload_optimizer, p.offload_param,

@@ -29,8 +29,6 @@ import statistics
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from trainbench.checks.inputs import counted_params
 from trainbench.checks.inputs import first_present, metrics_files, published
 from trainbench.predict import time_model
@@ -127,7 +125,7 @@ def add_whole_steps(rows: list[dict], waits: dict[str, float] | None = None) -> 
     step an emulated rank publishes, `whole_s`. The wait is the one `waits` committed for the cell
     before it ran, or else the model's with constants fitted without the twin's study (whose real cells
     are in the published fit): either way out of sample for the real step it is held against."""
-    from trainbench.checks.step_time import measured_cells
+    from trainbench.checks.step_time import fit_cells, measured_cells
 
     fitted = None
     constants: dict[tuple[str, str], time_model.Constants] = {}
@@ -138,15 +136,13 @@ def add_whole_steps(rows: list[dict], waits: dict[str, float] | None = None) -> 
         if waits is not None:
             wait = waits.get(row["emulated_cell"])
             row["whole_s"] = None if wait is None else row["step_emulated_s"] + wait
-            row["whole_from"] = "committed"
             continue
         if fitted is None:
             fitted = [c for c in measured_cells(published("runs", "search")) if not c["search"]]
         key = (row["gpu"].key, row["study"])
         if key not in constants:
-            chosen = [c for c in fitted if c["gpu"] == key[0] and c["doc"]["study"] != key[1]]
-            constants[key] = time_model.fit(time_model.stack([c["work"] for c in chosen]),
-                                            np.array([c["measured_s"] for c in chosen]))
+            gpu, study = key
+            constants[key] = fit_cells([c for c in fitted if c["gpu"] == gpu and c["doc"]["study"] != study])
         waiting = time_model.waiting_s(row["params"], row["gpu"], constants[key], row["threads"])
         row["whole_s"] = None if waiting is None else row["step_emulated_s"] + waiting
 
@@ -207,7 +203,7 @@ def print_rows(rows: list[dict]) -> None:
               f"{_pct(error_pct(r.get('whole_s'), r['step_real_s']), '+6.1f')}")
 
 
-def print_summary(rows: list[dict]) -> None:
+def print_summary(rows: list[dict], waits_committed: bool = False) -> None:
     print()
     differ = [r for r in rows if r["status_real"] != r["status_emulated"]]
     print(f"outcomes: {len(rows) - len(differ)} of {len(rows)} ranks the same emulated and real"
@@ -250,8 +246,7 @@ def print_summary(rows: list[dict]) -> None:
     if wholes:
         alone = [abs(error_pct(r["step_emulated_s"], r["step_real_s"])) for r, _ in wholes]
         errors = [abs(e) for _, e in wholes]
-        source = "committed before the run" if any("whole_from" in r for r in rows) else (
-            "fitted without the cell's study")
+        source = "committed before the run" if waits_committed else "fitted without the cell's study"
         print(f"whole step (emulated + the time model's wait, {source}) against the "
               f"real step: |error| median {statistics.median(errors):.1f}%, worst {max(errors):.1f}% over "
               f"{len(errors)} ranks (the emulated step alone: median {statistics.median(alone):.1f}%, worst "
@@ -272,7 +267,7 @@ def run(args) -> int:
         return 1
     add_whole_steps(rows, committed_waits(args.predictions) if args.predictions else None)
     print_rows(rows)
-    print_summary(rows)
+    print_summary(rows, waits_committed=args.predictions is not None)
     if args.json:
         shown = [{k: v for k, v in r.items() if k not in ("params", "gpu")} for r in rows]
         args.json.write_text(json.dumps(shown, indent=1) + "\n")

@@ -72,6 +72,12 @@ def measured_cells(folders: list[Path]) -> list[dict]:
     return cells
 
 
+def fit_cells(cells: list[dict]) -> time_model.Constants:
+    """The constants that best predict `cells` (measured_cells' entries, of one GPU type)."""
+    return time_model.fit(time_model.stack([c["work"] for c in cells]),
+                          np.array([c["measured_s"] for c in cells]))
+
+
 def leave_one_out(works: dict, measured: np.ndarray,
                   everything: time_model.Constants | None = None) -> np.ndarray:
     """Each cell's step time from a fit of all the others. `everything`, the fit of all cells, is only

@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -195,6 +196,12 @@ class Constants:
     def as_dict(self) -> dict[str, Any]:
         return {**{k: getattr(self, k) for k in self.SCALARS}, "step_s": dict(self.step_s), "gpu": self.gpu,
                 "fitted_on": self.fitted_on}
+
+    def fitted_studies(self) -> set[str]:
+        """The studies whose cells the constants were fitted on, as `fitted_on` names them
+        ("243 cells (baseline, emulation_check, ...), by ...": checks.step_time writes it)."""
+        found = re.search(r"\(([^()]*)\)", self.fitted_on)
+        return {name.strip() for name in found.group(1).split(",")} if found else set()
 
 
 def load_constants(path: Path = CONSTANTS_FILE) -> dict[str, Constants]:
@@ -544,16 +551,17 @@ def predict(params: CellParams, gpu: GpuType | None, constants: Constants | None
 
 
 def waiting_s(params: CellParams, gpu: GpuType, constants: Constants | None = None,
-              cpu_threads: int = DEFAULT_CPU_THREADS) -> float | None:
+              cpu_threads: int = DEFAULT_CPU_THREADS, whole_s: float | None = None) -> float | None:
     """What a rank of the cell's world spends that the same rank run alone (emulated) does not, as the
     model has it: its collectives' exposed time and the host it shares with its node's other ranks. An
     emulated rank's measured step plus this is the whole step of its world, compute measured and
-    communication modelled (trainbench check-models emulation holds it against real cells). None where
-    the model predicts nothing."""
+    communication modelled (trainbench check-models emulation holds it against real cells). `whole_s`:
+    the cell's step as predict() gave it with these constants, where the caller has it. None where the
+    model predicts nothing."""
     if constants is None:
         constants, _ = constants_for(gpu)
     try:
-        whole = step_time(work(params, gpu, cpu_threads), constants)
+        whole = step_time(work(params, gpu, cpu_threads), constants) if whole_s is None else whole_s
         alone = step_time(work(params, gpu, cpu_threads, alone=True), constants)
     except (KeyError, ValueError):
         return None

@@ -114,7 +114,8 @@ def time_prediction(doc: Doc, study_gpu: str | None = None) -> dict:
         return {}
     found = predicted.as_dict()
     if doc.get("emulation") and doc["status"] == "ok":  # what its world adds to the rank's measured step
-        found["emulated_wait_s"] = time_model.waiting_s(params, gpu, cpu_threads=threads)
+        found["emulated_wait_s"] = time_model.waiting_s(params, gpu, cpu_threads=threads,
+                                                        whole_s=predicted.step_time_s)
     return found
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -227,15 +226,15 @@ def _time_model_note(docs: list[Doc], study: str) -> list[str]:
         return []
     from trainbench.predict.time_model import load_constants
 
-    fitted = {gpu: c.fitted_on for gpu, c in load_constants().items()}
+    constants = load_constants()
+    fitted = {gpu: c.fitted_on for gpu, c in constants.items()}
     gpus = sorted({d["predicted_time"]["gpu"] for d in predicted})
     text = (f"Predicted step times and samples/s are the time model's (docs/time-model.md) on "
             f"{', '.join(gpus)}: measured cells on the GPU they ran on, planned ones on the planning hardware"
             f" (or the GPU the study's measured cells ran on).")
     borrowed = sorted({d["predicted_time"]["note"] for d in predicted if d["predicted_time"].get("note")})
     text += "".join(f" {note[0].upper()}{note[1:]}." for note in borrowed)
-    # the fit names its studies: "243 cells (baseline, emulation_check, ...), by ..."
-    in_fit = any(re.search(rf"[(, ]{re.escape(study)}[,)]", w or "") for w in fitted.values())
+    in_fit = any(study in c.fitted_studies() for c in constants.values())
     if any(d["status"] == "ok" for d in predicted) and in_fit:
         text += (" Its constants were fitted on measured cells, these among them"
                  + (f" ({'; '.join(f'{g}: {w}' for g, w in fitted.items())})" if fitted else "")
