@@ -1,5 +1,6 @@
-"""torch DDP's settings (ddp_bucket_view, ddp_static_graph, ddp_bucket_cap_mb, ddp_compile): real DDP over
-two gloo ranks, the checks that keep them to DDP cells, and what the memory model makes of them."""
+"""torch DDP's settings (ddp_bucket_view, ddp_static_graph, ddp_bucket_cap_mb, ddp_compile) and gc_every:
+real DDP over two gloo ranks, the checks that keep them to DDP cells, and what the memory model makes of
+them."""
 
 from __future__ import annotations
 
@@ -15,13 +16,13 @@ from trainbench.study.params import CellParams
 
 from conftest import TINY, make_cell
 
-TUNED = {"ddp_bucket_view": True, "ddp_bucket_cap_mb": 1}
+TUNED = {"ddp_bucket_view": True, "ddp_bucket_cap_mb": 1, "gc_every": 2}
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """gpt2-tiny under DDP on two CPU ranks, 2 micro batches a step: DDP's defaults, and the gradients in
-    buckets of 1 MiB."""
+    buckets of 1 MiB with Python's collector run every 2 steps."""
     runs = {}
     for name, settings in (("defaults", {}), ("tuned", TUNED)):
         folder = tmp_path_factory.mktemp(name)
@@ -43,6 +44,15 @@ def test_the_config_written_beside_the_result_says_how_ddp_ran(trained):
     assert said["defaults"] == {"bucket_cap_mb": 25, "gradient_as_bucket_view": False, "static_graph": False,
                                 "dynamo_optimize_ddp": None}
     assert said["tuned"]["bucket_cap_mb"] == 1 and said["tuned"]["gradient_as_bucket_view"] is True
+
+
+def test_gc_every_collects_on_its_steps_and_says_so(trained):
+    metrics = {name: doc["metrics"] for name, (doc, _) in trained.items()}
+    assert "gc" not in metrics["defaults"]["timing"]  # Python collected by itself
+    steps = metrics["tuned"]["warmup_steps"] + metrics["tuned"]["steps_timed"]
+    said = metrics["tuned"]["timing"]["gc"]
+    assert said["every"] == 2 and said["collections"] == len(range(2, steps + 1, 2)) >= 2
+    assert 0 < said["collected_s"] < metrics["tuned"]["wall_time_s"]
 
 
 @pytest.mark.parametrize("key, value, words", [

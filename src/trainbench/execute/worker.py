@@ -10,6 +10,7 @@ writes `result.json`. The cell runner (cellrun.py) turns these files into metric
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import socket
@@ -225,6 +226,7 @@ class Worker:
         return figures
 
     def _finish(self, runner: Runner, device, steps: StepRecorder) -> None:
+        collected = steps.gc_record()  # every rank turns Python's collection back on
         figures = self._rank_figures(device, runner, steps)
         per_module = figures["params_per_module"]
         if self.emulated is not None:
@@ -237,7 +239,7 @@ class Worker:
                 "phase_marks": self.marks,
                 "losses": steps.losses, "step_times_s": steps.window_step_times, "ranks": gathered,
                 "steps_per_window": steps.steps_per_window, "warmup_step_times_s": steps.warmup_times,
-                "timing_stopped": steps.stopped,
+                "timing_stopped": steps.stopped, "gc": collected,
                 "params_total": runner.params_total(), "params_per_module_rank0": per_module,
                 "optimizer_steps_skipped": _difference(runner.optimizer_steps_skipped(),
                                                        getattr(steps, "skipped_at_warmup", 0)),
@@ -336,6 +338,9 @@ class StepRecorder:
         self.profiler: StepProfiler | None = None  # over the steps after the timed ones, where asked
         # the rank's GPU's energy over the timed windows (None on CPU ranks, or without NVML's counter)
         self.energy = EnergyCounter.for_device(device.type, device.index)
+        # params.gc_every: Python's automatic collection off, a generation-1 collection every N steps
+        self.gc_every = worker.params.gc_every
+        self.gc_collections: list[float] = []  # seconds each of those collections took
 
     @property
     def total(self) -> int:
@@ -362,6 +367,28 @@ class StepRecorder:
             if self.energy is not None and not self._in_warmup():
                 self.energy.window_started()  # before the clock starts: the read is not the window's
             self._started = time.perf_counter()
+        if self.gc_every:
+            self._collect_garbage()
+
+    def _collect_garbage(self) -> None:
+        """torchtitan's GC: automatic collection off from the first step, so that it does not pause a
+        step wherever Python's thresholds fall; a young-generation collection every `gc_every` steps,
+        inside the step it begins (a timed step pays for it)."""
+        if self.worker.step == 1:
+            gc.disable()
+            gc.collect(1)
+        elif self.worker.step % self.gc_every == 0:
+            started = time.perf_counter()
+            gc.collect(1)
+            self.gc_collections.append(time.perf_counter() - started)
+
+    def gc_record(self) -> dict | None:
+        """What the cell's garbage collection did (timing's `gc`), None where Python collected itself."""
+        if not self.gc_every:
+            return None
+        gc.enable()
+        return {"every": self.gc_every, "collections": len(self.gc_collections),
+                "collected_s": round(sum(self.gc_collections), 6)}
 
     def end(self, loss) -> None:
         """`loss`: the step's mean loss, a tensor on the device (read at the window's end) or a float."""

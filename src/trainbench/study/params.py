@@ -222,6 +222,11 @@ class CellParams:
     ddp_static_graph: bool = param(False, "torch DDP: the graph is the same every step (static_graph): DDP "
         "then skips searching for unused parameters and fixes its bucket order after the first step.",
         optional=True)
+    gc_every: int | None = param(None, "Python's garbage collector during training. Null: automatic, Python "
+        "collecting whenever its allocation thresholds say, in whichever step that falls; N: automatic "
+        "collection off from the first step, and a generation-1 collection at the start of every Nth step, "
+        "timed with it (torchtitan's gc_freq, 50 by default there). Every framework.",
+        minimum=1, optional=True)
     ort: bool = param(False, "Run the model under ONNX Runtime training (ORTModule).")
     compile: bool = param(False, "Compile the model with torch.compile.")
     lr: float = param(0.0001, "Peak learning rate.",
