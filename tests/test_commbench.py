@@ -50,7 +50,7 @@ def test_the_csv_beside_it_holds_the_same_rows(cpu_table):
         rows = list(csv.DictReader(f))
     assert [(r["collective"], int(r["size_bytes"]), float(r["busbw_gb_s"])) for r in rows] == [
         (r["collective"], r["size_bytes"], r["busbw_gb_s"]) for r in doc["rows"]]
-    assert "commbench: 2 ranks, gloo" in flow.path("results/comm/cpu-x2.log").read_text()
+    assert "commbench: 2 ranks on 1 node(s), gloo" in flow.path("results/comm/cpu-x2.log").read_text()
 
 
 def test_bus_factors_follow_the_number_of_ranks():
@@ -59,12 +59,19 @@ def test_bus_factors_follow_the_number_of_ranks():
     assert commbench.COLLECTIVES["send_recv"].bus_factor(8) == 1.0
 
 
-def test_bad_input_is_refused_by_name(tmp_path):
+def test_bad_input_is_refused_by_name(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with pytest.raises(UsageError, match="--nodes 2: ranks on several nodes start through SLURM"):
+        commbench.run(ranks=4, device="cpu", out=tmp_path / "x.json", collectives=["all_reduce"], nodes=2)
     with pytest.raises(UsageError, match="no collective all_gether"):
         commbench.run(ranks=2, device="cpu", out=tmp_path / "x.json", collectives=["all_gether"])
     with pytest.raises(UsageError, match="h200-x2 names h200 ranks, and this host's are cpu"):
         commbench.run(ranks=2, device="cpu", out=tmp_path / "x.json", collectives=["all_reduce"],
                       name="h200-x2")
+    with pytest.raises(UsageError, match="h100-n2x8 names h100 ranks, and this host's are cpu"):
+        monkeypatch.setenv("SLURM_JOB_ID", "1")  # inside an allocation, across nodes: still this hardware's
+        commbench.run(ranks=8, device="cpu", out=tmp_path / "x.json", collectives=["all_reduce"],
+                      name="h100-n2x8", nodes=2)
     with pytest.raises(UsageError, match="not a size"):
         commbench.parse_bytes("lots")
     assert commbench.parse_bytes("64M") == 64 << 20 and commbench.parse_bytes("1GiB") == 1 << 30

@@ -169,6 +169,9 @@ HOW: dict[str, How] = {
     "trainbench commbench --ranks 4": How("elsewhere", "4 GPUs; tests/test_commbench.py times CPU ranks"),
     "snakemake -c all results/comm/h200-x2.json": How(
         "elsewhere", "2 H200s; tests/test_commbench.py runs the rule for CPU ranks (cpu-x2)"),
+    "snakemake --profile profiles/slurm results/comm/h200-n2x8.json": How(
+        "dry-run", "2 nodes of 8 H200s; tests/test_slurm.py reads its request from the cluster"),
+    "trainbench commbench --nodes": How("name", "an option's name; tests/test_slurm.py runs it under salloc"),
     "trainbench query \"metric == 'mfu' and p_strategy == 'zero3'\"": How("run"),
     "trainbench query \"metric == 'mfu' and p_strategy == 'zero3' and source == 'measured'\"": How("run"),
     "trainbench query \"metric == 'gpu_mem_used_max_mib' and p_strategy == 'fsdp'\" --columns "

@@ -190,14 +190,19 @@ def test_multi_node_cells_reach_slurm_as_one_task_per_node_with_their_gpus(workf
     eight = next(c for c in study.cells if c.params.nodes == 8)
     sixteen = next(c for c in study.cells if c.params.nodes == 16)
     # targets before --default-resources, which takes every word after it
-    with pending_requests(workflow, [eight.target, sixteen.target, *PROFILE, "-j", "4", "--default-resources",
-                                     f"slurm_partition={PENDING_PARTITION}"], jobs=2) as requests:
+    # and a bandwidth table across 2 nodes of 8 GPUs (rule commbench_nodes), asked for as such a cell
+    targets = [eight.target, sixteen.target, "results/comm/h200-n2x8.json"]
+    with pending_requests(workflow, [*targets, *PROFILE, "-j", "4", "--default-resources",
+                                     f"slurm_partition={PENDING_PARTITION}"], jobs=3) as requests:
         for nodes, cell in ((8, eight), (16, sixteen)):
             r = requests[nodes]
             assert r["NumTasks"] == str(nodes) and r["CPUs/Task"] == "64"
             assert r["TresPerNode"] == "gres:gpu:8"
             assert r["MinMemoryNode"] == f"{cell.resources()['mem_mb']}M"
             assert r["TimeLimit"] == "02:00:00" and r["Partition"] == PENDING_PARTITION
+        table = requests[2]
+        assert table["NumTasks"] == "2" and table["TresPerNode"] == "gres:gpu:8"
+        assert table["CPUs/Task"] == "32"
 
 
 def test_the_srun_fan_out_starts_a_node_that_joins_its_rendezvous(tmp_path):
@@ -218,6 +223,25 @@ def test_the_srun_fan_out_starts_a_node_that_joins_its_rendezvous(tmp_path):
     outcome = classify(work, result.returncode, False, 300, warmup_steps=1)
     assert outcome.status == "ok"
     assert len(outcome.result["ranks"]) == 2
+
+
+def test_commbench_across_nodes_starts_its_ranks_with_srun_in_its_allocation(tmp_path):
+    """`trainbench commbench --nodes` inside an allocation (one node here, the cluster's): srun starts a
+    launcher on each node of it, whose gloo ranks meet in the rendezvous on the batch host, as a
+    multi-node cell's do. (The rule's request for nodes: the test above.)"""
+    out = tmp_path / "cpu-n1x2.json"
+    partition = ["-p", cluster_partition()] if cluster_partition() else []
+    done = subprocess.run(["salloc", "--nodes=1", "--cpus-per-task=2", *partition, sys.executable, "-m",
+                           "trainbench", "commbench", "--nodes", "1", "--ranks", "2", "--device", "cpu",
+                           "--out", str(out), "--max-bytes", "64K", "--repeats", "2", "--iters", "5"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["interconnect"] == "cpu-n1x2" and doc["ranks"] == 2 and doc["nodes"] == 1
+    assert {row["collective"] for row in doc["rows"]} >= {"all_reduce", "all_gather", "send_recv"}
+    said = doc["provenance"]
+    assert said["slurm_job_id"] and said["slurm_step_id"].isdigit(), said  # srun's step, not the batch
+    assert said["hosts"] == [socket.gethostname()]
 
 
 def test_a_study_names_partition_account_gpu_model_and_constraint_and_sbatch_gets_them(workflow):

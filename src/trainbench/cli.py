@@ -311,7 +311,8 @@ def cmd_commbench(args) -> int:
                          collectives=args.collectives, min_bytes=commbench.parse_bytes(args.min_bytes),
                          max_bytes=commbench.parse_bytes(args.max_bytes) if args.max_bytes else None,
                          warmup=args.warmup,
-                         iters=args.iters, repeats=args.repeats, dtype=args.dtype, name=args.name)
+                         iters=args.iters, repeats=args.repeats, dtype=args.dtype, name=args.name,
+                         nodes=args.nodes)
 
 
 def cmd_search_summary(args) -> int:
@@ -612,7 +613,11 @@ def parser() -> argparse.ArgumentParser:
                                       "algorithm and bus bandwidth as nccl-tests reports them, with the "
                                       "host's provenance (docs/communication.md). Results: "
                                       "results/comm/<name>.json and .csv.")
-    comm.add_argument("--ranks", type=positive(int), default=2, help="GPUs (or CPU ranks) to span")
+    comm.add_argument("--ranks", type=positive(int), default=2,
+                      help="GPUs (or CPU ranks) to span, on each node")
+    comm.add_argument("--nodes", type=positive(int),
+                      help="span this many nodes of the SLURM allocation it runs in, started by srun "
+                           "(default: this host alone)")
     comm.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     comm.add_argument("--name", help="the interconnect's name (default: the GPU type and ranks, h200-x2)")
     comm.add_argument("--out", help="the JSON file to write (default: results/comm/<name>.json)")

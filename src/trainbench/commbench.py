@@ -17,6 +17,9 @@ slowest rank's, as nccl-tests times them; that is repeated `repeats` times and t
 spread, so that a table can say how steady it is. The send/recv passes a message around a ring of
 every rank at once (each sends to the next, receives from the previous).
 
+Across nodes (`--nodes`), the ranks start through srun on every node of the SLURM allocation the command
+runs in, `--ranks` on each, and meet in a c10d rendezvous on the first, as a multi-node cell's do.
+
 The result, one JSON file (rows and the provenance of the host and run) and a CSV of the rows beside
 it, is what the time model's communication terms are to read for that interconnect.
 """
@@ -26,6 +29,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -35,10 +40,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainbench.errors import UsageError
-from trainbench.execute.gpus import NotEnoughGpus, devices_for_cell
-from trainbench.execute.launch import FIXED_ENVIRONMENT
+from trainbench.execute.gpus import NotEnoughGpus, devices_for_cell, under_slurm
+from trainbench.execute.launch import (FIXED_ENVIRONMENT, Rendezvous, free_port, multinode_command,
+                                      srun_fan_out)
 
 SCHEMA_VERSION = 1
+# a table's name: the hardware, then its ranks on one host (h200-x4) or its nodes and the ranks on each
+# (h200-n2x4)
+NAME = re.compile(r"(?P<hardware>[a-z0-9][a-z0-9-]*?)-(?:x\d+|n\d+x\d+)")
 DEFAULT_MIN_BYTES = 1 << 10
 # GPUs' links reach their bandwidth near a GiB; gloo's CPU ranks take a second an operation there
 DEFAULT_MAX_BYTES = {"cuda": 1 << 30, "cpu": 4 << 20}
@@ -221,16 +230,22 @@ def worker(args: argparse.Namespace) -> int:
     else:
         dist.init_process_group(backend)
     rank = dist.get_rank()
+    hosts = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, socket.gethostname())
+    nodes = len(set(hosts))
     say = (lambda line: print(line, flush=True)) if rank == 0 else (lambda line: None)
-    say(f"commbench: {dist.get_world_size()} ranks, {backend}, {args.dtype}")
+    say(f"commbench: {dist.get_world_size()} ranks on {nodes} node(s), {backend}, {args.dtype}")
     started = time.time()
     rows, skipped = measure(args.collectives, [int(s) for s in args.sizes], warmup=args.warmup,
                             iters=args.iters, repeats=args.repeats, dtype_name=args.dtype, progress=say)
     if rank == 0:
         doc = {"schema_version": SCHEMA_VERSION, "interconnect": args.name, "backend": backend,
-               "device": args.device, "ranks": dist.get_world_size(), "dtype": args.dtype,
+               "device": args.device, "ranks": dist.get_world_size(), "nodes": nodes, "dtype": args.dtype,
                "wall_time_s": round(time.time() - started, 2), "rows": [asdict(r) for r in rows],
-               "not_measured": skipped, "provenance": _provenance(args.device, dist.get_world_size())}
+               "not_measured": skipped,
+               "provenance": {**_provenance(args.device, int(os.environ.get("LOCAL_WORLD_SIZE",
+                                                                              dist.get_world_size()))),
+                              "hosts": sorted(set(hosts))}}
         write(doc, Path(args.out))
     dist.barrier()
     dist.destroy_process_group()
@@ -238,7 +253,8 @@ def worker(args: argparse.Namespace) -> int:
 
 
 def _provenance(device: str, ranks: int) -> dict[str, Any]:
-    from trainbench.execute.provenance import gpu_facts, host_facts, now_iso, steering_environment
+    from trainbench.execute.provenance import (gpu_facts, host_facts, now_iso, slurm_facts,
+                                               steering_environment)
 
     facts = host_facts()
     facts.pop("packages", None)  # the versions of the main packages are enough for a bandwidth table
@@ -248,8 +264,10 @@ def _provenance(device: str, ranks: int) -> dict[str, Any]:
     import torch
 
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if device == "cuda" else None
+    # under SLURM, the job and the step srun started the ranks in
+    slurm = {**slurm_facts(), "slurm_step_id": os.environ.get("SLURM_STEP_ID")} if under_slurm() else {}
     return {"finished_at": now_iso(), **facts, **gpus, "nccl": nccl, "environment": steering_environment(),
-            "command": " ".join(sys.argv)}
+            **slurm, "command": " ".join(sys.argv)}
 
 
 def write(doc: dict[str, Any], out: Path) -> None:
@@ -264,44 +282,63 @@ def write(doc: dict[str, Any], out: Path) -> None:
 
 # --- the command -----------------------------------------------------------------------------------------
 
-def default_name(device: str, ranks: int) -> str:
-    """The interconnect's name from this host: its GPU type and rank count ("h200-x2"), or "cpu-x2"."""
+def default_name(device: str, ranks: int, nodes: int | None = None) -> str:
+    """The interconnect's name from this host: its GPU type and rank count ("h200-x2", "cpu-x2"), and
+    across nodes their count and the ranks on each ("h200-n2x4")."""
+    span = f"x{ranks}" if nodes is None else f"n{nodes}x{ranks}"
     if device != "cuda":
-        return f"cpu-x{ranks}"
+        return f"cpu-{span}"
     from trainbench.execute.provenance import gpu_facts
     from trainbench.registry.hardware import gpu_type_of
 
     gpu = gpu_type_of(gpu_facts(["0"]).get("gpu_name"))
-    return f"{gpu.key if gpu else 'gpu'}-x{ranks}"
+    return f"{gpu.key if gpu else 'gpu'}-{span}"
 
 
 def run(*, ranks: int, device: str, out: Path | None, collectives: list[str],
         min_bytes: int = DEFAULT_MIN_BYTES, max_bytes: int | None = None, warmup: int = 5, iters: int = 20,
-        repeats: int = 5, dtype: str = "float32", name: str | None = None) -> int:
-    """Start `ranks` ranks with torchrun on this host and wait for their table."""
+        repeats: int = 5, dtype: str = "float32", name: str | None = None, nodes: int | None = None) -> int:
+    """Start `ranks` ranks with torchrun on this host and wait for their table; with `nodes`, `ranks` on
+    each of that many nodes of this SLURM allocation, started by srun."""
     max_bytes = DEFAULT_MAX_BYTES[device] if max_bytes is None else max_bytes
     unknown = [c for c in collectives if c not in COLLECTIVES]
     if unknown:
         raise UsageError(f"--collectives: no collective {', '.join(unknown)} "
                          f"(known: {', '.join(COLLECTIVES)})")
-    if ranks < 2:
+    if ranks * (nodes or 1) < 2:
         raise UsageError("--ranks: a collective needs 2 ranks or more")
+    if nodes is not None and not under_slurm():
+        raise UsageError(f"--nodes {nodes}: ranks on several nodes start through SLURM; run it inside an "
+                         f"allocation of {nodes} node(s) (snakemake --profile profiles/slurm "
+                         f"results/comm/<gpu>-n{nodes}x{ranks}.json asks for one)")
     if min_bytes > max_bytes:
         raise UsageError(f"--min-bytes {min_bytes} is above --max-bytes {max_bytes}")
     from trainbench.registry.hardware import GPUS
 
-    here = default_name(device, ranks)
+    here = default_name(device, ranks, nodes)
     name = name or here
-    named, ours = name.rsplit("-x", 1)[0], here.rsplit("-x", 1)[0]
+    named, ours = (NAME.fullmatch(n).group("hardware") if NAME.fullmatch(n) else n for n in (name, here))
     if named in {*GPUS, "cpu"} and named != ours:  # a table named for other hardware than it measured
         raise UsageError(f"{name} names {named} ranks, and this host's are {ours}: measure it where they are")
     out = out or Path("results/comm") / f"{name}.json"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-               "-m", "trainbench.commbench", "--device", device, "--out", str(out), "--name", name,
-               "--dtype", dtype, "--warmup", str(warmup), "--iters", str(iters), "--repeats", str(repeats),
-               "--collectives", *collectives, "--sizes", *map(str, sizes_between(min_bytes, max_bytes))]
+    args = ["--device", device, "--out", str(out.resolve()), "--name", name, "--dtype", dtype,
+            "--warmup", str(warmup), "--iters", str(iters), "--repeats", str(repeats),
+            "--collectives", *collectives, "--sizes", *map(str, sizes_between(min_bytes, max_bytes))]
     # the cells' fixed settings (NCCL's and CUDA's among them): the table speaks for what they run with
     env = {**os.environ, **FIXED_ENVIRONMENT}
+    if nodes is not None:
+        # as a multi-node cell starts: one torchrun per node, meeting on this (the batch) host; the
+        # allocation's GPUs are the ranks', so nothing is leased
+        rendezvous = Rendezvous(socket.gethostname(), free_port(), f"commbench-{os.getpid()}", nodes)
+        node_argv = multinode_command(ranks, rendezvous, args, module="trainbench.commbench")
+        if device == "cpu":
+            env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
+        cpus = int(os.environ.get("SLURM_CPUS_PER_TASK") or ranks)
+        done = subprocess.run(srun_fan_out(nodes, ranks if device == "cuda" else 0, node_argv,
+                                           cpus_per_task=cpus), env=env)
+        return _said(done.returncode, out)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+               "-m", "trainbench.commbench", *args]
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -315,9 +352,13 @@ def run(*, ranks: int, device: str, out: Path | None, collectives: list[str],
                 done = subprocess.run(command, env={**env, "CUDA_VISIBLE_DEVICES": ",".join(devices)})
         except NotEnoughGpus as error:
             raise UsageError(f"--ranks {ranks}: {error}") from None
-    if done.returncode == 0 and out.exists():
+    return _said(done.returncode, out)
+
+
+def _said(returncode: int, out: Path) -> int:
+    if returncode == 0 and out.exists():
         print(f"commbench: {out} and {out.with_suffix('.csv')}")
-    return done.returncode
+    return returncode
 
 
 def main(argv: list[str] | None = None) -> int:

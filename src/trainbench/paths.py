@@ -39,6 +39,9 @@ DATASET_LOG = "results/logs/dataset.log"
 # the collectives' bus bandwidth over `ranks` GPUs of one host (`trainbench commbench`)
 COMMBENCH = "results/comm/{interconnect}-x{ranks}.json"
 COMMBENCH_LOG = "results/comm/{interconnect}-x{ranks}.log"
+# the same over {nodes} nodes of {ranks} each, through SLURM
+COMMBENCH_NODES = "results/comm/{interconnect}-n{nodes}x{ranks}.json"
+COMMBENCH_NODES_LOG = "results/comm/{interconnect}-n{nodes}x{ranks}.log"
 # the study's page (the report's): beside its table, so that a clone has it, as it has the table
 STUDY_PAGE = "results/tables/{study}.html"
 STUDY_PAGE_LOG = "results/logs/report/{study}.log"

@@ -51,3 +51,34 @@ rule commbench:
     shell:
         "trainbench commbench --ranks {wildcards.ranks} --device {params.device}"
         " --name {wildcards.interconnect}-x{wildcards.ranks} --out {output.table} > {log} 2>&1"
+
+
+# The same across {nodes} nodes (2 or more) of {ranks} GPUs (or gloo ranks) each, through SLURM: one task
+# per node and the job's command run without a step of its own, as a multi-node cell's; trainbench
+# commbench then starts a launcher on every node with srun. `snakemake --profile profiles/slurm
+# results/comm/h200-n2x8.json` (docs/communication.md).
+rule commbench_nodes:
+    output:
+        table=paths.COMMBENCH_NODES,
+    log:
+        paths.COMMBENCH_NODES_LOG,
+    wildcard_constraints:
+        interconnect=r"[a-z0-9][a-z0-9-]*",
+        nodes=r"[2-9]|[1-9]\d+",  # the plugin runs one node's job in a step of its own: <gpu>-x<ranks>
+        ranks=r"\d+",
+    conda:
+        "../../envs/train.yaml"
+    resources:
+        gpu=None,
+        gres=lambda wildcards: None if wildcards.interconnect == "cpu" else f"gpu:{wildcards.ranks}",
+        nodes=lambda wildcards: int(wildcards.nodes),
+        tasks=lambda wildcards: int(wildcards.nodes),
+        tasks_per_gpu=lambda wildcards: None if wildcards.interconnect == "cpu" else 0,
+        mpi="srun",
+        cpus_per_task=lambda wildcards: int(wildcards.ranks) * (1 if wildcards.interconnect == "cpu" else 4),
+        runtime=30,
+    params:
+        device=lambda wildcards: "cpu" if wildcards.interconnect == "cpu" else "cuda",
+    shell:
+        "trainbench commbench --nodes {wildcards.nodes} --ranks {wildcards.ranks} --device {params.device}"
+        " --name {wildcards.interconnect}-n{wildcards.nodes}x{wildcards.ranks} --out {output.table} > {log} 2>&1"

@@ -84,23 +84,30 @@ def launcher_logs(work_dir: Path | None) -> list[str]:
 
 
 def multinode_command(ranks_per_node: int, rendezvous: Rendezvous, args: list[str], *,
-                      python: str = sys.executable, work_dir: Path | None = None) -> list[str]:
+                      python: str = sys.executable, work_dir: Path | None = None,
+                      module: str = WORKER_MODULE) -> list[str]:
     """One node's torchrun in a multi-node c10d rendezvous: the same argv on every node. The node
-    whose hostname is the endpoint's hosts the rendezvous store; c10d numbers the nodes."""
+    whose hostname is the endpoint's hosts the rendezvous store; c10d numbers the nodes. `module`: what
+    each rank runs (a cell's worker, or commbench's)."""
     return [python, "-m", "torch.distributed.run", f"--nnodes={rendezvous.nodes}",
             f"--nproc-per-node={ranks_per_node}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={rendezvous.host}:{rendezvous.port}", f"--rdzv-id={rendezvous.run_id}",
-            *launcher_logs(work_dir), "-m", WORKER_MODULE, *args]
+            *launcher_logs(work_dir), "-m", module, *args]
 
 
 def srun_command(params: CellParams, node_argv: list[str], *, cpus_per_task: int) -> list[str]:
+    """Start a cell's `node_argv` once on every node of its SLURM allocation (srun_fan_out)."""
+    return srun_fan_out(params.nodes, params.gpus_per_node if params.device == "cuda" else 0, node_argv,
+                        cpus_per_task=cpus_per_task)
+
+
+def srun_fan_out(nodes: int, gpus_per_node: int, node_argv: list[str], *, cpus_per_task: int) -> list[str]:
     """Start `node_argv` once on every node of the SLURM allocation (run from the batch host).
 
-    One task per node with the node's GPUs and cores; --kill-on-bad-exit stops every node when one
-    fails, as torchrun does for the ranks of one node.
+    One task per node with the node's GPUs (none for CPU ranks) and cores; --kill-on-bad-exit stops
+    every node when one fails, as torchrun does for the ranks of one node.
     """
-    nodes = params.nodes
-    gres = [f"--gres=gpu:{params.gpus_per_node}"] if params.device == "cuda" else []
+    gres = [f"--gres=gpu:{gpus_per_node}"] if gpus_per_node else []
     return ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
             f"--cpus-per-task={cpus_per_task}", *gres, "--kill-on-bad-exit=1", "--export=ALL", *node_argv]
 
