@@ -223,6 +223,20 @@ def test_a_study_that_scales_strategies_from_one_gpu_has_a_scaling_plot():
     plt.close(figure.figure)
 
 
+def test_a_strategy_has_one_colour_in_every_panel_of_a_scaling_plot():
+    # model n runs fsdp alone: its line must keep fsdp's colour from model m's panel, not take ddp's
+    cells = [scaled("single", 1, 100.0), scaled("ddp", 2, 180.0), scaled("ddp", 4, 320.0),
+             scaled("fsdp", 2, 150.0), scaled("fsdp", 4, 200.0),
+             scaled("single", 1, 100.0, model="n"), scaled("fsdp", 2, 190.0, model="n"),
+             scaled("fsdp", 4, 360.0, model="n")]
+    figure = next(f for f in figures(cells, id_keys=["strategy", "model", "gpus"]) if f.kind == "scaling")
+    colours = [{line.get_label(): line.get_color() for line in ax.get_lines() if line.get_linestyle() == "-"}
+               for ax in figure.figure.axes if ax.get_visible() and ax.get_lines()]
+    assert [sorted(c) for c in colours] == [["ddp", "fsdp"], ["fsdp"]]
+    assert colours[1]["fsdp"] == colours[0]["fsdp"] != colours[0]["ddp"]
+    plt.close(figure.figure)
+
+
 def test_no_scaling_plot_where_no_strategy_is_run_at_two_gpu_counts_beside_one_gpu():
     one_count = [scaled("single", 1, 100.0), scaled("ddp", 4, 320.0), scaled("fsdp", 4, 300.0)]
     no_reference = [scaled("ddp", 2, 180.0), scaled("ddp", 4, 320.0)]

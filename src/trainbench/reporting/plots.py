@@ -678,8 +678,13 @@ def scaling_figures(docs: list[Doc], id_keys: list[str], title: str) -> Iterator
             f"{title}: scaling efficiency, samples/s per GPU over the one-GPU cell's (100%: linear scaling); "
             f"solid: measured, dashed: the time model's prediction", _chars_in(6.0 * columns + 0.5, 12))),
             fontsize=12)
+        # a series keeps its colour in every panel, whichever others a panel has (the legend is the figure's)
+        colours: dict[str, str] = {}
+        for scaling in chunk:
+            for series in scaling.series:
+                colours.setdefault(series, f"C{len(colours) % 10}")
         for ax, scaling in zip(axes.flat, chunk):
-            _draw_scaling(ax, scaling)
+            _draw_scaling(ax, scaling, colours)
         for ax in list(axes.flat)[len(chunk):]:
             ax.set_visible(False)
         _legend(fig, list(axes.flat), [Line2D([], [], color="gray", linestyle=":", label="ideal (linear)")])
@@ -687,12 +692,12 @@ def scaling_figures(docs: list[Doc], id_keys: list[str], title: str) -> Iterator
         yield StudyFigure("scaling", ", ".join(s.words for s in chunk) if len(chunks) > 1 else "", name, fig)
 
 
-def _draw_scaling(ax, scaling: Scaling) -> None:
+def _draw_scaling(ax, scaling: Scaling, colours: dict[str, str]) -> None:
     counts = sorted({1} | {d["params"]["gpus"] for cells in scaling.series.values() for d in cells})
     ax.axhline(100, color="gray", linestyle=":", linewidth=1.5)
     top = 110.0
     for i, (strategy, cells) in enumerate(scaling.series.items()):
-        colour = f"C{i % 10}"
+        colour = colours[strategy]
         for measured in (True, False):
             points = [(1, 1.0)] + [(d["params"]["gpus"], _efficiency(d, scaling.reference, measured))
                                    for d in cells]
