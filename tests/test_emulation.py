@@ -474,4 +474,11 @@ def test_fit_reports_an_emulated_gpu_ranks_whole_step_with_its_worlds_wait():
                                 cpu_threads=time_model.threads_of_run(doc))
     assert wait > 0.05  # a quarter of the stage's step more, for 4 micro batches through 2 stages
     said = "\n".join(fit.report(doc))
-    assert f"whole step: {doc['metrics']['step_time_s'] + wait:.3f} s" in said and f"({wait:.3f} s:" in said
+    whole = doc["metrics"]["step_time_s"] + wait
+    assert f"whole step: {whole:.3f} s" in said and f"({wait:.3f} s:" in said
+    # and how far measured pipelines' real steps came from theirs (the committed bands), in seconds here
+    band = time_model.whole_step_band(CellParams.from_dict(doc["params"]))
+    assert band["ranks"] >= 2 and band["low"] <= band["median"] <= band["high"]
+    assert (f"(tensor or pipeline parallel, {band['ranks']} ranks) stepped "
+            f"{band['low']:.2f}-{band['high']:.2f} x their whole step: "
+            f"{whole * band['low']:.3f}-{whole * band['high']:.3f} s here") in said

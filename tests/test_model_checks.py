@@ -314,6 +314,22 @@ def test_the_emulation_check_reads_the_published_emulation_check_study_by_defaul
     assert median < alone_median and worst < alone_worst
 
 
+def test_the_whole_step_bands_are_what_the_published_emulated_and_real_ranks_give(tmp_path):
+    """src/trainbench/predict/whole_step_bands.json, which `trainbench fit` reads: made again from the
+    published pairs by the command it names (the waits fitted without each real cell's study)."""
+    from trainbench.checks.emulation import add_whole_steps, pairs, whole_step_bands
+    from trainbench.checks.inputs import metrics_files
+    from trainbench.predict.time_model import WHOLE_STEP_BANDS_FILE
+
+    committed = json.loads(WHOLE_STEP_BANDS_FILE.read_text())
+    folders = [REPO / f for f in committed["made_by"].split()[3:-1]]
+    assert len(folders) >= 3 and all(f.is_dir() for f in folders)
+    rows, _ = pairs(metrics_files(folders))
+    add_whole_steps(rows)
+    assert whole_step_bands(rows) == committed["bands"]
+    assert set(committed["bands"]) == {"data parallel", "ZeRO-3", "offloaded", "tensor or pipeline parallel"}
+
+
 def test_the_emulation_check_takes_the_waits_committed_before_the_run(tmp_path):
     """--predictions: each emulated rank's whole step is its measured step plus the wait a predictions
     file gave it; with each wait exactly what its real twin took beyond it, every whole step is exact."""

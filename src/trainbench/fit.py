@@ -80,11 +80,25 @@ def report(doc: dict[str, Any]) -> list[str]:
         lines.append(f"  step time: {m['step_time_s']:.3f} s of this rank's compute (no communication)")
         wait = _world_wait_s(doc, p)
         if wait is not None:
-            lines.append(f"  whole step: {m['step_time_s'] + wait:.3f} s with what its world adds as the "
-                         f"time model has it ({wait:.3f} s: exposed collectives, a pipeline's bubble, the "
-                         f"node's shared host); `trainbench check-models emulation` says how near such "
-                         f"steps come")
+            whole = m["step_time_s"] + wait
+            lines.append(f"  whole step: {whole:.3f} s with what its world adds as the time model has it "
+                         f"({wait:.3f} s: exposed collectives, a pipeline's bubble, the node's shared host)")
+            band = _band(p)
+            if band is not None:
+                lines.append(f"  measured worlds that wait as this one ({band['kind']}, {band['ranks']} "
+                             f"ranks) stepped {band['low']:.2f}-{band['high']:.2f} x their whole step: "
+                             f"{whole * band['low']:.3f}-{whole * band['high']:.3f} s here")
     return lines
+
+
+def _band(params: CellParams) -> dict[str, Any] | None:
+    """How far real steps came from their whole step, for worlds that wait as this cell's does
+    (time_model.whole_step_band), with that kind's name."""
+    from trainbench.predict import time_model
+    from trainbench.reporting.predictions import counted
+
+    band = time_model.whole_step_band(counted(params))
+    return None if band is None else {**band, "kind": time_model.wait_kind(counted(params))}
 
 
 def _world_wait_s(doc: dict[str, Any], params: CellParams) -> float | None:

@@ -66,6 +66,10 @@ def add_check_models(sub):
                            help="the waits of a predictions file committed before the cells ran "
                                 "(`trainbench predict`'s emulated_wait_s) for the whole step, instead of "
                                 "the model fitted without the cells' study")
+    emulation.add_argument("--write-bands", action="store_true",
+                           help="write how far real steps came from their whole step, by what the world "
+                                "waits on, to src/trainbench/predict/whole_step_bands.json (trainbench fit "
+                                "reads it)")
     emulation.set_defaults(check="emulation")
     return checks
 

@@ -256,6 +256,32 @@ def print_summary(rows: list[dict], waits_committed: bool = False) -> None:
 DEFAULT_FOLDERS = ("validation/results/runs/emulation_check", "results/runs/emulation_check")
 
 
+def whole_step_bands(rows: list[dict]) -> dict[str, dict[str, float | int]]:
+    """Real steps over their emulated rank's whole step, grouped by what the world waits on
+    (time_model.wait_kind): how many ranks, the lowest, median and highest ratio."""
+    ratios: dict[str, list[float]] = {}
+    for row in rows:
+        if row.get("whole_s") and row["step_real_s"]:
+            kind = time_model.wait_kind(row["params"])
+            ratios.setdefault(kind, []).append(row["step_real_s"] / row["whole_s"])
+    return {kind: {"ranks": len(found), "low": round(min(found), 3),
+                   "median": round(statistics.median(found), 3), "high": round(max(found), 3)}
+            for kind, found in sorted(ratios.items())}
+
+
+def write_bands(rows: list[dict], folders: list[Path], path: Path) -> None:
+    bands = whole_step_bands(rows)
+    doc = {"made_by": "trainbench check-models emulation " + " ".join(map(str, folders)) + " --write-bands",
+           "what": "real steps over their emulated rank's whole step (the time model's wait fitted without "
+                   "the real cell's study), by what the world waits on",
+           "bands": bands}
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    for kind, band in bands.items():
+        print(f"{kind}: real / whole step {band['low']:.2f}-{band['high']:.2f} (median {band['median']:.2f}, "
+              f"{band['ranks']} ranks)")
+    print(f"written: {path}")
+
+
 def run(args) -> int:
     folders = args.folders or first_present(*DEFAULT_FOLDERS)
     rows, alone = pairs(metrics_files(folders))
@@ -271,4 +297,10 @@ def run(args) -> int:
     if args.json:
         shown = [{k: v for k, v in r.items() if k not in ("params", "gpu")} for r in rows]
         args.json.write_text(json.dumps(shown, indent=1) + "\n")
+    if args.write_bands:
+        if args.predictions:  # the bands are of one kind of wait: the model's, out of sample by study
+            print("--write-bands takes the waits fitted without each study, not --predictions",
+                  file=sys.stderr)
+            return 2
+        write_bands(rows, folders, time_model.WHOLE_STEP_BANDS_FILE)
     return 0

@@ -568,6 +568,32 @@ def waiting_s(params: CellParams, gpu: GpuType, constants: Constants | None = No
     return float(whole - alone)
 
 
+# How far real steps came from their emulated rank's whole step, by what the world waits on
+# (`trainbench check-models emulation --write-bands` writes it from the published emulated/real pairs)
+WHOLE_STEP_BANDS_FILE = Path(__file__).with_name("whole_step_bands.json")
+
+
+def wait_kind(params: CellParams) -> str:
+    """What a rank's world mostly adds to its compute, as the whole step's bands group real ranks:
+    tensor or pipeline parallelism's traffic inside the step, offloaded optimizer steps sharing one
+    host, ZeRO-3's per-module gathers, or data parallelism's gradient traffic."""
+    if params.tp > 1 or params.pp > 1:
+        return "tensor or pipeline parallel"
+    if params.offload_optimizer or params.offload_param:
+        return "offloaded"
+    if strategy_of(params).zero_stage == 3:
+        return "ZeRO-3"
+    return "data parallel"
+
+
+def whole_step_band(params: CellParams, path: Path = WHOLE_STEP_BANDS_FILE) -> dict[str, Any] | None:
+    """Real steps over the whole step of their emulated rank, for ranks whose world waits as this one's
+    does: {"ranks", "low", "median", "high"}; None where no such rank was measured."""
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())["bands"].get(wait_kind(params))
+
+
 def thread_ratio(params: CellParams, gpu: GpuType | None, then: int, now: int) -> float | None:
     """The step at `now` CPU threads a rank over the step at `then`, as the model predicts both (1 for a
     cell without a CPU optimizer; None where it predicts nothing): what a rerun at other threads
