@@ -11,8 +11,8 @@ import torch
 from trainbench.study.grid import check_cell
 from trainbench.study.params import CellParams
 from trainbench.registry.models import get_model
-from trainbench.training.runners.hf_trainer import (_initialise_on_device, build_for_fsdp, llama_config,
-                                           training_arguments)
+from trainbench.training.runners.hf_trainer import (_initialise_on_device, build_for_fsdp, deepspeed_config,
+                                                    llama_config, training_arguments)
 from test_cellrun import make_cell, run
 
 resolve = CellParams.resolve  # a study's settings for one cell, as its typed parameters
@@ -35,6 +35,28 @@ def test_fsdp_arguments_follow_the_alpaca_recipe(tmp_path):
     args = TrainingArguments(**{**training_arguments(p, spec, tmp_path, "cpu", max_steps=5)})
     assert args.max_steps == 5 and args.gradient_accumulation_steps == 2 and args.warmup_steps == 0.03
     assert args.save_strategy == "no"  # a final checkpoint of a 7B model would outlast the measured steps
+
+
+def test_the_cells_settings_replace_the_trainers_auto_buckets_and_set_ddps(tmp_path):
+    """The Trainer's "auto" ZeRO-3 buckets (width^2) cost GPT-2 32-38% of its tokens/s (the study
+    deepspeed_settings): a cell may set DeepSpeed's own; and DDP's bucket size through its argument."""
+    from transformers import TrainingArguments
+
+    zero3 = {**LLAMA, "strategy": "zero3"}
+    default = deepspeed_config(resolve(zero3), "cuda")["zero_optimization"]
+    assert default["reduce_bucket_size"] == default["stage3_prefetch_bucket_size"] == "auto"
+    assert default["overlap_comm"] is True and default["contiguous_gradients"] is True
+    chosen = deepspeed_config(resolve({**zero3, "reduce_bucket_size": 5e8, "prefetch_bucket_size": 5e7,
+                                       "overlap_comm": False}), "cuda")["zero_optimization"]
+    assert chosen["reduce_bucket_size"] == 5e8 and chosen["stage3_prefetch_bucket_size"] == 5e7
+    assert chosen["overlap_comm"] is False
+    ddp = resolve({**LLAMA, "strategy": "ddp", "ddp_bucket_cap_mb": 100})
+    assert check_cell(ddp)[0] == []
+    args = TrainingArguments(**training_arguments(ddp, get_model("llama-tiny"), tmp_path, "cpu", max_steps=5))
+    assert args.ddp_bucket_cap_mb == 100
+    # what the Trainer's runner does not read stays refused by name
+    errors, _ = check_cell(resolve({**zero3, "allgather_bucket_size": 5e8}))
+    assert {key for key, _ in errors} == {"allgather_bucket_size"}
 
 
 def test_fsdp_on_cpu_ranks_is_unsupported_not_silently_ddp():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -51,10 +53,22 @@ LIGHTNING = {"framework": "lightning", "model": "distilbert-tiny", "head": "clas
              "micro_batch": 16, "lr": 2e-3, "warmup_steps": 2, "timed_steps": 38, "deterministic": True}
 
 
-@pytest.mark.parametrize("strategy, gpus", [("single", 1), ("ddp", 2)])
-def test_lightning_trains_learns_and_tests_on_cpu_ranks(tmp_path, strategy, gpus):
-    doc = run(make_cell(**LIGHTNING, strategy=strategy, gpus=gpus, dataset_size=35000, epochs=3), tmp_path)
+# DDP's settings, passed through DDPStrategy to DistributedDataParallel (not its defaults: 25, off, off)
+DDP_SETTINGS = {"ddp_bucket_cap_mb": 1, "ddp_bucket_view": True, "ddp_static_graph": True}
+
+
+@pytest.mark.parametrize("strategy, gpus, settings", [("single", 1, {}), ("ddp", 2, DDP_SETTINGS)])
+def test_lightning_trains_learns_and_tests_on_cpu_ranks(tmp_path, strategy, gpus, settings):
+    doc = run(make_cell(**LIGHTNING, strategy=strategy, gpus=gpus, dataset_size=35000, epochs=3, **settings),
+              tmp_path)
     m = doc["metrics"]
+    config = tmp_path / "results/runs/t/c/lightning_config.json"
+    if strategy == "ddp":  # the wrapped model as training started: the cell's settings, not DDP's defaults
+        said = json.loads(config.read_text())
+        assert said["strategy"] == "DDPStrategy" and said["DistributedDataParallel"] == {
+            "bucket_cap_mb": 1.0, "gradient_as_bucket_view": True, "static_graph": True}
+    else:
+        assert not config.exists()
     assert doc["status"] == "ok", doc["reason"]
     # Lightning owns its loop: 38 timed steps fill six fixed windows of 7 steps
     assert m["steps_timed"] == 42 and m["windows"] == 6 and m["step_time_s"] > 0
@@ -65,6 +79,22 @@ def test_lightning_trains_learns_and_tests_on_cpu_ranks(tmp_path, strategy, gpus
     global_batch = 16 * gpus
     assert m["projected_run_s"] == pytest.approx(-(-35000 // global_batch) * 3 * m["step_time_s"], rel=0.01)
     assert m["params_total"] == get_model("distilbert-tiny").param_count("classifier", 2)
+
+
+def test_lightnings_deepspeed_strategies_are_built_with_the_cells_zero_settings():
+    """Lightning's DeepSpeed strategies refuse CPU ranks, so the strategy the runner would hand the Trainer
+    is built here, as it is on a GPU, and its ZeRO config read back; without settings, Lightning's name."""
+    from trainbench.study.params import CellParams
+    from trainbench.training.runners.lightning_trainer import lightning_strategy
+
+    zero2 = {**LIGHTNING, "strategy": "deepspeed_stage_2", "gpus": 2}
+    assert lightning_strategy(CellParams.resolve(zero2)) == "deepspeed_stage_2"
+    built = lightning_strategy(CellParams.resolve({**zero2, "overlap_comm": False, "reduce_bucket_size": 5e8,
+                                                   "allgather_bucket_size": 5e8}))
+    zero = built.config["zero_optimization"]
+    assert zero["stage"] == 2 and zero["overlap_comm"] is False
+    assert zero["reduce_bucket_size"] == zero["allgather_bucket_size"] == 5e8
+    assert zero["contiguous_gradients"] is True  # Lightning's own, left as it is
 
 
 def test_lightning_sharded_strategies_on_cpu_are_unsupported_results(tmp_path):

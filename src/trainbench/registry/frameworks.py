@@ -272,7 +272,9 @@ register(Framework(
     MemoryFacts(host_extra_mib={"cpu": 250.0, "cuda": 900.0},
                 reduce_bucket_elements=lambda spec: 2e8,  # DeepSpeedStrategy(reduce_bucket_size=2e8)
                 fsdp_accumulates_unsharded=True, eager_attention_when_deterministic=True),
-    honours=("dataset_path", "pretrained_path"), time=TimeFacts(loop_step_s=0.02, zero_overlaps_comm=True,
+    honours=("dataset_path", "pretrained_path", "ddp_bucket_cap_mb", "ddp_bucket_view", "ddp_static_graph",
+             "overlap_comm", "contiguous_gradients", "reduce_bucket_size", "allgather_bucket_size"),
+    time=TimeFacts(loop_step_s=0.02, zero_overlaps_comm=True,
                    window_holds="what Lightning's loop does between steps")))
 
 register(Framework(
@@ -288,6 +290,8 @@ register(Framework(
     MemoryFacts(host_extra_mib={"cpu": 70.0, "cuda": 900.0},
                 reduce_bucket_elements=lambda spec: float(spec.d_model ** 2),  # the Trainer's "auto"
                 fsdp_accumulates_unsharded=True),
+    honours=("ddp_bucket_cap_mb", "overlap_comm", "contiguous_gradients", "reduce_bucket_size",
+             "prefetch_bucket_size"),
     time=TimeFacts(loop_step_s=0.05, loop_per_micro_batch=True,
                    window_holds="the Trainer's loop work between steps")))
 

@@ -212,15 +212,16 @@ class CellParams:
         "inside DDP's wrapper, whose hooks then start each bucket's all-reduce while the earlier blocks' "
         "backward runs (torchtitan's way). Null: wrapper.",
         choices=("wrapper", "blocks"), optional=True)
-    ddp_bucket_cap_mb: int | None = param(None, "torch DDP: the gradient bucket size in MiB, one all-reduce "
-        "each (bucket_cap_mb). Null: DDP's 25.",
+    ddp_bucket_cap_mb: int | None = param(None, "DDP (torch's, Lightning's, the Trainer's): the gradient "
+        "bucket size in MiB, one all-reduce each (bucket_cap_mb). Null: DDP's 25.",
         minimum=1, optional=True)
-    ddp_bucket_view: bool = param(False, "torch DDP: gradients as views into the all-reduce buckets "
-        "(gradient_as_bucket_view): no copy into the buckets after backward, and one gradient-sized buffer "
-        "less.",
+    ddp_bucket_view: bool = param(False, "DDP (torch's, Lightning's): gradients as views into the all-reduce "
+        "buckets (gradient_as_bucket_view): no copy into the buckets after backward, and one gradient-sized "
+        "buffer less.",
         optional=True)
-    ddp_static_graph: bool = param(False, "torch DDP: the graph is the same every step (static_graph): DDP "
-        "then skips searching for unused parameters and fixes its bucket order after the first step.",
+    ddp_static_graph: bool = param(False, "DDP (torch's, Lightning's): the graph is the same every step "
+        "(static_graph): DDP then skips searching for unused parameters and fixes its bucket order after the "
+        "first step.",
         optional=True)
     gc_every: int | None = param(None, "Python's garbage collector during training. Null: automatic, Python "
         "collecting whenever its allocation thresholds say, in whichever step that falls; N: automatic "

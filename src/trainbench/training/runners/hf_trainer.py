@@ -45,13 +45,16 @@ def llama_config(spec: ModelSpec, attention: str = "sdpa"):
 
 
 def deepspeed_config(params: CellParams, device_type: str) -> dict[str, Any]:
-    """The study's ZeRO-3 config; "auto" values are filled in by the Trainer from its arguments."""
+    """The study's ZeRO-3 config; "auto" values are filled in by the Trainer from its arguments, the
+    buckets' from the model's width (width^2, 0.9 width^2) unless the cell sets them."""
     on_gpu = device_type == "cuda"
     pin = params.pin_memory and on_gpu
     offload_optimizer, offload_param = offloads(params)
     zero: dict[str, Any] = {
-        "stage": 3, "overlap_comm": True, "contiguous_gradients": True, "sub_group_size": 1e9,
-        "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+        "stage": 3, "overlap_comm": True if params.overlap_comm is None else params.overlap_comm,
+        "contiguous_gradients": True if params.contiguous_gradients is None else params.contiguous_gradients,
+        "sub_group_size": 1e9, "reduce_bucket_size": params.reduce_bucket_size or "auto",
+        "stage3_prefetch_bucket_size": params.prefetch_bucket_size or "auto",
         "stage3_param_persistence_threshold": "auto", "stage3_max_live_parameters": 1e9,
         "stage3_max_reuse_distance": 1e9, "stage3_gather_16bit_weights_on_model_save": True,
     }
@@ -94,6 +97,8 @@ def training_arguments(params: CellParams, spec: ModelSpec, output_dir: Path, de
         dataloader_drop_last=True, use_cpu=not on_gpu, ddp_find_unused_parameters=False,
         average_tokens_across_devices=False,  # each rank's loss is its own tokens' mean
     )
+    if params.ddp_bucket_cap_mb:
+        args["ddp_bucket_cap_mb"] = params.ddp_bucket_cap_mb
     layout = strategy_of(params).layout
     if layout == "fsdp":
         args["fsdp"] = "full_shard auto_wrap" + (" offload" if offloads(params)[1] else "")

@@ -22,6 +22,29 @@ from trainbench.training import sentiment
 from trainbench.registry.frameworks import offloads
 from trainbench.training.runners import LoopRunner, RunContext
 
+# a cell's settings, as the keyword each Lightning strategy takes them by: DDPStrategy passes its extra
+# keywords to DistributedDataParallel; DeepSpeedStrategy takes ZeRO's own
+DDP_OPTIONS = {"ddp_bucket_cap_mb": "bucket_cap_mb", "ddp_bucket_view": "gradient_as_bucket_view",
+               "ddp_static_graph": "static_graph"}
+ZERO_OPTIONS = {key: key for key in ("overlap_comm", "contiguous_gradients", "reduce_bucket_size",
+                                     "allgather_bucket_size")}
+
+
+def lightning_strategy(params: CellParams):
+    """The Trainer's strategy for a cell of several ranks: Lightning's registered name where the cell
+    sets none of its settings (Lightning's defaults), else that strategy built with them."""
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    entry = StrategyRegistry[params.strategy]
+    options = (DDP_OPTIONS if params.strategy == "ddp" else ZERO_OPTIONS if "deepspeed" in params.strategy
+               else {})
+    # set: a value where unset is null (overlap_comm: false says something), a switch turned on
+    chosen = {option: value for key, option in options.items()
+              if (value := getattr(params, key)) is not None and (value is not False or key in ZERO_OPTIONS)}
+    if not chosen:
+        return params.strategy
+    return entry["strategy"](**{**entry["init_params"], **chosen})
+
 PRECISION = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
 TEST_SAMPLES = 2048  # synthetic; real IMDB tests on up to 10,000 reviews like the study's origin
 IMDB_TEST_SAMPLES = 10_000
@@ -107,6 +130,27 @@ def _step_callback(recorder, accumulation: int):
     return StepTiming()
 
 
+def _wrapping_recorder():
+    import lightning as L
+
+    class Wrapping(L.Callback):
+        """How the strategy wrapped the model, read when training starts (Lightning unwraps it at the
+        end): DistributedDataParallel's bucket size and modes."""
+
+        def __init__(self):
+            self.seen: dict = {}
+
+        def on_train_start(self, trainer, pl_module):
+            wrapped = trainer.strategy.model
+            if isinstance(wrapped, torch.nn.parallel.DistributedDataParallel):
+                self.seen["DistributedDataParallel"] = {
+                    "bucket_cap_mb": wrapped.bucket_bytes_cap / (1 << 20),
+                    "gradient_as_bucket_view": wrapped.gradient_as_bucket_view,
+                    "static_graph": wrapped.static_graph}
+
+    return Wrapping()
+
+
 class LightningRunner(LoopRunner):
     def __init__(self, context: RunContext):
         super().__init__(context)
@@ -133,25 +177,39 @@ class LightningRunner(LoopRunner):
 
         p = self.p
         scratch = Path(self.ctx.work_dir)
-        # its strategies are Lightning's names
-        strategy = "auto" if self.strategy.single_rank else p.strategy
+        # its strategies are Lightning's names, built with the cell's settings where it sets any
+        strategy = "auto" if self.strategy.single_rank else lightning_strategy(p)
         return L.Trainer(
             accelerator="gpu" if self.ctx.is_cuda else "cpu", devices=p.gpus_per_node,
             num_nodes=p.nodes,
             strategy=strategy, precision=PRECISION[p.precision], deterministic=p.deterministic,
             max_steps=recorder.total, accumulate_grad_batches=p.grad_accum, log_every_n_steps=10,
             # the study's callbacks: a checkpoint at the end of training and a logger
-            callbacks=[_step_callback(recorder, p.grad_accum),
+            callbacks=[_step_callback(recorder, p.grad_accum), self.wrapping,
                        ModelCheckpoint(dirpath=scratch / "checkpoints", save_last=False)],
             logger=CSVLogger(scratch / "logs"), enable_progress_bar=False, enable_model_summary=False,
             # one pass over the held-out set after the last step, outside the timed steps
             num_sanity_val_steps=0, val_check_interval=recorder.total, check_val_every_n_epoch=None)
 
+    CONFIG_FILE = "lightning_config.json"
+
     def train(self, recorder) -> None:
+        self.wrapping = _wrapping_recorder()
         self.trainer = self._trainer(recorder)
         self.trainer.fit(self.module,
                          train_dataloaders=self._loader(self.train_split, self.p.micro_batch, True),
                          val_dataloaders=self._loader(self.test_split, self.p.micro_batch, False))
+
+    def framework_config(self) -> dict | None:
+        """The strategy as the run used it: its class, DDP's settings as the wrapped model had them,
+        DeepSpeed's config as Lightning built it."""
+        if self.strategy.single_rank:
+            return None
+        strategy = self.trainer.strategy
+        config = {"strategy": type(strategy).__name__, "registered_as": self.p.strategy, **self.wrapping.seen}
+        if hasattr(strategy, "config") and isinstance(strategy.config, dict):  # DeepSpeedStrategy's
+            config["deepspeed"] = strategy.config
+        return config
 
     def results(self) -> dict:
         return {"test_accuracy": self.module.accuracy, "dataset": self.train_split.source,
