@@ -36,6 +36,28 @@ if "TRAINBENCH_GPU_POOL_DIR" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["TRAINBENCH_GPU_POOL_DIR"], ignore_errors=True)
 
 
+# The files that take longest (real training, SLURM jobs, Snakemake runs: a minute or more each in a CI
+# run), heaviest first. xdist hands the two workers whole files in collection order; by default it first
+# reorders them by their number of tests, which put the heaviest files of two or three tests
+# (test_readme.py, test_bench.py) last: one worker ran them for minutes while the other had nothing
+# left. Heaviest first, the short files fill in at the end. Only an order: a file not listed runs after
+# these, and a stale list costs minutes, never a result. From a full run's --durations=0, by file.
+SLOWEST_FILES = ("test_workflow.py", "test_emulation.py", "test_slurm.py", "test_readme.py",
+                 "test_user_models.py", "test_bench.py", "test_float8.py", "test_cellrun.py", "test_plots.py",
+                 "test_pipeline_parallel.py", "test_checkpoint_in_cpu.py", "test_lifetime.py",
+                 "test_rank_failures.py", "test_profiling.py", "test_report.py", "test_hf_trainer.py")
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # xdist's --no-loadscope-reorder: keep the order below
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's tests in order
+
+
 # Tests time the fewest windows there can be: six of the fewest steps, whatever their interval. The time
 # cap ends timing at the sixth window: without it a busy machine (two test workers on two cores) widens
 # the interval past ±100% and a cell times a seventh, and runs meant to take the same steps did not.
