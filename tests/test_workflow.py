@@ -480,13 +480,12 @@ def test_cells_says_ranks_on_cpu_and_gpus_apart(capsys, tmp_path):
         "128 (gpu)", "16"]
 
 
-def test_a_result_that_is_not_one_is_listed_unreadable_rerun_and_never_reaches_a_table(workflow):
+def test_a_result_that_is_not_one_is_listed_unreadable_rerun_and_never_reaches_a_table(rerun_workflow):
     # valid JSON, not a result (tests/test_results.py: the schema's other refusals)
     garbage = {"status": "ok"}
-    t = tiny_study(strategy="single")
-    t["axes"] = {"micro_batch": [1, 2]}
-    workflow.write_config({"studies": {"t": t}})
-    workflow.snakemake("results/tables/t.md")
+    # study t's two cells and its table, made by a real run (rerun_tree's, copied): its first cell's
+    # result is replaced, the other stays current
+    workflow, _ = rerun_workflow
     target = workflow.path("results/runs/t/micro_batch~1/metrics.json")
     target.write_text(garbage if isinstance(garbage, str) else json.dumps(garbage))
     out = subprocess.run([sys.executable, "-m", "trainbench", "cells", "t", "--tsv"], cwd=workflow.root,
