@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -422,7 +423,10 @@ def test_a_study_measures_a_cell_and_its_emulated_rank_apart_and_tabulates_both(
     assert len(real["metrics"]["host_rss_peak_mib_per_rank"]) == 2
     assert len(emulated["metrics"]["host_rss_peak_mib_per_rank"]) == 1
     table = workflow.path("results/tables/t.md").read_text()
-    assert "| no | ok |" in table and "| yes | emulated rank 0 of 2: ok |" in table
+    # (a cell timed on a busy machine may also read "noisy" after its result: its timing, not its outcome)
+    noisy = r"(, noisy \(±[\d.]+%\))?"
+    assert re.search(rf"\| no \| ok{noisy} \|", table), table
+    assert re.search(rf"\| yes \| emulated rank 0 of 2: ok{noisy} \|", table), table
     assert "(compute)" in table and "Rows marked \"emulated rank r of N\" (1 here)" in table
 
 
