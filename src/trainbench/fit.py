@@ -78,40 +78,34 @@ def report(doc: dict[str, Any]) -> list[str]:
                      f"{_gib(predicted.get('host_mem_mib'))} per node: {verdict}")
     if m.get("step_time_s"):
         lines.append(f"  step time: {m['step_time_s']:.3f} s of this rank's compute (no communication)")
-        wait = _world_wait_s(doc, p)
-        if wait is not None:
-            whole = m["step_time_s"] + wait
-            lines.append(f"  whole step: {whole:.3f} s with what its world adds as the time model has it "
-                         f"({wait:.3f} s: exposed collectives, a pipeline's bubble, the node's shared host)")
-            band = _band(p)
-            if band is not None:
-                lines.append(f"  measured worlds that wait as this one ({band['kind']}, {band['ranks']} "
-                             f"ranks) stepped {band['low']:.2f}-{band['high']:.2f} x their whole step: "
-                             f"{whole * band['low']:.3f}-{whole * band['high']:.3f} s here")
+        lines += _whole_step_lines(doc, p, m["step_time_s"])
     return lines
 
 
-def _band(params: CellParams) -> dict[str, Any] | None:
-    """How far real steps came from their whole step, for worlds that wait as this cell's does
-    (time_model.whole_step_band), with that kind's name."""
-    from trainbench.predict import time_model
-    from trainbench.reporting.predictions import counted
-
-    band = time_model.whole_step_band(counted(params))
-    return None if band is None else {**band, "kind": time_model.wait_kind(counted(params))}
-
-
-def _world_wait_s(doc: dict[str, Any], params: CellParams) -> float | None:
-    """The time model's wait of the rank's world on the GPU type it ran on (time_model.waiting_s);
-    None on a CPU rank or a GPU the hardware table does not know."""
+def _whole_step_lines(doc: dict[str, Any], params: CellParams, step_s: float) -> list[str]:
+    """The rank's measured step plus the time model's wait of its world on the GPU type it ran on
+    (time_model.waiting_s), and the range measured worlds that wait alike stepped at
+    (time_model.whole_step_band); nothing on a CPU rank or a GPU the hardware table does not know."""
     from trainbench.predict import time_model
     from trainbench.reporting.predictions import counted
     from trainbench.registry.hardware import gpu_type_of
 
     gpu = gpu_type_of((doc.get("provenance") or {}).get("gpu_name"))
     if gpu is None or params.device != "cuda":
-        return None
-    return time_model.waiting_s(counted(params), gpu, cpu_threads=time_model.threads_of_run(doc))
+        return []
+    counted_params = counted(params)
+    wait = time_model.waiting_s(counted_params, gpu, cpu_threads=time_model.threads_of_run(doc))
+    if wait is None:
+        return []
+    whole = step_s + wait
+    lines = [f"  whole step: {whole:.3f} s with what its world adds as the time model has it "
+             f"({wait:.3f} s: exposed collectives, a pipeline's bubble, the node's shared host)"]
+    band = time_model.whole_step_band(counted_params)
+    if band is not None:
+        lines.append(f"  measured worlds that wait as this one ({time_model.wait_kind(counted_params)}, "
+                     f"{band['ranks']} ranks) stepped {band['low']:.2f}-{band['high']:.2f} x their whole "
+                     f"step: {whole * band['low']:.3f}-{whole * band['high']:.3f} s here")
+    return lines
 
 
 def run(cell: Cell, *, root: str = FIT_ROOT, force: bool = False, runtime_min: float = 60,

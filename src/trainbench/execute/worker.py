@@ -226,7 +226,7 @@ class Worker:
         return figures
 
     def _finish(self, runner: Runner, device, steps: StepRecorder) -> None:
-        collected = steps.gc_record()  # every rank turns Python's collection back on
+        collected = steps.end_gc()
         figures = self._rank_figures(device, runner, steps)
         per_module = figures["params_per_module"]
         if self.emulated is not None:
@@ -382,8 +382,9 @@ class StepRecorder:
             gc.collect(1)
             self.gc_collections.append(time.perf_counter() - started)
 
-    def gc_record(self) -> dict | None:
-        """What the cell's garbage collection did (timing's `gc`), None where Python collected itself."""
+    def end_gc(self) -> dict | None:
+        """Python's automatic collection back on (every rank), and what the cell's collections did
+        (timing's `gc`); None where Python collected by itself."""
         if not self.gc_every:
             return None
         gc.enable()

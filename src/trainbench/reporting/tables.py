@@ -234,16 +234,15 @@ def _time_model_note(docs: list[Doc], study: str) -> list[str]:
             f" (or the GPU the study's measured cells ran on).")
     borrowed = sorted({d["predicted_time"]["note"] for d in predicted if d["predicted_time"].get("note")})
     text += "".join(f" {note[0].upper()}{note[1:]}." for note in borrowed)
-    in_fit = any(study in c.fitted_studies() for c in constants.values())
-    if any(d["status"] == "ok" for d in predicted) and in_fit:
-        text += (" Its constants were fitted on measured cells, these among them"
-                 + (f" ({'; '.join(f'{g}: {w}' for g, w in fitted.items())})" if fitted else "")
-                 + ", so a measured cell's error here is in sample; predicted from fits that did not "
-                 "see them, the error is in validation/results/bench/time_model/time_model.txt.")
-    elif any(d["status"] == "ok" for d in predicted):
-        text += (" Its constants were fitted on measured cells of other studies"
-                 + (f" ({'; '.join(f'{g}: {w}' for g, w in fitted.items())})" if fitted else "")
-                 + ", not these: a measured cell's error here is out of sample.")
+    listed = f" ({'; '.join(f'{g}: {w}' for g, w in fitted.items())})" if fitted else ""
+    if any(d["status"] == "ok" for d in predicted):
+        if any(study in c.fitted_studies() for c in constants.values()):
+            text += (f" Its constants were fitted on measured cells, these among them{listed}, so a measured "
+                     "cell's error here is in sample; predicted from fits that did not see them, the error "
+                     "is in validation/results/bench/time_model/time_model.txt.")
+        else:
+            text += (f" Its constants were fitted on measured cells of other studies{listed}, not these: a "
+                     "measured cell's error here is out of sample.")
     return [text, ""]
 
 

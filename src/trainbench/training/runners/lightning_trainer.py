@@ -19,7 +19,7 @@ import torch
 
 from trainbench.study.params import CellParams
 from trainbench.training import sentiment
-from trainbench.registry.frameworks import offloads
+from trainbench.registry.frameworks import offloads, strategy_of
 from trainbench.training.runners import LoopRunner, RunContext
 
 # a cell's settings, as the keyword each Lightning strategy takes them by: DDPStrategy passes its extra
@@ -36,8 +36,7 @@ def lightning_strategy(params: CellParams):
     from lightning.pytorch.strategies import StrategyRegistry
 
     entry = StrategyRegistry[params.strategy]
-    options = (DDP_OPTIONS if params.strategy == "ddp" else ZERO_OPTIONS if "deepspeed" in params.strategy
-               else {})
+    options = {"replicated": DDP_OPTIONS, "zero": ZERO_OPTIONS}.get(strategy_of(params).layout, {})
     # set: a value where unset is null (overlap_comm: false says something), a switch turned on
     chosen = {option: value for key, option in options.items()
               if (value := getattr(params, key)) is not None and (value is not False or key in ZERO_OPTIONS)}
