@@ -445,6 +445,12 @@ def cmd_vocabulary(args) -> int:
                 note = f"[{', '.join(splits)}] " if splits else ""
                 note += f"unsupported: {s.unsupported}" if s.unsupported else ""
                 print(f"{framework.name:<11} {s.name:<27} {s.description} {note}".rstrip())
+            for practice in framework.best_practice:  # what `tuning: best` sets where a cell does not
+                where = [", ".join(practice.strategies) or "every strategy"]
+                where += [f"{practice.ranks}+ ranks"] if practice.ranks > 1 else []
+                where += ["grad_accum > 1"] if practice.accumulating else []
+                print(f"{framework.name:<11}   tuning best: {practice.key}: {json.dumps(practice.value)} "
+                      f"({'; '.join(where)}): {practice.why}")
     elif args.command == "models":
         from trainbench.registry.frameworks import registry
         from trainbench.registry.models import known_models

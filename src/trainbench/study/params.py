@@ -138,6 +138,12 @@ class CellParams:
         "where it offloads gradients and optimizer states too).")
     pin_memory: bool = param(True, "Page-locked host memory for offloaded tensors (faster copies; memory "
         "the OS cannot swap). CUDA only.")
+    tuning: str = param("best", "How a strategy's settings the cell leaves out are chosen. best: at its "
+        "framework's best practice (`trainbench strategies` lists each setting and why; docs/frameworks.md); "
+        "framework: each framework's own defaults, as a campaign that tuned nothing ran them. A setting "
+        "the cell gives itself, null included, is kept either way. A cell is what its settings resolve to: "
+        "two cells that resolve alike are one cell.",
+        choices=("best", "framework"), optional=True)
     overlap_comm: bool | None = param(None, "DeepSpeed: overlap gradient reduction with the backward pass; "
         "null keeps DeepSpeed's default for the stage.")
     contiguous_gradients: bool | None = param(None, "DeepSpeed ZeRO 1-3: copy each gradient into one "
@@ -302,8 +308,10 @@ class CellParams:
     @cached_property
     def identity(self) -> dict[str, Any]:
         """The parameters that make the cell what it is: all of as_dict but optional ones at their
-        default (a cell that leaves a parameter added later at its default is the cell it was)."""
-        return {k: v for k, v in self.as_dict().items() if not (k in OPTIONAL and v == DEFAULTS[k])}
+        default (a cell that leaves a parameter added later at its default is the cell it was) and
+        `tuning`, which is the settings it chose."""
+        return {k: v for k, v in self.as_dict().items()
+                if k not in CHOOSERS and not (k in OPTIONAL and v == DEFAULTS[k])}
 
     @cached_property
     def canonical(self) -> str:
@@ -350,6 +358,11 @@ class CellParams:
             p["model_definition"] = model.definition
         if p["launcher"] == "auto":
             p["launcher"] = "python" if p["gpus"] == 1 and p["nodes"] == 1 else "torchrun"
+        if p["tuning"] == "best":
+            from trainbench.registry.frameworks import best_practice
+
+            practice = best_practice(p["framework"], p["strategy"], p["gpus"], p["grad_accum"])
+            p.update((key, value) for key, value in practice.items() if key not in given)
         return cls(**p)
 
     def replace(self, **changes: Any) -> CellParams:
@@ -387,10 +400,15 @@ OPTIONAL = frozenset(p.name for p in PARAMS if p.optional)
 FLOATS = frozenset(p.name for p in PARAMS if p.kind == "float")
 
 
+# Parameters that choose other parameters' values: the cell is what they chose, so its identity leaves
+# them out, and a result made before one existed ran with what it chooses now as "framework" (nothing)
+CHOOSERS = {"tuning": "framework"}
+
+
 def with_optional_defaults(params: dict[str, Any]) -> dict[str, Any]:
     """A result's parameters with every optional parameter it leaves out at its default (a result made
-    before the parameter existed ran with it)."""
-    return {**{name: DEFAULTS[name] for name in OPTIONAL}, **params}
+    before the parameter existed ran with it; with `tuning`, the frameworks' defaults)."""
+    return {**{name: DEFAULTS[name] for name in OPTIONAL}, **CHOOSERS, **params}
 
 
 def sort_keys(keys) -> list[str]:
