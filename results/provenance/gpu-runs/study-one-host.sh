@@ -8,8 +8,9 @@ study=${1:?a study}
 pattern=${2:-.}
 start=$(date +%s)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-command -v snakemake > /dev/null || bash tools/install_offline.sh .whl > $OUT/install.log 2>&1 \
-  || { cat $OUT/install.log; exit 1; }
+# the wheelhouse travels packed (tools/wheelhouse_archive.py) to stay within what a copy may carry
+command -v snakemake > /dev/null || { python3 tools/wheelhouse_archive.py unpack .whlpack/wheels.tar.xz /tmp/whl \
+  && bash tools/install_offline.sh /tmp/whl; } > $OUT/install.log 2>&1 || { cat $OUT/install.log; exit 1; }
 echo "installed at $(( $(date +%s) - start )) s"
 gpus=$(nvidia-smi -L | wc -l)
 p=results/runs/$study
