@@ -27,11 +27,12 @@ def cell(**settings) -> CellParams:
 def test_ddp_all_reduces_its_fp32_gradients_once_a_step_in_its_buckets():
     ddp = cell(strategy="ddp")
     psi = shard_params(ddp, get_model("gpt2-350m"))
-    for cap in (None, 100):
-        found = step_collectives(ddp if cap is None else cell(strategy="ddp", ddp_bucket_cap_mb=cap))
+    # DDP's own 25 MiB, the 100 MiB of its best practice (tuning's default), and a cell's own 50
+    for cells, cap in (({"tuning": "framework"}, 25), ({}, 100), ({"ddp_bucket_cap_mb": 50}, 50)):
+        found = step_collectives(cell(strategy="ddp", **cells))
         assert {c.kind for c in found} == {"all_reduce"} and {c.ranks for c in found} == {2}
         assert sum(c.size_bytes * c.count for c in found) == pytest.approx(4 * psi)
-        assert max(c.size_bytes for c in found) == (cap or 25) * MIB
+        assert max(c.size_bytes for c in found) == cap * MIB
 
 
 def test_fsdp2_gathers_each_block_as_its_reshard_policy_says_and_reduces_its_gradients_once():

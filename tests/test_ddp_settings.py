@@ -21,10 +21,10 @@ TUNED = {"ddp_bucket_view": True, "ddp_bucket_cap_mb": 1, "gc_every": 2}
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """gpt2-tiny under DDP on two CPU ranks, 2 micro batches a step: DDP's defaults, and the gradients in
-    buckets of 1 MiB with Python's collector run every 2 steps."""
+    """gpt2-tiny under DDP on two CPU ranks, 2 micro batches a step: DDP's own defaults (tuning:
+    framework), and the gradients in buckets of 1 MiB with Python's collector run every 2 steps."""
     runs = {}
-    for name, settings in (("defaults", {}), ("tuned", TUNED)):
+    for name, settings in (("defaults", {"tuning": "framework"}), ("tuned", TUNED)):
         folder = tmp_path_factory.mktemp(name)
         cell = make_cell(strategy="ddp", gpus=2, grad_accum=2, timed_steps=4, **settings)
         assert run_cell(cell, folder / "metrics.json", runtime_min=5, retries=0) == 0

@@ -163,3 +163,58 @@ def test_no_module_outside_the_registry_names_a_framework():
     assert not named, f"framework names as string constants outside {NAMES_FRAMEWORKS}: {named}"
     stale = {key: count for key, count in allowed.items() if found.get(key) != count}
     assert not stale, f"allowed occurrences no longer there (update NOT_A_FRAMEWORK_FACT): {stale}"
+
+
+def test_each_best_practice_setting_is_one_its_runner_honours_and_the_docs_give():
+    """A setting tuning: best fills in that the runner does not read would make the cell refused; one the
+    documentation's table does not give would be a default users cannot see."""
+    from trainbench.study.params import PARAMS_BY_NAME
+
+    table = Path(__file__).resolve().parents[1].joinpath("docs/frameworks.md").read_text()
+    table = table[table.index("## How each strategy is configured"):table.index("Every setting a cell")]
+    for framework in REGISTRY.values():
+        for practice in framework.best_practice:
+            assert practice.key in PARAMS_BY_NAME, practice.key
+            assert practice.key == "gc_every" or practice.key in framework.honours, (framework.name,
+                                                                                    practice.key)
+            assert all(framework.strategy(name) for name in practice.strategies), practice.strategies
+            value = practice.value if isinstance(practice.value, str) else json.dumps(practice.value)
+            assert f"`{practice.key}: {value}`" in table, practice.key  # as a study's YAML gives it
+
+
+def test_tuning_best_fills_in_what_a_cell_leaves_out_and_framework_leaves_the_cell_as_it_was():
+    from trainbench.study.params import CellParams
+
+    base = {"model": "gpt2-350m", "gpus": 2, "grad_accum": 4, "precision": "bf16"}
+    ddp = CellParams.resolve({**base, "strategy": "ddp"})
+    assert (ddp.ddp_bucket_cap_mb, ddp.ddp_bucket_view, ddp.gc_every) == (100, True, 50)
+    fsdp = CellParams.resolve({**base, "strategy": "fsdp"})
+    assert fsdp.fsdp_reshard == "after_step" and fsdp.ddp_bucket_cap_mb is None
+    # without accumulation FSDP2 keeps its own policy; one rank has no buckets to size
+    assert CellParams.resolve({**base, "strategy": "fsdp", "grad_accum": 1}).fsdp_reshard is None
+    single = CellParams.resolve({**base, "strategy": "single", "gpus": 1})
+    assert single.ddp_bucket_cap_mb is None and single.gc_every == 50
+    # a setting the cell gives wins, null included
+    mine = CellParams.resolve({**base, "strategy": "ddp", "ddp_bucket_cap_mb": 25, "gc_every": None})
+    assert (mine.ddp_bucket_cap_mb, mine.ddp_bucket_view, mine.gc_every) == (25, True, None)
+    # the Trainer's ZeRO-3 at DeepSpeed's bucket sizes, not its "auto"
+    trainer = CellParams.resolve({"framework": "hf_trainer", "strategy": "zero3", "model": "llama-tiny",
+                                  "gpus": 2})
+    assert (trainer.reduce_bucket_size, trainer.prefetch_bucket_size) == (500_000_000, 50_000_000)
+    # tuning: framework is the cell as it was before tuning existed: same identity and hash
+    framework = CellParams.resolve({**base, "strategy": "ddp", "tuning": "framework"})
+    assert framework.ddp_bucket_cap_mb is None and framework.gc_every is None
+    assert "tuning" not in framework.canonical and "tuning" not in ddp.canonical
+    assert framework.params_hash != ddp.params_hash
+    # a cell is what its settings resolve to: tuning itself does not tell two cells apart
+    spelled = CellParams.resolve({**base, "strategy": "ddp", "tuning": "framework", "ddp_bucket_cap_mb": 100,
+                                  "ddp_bucket_view": True, "gc_every": 50})
+    assert spelled.params_hash == ddp.params_hash
+
+
+def test_trainbench_strategies_lists_each_best_practice_setting_with_its_reason():
+    out = subprocess.run([sys.executable, "-m", "trainbench", "strategies"], capture_output=True, text=True,
+                         check=True).stdout
+    line = next(line for line in out.splitlines() if "fsdp_reshard" in line)
+    assert line.startswith("torch") and '"after_step" (fsdp; 2+ ranks; grad_accum > 1)' in line
+    assert sum("tuning best: gc_every: 50 (every strategy)" in line for line in out.splitlines()) == len(REGISTRY)

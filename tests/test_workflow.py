@@ -537,6 +537,12 @@ def test_the_default_study_runs_on_a_cpu_machine_and_a_second_run_does_nothing(s
         # each rank had its cpus_per_rank threads, not the job's threads Snakemake exported (2 here)
         threads = doc["provenance"]["environment"]["OMP_NUM_THREADS"]
         assert threads == str(cell.execution["cpus_per_rank"]), (cell.cell_id, threads)
+        # every cell at its framework's best practice (tuning: best): Python's collector every 50 steps
+        assert doc["metrics"]["timing"]["gc"]["every"] == 50, cell.cell_id
+        if cell.params.strategy == "ddp":  # and DDP's 100 MiB buckets, the gradients in them
+            ddp = json.loads(workflow.path(cell.target).with_name("torch_config.json").read_text())
+            assert ddp["DistributedDataParallel"]["bucket_cap_mb"] == 100
+            assert ddp["DistributedDataParallel"]["gradient_as_bucket_view"] is True
     for name in ("tables/smoke.md", "tables/smoke.csv", "plots/smoke/memory.png",
                  "plots/smoke/throughput.png"):
         assert workflow.path(f"results/{name}").stat().st_size > 0
