@@ -43,9 +43,11 @@ def test_the_cells_settings_replace_the_trainers_auto_buckets_and_set_ddps(tmp_p
     from transformers import TrainingArguments
 
     zero3 = {**LLAMA, "strategy": "zero3"}
-    default = deepspeed_config(resolve(zero3), "cuda")["zero_optimization"]
+    default = deepspeed_config(resolve({**zero3, "tuning": "framework"}), "cuda")["zero_optimization"]
     assert default["reduce_bucket_size"] == default["stage3_prefetch_bucket_size"] == "auto"
     assert default["overlap_comm"] is True and default["contiguous_gradients"] is True
+    best = deepspeed_config(resolve(zero3), "cuda")["zero_optimization"]  # tuning: best, the default
+    assert (best["reduce_bucket_size"], best["stage3_prefetch_bucket_size"]) == (500_000_000, 50_000_000)
     chosen = deepspeed_config(resolve({**zero3, "reduce_bucket_size": 5e8, "prefetch_bucket_size": 5e7,
                                        "overlap_comm": False}), "cuda")["zero_optimization"]
     assert chosen["reduce_bucket_size"] == 5e8 and chosen["stage3_prefetch_bucket_size"] == 5e7
@@ -142,5 +144,6 @@ def test_zero3_with_offload_partitions_the_model_and_keeps_the_filled_config(tmp
     zero = config["zero_optimization"]
     assert zero["stage"] == 3 and zero["offload_param"]["device"] == "cpu"
     assert zero["offload_optimizer"] == {"device": "cpu", "pin_memory": False}  # no pinning without CUDA
-    assert zero["reduce_bucket_size"] == spec.d_model**2  # the Trainer filled in "auto"
-    assert config["train_batch_size"] == 2 * 2 * 2 and config["train_micro_batch_size_per_gpu"] == 2
+    # at its best practice (tuning: best) DeepSpeed's bucket sizes, not the Trainer's "auto" (width^2)
+    assert (zero["reduce_bucket_size"], zero["stage3_prefetch_bucket_size"]) == (500_000_000, 50_000_000)
+    assert config["train_batch_size"] == 2 * 2 * 2 and config["train_micro_batch_size_per_gpu"] == 2  # "auto"

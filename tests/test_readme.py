@@ -157,11 +157,10 @@ HOW: dict[str, How] = {
         "elsewhere", "a clone's cells have no earlier run: tests/test_history.py runs a cell twice and "
                      "compares"),
     "trainbench compare results/runs --history --fail-on slower:5%": How("elsewhere", "as above"),
-    "trainbench compare results/runs --history --study baseline": How(
-        "run", "baseline's published cells against their published earlier runs"),
+    "trainbench compare results/runs --history --study ddp_settings": How(
+        "run", "ddp_settings' published cells against their published earlier runs"),
     "trainbench history lightning": How("run"),
     "trainbench references baseline": How("run", "baseline's published cells are within their references"),
-    "trainbench history --seed": How("run", "adds nothing to a clone's published histories"),
     "trainbench query": How("name", "the command's name; its full forms are run"),
     "trainbench commbench": How("name", "the command's name; its forms are below"),
     "trainbench commbench --help": How("run"),
