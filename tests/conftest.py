@@ -157,6 +157,12 @@ class Workflow:
         result = self.snakemake("-n", *targets)
         return parse_dry_run(result.stdout + result.stderr)
 
+    def ran(self, *args: str, env: dict | None = None) -> dict[str, set[str]]:
+        """A real run's jobs, as {rule: {output paths}}: what it executed, read from its log as planned()
+        reads a dry run's (a real run prints each job as a dry run lists it)."""
+        result = self.snakemake(*args, env=env)
+        return parse_dry_run(result.stdout + result.stderr)
+
     def path(self, relative: str) -> Path:
         return self.root / relative
 

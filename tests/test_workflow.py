@@ -161,12 +161,10 @@ def rerun_config() -> dict:
 @pytest.fixture(scope="module")
 def rerun_tree(tmp_path_factory) -> tuple[Workflow, dict[str, set[str]]]:
     """rerun_config's study run once, as `snakemake` runs it on a fresh tree (the tests below start from a
-    copy of it), and what the dry run before it planned."""
+    copy of it), and the jobs that run executed."""
     flow = Workflow(tmp_path_factory.mktemp("rerun"))
     flow.write_config(rerun_config())
-    first = flow.planned()
-    flow.snakemake()
-    return flow, first
+    return flow, flow.ran()
 
 
 @pytest.fixture
@@ -207,11 +205,10 @@ def test_only_missing_or_changed_cells_rerun(rerun_workflow):
     changed = copy.deepcopy(config)
     changed["studies"]["t"]["axes"]["micro_batch"] = [1, 2, 4]
     workflow.write_config(changed)
-    jobs = workflow.planned()
+    jobs = workflow.ran()
     assert cells_planned(jobs) == {"micro_batch~4"}
     assert jobs["study_table"] == {"results/tables/t.md", "results/tables/t.csv", TABLE_PLAN, TABLE_FINDINGS}
     assert jobs["study_plots"] == {"results/plots/t"}
-    workflow.snakemake()
 
     # editing one axis value (2 -> 3) runs exactly the cell with the new value
     changed["studies"]["t"]["axes"]["micro_batch"] = [1, 3, 4]
@@ -222,10 +219,9 @@ def test_only_missing_or_changed_cells_rerun(rerun_workflow):
     changed["studies"]["t"]["axes"]["micro_batch"] = [1, 2, 4]
     changed["studies"]["t"]["settings"]["lr"] = 3e-4
     workflow.write_config(changed)
-    jobs = workflow.planned()
+    jobs = workflow.ran()
     assert cells_planned(jobs) == {"micro_batch~1", "micro_batch~2", "micro_batch~4"}
     assert "results/tables/u.md" not in jobs.get("study_table", set())
-    workflow.snakemake()
     rerun = json.loads(workflow.path("results/runs/t/micro_batch~1/metrics.json").read_text())
     assert rerun["params"]["lr"] == 3e-4
     assert workflow.path("results/runs/u/seed~1/metrics.json").stat().st_mtime_ns == untouched_u
@@ -247,16 +243,15 @@ def test_only_missing_or_changed_cells_rerun(rerun_workflow):
     # and what the plots show, the plots alone
     changed["studies"]["t"]["plot_panels"] = ["micro_batch"]
     workflow.write_config(changed)
-    jobs = workflow.planned()
+    jobs = workflow.ran()
     # the table for the report change above; the study's page follows both
     assert set(jobs) - {"all"} == {"study_plots", "study_table", "study_page"}
-    workflow.snakemake()
     changed["studies"]["t"]["plot_panels"] = []
     workflow.write_config(changed)
     assert set(workflow.planned()) - {"all"} == {"study_plots", "study_page"}
 
-    # a reviewer re-runs one cell (README): only that cell; or that cell and the table it feeds
-    workflow.snakemake("results/tables/t.md")
+    # a reviewer re-runs one cell (README): only that cell; or that cell and the table it feeds (t.md is
+    # up to date: the last run made it, and the dry run above plans no table)
     cell = "results/runs/t/micro_batch~2/metrics.json"
     jobs = workflow.planned("--force", cell)
     assert cells_planned(jobs) == {"micro_batch~2"} and "study_table" not in jobs
@@ -289,9 +284,8 @@ def test_reruns_follow_the_config_in_a_fresh_clone_without_snakemake_metadata(re
 
     changed["studies"]["u"]["settings"]["lr"] = 3e-4  # u's only cell now has other parameters
     workflow.write_config(changed)
-    jobs = workflow.planned()
+    jobs = workflow.ran()
     assert cells_planned(jobs) == {"micro_batch~4", "seed~1"}
-    workflow.snakemake()
     shutil.rmtree(workflow.path(".snakemake"))
     assert "Nothing to be done" in (lambda r: r.stdout + r.stderr)(workflow.snakemake("-n"))
 
