@@ -42,10 +42,11 @@ if "TRAINBENCH_GPU_POOL_DIR" not in os.environ:
 # (test_readme.py, test_bench.py) last: one worker ran them for minutes while the other had nothing
 # left. Heaviest first, the short files fill in at the end. Only an order: a file not listed runs after
 # these, and a stale list costs minutes, never a result. From a full run's --durations=0, by file.
-SLOWEST_FILES = ("test_workflow.py", "test_emulation.py", "test_slurm.py", "test_readme.py",
-                 "test_user_models.py", "test_bench.py", "test_float8.py", "test_cellrun.py", "test_plots.py",
-                 "test_pipeline_parallel.py", "test_checkpoint_in_cpu.py", "test_lifetime.py",
-                 "test_rank_failures.py", "test_profiling.py", "test_report.py", "test_hf_trainer.py")
+SLOWEST_FILES = ("test_workflow.py", "test_emulation.py", "test_slurm.py", "test_readme.py", "test_bench.py",
+                 "test_user_models.py", "test_float8.py", "test_cellrun.py", "test_lifetime.py",
+                 "test_checkpoint_in_cpu.py", "test_report.py", "test_model_checks.py", "test_plots.py",
+                 "test_pipeline_parallel.py", "test_rank_failures.py", "test_batch_search.py", "test_gpus.py",
+                 "test_lightning.py", "test_profiling.py", "test_tensor_parallel.py", "test_hf_trainer.py")
 
 
 def pytest_configure(config):
@@ -155,6 +156,12 @@ class Workflow:
     def planned(self, *targets: str) -> dict[str, set[str]]:
         """Jobs a dry run would execute, as {rule: {output paths}}."""
         result = self.snakemake("-n", *targets)
+        return parse_dry_run(result.stdout + result.stderr)
+
+    def ran(self, *args: str, env: dict | None = None) -> dict[str, set[str]]:
+        """A real run's jobs, as {rule: {output paths}}: what it executed, read from its log as planned()
+        reads a dry run's (a real run prints each job as a dry run lists it)."""
+        result = self.snakemake(*args, env=env)
         return parse_dry_run(result.stdout + result.stderr)
 
     def path(self, relative: str) -> Path:

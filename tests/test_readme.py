@@ -186,7 +186,9 @@ HOW: dict[str, How] = {
         How("run", "the published round held against its committed predictions"),
     "trainbench check-models predictions validation/results/predictions/holdout_accum-h200.csv":
         How("run", "as above, part by part: its cells were profiled"),
-    "trainbench check-models emulation": How("run", "reads the emulation_check study's published cells"),
+    "trainbench check-models emulation": How(
+        "elsewhere", "reads the emulation_check study's published cells: tests/test_model_checks.py runs "
+                     "this command line in the repository (the same published cells) and checks its output"),
     "sudo tools/local-slurm-cluster.sh install && sudo tools/local-slurm-cluster.sh start":
         How("elsewhere", "root; CI's .ci/run starts the cluster this way (as root, without sudo)"),
     "python bench/communication.py": How(
