@@ -1,6 +1,6 @@
 """What bounds the baseline cells' MFU: arithmetic on a profile already taken, no GPU needed.
 
-    python bench/mfu_bound.py tools/gpu-runs/minimal-loop-3-124m.json tools/gpu-runs/minimal-loop-2.json \
+    python bench/mfu_bound.py results/provenance/gpu-runs/minimal-loop-3-124m.json results/provenance/gpu-runs/minimal-loop-2.json \
         [--goal 124m=0.50 350m=0.53]
 
 Reads the per-class GPU time of the baseline cell's profiled steps, as bench/minimal_vs_cell.py

@@ -6,10 +6,10 @@
 #     (results/bench/overhead/gpt2-*/round-N/runs) and two `snakemake` runs of the same cells, the
 #     second with --force (results/bench/rerun/snakemake-{1,2});
 #   commit 6be6464 (vocabulary padded): `snakemake -c all` on empty compile caches and again with
-#     --forcerun on warm ones (results/bench/rerun/cold-warm/{cold,warm}; tools/gpu-runs/baseline-2.sh),
+#     --forcerun on warm ones (results/bench/rerun/cold-warm/{cold,warm}; results/provenance/gpu-runs/baseline-2.sh),
 #     and the overhead benchmark's two cell runs of each (results/bench/overhead/baseline-6be6464);
 #   commit b734edf (bytecode cache, fast exit; another H200 host): `snakemake -c all` twice
-#     (results/bench/rerun/startup-b734edf/{first,second}; tools/gpu-runs/startup-2.sh) and the
+#     (results/bench/rerun/startup-b734edf/{first,second}; results/provenance/gpu-runs/startup-2.sh) and the
 #     overhead benchmark's three cell runs of each (results/bench/overhead/baseline-b734edf).
 #
 #   bash bench/rerun_compare.sh > results/bench/rerun/compare.txt

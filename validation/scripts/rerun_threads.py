@@ -9,7 +9,7 @@ same cell's first run is set against it. The first runs are the results at git r
 as time_model.threads_of_run reads them.
   - the step, rerun / first, and the first run's step as a guess of the rerun's ((first - rerun) / rerun);
   - the time model's ratio of its predictions at the two thread counts, against the measured ratio;
-  - tools/gpu-runs/plan_reruns.py's estimate of the rerun's wall time from the first run, with and
+  - results/provenance/gpu-runs/plan_reruns.py's estimate of the rerun's wall time from the first run, with and
     without that ratio, against the wall time the rerun took.
 Grouped by whether the optimizer was offloaded and by GPUs a cell.
 """

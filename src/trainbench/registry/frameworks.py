@@ -352,7 +352,8 @@ register(Framework(
     best_practice=(
         GC_EVERY, DDP_BUCKETS,
         Practice("reduce_bucket_size", 500_000_000, "DeepSpeed's default in place of the Trainer's \"auto\" "
-                 "(width squared: at ZeRO-3, buckets that size cost GPT-2 124M 38% of its tokens/s, 350M 32%)", strategies=("zero3",)),
+                 "(width squared: at ZeRO-3, such buckets cost GPT-2 124M 38% of its tokens/s, 350M 32%)",
+                 strategies=("zero3",)),
         Practice("prefetch_bucket_size", 50_000_000, "DeepSpeed's default in place of the Trainer's \"auto\" "
                  "(0.9 x width squared)", strategies=("zero3",)),
     )))
