@@ -210,6 +210,10 @@ def test_tuning_best_fills_in_what_a_cell_leaves_out_and_framework_leaves_the_ce
     spelled = CellParams.resolve({**base, "strategy": "ddp", "tuning": "framework", "ddp_bucket_cap_mb": 100,
                                   "ddp_bucket_view": True, "gc_every": 50})
     assert spelled.params_hash == ddp.params_hash
+    # the worker gets the canonical string: what it rebuilds ran as chosen, and no result names the chooser
+    for resolved in (ddp, framework):
+        rebuilt = CellParams.from_json(resolved.canonical)
+        assert rebuilt.as_dict() == resolved.as_dict() and "tuning" not in resolved.as_dict()
 
 
 def test_trainbench_strategies_lists_each_best_practice_setting_with_its_reason():

@@ -158,8 +158,7 @@ class Practice:
                 and (grad_accum > 1 or not self.accumulating))
 
 
-# Python's collector paused whichever step its thresholds fell in (FSDP2 350M on 4 GPUs: windows of
-# 337-406 ms); collecting every 50th step keeps the pauses out of all but one step in 50
+# the settings more than one framework's practice holds
 GC_EVERY = Practice("gc_every", 50, "torchtitan's gc_freq: automatic collection off, a generation-1 "
                     "collection every 50th step (FSDP2 350M on 4 H200s: 99.6% scaling, not 92.7%; one-GPU "
                     "cells unchanged within their intervals)")

@@ -20,7 +20,7 @@ from typing import Any, Iterable
 from trainbench.execute.profiling import PARTS
 from trainbench.execute.results import VERSION_KEYS
 from trainbench.reporting.predictions import Doc, prediction, time_prediction
-from trainbench.study.params import PARAMS
+from trainbench.study.params import CHOOSERS, PARAMS
 
 SCHEMA_VERSION = 1
 METADATA_KEY = b"trainbench.dataset_schema"
@@ -42,7 +42,7 @@ SCHEMA: dict[str, str] = {
     "status": "ok, oom, unsupported, infeasible, failed or timeout",
     "reason": "why, where the status is not ok",
     "emulated": "one rank of a larger world measured alone (docs/emulation.md)",
-    **{f"p_{p.name}": f"parameter {p.name}: {p.description}" for p in PARAMS},
+    **{f"p_{p.name}": f"parameter {p.name}: {p.description}" for p in PARAMS if p.name not in CHOOSERS},
     "gpu_name": "the GPU model it ran on (none: CPU ranks)",
     "gpu_count": "GPUs of the run", "nodes": "nodes of the run", "hostname": "the (first) node",
     "git_commit": "the code's commit", "started": "when it started (ISO 8601)",
@@ -64,7 +64,7 @@ def cell_rows(doc: Doc) -> list[dict[str, Any]]:
     prov = doc.get("provenance") or {}
     base = {"study": doc["study"], "cell_id": doc["cell_id"], "status": doc["status"],
             "reason": doc.get("reason"), "emulated": bool(doc.get("emulation")),
-            **{f"p_{p.name}": params.get(p.name) for p in PARAMS},
+            **{f"p_{p.name}": params.get(p.name) for p in PARAMS if p.name not in CHOOSERS},
             "gpu_name": prov.get("gpu_name"), "gpu_count": prov.get("gpu_count"), "nodes": prov.get("nodes"),
             "hostname": prov.get("hostname"), "git_commit": prov.get("git_commit"),
             "started": prov.get("started"),

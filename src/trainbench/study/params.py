@@ -300,18 +300,17 @@ class CellParams:
     # --- the one serialisation ---
 
     def as_dict(self) -> dict[str, Any]:
-        """Every parameter, then the derived sizes: what metrics.json and the worker's cell file hold."""
-        out = {name: getattr(self, name) for name in PARAM_NAMES}
+        """Every parameter but the choosers (what they chose is here), then the derived sizes: what
+        metrics.json and the worker's cell file hold."""
+        out = {name: getattr(self, name) for name in PARAM_NAMES if name not in CHOOSERS}
         out.update((name, getattr(self, name)) for name in DERIVED)
         return out
 
     @cached_property
     def identity(self) -> dict[str, Any]:
         """The parameters that make the cell what it is: all of as_dict but optional ones at their
-        default (a cell that leaves a parameter added later at its default is the cell it was) and
-        `tuning`, which is the settings it chose."""
-        return {k: v for k, v in self.as_dict().items()
-                if k not in CHOOSERS and not (k in OPTIONAL and v == DEFAULTS[k])}
+        default (a cell that leaves a parameter added later at its default is the cell it was)."""
+        return {k: v for k, v in self.as_dict().items() if not (k in OPTIONAL and v == DEFAULTS[k])}
 
     @cached_property
     def canonical(self) -> str:
@@ -400,15 +399,16 @@ OPTIONAL = frozenset(p.name for p in PARAMS if p.optional)
 FLOATS = frozenset(p.name for p in PARAMS if p.kind == "float")
 
 
-# Parameters that choose other parameters' values: the cell is what they chose, so its identity leaves
-# them out, and a result made before one existed ran with what it chooses now as "framework" (nothing)
-CHOOSERS = {"tuning": "framework"}
+# Parameters that choose other parameters' values where a study resolves its cells (`tuning`): the cell
+# is what they chose, so they are neither in its identity nor serialised with it; a cell rebuilt from
+# its JSON (the worker's, a result's) holds the choice already made, whatever the chooser says there
+CHOOSERS = frozenset({"tuning"})
 
 
 def with_optional_defaults(params: dict[str, Any]) -> dict[str, Any]:
     """A result's parameters with every optional parameter it leaves out at its default (a result made
-    before the parameter existed ran with it; with `tuning`, the frameworks' defaults)."""
-    return {**{name: DEFAULTS[name] for name in OPTIONAL}, **CHOOSERS, **params}
+    before the parameter existed ran with it)."""
+    return {**{name: DEFAULTS[name] for name in OPTIONAL - CHOOSERS}, **params}
 
 
 def sort_keys(keys) -> list[str]:
