@@ -8,7 +8,9 @@ the table's GPU type with the table's number of ranks: the collectives trainbenc
 derives from its strategy, their time alone on the link by the table, and the profile's figures per
 step: the time its ranks spent in collective kernels (communication_s, which counts a collective from
 its launch, waiting for the other rank included) and what of it no compute overlapped. The ratio says
-how far the kernels' time is from what the bytes cost on the link alone.
+how far the kernels' time is from what the bytes cost on the link alone. Beside the exposed time, the
+time model's communication part for the cell (its overlap model: the collectives timed on the measured
+links, less what the strategy's compute budget hides), to hold that model against the profiles.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import statistics
 import sys
 from pathlib import Path
 
+from trainbench.predict import time_model
 from trainbench.predict.communication import BandwidthTable, step_collectives
-from trainbench.registry.hardware import gpu_type_named_in
+from trainbench.registry.hardware import gpu_type, gpu_type_named_in
 from trainbench.study.params import CellParams
 from trainbench.training.user_models import register_from_params
 
@@ -51,9 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     gpu = table.name.rsplit("-x", 1)[0]
     print(f"command: python bench/communication.py --table {args.table} {' '.join(args.runs)}")
     print(f"table: {table.name} ({table.ranks} ranks)\n")
-    header = f"{'study':<24} {'cell':<62} {'link ms':>8} {'profiled ms':>12} {'exposed ms':>11} {'ratio':>6}"
+    header = (f"{'study':<24} {'cell':<62} {'link ms':>8} {'profiled ms':>12} {'exposed ms':>11} {'ratio':>6} "
+              f"{'modelled ms':>12}")
     print(header)
+    constants, _ = time_model.constants_for(gpu_type(gpu))
     ratios: dict[str, list[float]] = {}
+    misses: list[float] = []
     skipped = 0
     for doc, facts_dir in profiled_cells(args.runs, gpu, table.ranks):
         params = CellParams.from_dict(doc["params"])
@@ -69,11 +75,17 @@ def main(argv: list[str] | None = None) -> int:
         ratio = measured / link
         strategy = f"{doc['params']['framework']} {doc['params']['strategy']}"
         ratios.setdefault(strategy, []).append(ratio)
+        threads = time_model.threads_of_run(doc)
+        modelled = time_model.parts(time_model.work(params, gpu_type(gpu), threads), constants)["communication"]
+        misses.append(abs(modelled - exposed))
         print(f"{doc['study']:<24} {doc['cell_id'][:62]:<62} {link * 1e3:>8.1f} {measured * 1e3:>12.1f} "
-              f"{exposed * 1e3:>11.1f} {ratio:>6.2f}")
+              f"{exposed * 1e3:>11.1f} {ratio:>6.2f} {float(modelled) * 1e3:>12.1f}")
     print("\nprofiled collective time over the link's time, by strategy (median, cells):")
     for strategy, values in sorted(ratios.items()):
         print(f"  {strategy:<20} {statistics.median(values):6.2f}  ({len(values)})")
+    if misses:
+        print(f"\nthe time model's exposed communication against the profiles': off by a median of "
+              f"{statistics.median(misses) * 1e3:.1f} ms, at worst {max(misses) * 1e3:.1f} ms ({len(misses)} cells)")
     if skipped:
         print(f"({skipped} cells split over other numbers of ranks than the table's, or sending nothing)")
     return 0

@@ -6,9 +6,11 @@
   `ddp_bucket_cap_mb` (DDP's 25 MiB);
 - FSDP2: each block's weights all-gathered in the compute dtype 2 x grad_accum times a step, or fewer as
   `fsdp_reshard` keeps them, and its gradients reduce-scattered once a step in fp32 (FSDP2's reduce
-  dtype); the root's (embeddings, final norm) gathered for each micro batch;
-- DeepSpeed ZeRO: stage 0 all-reduces the gradients once; stage 1 too, then all-gathers the updated
-  weights; stage 2 reduce-scatters them after every micro batch, then all-gathers the weights; stage 3
+  dtype); the root's (embeddings, final norm) gathered for each micro batch (once a step with
+  `after_step`); float8 layers' weights gathered in float8 where `float8_all_gather` says so;
+- DeepSpeed ZeRO: stage 0 all-reduces the gradients once; stage 1 reduce-scatters them once (each rank
+  reduces its partition's), then all-gathers the updated weights; stage 2 reduce-scatters them after
+  every micro batch, then all-gathers the weights; stage 3
   gathers each block's weights for every forward and backward (and recomputation) and reduce-scatters
   the gradients every micro batch; reductions in buckets of `reduce_bucket_size` elements (the
   framework's: DeepSpeed's 5e8, Lightning's 2e8, the Trainer's width^2), ZeRO-1/2's gathers in
@@ -22,6 +24,12 @@ all-gather, the scattered input of a reduce-scatter), so that `BandwidthTable` c
 measured sizes (log-log), at the smallest size's time below them (an operation's issue time), and at
 the largest size's bandwidth above them. The sum is the time the collectives take alone on the link;
 a step exposes only what compute does not overlap, which is the time model's business.
+
+`Interconnect` is what the time model knows of a GPU type's links: the tables measured on it
+(results/comm/<gpu>-x<ranks>.json, one host) time a group's collectives where one has the group's
+ranks; a group with no table (more ranks than any measured host, or spanning nodes) moves its bus
+bytes (2(n-1)/n of an all-reduce's buffer, (n-1)/n of a gather's or a scatter's) at the share of the
+link's bandwidth the tables' large messages reached, measured, not fitted.
 """
 
 from __future__ import annotations
@@ -29,17 +37,33 @@ from __future__ import annotations
 import bisect
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainbench.predict.memory_model import block_shard_params, shard_params, vocab_parallel
+from trainbench.predict.memory_model import (block_shard_params, float8_linear_params, shard_params,
+                                             vocab_parallel)
 from trainbench.registry.frameworks import framework_of, strategy_of
+from trainbench.registry.hardware import GpuType
 from trainbench.registry.models import get_model
 from trainbench.study.params import CellParams
 
 MIB = 1 << 20
 DDP_BUCKET_MIB = 25  # torch DDP's bucket_cap_mb default
 ZERO_BUCKET_ELEMENTS = 5e8  # DeepSpeed's reduce_bucket_size and allgather_bucket_size defaults
+# the share of a link's bandwidth collectives reach where no table of the GPU type was measured: what a
+# 1 GiB all-reduce reached on 2 H200s (329 of 450 GB/s, results/comm/h200-x2.csv)
+UNMEASURED_LINK_EFFICIENCY = 0.73
+# messages from this size up show a link's bandwidth rather than an operation's issue time
+LARGE_MESSAGE_BYTES = 64 * MIB
+# bytes each rank moves over its link per byte of an operation's size (nccl-tests' bus factor; the
+# number of ranks n): ring all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n, a send/recv 1
+BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+              "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
+              "broadcast": lambda n: 1.0, "send_recv": lambda n: 1.0}
+# where `trainbench commbench` writes its tables, relative to the project (the working directory, or
+# else the checkout this package runs from)
+COMM_DIR = Path("results/comm")
 
 
 @dataclass(frozen=True)
@@ -52,6 +76,11 @@ class Collective:
     size_bytes: float
     count: float
     ranks: int
+    group: str = "dp"  # the process group: data parallel ("dp"), tensor ("tp") or pipeline ("pp") parallel
+
+    def bus_bytes(self) -> float:
+        """What each rank moves over its link for these operations, together."""
+        return self.count * self.size_bytes * BUS_FACTOR[self.kind](self.ranks)
 
 
 def _buckets(what: str, kind: str, total_bytes: float, bucket_bytes: float, times: float,
@@ -102,9 +131,15 @@ def step_collectives(params: CellParams) -> list[Collective]:
         gathers = fsdp_gathers(params)
         reduce_bytes = framework_of(params).memory.fsdp_reduce_bytes or weight_bytes
         root = psi - layers * block
-        found.append(Collective("FSDP2: a block's weights", "all_gather", block * weight_bytes,
-                                gathers * layers, dp))
-        found.append(Collective("FSDP2: the root's weights", "all_gather", root * weight_bytes, ga, dp))
+        gathered = block * weight_bytes
+        if params.float8_all_gather:  # the float8 layers' weights gathered in float8, 1 byte each
+            gathered -= (weight_bytes - 1) * float8_linear_params(params, spec) / spec.n_layer
+        found.append(Collective("FSDP2: a block's weights", "all_gather", gathered, gathers * layers, dp))
+        # the root (embeddings, final norm) is not resharded after its forward: gathered once a micro
+        # batch, or once a step where nothing reshards until the last backward
+        root_gathers = 1 if params.fsdp_reshard == "after_step" else ga
+        found.append(Collective("FSDP2: the root's weights", "all_gather", root * weight_bytes, root_gathers,
+                                dp))
         found.append(Collective("FSDP2: a block's gradients", "reduce_scatter", block * reduce_bytes,
                                 layers, dp))
         found.append(Collective("FSDP2: the root's gradients", "reduce_scatter", root * reduce_bytes, 1, dp))
@@ -113,17 +148,22 @@ def step_collectives(params: CellParams) -> list[Collective]:
         bucket = (params.reduce_bucket_size or framework_of(params).memory.reduce_bucket_elements(spec)
                   ) * weight_bytes
         gather_bucket = (params.allgather_bucket_size or ZERO_BUCKET_ELEMENTS) * weight_bytes
-        if stage in (0, 1):
-            found += _buckets(f"ZeRO-{stage}: gradients", "all_reduce", psi * weight_bytes, bucket, 1, dp)
-        elif stage == 2:
-            found += _buckets("ZeRO-2: gradients", "reduce_scatter", psi * weight_bytes, bucket, ga, dp)
+        if stage == 0:
+            found += _buckets("ZeRO-0: gradients", "all_reduce", psi * weight_bytes, bucket, 1, dp)
+        elif stage in (1, 2):
+            # each rank reduces the gradients of its partition (DeepSpeed's reduce_scatter): ZeRO-1 at the
+            # accumulation boundary, ZeRO-2 as every micro batch's backward fills its buckets
+            found += _buckets(f"ZeRO-{stage}: gradients", "reduce_scatter", psi * weight_bytes, bucket,
+                              1 if stage == 1 else ga, dp)
         else:
             passes = 2 + bool(params.activation_checkpointing)
+            root = psi - layers * block
             found.append(Collective("ZeRO-3: a block's weights", "all_gather", block * weight_bytes,
                                     ga * passes * layers, dp))
+            # the embeddings and the final norm, gathered for forward and backward (never recomputed)
+            found.append(Collective("ZeRO-3: the root's weights", "all_gather", root * weight_bytes, ga * 2, dp))
             # each micro batch's gradients leave through the reduce bucket as the backward fills it
-            found += _buckets("ZeRO-3: gradients", "reduce_scatter", block * layers * weight_bytes, bucket,
-                              ga, dp)
+            found += _buckets("ZeRO-3: gradients", "reduce_scatter", psi * weight_bytes, bucket, ga, dp)
         if stage in (1, 2):
             found += _buckets(f"ZeRO-{stage}: updated weights", "all_gather", psi * weight_bytes,
                               gather_bucket, 1, dp)
@@ -131,10 +171,10 @@ def step_collectives(params: CellParams) -> list[Collective]:
     activations = tokens * spec.d_model * weight_bytes
     if tp > 1:
         found.append(Collective("tensor parallelism: a split layer's activations", "all_reduce",
-                                activations, tp_all_reduces(params, layers), tp))
+                                activations, tp_all_reduces(params, layers), tp, "tp"))
     if pp > 1:
         found.append(Collective("pipeline: activations and their gradients", "send_recv", activations,
-                                2 * ga, 2))
+                                2 * ga, 2, "pp"))
     return [c for c in found if c.count > 0 and c.size_bytes > 0]
 
 
@@ -176,3 +216,64 @@ class BandwidthTable:
         if any(c.ranks != self.ranks for c in collectives):
             return None
         return sum(c.count * self.seconds(c.kind, c.size_bytes) for c in collectives)
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """What the time model knows of one GPU type's links: its commbench tables by number of ranks on
+    one host, and the share of the link's bandwidth their large messages reach (`efficiency`), which
+    times a group no table has."""
+
+    gpu: str
+    tables: dict[int, BandwidthTable]
+    efficiency: float
+
+    @classmethod
+    def measured(cls, gpu: GpuType, tables: list[BandwidthTable]) -> Interconnect:
+        """From the tables of `gpu`'s hosts: the efficiency is the median, over their collectives of
+        LARGE_MESSAGE_BYTES and more, of the bus bandwidth over the link's (UNMEASURED_LINK_EFFICIENCY
+        where none was measured)."""
+        shares = []
+        for table in tables:
+            for kind, (sizes, times) in table.times.items():
+                if kind not in ("all_reduce", "all_gather", "reduce_scatter"):
+                    continue
+                factor = BUS_FACTOR[kind](table.ranks)
+                shares += [size * factor / time / (gpu.peer_gb_s() * 1e9)
+                           for size, time in zip(sizes, times) if size >= LARGE_MESSAGE_BYTES]
+        efficiency = float(sorted(shares)[len(shares) // 2]) if shares else UNMEASURED_LINK_EFFICIENCY
+        return cls(gpu.key, {t.ranks: t for t in tables}, min(efficiency, 1.0))
+
+    def seconds(self, collectives: list[Collective], link_gb_s: float, crosses_nodes: bool) -> float:
+        """The collectives of one process group alone on its link: from the table of its ranks where
+        the group is on one host and one was measured, else its bus bytes at `efficiency` of
+        `link_gb_s` (the link it uses: NVLink, or the network across nodes)."""
+        if not collectives:
+            return 0.0
+        table = None if crosses_nodes else self.tables.get(collectives[0].ranks)
+        if table is not None and all(c.kind in table.times for c in collectives):
+            return table.step_seconds(collectives)
+        return sum(c.bus_bytes() for c in collectives) / (self.efficiency * link_gb_s * 1e9)
+
+
+def _tables_in(directory: Path, gpu: str) -> list[BandwidthTable]:
+    found = []
+    for path in sorted(directory.glob(f"{gpu}-x*.json")):
+        if re.fullmatch(rf"{re.escape(gpu)}-x\d+\.json", path.name):
+            found.append(BandwidthTable.read(path))
+    return found
+
+
+# the checkout this package runs from (src/trainbench/predict/ -> the project), for its published tables
+CHECKOUT = Path(__file__).resolve().parents[3]
+_READ: dict[tuple[str, Path], Interconnect] = {}
+
+
+def interconnect_of(gpu: GpuType) -> Interconnect:
+    """The links of `gpu`'s hosts as measured: the commbench tables of that GPU type in the working
+    directory's results/comm, else in this checkout's (the published H200 tables); read once."""
+    key = (gpu.key, Path.cwd())
+    if key not in _READ:
+        tables = _tables_in(key[1] / COMM_DIR, gpu.key) or _tables_in(CHECKOUT / COMM_DIR, gpu.key)
+        _READ[key] = Interconnect.measured(gpu, tables)
+    return _READ[key]

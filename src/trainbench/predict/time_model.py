@@ -5,9 +5,9 @@ physical quantities computed from the cell and the hardware table alone (`work`)
 by a handful of efficiency constants fitted on the measured cells (`step_time`, `fit`):
 
     T = r x t_loop[framework] + t_engine[ZeRO stage]      fixed costs (r: 1, or ga for a loop per micro batch)
-      + (ga + pp - 1) / ga x (busy + tp_bytes / (e_link x B_link))          micro batches, the bubble
-      + max(0, hidden_bytes / (e_link x B_link) + prefetch_bytes / (e_pcie x B_pcie) - budget x D)
-      + sync_bytes / (e_link x B_link)                              gradient and weight synchronisation
+      + (ga + pp - 1) / ga x (busy + C_tp,pp)                                micro batches, the bubble
+      + max(s_exp x C_hide, C_hide + prefetch_bytes / (e_pcie x B_pcie) - budget x D)   hidden, or not
+      + C_sync                                                      gradient and weight synchronisation
       + opt_bytes / (e_opt x B_hbm)                                               optimizer on the GPU
       + offload_bytes / (e_pcie x B_pcie) + params / (threads^a x r_cpu)  or offloaded to the CPU (a 0.75)
       + node_params / R_host                         the node's CPU optimizers share its host memory
@@ -43,9 +43,17 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
   the weights are partitioned over several ranks: the bookkeeping and the all-gather) and FSDP's unit
   gathers. The host's time bounds the small cells (a ZeRO-3 step of GPT-2.5B takes as long at micro
   batch 4 as at 16); where the GPU's work is longer it hides it.
-- collective bytes per GPU (ring algorithms, n ranks): all-reduce 2(n-1)/n x size, reduce-scatter and
-  all-gather (n-1)/n x size, over NVLink within a node (or PCIe where a GPU has none) and over the
-  network once a group spans nodes. DDP all-reduces the gradients once per step (accumulation skips
+- C: the step's collectives (communication.step_collectives: what each strategy sends, operation by
+  operation and bucket by bucket) timed on the GPU type's links as measured (communication.Interconnect):
+  a group of ranks on one host by the commbench table of its number of ranks, interpolated at each
+  operation's size, so small messages cost their issue time; a group no table has (more ranks, or
+  across nodes) by its bus bytes (ring algorithms over n ranks: all-reduce 2(n-1)/n x size,
+  reduce-scatter and all-gather (n-1)/n x size) at the share of the link's bandwidth the tables' large
+  messages reached, over NVLink within a node (or PCIe where a GPU has none) and over the network once
+  a group spans nodes. No constant of the fit scales them. Overlappable traffic (C_hide) is hidden
+  behind the strategy's compute budget, but a share s_exp of it (fitted) is exposed however much
+  compute there is: the first gathers before compute starts, the last reductions after it ends, kernels
+  slowed by the compute beside them. DDP all-reduces the gradients once per step (accumulation skips
   it), overlapped with the last micro batch's backward; DeepSpeed ZeRO-0 all-reduces them and
   ZeRO-1/2 reduce-scatter them (ZeRO-2 every micro batch) and all-gather the updated weights after the
   step, not overlapped (DeepSpeed's overlap_comm is off below stage 3; Lightning turns it on);
@@ -64,10 +72,10 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
   ZeRO-Infinity's on the critical path.
 
 The constants (`Constants`) are efficiencies, not properties of a cell: the fraction of peak matmuls
-reach, the passes of elementwise traffic, a block's launch cost, a collective call's cost, the
-fraction of link, PCIe and memory bandwidth collectives, copies and the optimizer reach, the CPU
-optimizer's parameters per second per thread and per host, and the fixed cost per step of each
-training loop and of DeepSpeed's engine at each ZeRO stage. They are fitted by least squares on log
+reach, the passes of elementwise traffic, a block's launch cost, a collective call's cost, the share
+of overlappable collectives exposed, the fraction of PCIe and memory bandwidth copies and the
+optimizer reach, the CPU optimizer's parameters per second per thread and per host, and the fixed
+cost per step of each training loop and of DeepSpeed's engine at each ZeRO stage. They are fitted by least squares on log
 step time over the measured cells of one GPU type (`fit`; `trainbench check-models time` reports the error
 leave-one-out). A GPU type without measurements is predicted with the constants of the measured one
 (H200): peaks and bandwidths come from the hardware table, efficiencies are assumed to carry over,
@@ -89,9 +97,10 @@ from trainbench.registry.frameworks import framework_of, offloads, registry, str
 from trainbench.study.params import CellParams
 from trainbench.registry.hardware import GpuType, peak_flops, peak_flops_of
 from trainbench.predict.memory_model import (block_bytes_per_token, eager_score_bytes_per_token,
-                                     float8_linear_params, shard_params, vocab_parallel)
+                                     shard_params, vocab_parallel)
 from trainbench.registry.models import ModelSpec, get_model
-from trainbench.predict.communication import fsdp_gathers, tp_all_reduces
+from trainbench.predict.communication import (Interconnect, fsdp_gathers, interconnect_of, step_collectives,
+                                             tp_all_reduces)
 
 # DeepSpeed's CPU Adam and torch's optimizer threads per rank where a cell does not say (the
 # studies' execution.cpus_per_rank)
@@ -131,11 +140,11 @@ class Work:
     cast_s: float  # float8's scaling and casts of the linear layers' operands / HBM bandwidth
     layer_passes: float  # block forward/backward passes
     calls: float  # framework-level collective calls the host makes
-    micro_link_s: float  # tensor- and pipeline-parallel traffic per step, not overlapped / link bandwidth
-    overlapped_link_s: float  # ZeRO-3 / FSDP / DDP traffic that compute can hide / link bandwidth
+    micro_link_s: float  # tensor- and pipeline-parallel collectives per step, not overlapped, on the link
+    overlapped_link_s: float  # ZeRO-3 / FSDP / DDP collectives compute can hide, on the link
     overlapped_pcie_s: float  # FSDP's offloaded parameters' traffic, prefetched / PCIe bandwidth
     overlap_budget: float  # share of the compute time that can hide it
-    sync_link_s: float  # gradient and weight synchronisation after backward, exposed / link bandwidth
+    sync_link_s: float  # gradient and weight synchronisation after backward, exposed, on the link
     optimizer_hbm_s: float  # DeepSpeed's ZeRO optimizer step on the GPU / HBM bandwidth
     torch_optimizer_hbm_s: float  # or a torch optimizer's (fused AdamW over the module's tensors)
     offload_pcie_s: float  # offload traffic on the critical path (gradients down, weights up) / PCIe
@@ -158,7 +167,10 @@ class Constants:
     elementwise_passes: float = 3.0  # elementwise traffic in units of what a block saves for backward
     layer_pass_s: float = 1e-4  # launch and Python cost of one block's forward or backward
     call_s: float = 5e-4  # one framework-level collective call, on the host
-    eta_link: float = 0.7  # fraction of NVLink / network bandwidth collectives reach
+    # the share of overlappable collectives a step exposes however much compute there is to hide them
+    # behind: the first gathers before compute starts, the last reductions after it ends, a kernel
+    # slowed by the compute beside it
+    exposed_share: float = 0.1
     eta_optimizer: float = 0.3  # fraction of HBM bandwidth DeepSpeed's ZeRO optimizer step reaches
     eta_optimizer_torch: float = 0.3  # the same for a torch optimizer stepping the module's parameters
     eta_pcie: float = 0.7  # fraction of PCIe bandwidth offload copies reach
@@ -175,7 +187,7 @@ class Constants:
     gpu: str = "h200"  # the GPU type they were fitted on
     fitted_on: str = ""  # what they were fitted on (cells, command)
 
-    SCALARS = ("eta_matmul", "eta_unaligned", "elementwise_passes", "layer_pass_s", "call_s", "eta_link",
+    SCALARS = ("eta_matmul", "eta_unaligned", "elementwise_passes", "layer_pass_s", "call_s", "exposed_share",
                "eta_optimizer", "eta_optimizer_torch",
                "eta_pcie", "cpu_adam_per_thread", "cpu_torch_per_thread", "cpu_unscale_per_thread",
                "cpu_host_rate")
@@ -241,11 +253,12 @@ def _link_gb_s(gpu: GpuType, crosses_nodes: bool) -> float:
 
 
 def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREADS,
-         alone: bool = False) -> Work:
+         alone: bool = False, links: Interconnect | None = None) -> Work:
     """The physical work of one optimizer step of a cell on the busiest GPU of `gpu`s; `alone`: of that
     rank run by itself, as an emulated rank runs (training.emulation): its collectives complete at once,
     a pipeline stage waits for no other (no bubble), and its host is its own, not shared with the node's
-    other ranks. The host still issues every call."""
+    other ranks. The host still issues every call. `links`: the GPU type's interconnect (default: as
+    its commbench tables measured it, communication.interconnect_of)."""
     spec: ModelSpec = get_model(params.model)
     framework, strategy = framework_of(params), strategy_of(params)
     layout, stage = strategy.layout, strategy.zero_stage
@@ -311,56 +324,44 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
     saved = block_bytes_per_token(params, spec) + eager_score_bytes_per_token(params, spec)
     elementwise = tokens * layers * saved * passes
 
-    # --- collectives ---
+    # --- collectives: what the strategy sends (communication.step_collectives), group by group, timed
+    # on the GPU type's links as measured (a commbench table of the group's ranks, or the tables' share
+    # of the link's bandwidth) ---
+    links = interconnect_of(gpu) if links is None else links
     weight_bytes = 2 if mixed else 4
     psi = shard_params(params, spec)  # parameters of one GPU's model-parallel shard
-    dp_link = _link_gb_s(gpu, _spans_nodes(dp, tp * pp, params)) * 1e9
-    tp_link = _link_gb_s(gpu, _spans_nodes(tp, 1, params)) * 1e9
-    pp_link = _link_gb_s(gpu, params.nodes > 1) * 1e9
-    ring = (dp - 1) / dp  # share of a buffer each rank sends in a reduce-scatter or all-gather
+    sent = step_collectives(params)
+
+    def link_s(group: str, crosses_nodes: bool) -> float:
+        return links.seconds([c for c in sent if c.group == group],
+                             _link_gb_s(gpu, crosses_nodes), crosses_nodes)
 
     calls = 0.0
     micro_link = 0.0
     if tp > 1:
-        reductions = tp_all_reduces(params, layers)
-        calls += reductions
-        micro_link += reductions * 2 * (tp - 1) / tp * mb * seq * d * weight_bytes / tp_link
-    if pp > 1:  # activations forward and their gradients backward, into and out of a middle stage
-        micro_link += ga * 2 * 2 * mb * seq * d * weight_bytes / pp_link
+        calls += tp_all_reduces(params, layers)
+        micro_link += link_s("tp", _spans_nodes(tp, 1, params))
+    if pp > 1:  # activations forward and their gradients backward, at the stage boundary
+        micro_link += link_s("pp", params.nodes > 1)
+    traffic = link_s("dp", _spans_nodes(dp, tp * pp, params)) if dp > 1 else 0.0
 
     overlapped = sync = 0.0
     budget = 1.0
     if layout == "replicated" and dp > 1:  # DDP: one all-reduce of fp32 (autocast) gradients per step
-        overlapped = 2 * ring * 4 * psi / dp_link
+        overlapped = traffic
         budget = 2 / 3 / ga  # the last micro batch's backward
     elif layout == "fsdp" and dp > 1:
         # weights gathered for forward and backward of every micro batch (fsdp_reshard: fewer), gradients
-        # reduce-scattered once (accumulation without synchronisation), in the framework's reduce dtype
-        # (torch's FSDP2: fp32)
-        reduce_bytes = framework.memory.fsdp_reduce_bytes or weight_bytes
-        gathered = weight_bytes * psi
-        if params.float8_all_gather:  # the float8 layers' weights gathered in float8, 1 byte each
-            gathered -= (weight_bytes - 1) * float8_linear_params(params, spec)
-        gathers = fsdp_gathers(params)
-        overlapped = (gathers * gathered + reduce_bytes * psi) * ring / dp_link
-        calls += (gathers + 1) * spec.n_layer
+        # reduce-scattered once (accumulation without synchronisation), prefetched behind compute
+        overlapped = traffic
+        calls += (fsdp_gathers(params) + 1) * spec.n_layer
     elif layout == "zero":
-        grad_bytes = weight_bytes
         hides = params.overlap_comm if params.overlap_comm is not None else (
             stage == 3 or framework.time.zero_overlaps_comm)
-        if stage == 0 and dp > 1:
-            traffic = 2 * ring * grad_bytes * psi / dp_link
-        elif stage in (1, 2):
-            reductions = ga if stage == 2 else 1
-            traffic = (reductions * grad_bytes + weight_bytes) * ring * psi / dp_link
-        elif stage == 3:
-            gathers = ga * (2 + ac)
-            traffic = (gathers * weight_bytes + ga * grad_bytes) * ring * psi / dp_link
+        if stage == 3:
             # each fetch is DeepSpeed's bookkeeping of a module's partitioned weights, and where they
             # are partitioned over more than one rank an all-gather: a second call
-            calls += gathers * (spec.n_layer * LINEARS_PER_BLOCK.get(spec.family, 4) + 1) * (1 + (dp > 1))
-        else:
-            traffic = 0.0
+            calls += ga * (2 + ac) * (spec.n_layer * LINEARS_PER_BLOCK.get(spec.family, 4) + 1) * (1 + (dp > 1))
         if hides:
             overlapped = traffic
             budget = 1.0 if stage == 3 else 2 / 3 / ga
@@ -459,9 +460,9 @@ def parts(w, c: Constants) -> dict[str, Any]:
     host = c.layer_pass_s * g("layer_passes") + c.call_s * g("calls")
     # the host queues work while the GPU computes: the slower of the two sets the pace
     busy = (host ** SHARPNESS + device ** SHARPNESS) ** (1 / SHARPNESS)
-    micro = g("pipeline_factor") * (busy + g("micro_link_s") / c.eta_link)
-    hidden_traffic = g("overlapped_link_s") / c.eta_link + g("overlapped_pcie_s") / c.eta_pcie
-    exposed = np.maximum(0.0, hidden_traffic - g("overlap_budget") * device)
+    micro = g("pipeline_factor") * (busy + g("micro_link_s"))
+    hidden_traffic = g("overlapped_link_s") + g("overlapped_pcie_s") / c.eta_pcie
+    exposed = np.maximum(c.exposed_share * hidden_traffic, hidden_traffic - g("overlap_budget") * device)
     optimizer = (g("optimizer_hbm_s") / c.eta_optimizer + g("torch_optimizer_hbm_s") / c.eta_optimizer_torch
                  + g("offload_pcie_s") / c.eta_pcie
                  + g("cpu_adam_params") / c.cpu_adam_per_thread
@@ -472,7 +473,7 @@ def parts(w, c: Constants) -> dict[str, Any]:
     # is time the GPU waits on the host: a profile's idle, with the loop's fixed costs (`framework`)
     waiting = g("pipeline_factor") * (busy - device)
     return {"compute": g("pipeline_factor") * device, "communication": micro - g("pipeline_factor") * busy
-            + exposed + g("sync_link_s") / c.eta_link, "optimizer": optimizer, "framework": step + waiting}
+            + exposed + g("sync_link_s"), "optimizer": optimizer, "framework": step + waiting}
 
 
 def step_time(w, c: Constants):
@@ -607,7 +608,7 @@ def thread_ratio(params: CellParams, gpu: GpuType | None, then: int, now: int) -
 
 # Efficiencies are fractions of a hardware figure: fitted within (0, 1], so that a fit cannot explain a
 # cell by a link faster than the hardware table's
-BOUNDED = ("eta_matmul", "eta_unaligned", "eta_link", "eta_optimizer", "eta_optimizer_torch", "eta_pcie")
+BOUNDED = ("eta_matmul", "eta_unaligned", "exposed_share", "eta_optimizer", "eta_optimizer_torch", "eta_pcie")
 
 
 def _to_free(values: np.ndarray, names: list[str]) -> np.ndarray:
