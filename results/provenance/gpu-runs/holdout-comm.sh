@@ -17,6 +17,8 @@ for c in $cells; do
   timeout --signal=INT --kill-after=20 $left snakemake -d validation $t -c 16 --resources gpu=4 >> $OUT/run.log 2>&1
   echo "   exit $? at $(( $(date +%s) - start )) s"
   python3 -c "import json; d=json.load(open('validation/$t')); m=d['metrics']; print('  ', d['status'], round(m.get('step_time_s',0)*1e3,1), 'ms', round(max(m.get('gpu_mem_used_mib') or [0])/1024,1), 'GiB', d['provenance'].get('host_id'), d.get('reason') or '')" 2>/dev/null
+  # after every cell, so that a call cut short keeps what ran
+  tar czf $OUT/holdout_comm.tgz --exclude='*.json.gz' validation/results/runs/holdout_comm \
+    validation/results/history/holdout_comm 2>/dev/null
 done
-tar czf $OUT/holdout_comm.tgz --exclude='*.json.gz' validation/results/runs/holdout_comm validation/results/history/holdout_comm 2>/dev/null
 ls -la $OUT
