@@ -1,4 +1,4 @@
-# validation's holdout_comm round on one host of 4 GPUs, each cell alone on it, one at a time (predictions
+# validation's holdout_comm round on one host of 2 GPUs, each cell alone on it, one at a time (predictions
 # committed first: validation/results/predictions/holdout_comm-h200.csv), three steps of each profiled.
 export TRAINBENCH_GIT_COMMIT=${TRAINBENCH_GIT_COMMIT:?the commit the cells ran at}
 export TORCH_EXTENSIONS_DIR=/tmp/torch-extensions TRAINBENCH_FORCE_INFEASIBLE=1
@@ -14,7 +14,7 @@ for c in $cells; do
   left=$(( ${BUDGET_S:-570} - ($(date +%s) - start) ))
   if (( left < 45 )); then echo "== no time for $c"; continue; fi
   echo "== $c ($left s left)"
-  timeout --signal=INT --kill-after=20 $left snakemake -d validation $t -c 16 --resources gpu=4 >> $OUT/run.log 2>&1
+  timeout --signal=INT --kill-after=20 $left snakemake -d validation $t -c 16 --resources gpu=2 >> $OUT/run.log 2>&1
   echo "   exit $? at $(( $(date +%s) - start )) s"
   python3 -c "import json; d=json.load(open('validation/$t')); m=d['metrics']; print('  ', d['status'], round(m.get('step_time_s',0)*1e3,1), 'ms', round(max(m.get('gpu_mem_used_mib') or [0])/1024,1), 'GiB', d['provenance'].get('host_id'), d.get('reason') or '')" 2>/dev/null
   # after every cell, so that a call cut short keeps what ran
