@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from trainbench.cli import main
+from trainbench.execute.results import INTERVAL_KEYS
 from trainbench.reporting.compare import compare
 
 RUNS = Path(__file__).resolve().parent.parent / "results" / "runs"
@@ -51,6 +52,15 @@ def trees(tmp_path):
     def other_params(doc):
         doc["params_hash"] = "0" * len(doc["params_hash"])
 
+    def three_steps(doc):  # timed as the campaign did: 3 steps, each alone, so no interval
+        metrics = doc["metrics"]
+        metrics["step_times_s"] = metrics["step_times_s"][:3]
+        for key in ("timing", "step_time_s", *INTERVAL_KEYS):
+            metrics.pop(key, None)
+        doc["provenance"].pop("host_pace_ms", None)  # nor did it time its host's Python
+
+    _edit(first, CELLS[3], three_steps)
+    _edit(second, CELLS[3], three_steps)
     _edit(second, CELLS[0], slower_and_heavier)
     _edit(second, CELLS[1], other_params)
     _edit(second, CELLS[3], _steps_times(1.25))
@@ -81,7 +91,7 @@ def test_a_change_is_significant_only_beyond_the_noise_and_the_smallest_change(t
     # 25 steps: intervals apart; the memory of the busiest GPU too
     assert {(CELLS[0], "step_time_s"), (CELLS[0], "samples_per_s"),
             (CELLS[0], "gpu_mem_used_mib")} <= significant
-    # gpt2_zero timed 3 steps: no interval, so its 25% cannot be judged either way
+    # a cell timed 3 steps has no interval, so its 25% cannot be judged either way
     judged = {c.cell_id: c for c in compare(first, second).cells}
     assert judged[CELLS[3].split("/")[1]].changes["step_time_s"].significant is None
     # 1% slower: within the noise of a per-step timed cell and under the smallest change

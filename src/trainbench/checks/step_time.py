@@ -38,11 +38,9 @@ from trainbench.registry.frameworks import registry
 from trainbench.registry.hardware import gpu_type_of
 from trainbench.reporting.compare import shorten
 
-# Studies timed too briefly to trust (noted beside their errors). Frameworks whose windows hold more
-# than the step say so themselves (TimeFacts.window_holds)
-CAVEATS = {
-    "gpt2_zero": "gpt2_zero timed 3 steps per cell: no interval, and a rerun moved one by 74%",
-}
+# Studies timed too briefly to trust (noted beside their errors; none now). Frameworks whose windows
+# hold more than the step say so themselves (TimeFacts.window_holds)
+CAVEATS: dict[str, str] = {}
 
 
 def measured_cells(folders: list[Path]) -> list[dict]:
