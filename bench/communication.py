@@ -54,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     gpu = table.name.rsplit("-x", 1)[0]
     print(f"command: python bench/communication.py --table {args.table} {' '.join(args.runs)}")
     print(f"table: {table.name} ({table.ranks} ranks)\n")
-    header = (f"{'study':<24} {'cell':<62} {'link ms':>8} {'profiled ms':>12} {'exposed ms':>11} {'ratio':>6} "
-              f"{'modelled ms':>12}")
+    header = (f"{'study':<24} {'cell':<62} {'link ms':>8} {'profiled ms':>12} {'exposed ms':>11} "
+              f"{'ratio':>6} {'modelled ms':>12}")
     print(header)
     constants, _ = time_model.constants_for(gpu_type(gpu))
     ratios: dict[str, list[float]] = {}
@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         strategy = f"{doc['params']['framework']} {doc['params']['strategy']}"
         ratios.setdefault(strategy, []).append(ratio)
         threads = time_model.threads_of_run(doc)
-        modelled = time_model.parts(time_model.work(params, gpu_type(gpu), threads), constants)["communication"]
+        work = time_model.work(params, gpu_type(gpu), threads)
+        modelled = time_model.parts(work, constants)["communication"]
         misses.append(abs(modelled - exposed))
         print(f"{doc['study']:<24} {doc['cell_id'][:62]:<62} {link * 1e3:>8.1f} {measured * 1e3:>12.1f} "
               f"{exposed * 1e3:>11.1f} {ratio:>6.2f} {float(modelled) * 1e3:>12.1f}")
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {strategy:<20} {statistics.median(values):6.2f}  ({len(values)})")
     if misses:
         print(f"\nthe time model's exposed communication against the profiles': off by a median of "
-              f"{statistics.median(misses) * 1e3:.1f} ms, at worst {max(misses) * 1e3:.1f} ms ({len(misses)} cells)")
+              f"{statistics.median(misses) * 1e3:.1f} ms, at worst {max(misses) * 1e3:.1f} ms "
+              f"({len(misses)} cells)")
     if skipped:
         print(f"({skipped} cells split over other numbers of ranks than the table's, or sending nothing)")
     return 0

@@ -63,7 +63,8 @@ def test_zero_stages_move_what_the_zero_paper_says():
     # and backward, all gradients reduce-scattered, per micro batch
     blocks = get_model("gpt-345m").n_layer * get_model("gpt-345m").block_params()
     root = psi() - blocks
-    assert zero3.overlapped_link_s * NVLINK == pytest.approx(3 * (3 * blocks + 2 * root + psi()) * (n - 1) / n * b)
+    assert zero3.overlapped_link_s * NVLINK == pytest.approx(
+        3 * (3 * blocks + 2 * root + psi()) * (n - 1) / n * b)
     assert zero3.sync_link_s == 0 and zero3.calls > 0
 
 
@@ -74,7 +75,8 @@ def test_fsdp_gathers_for_forward_and_backward_and_reduces_once():
     # reduce-scattered once (torch FSDP2)
     blocks = get_model("gpt-345m").n_layer * get_model("gpt-345m").block_params()
     root = psi() - blocks
-    assert w.overlapped_link_s * NVLINK == pytest.approx((2 * 2 * 2 * blocks + 2 * 2 * root + 4 * psi()) * 3 / 4)
+    assert w.overlapped_link_s * NVLINK == pytest.approx(
+        (2 * 2 * 2 * blocks + 2 * 2 * root + 4 * psi()) * 3 / 4)
     # at its best practice the weights stay gathered across the accumulation: one all-gather a step
     best = bytes_work(cell(framework="torch", strategy="fsdp", precision="bf16", grad_accum=2))
     assert best.overlapped_link_s * NVLINK == pytest.approx((2 + 4) * 3 / 4 * psi())
@@ -116,7 +118,8 @@ def test_a_group_with_a_measured_table_takes_the_tables_time_and_one_without_the
     # cost their issue time, where bytes over a bandwidth see no difference
     small = cell(framework="torch", strategy="ddp", precision="bf16", gpus=4, ddp_bucket_cap_mb=1)
     large = cell(framework="torch", strategy="ddp", precision="bf16", gpus=4, ddp_bucket_cap_mb=100)
-    assert time_model.work(small, H200).overlapped_link_s > 1.5 * time_model.work(large, H200).overlapped_link_s
+    tabled = [time_model.work(p, H200).overlapped_link_s for p in (small, large)]
+    assert tabled[0] > 1.5 * tabled[1]
     assert bytes_work(small).overlapped_link_s == pytest.approx(bytes_work(large).overlapped_link_s)
     # 8 ranks: no table, their bus bytes at the tables' share of the link
     eight = cell(strategy="zero0", gpus=8)

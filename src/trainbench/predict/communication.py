@@ -161,7 +161,8 @@ def step_collectives(params: CellParams) -> list[Collective]:
             found.append(Collective("ZeRO-3: a block's weights", "all_gather", block * weight_bytes,
                                     ga * passes * layers, dp))
             # the embeddings and the final norm, gathered for forward and backward (never recomputed)
-            found.append(Collective("ZeRO-3: the root's weights", "all_gather", root * weight_bytes, ga * 2, dp))
+            found.append(Collective("ZeRO-3: the root's weights", "all_gather", root * weight_bytes, ga * 2,
+                                    dp))
             # each micro batch's gradients leave through the reduce bucket as the backward fills it
             found += _buckets("ZeRO-3: gradients", "reduce_scatter", psi * weight_bytes, bucket, ga, dp)
         if stage in (1, 2):

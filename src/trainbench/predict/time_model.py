@@ -75,11 +75,11 @@ The constants (`Constants`) are efficiencies, not properties of a cell: the frac
 reach, the passes of elementwise traffic, a block's launch cost, a collective call's cost, the share
 of overlappable collectives exposed, the fraction of PCIe and memory bandwidth copies and the
 optimizer reach, the CPU optimizer's parameters per second per thread and per host, and the fixed
-cost per step of each training loop and of DeepSpeed's engine at each ZeRO stage. They are fitted by least squares on log
-step time over the measured cells of one GPU type (`fit`; `trainbench check-models time` reports the error
-leave-one-out). A GPU type without measurements is predicted with the constants of the measured one
-(H200): peaks and bandwidths come from the hardware table, efficiencies are assumed to carry over,
-and the output says so.
+cost per step of each training loop and of DeepSpeed's engine at each ZeRO stage. They are fitted by
+least squares on log step time over the measured cells of one GPU type (`fit`; `trainbench
+check-models time` reports the error leave-one-out). A GPU type without measurements is predicted
+with the constants of the measured one (H200): peaks and bandwidths come from the hardware table,
+efficiencies are assumed to carry over, and the output says so.
 """
 
 from __future__ import annotations
@@ -361,7 +361,8 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
         if stage == 3:
             # each fetch is DeepSpeed's bookkeeping of a module's partitioned weights, and where they
             # are partitioned over more than one rank an all-gather: a second call
-            calls += ga * (2 + ac) * (spec.n_layer * LINEARS_PER_BLOCK.get(spec.family, 4) + 1) * (1 + (dp > 1))
+            fetches = ga * (2 + ac) * (spec.n_layer * LINEARS_PER_BLOCK.get(spec.family, 4) + 1)
+            calls += fetches * (1 + (dp > 1))
         if hides:
             overlapped = traffic
             budget = 1.0 if stage == 3 else 2 / 3 / ga
