@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+from dataclasses import replace
 import subprocess
 import sys
 
@@ -125,6 +126,15 @@ def test_a_group_with_a_measured_table_takes_the_tables_time_and_one_without_the
     eight = cell(strategy="zero0", gpus=8)
     assert time_model.work(eight, H200).sync_link_s == pytest.approx(
         bytes_work(eight).sync_link_s / links.efficiency)
+
+
+def test_torchs_tensor_parallelism_pays_dtensors_dispatch_on_the_host_and_autotp_does_not():
+    dtensor = time_model.work(cell(framework="torch", strategy="fsdp", precision="bf16", gpus=2, tp=2), H200)
+    autotp = time_model.work(cell(strategy="zero1", gpus=2, tp=2), H200)
+    assert dtensor.dtensor_passes == dtensor.layer_passes > 0 and autotp.dtensor_passes == 0
+    constants = time_model.load_constants()["h200"]
+    host = time_model.parts(dtensor, constants)["framework"]
+    assert host > time_model.parts(dtensor, replace(constants, dtensor_pass_s=0.0))["framework"]
 
 
 def test_the_pipeline_bubble_and_stage_share():

@@ -15,7 +15,7 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
     busy = (H^4 + D^4)^(1/4)      the host queues work while the GPU runs it: the slower sets the pace
     D = F / (e_mm x peak) + F_head / (e_unaligned x peak)
         + k_elem x elem_bytes / B_hbm (+ cast_bytes / B_hbm)                  the device's compute
-    H = t_layer x layer_passes + t_call x calls                                the host's launches
+    H = t_layer x layer_passes + t_dt x dtensor_passes + t_call x calls      the host's launches
 
 - F, the matmul and attention FLOPs of the step on the GPU: per token 6 x the block parameters of the
   GPU's shard (tensor parallelism divides them, pipeline stages split the layers) plus 12 L d S / tp
@@ -36,7 +36,8 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
   widths slow: per token it grows like d where the matmuls grow like d^2, so a GPU's efficiency
   falls with d / tp, at a rate set by its peak over its memory bandwidth.
 - layer_passes: each block's forward and backward per micro batch (3, 4 with recomputation): the
-  kernel launches and Python of a block. calls: framework-level collective calls the host makes: the
+  kernel launches and Python of a block; dtensor_passes, the same under torch's tensor parallelism,
+  whose layers are DTensors, each operation dispatched through their sharding on the host (t_dt). calls: framework-level collective calls the host makes: the
   tensor-parallel all-reduces (2 forward and 2 backward per block and micro batch, 2 more when
   recomputing, and 2 per micro batch for a vocabulary-parallel embedding and LM head), ZeRO-3's
   parameter fetches (one per linear layer for forward, backward and recomputation; two calls where
@@ -93,7 +94,7 @@ from typing import Any
 
 import numpy as np
 
-from trainbench.registry.frameworks import framework_of, offloads, registry, strategy_of
+from trainbench.registry.frameworks import SHARDED_TP, framework_of, offloads, registry, strategy_of
 from trainbench.study.params import CellParams
 from trainbench.registry.hardware import GpuType, peak_flops, peak_flops_of
 from trainbench.predict.memory_model import (block_bytes_per_token, eager_score_bytes_per_token,
@@ -139,6 +140,7 @@ class Work:
     elementwise_s: float  # bytes a block moves outside matmuls (one pass) / HBM bandwidth
     cast_s: float  # float8's scaling and casts of the linear layers' operands / HBM bandwidth
     layer_passes: float  # block forward/backward passes
+    dtensor_passes: float  # those of them whose layers are DTensors (torch's tensor parallelism)
     calls: float  # framework-level collective calls the host makes
     micro_link_s: float  # tensor- and pipeline-parallel collectives per step, not overlapped, on the link
     overlapped_link_s: float  # ZeRO-3 / FSDP / DDP collectives compute can hide, on the link
@@ -166,6 +168,7 @@ class Constants:
     eta_unaligned: float = 0.15  # the same for an LM head of unaligned vocabulary (align1 kernels)
     elementwise_passes: float = 3.0  # elementwise traffic in units of what a block saves for backward
     layer_pass_s: float = 1e-4  # launch and Python cost of one block's forward or backward
+    dtensor_pass_s: float = 1e-3  # what DTensor's dispatch adds to a block's pass under torch's tp
     call_s: float = 5e-4  # one framework-level collective call, on the host
     # the share of overlappable collectives a step exposes however much compute there is to hide them
     # behind: the first gathers before compute starts, the last reductions after it ends, a kernel
@@ -187,8 +190,8 @@ class Constants:
     gpu: str = "h200"  # the GPU type they were fitted on
     fitted_on: str = ""  # what they were fitted on (cells, command)
 
-    SCALARS = ("eta_matmul", "eta_unaligned", "elementwise_passes", "layer_pass_s", "call_s", "exposed_share",
-               "eta_optimizer", "eta_optimizer_torch",
+    SCALARS = ("eta_matmul", "eta_unaligned", "elementwise_passes", "layer_pass_s", "dtensor_pass_s",
+               "call_s", "exposed_share", "eta_optimizer", "eta_optimizer_torch",
                "eta_pcie", "cpu_adam_per_thread", "cpu_torch_per_thread", "cpu_unscale_per_thread",
                "cpu_host_rate")
 
@@ -408,7 +411,10 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
         engine="" if layout != "zero" else f"ZeRO-{'1/2' if stage in (1, 2) else stage}",
         matmul_s=tokens * per_token / peak, unaligned_head_s=tokens * 6 * head / peak if unaligned else 0.0,
         elementwise_s=elementwise / hbm, cast_s=cast,
-        layer_passes=ga * layers * passes, calls=calls, micro_link_s=micro_link,
+        layer_passes=ga * layers * passes, calls=calls,
+        # torch's tensor parallelism runs each block's layers as DTensors, dispatched on the host
+        dtensor_passes=ga * layers * passes if tp > 1 and strategy.tensor_parallel is SHARDED_TP else 0,
+        micro_link_s=micro_link,
         overlapped_link_s=overlapped, overlapped_pcie_s=overlapped_pcie, overlap_budget=budget,
         sync_link_s=sync, optimizer_hbm_s=optimizer_hbm, torch_optimizer_hbm_s=torch_optimizer_hbm,
         offload_pcie_s=offload_pcie,
@@ -458,7 +464,8 @@ def parts(w, c: Constants) -> dict[str, Any]:
     g = (lambda k: w[k]) if isinstance(w, dict) else (lambda k: getattr(w, k))
     device = (g("matmul_s") / c.eta_matmul + g("unaligned_head_s") / c.eta_unaligned
               + c.elementwise_passes * g("elementwise_s") + g("cast_s"))
-    host = c.layer_pass_s * g("layer_passes") + c.call_s * g("calls")
+    host = (c.layer_pass_s * g("layer_passes") + c.dtensor_pass_s * g("dtensor_passes")
+            + c.call_s * g("calls"))
     # the host queues work while the GPU computes: the slower of the two sets the pace
     busy = (host ** SHARPNESS + device ** SHARPNESS) ** (1 / SHARPNESS)
     micro = g("pipeline_factor") * (busy + g("micro_link_s"))
