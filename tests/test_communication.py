@@ -4,12 +4,14 @@ comparison with the profiled cells."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
 
-from trainbench.predict.communication import MIB, BandwidthTable, step_collectives
+from trainbench.predict.communication import MIB, BandwidthTable, interconnect_of, step_collectives
+from trainbench.registry.hardware import GPUS
 from trainbench.predict.memory_model import shard_params
 from trainbench.registry.models import get_model
 from trainbench.study.params import CellParams
@@ -68,6 +70,28 @@ def test_the_table_times_a_measured_size_as_measured_and_the_rest_between_them(t
     assert times[5] < middle < times[6]
     four_gpus = step_collectives(cell(strategy="ddp", gpus=4))
     assert table.step_seconds(four_gpus) is None  # a table of 2 ranks says nothing of 4
+
+
+def test_a_table_measured_in_the_project_joins_the_published_ones_and_replaces_one_of_its_ranks(
+        tmp_path, monkeypatch):
+    published = interconnect_of(GPUS["h200"])
+    assert sorted(published.tables) == [2, 4]
+    document = json.loads((REPO / "results/comm/h200-x4.json").read_text())
+    comm = tmp_path / "results/comm"
+    comm.mkdir(parents=True)
+    # a host of 8 whose collectives take twice the 4-GPU host's time, and one of 2 at half its time
+    for ranks, factor in ((8, 2.0), (2, 0.5)):
+        rows = [{**row, "ranks": ranks, "time_us": row["time_us"] * factor} for row in document["rows"]]
+        (comm / f"h200-x{ranks}.json").write_text(json.dumps({**document, "ranks": ranks, "rows": rows}))
+    (comm / "a100-80g-x8.json").write_text(json.dumps(document))  # another GPU's: not read for H200s
+    monkeypatch.chdir(tmp_path)
+    mine = interconnect_of(GPUS["h200"])
+    assert sorted(mine.tables) == [2, 4, 8]
+    assert mine.tables[4].times == published.tables[4].times
+    assert mine.tables[2].seconds("all_reduce", MIB) == pytest.approx(
+        0.5 * published.tables[4].seconds("all_reduce", MIB))
+    eight = step_collectives(cell(strategy="ddp", gpus=8))
+    assert mine.seconds(eight, 450, False) == pytest.approx(mine.tables[8].step_seconds(eight))
 
 
 def test_the_published_comparison_is_what_its_command_prints_from_the_published_cells():

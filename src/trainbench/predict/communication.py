@@ -10,11 +10,11 @@
   `after_step`); float8 layers' weights gathered in float8 where `float8_all_gather` says so;
 - DeepSpeed ZeRO: stage 0 all-reduces the gradients once; stage 1 reduce-scatters them once (each rank
   reduces its partition's), then all-gathers the updated weights; stage 2 reduce-scatters them after
-  every micro batch, then all-gathers the weights; stage 3
-  gathers each block's weights for every forward and backward (and recomputation) and reduce-scatters
-  the gradients every micro batch; reductions in buckets of `reduce_bucket_size` elements (the
-  framework's: DeepSpeed's 5e8, Lightning's 2e8, the Trainer's width^2), ZeRO-1/2's gathers in
-  buckets of `allgather_bucket_size` (5e8);
+  every micro batch, then all-gathers the weights; stage 3 gathers each block's weights for every
+  forward and backward (and recomputation), the embeddings' for forward and backward, and
+  reduce-scatters the gradients every micro batch; reductions in buckets of `reduce_bucket_size`
+  elements (the framework's: DeepSpeed's 5e8, Lightning's 2e8, the Trainer's width^2), ZeRO-1/2's
+  gathers in buckets of `allgather_bucket_size` (5e8);
 - tensor parallelism: an all-reduce of a micro batch's activations (tokens x width) per split layer
   and pass; a pipeline's send/recv of them at each stage boundary, forward and backward.
 
@@ -271,10 +271,13 @@ _READ: dict[tuple[str, Path], Interconnect] = {}
 
 
 def interconnect_of(gpu: GpuType) -> Interconnect:
-    """The links of `gpu`'s hosts as measured: the commbench tables of that GPU type in the working
-    directory's results/comm, else in this checkout's (the published H200 tables); read once."""
+    """The links of `gpu`'s hosts as measured: the commbench tables of that GPU type in this checkout's
+    results/comm (the published ones), and those of the working directory's, which take the place of
+    a published table of as many ranks; read once per working directory."""
     key = (gpu.key, Path.cwd())
     if key not in _READ:
-        tables = _tables_in(key[1] / COMM_DIR, gpu.key) or _tables_in(CHECKOUT / COMM_DIR, gpu.key)
-        _READ[key] = Interconnect.measured(gpu, tables)
+        tables = {t.ranks: t for t in _tables_in(CHECKOUT / COMM_DIR, gpu.key)}
+        if key[1].resolve() != CHECKOUT:
+            tables.update({t.ranks: t for t in _tables_in(key[1] / COMM_DIR, gpu.key)})
+        _READ[key] = Interconnect.measured(gpu, [tables[r] for r in sorted(tables)])
     return _READ[key]
