@@ -37,13 +37,14 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
   falls with d / tp, at a rate set by its peak over its memory bandwidth.
 - layer_passes: each block's forward and backward per micro batch (3, 4 with recomputation): the
   kernel launches and Python of a block; dtensor_passes, the same under torch's tensor parallelism,
-  whose layers are DTensors, each operation dispatched through their sharding on the host (t_dt). calls: framework-level collective calls the host makes: the
-  tensor-parallel all-reduces (2 forward and 2 backward per block and micro batch, 2 more when
-  recomputing, and 2 per micro batch for a vocabulary-parallel embedding and LM head), ZeRO-3's
-  parameter fetches (one per linear layer for forward, backward and recomputation; two calls where
-  the weights are partitioned over several ranks: the bookkeeping and the all-gather) and FSDP's unit
-  gathers. The host's time bounds the small cells (a ZeRO-3 step of GPT-2.5B takes as long at micro
-  batch 4 as at 16); where the GPU's work is longer it hides it.
+  whose layers are DTensors, each operation dispatched through their sharding on the host (t_dt).
+  calls: framework-level collective calls the host makes: the tensor-parallel all-reduces (2 forward
+  and 2 backward per block and micro batch, 2 more when recomputing, and 2 per micro batch for a
+  vocabulary-parallel embedding and LM head), ZeRO-3's parameter fetches (one per linear layer for
+  forward, backward and recomputation; two calls where the weights are partitioned over several
+  ranks: the bookkeeping and the all-gather) and FSDP's unit gathers. The host's time bounds the
+  small cells (a ZeRO-3 step of GPT-2.5B takes as long at micro batch 4 as at 16); where the GPU's
+  work is longer it hides it.
 - C: the step's collectives (communication.step_collectives: what each strategy sends, operation by
   operation and bucket by bucket) timed on the GPU type's links as measured (communication.Interconnect):
   a group of ranks on one host by the commbench table of its number of ranks, interpolated at each
