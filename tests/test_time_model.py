@@ -55,10 +55,12 @@ def test_zero_stages_move_what_the_zero_paper_says():
     zero0 = bytes_work(cell(strategy="zero0"))
     assert zero0.sync_link_s * NVLINK == pytest.approx(2 * (n - 1) / n * b * psi())  # an all-reduce
     zero1 = bytes_work(cell(strategy="zero1", grad_accum=3))
-    # reduce-scatter of the gradients once, all-gather of the updated weights: one all-reduce's worth
-    assert zero1.sync_link_s * NVLINK == pytest.approx(2 * (n - 1) / n * b * psi())
+    # the gradients all-reduced once in buckets (each rank keeps its partition, DeepSpeed's default
+    # use_multi_rank_bucket_allreduce), the updated weights all-gathered
+    assert zero1.sync_link_s * NVLINK == pytest.approx((2 + 1) * (n - 1) / n * b * psi())
     zero2 = bytes_work(cell(strategy="zero2", grad_accum=3))
-    assert zero2.sync_link_s * NVLINK == pytest.approx((3 + 1) * (n - 1) / n * b * psi())  # every micro batch
+    # ZeRO-2 all-reduces every micro batch's gradients
+    assert zero2.sync_link_s * NVLINK == pytest.approx((3 * 2 + 1) * (n - 1) / n * b * psi())
     zero3 = bytes_work(cell(strategy="zero3", grad_accum=3, activation_checkpointing=True))
     # the blocks' weights gathered for forward, recomputation and backward, the embeddings' for forward
     # and backward, all gradients reduce-scattered, per micro batch

@@ -8,13 +8,13 @@
   `fsdp_reshard` keeps them, and its gradients reduce-scattered once a step in fp32 (FSDP2's reduce
   dtype); the root's (embeddings, final norm) gathered for each micro batch (once a step with
   `after_step`); float8 layers' weights gathered in float8 where `float8_all_gather` says so;
-- DeepSpeed ZeRO: stage 0 all-reduces the gradients once; stage 1 reduce-scatters them once (each rank
-  reduces its partition's), then all-gathers the updated weights; stage 2 reduce-scatters them after
-  every micro batch, then all-gathers the weights; stage 3 gathers each block's weights for every
-  forward and backward (and recomputation), the embeddings' for forward and backward, and
-  reduce-scatters the gradients every micro batch; reductions in buckets of `reduce_bucket_size`
-  elements (the framework's: DeepSpeed's 5e8, Lightning's 2e8, the Trainer's width^2), ZeRO-1/2's
-  gathers in buckets of `allgather_bucket_size` (5e8);
+- DeepSpeed ZeRO: stage 0 all-reduces the gradients once; stage 1 too, each rank keeping its
+  partition (DeepSpeed's use_multi_rank_bucket_allreduce), then all-gathers the updated weights;
+  stage 2 all-reduces them so after every micro batch, then all-gathers the weights; stage 3 gathers
+  each block's weights for every forward and backward (and recomputation), the embeddings' for
+  forward and backward, and reduce-scatters the gradients every micro batch; reductions in buckets
+  of `reduce_bucket_size` elements (the framework's: DeepSpeed's 5e8, Lightning's 2e8, the Trainer's
+  width^2), ZeRO-1/2's gathers in buckets of `allgather_bucket_size` (5e8);
 - tensor parallelism: an all-reduce of a micro batch's activations (tokens x width) per split layer
   and pass; a pipeline's send/recv of them at each stage boundary, forward and backward.
 
@@ -151,9 +151,10 @@ def step_collectives(params: CellParams) -> list[Collective]:
         if stage == 0:
             found += _buckets("ZeRO-0: gradients", "all_reduce", psi * weight_bytes, bucket, 1, dp)
         elif stage in (1, 2):
-            # each rank reduces the gradients of its partition (DeepSpeed's reduce_scatter): ZeRO-1 at the
-            # accumulation boundary, ZeRO-2 as every micro batch's backward fills its buckets
-            found += _buckets(f"ZeRO-{stage}: gradients", "reduce_scatter", psi * weight_bytes, bucket,
+            # every bucket all-reduced whole, each rank keeping its partition (DeepSpeed's default
+            # use_multi_rank_bucket_allreduce): ZeRO-1 at the accumulation boundary, ZeRO-2 as every
+            # micro batch's backward fills its buckets
+            found += _buckets(f"ZeRO-{stage}: gradients", "all_reduce", psi * weight_bytes, bucket,
                               1 if stage == 1 else ga, dp)
         else:
             passes = 2 + bool(params.activation_checkpointing)

@@ -56,9 +56,9 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
   behind the strategy's compute budget, but a share s_exp of it (fitted) is exposed however much
   compute there is: the first gathers before compute starts, the last reductions after it ends, kernels
   slowed by the compute beside them. DDP all-reduces the gradients once per step (accumulation skips
-  it), overlapped with the last micro batch's backward; DeepSpeed ZeRO-0 all-reduces them and
-  ZeRO-1/2 reduce-scatter them (ZeRO-2 every micro batch) and all-gather the updated weights after the
-  step, not overlapped (DeepSpeed's overlap_comm is off below stage 3; Lightning turns it on);
+  it), overlapped with the last micro batch's backward; DeepSpeed ZeRO-0 all-reduces them, ZeRO-1/2
+  too in buckets (ZeRO-2 every micro batch), then all-gather the updated weights after the step, not
+  overlapped (DeepSpeed's overlap_comm is off below stage 3; Lightning turns it on);
   ZeRO-3 and FSDP all-gather the weights for forward and backward (and recomputation, ZeRO-3) of every
   micro batch and reduce-scatter the gradients, prefetched behind compute.
 - optimizer: 32 bytes of device memory per parameter a GPU steps (fp32 Adam: weights, gradients and
