@@ -86,5 +86,6 @@ def test_zero3_reduces_each_micro_batchs_gradients_through_its_bucket():
     for bucket in (None, 768 ** 2):
         params = CellParams.resolve({**base, "reduce_bucket_size": bucket})
         scatters[bucket] = sum(c.count for c in step_collectives(params) if c.what == "ZeRO-3: gradients")
-    assert scatters[None] == 4  # the blocks' 85M parameters in one bucket of 5e8, each micro batch
-    assert scatters[768 ** 2] == 4 * 145  # 12 blocks of 7.08M elements in buckets of 589,824
+    assert scatters[None] == 4  # the model's 124.4M parameters in one bucket of 5e8, each micro batch
+    # in buckets of 589,824 elements: 210 full and the rest, each micro batch
+    assert scatters[768 ** 2] == 4 * 211
