@@ -15,6 +15,7 @@ import yaml
 
 from trainbench.predict.batch_search import bounds_for
 from trainbench.study.config import load_config
+from trainbench.workflow import prediction_inputs
 
 from conftest import CPU_MACHINE, REPO, Workflow, parse_dry_run, tiny_study
 
@@ -346,6 +347,18 @@ def test_a_refit_of_the_models_reruns_what_shows_their_predictions_and_no_cell(w
                                          TABLE_FINDINGS},
                          "study_plots": {"results/plots/t"},
                          "dataset": {"results/dataset/cells.parquet"}}
+
+
+def test_the_bandwidth_tables_the_time_model_reads_are_among_what_its_predictions_are_made_from(tmp_path):
+    """A table a user measures into the project (trainbench commbench) changes the time model's
+    predictions, so it reruns what shows them, as a refit does."""
+    published = dict(prediction_inputs(tmp_path))
+    assert {"checkout/results/comm/h200-x2.json", "predict/time_model_constants.json"} <= set(published)
+    assert not any(name.startswith("here/") for name in published)
+    (tmp_path / "results/comm").mkdir(parents=True)
+    shutil.copy(REPO / "results/comm/h200-x4.json", tmp_path / "results/comm/h200-x8.json")
+    assert dict(prediction_inputs(tmp_path))["here/results/comm/h200-x8.json"] == (
+        tmp_path / "results/comm/h200-x8.json")
 
 
 # --- outcomes are data: OOM in the table, not a crashed workflow ---------------------------------

@@ -22,6 +22,7 @@ from trainbench import paths, predict, registry
 from trainbench.errors import ConfigError
 from trainbench.execute.gpus import short_of_gpus
 from trainbench.execute.results import read_json
+from trainbench.predict import communication
 from trainbench.predict.batch_search import bounds_for, walk
 from trainbench.reporting import findings, references
 from trainbench.reporting.columns import report_problems
@@ -51,6 +52,20 @@ STUDY_NAME = r"[A-Za-z0-9][A-Za-z0-9_-]*"
 PREDICTION_PACKAGES = (predict, registry)
 PREDICTION_FILES = (".py", ".json")
 PREDICTION_MODULES = ("study/params.py", "reporting/predictions.py")  # under trainbench/
+
+
+def prediction_inputs(here: Path | None = None) -> list[tuple[str, Path]]:
+    """What the models' predictions are read from, each with the name it is hashed under: the files
+    above, and the bandwidth tables the time model times collectives by (`trainbench commbench`'s, in
+    this checkout's results/comm and in the working directory's, communication.interconnect_of)."""
+    top = Path(predict.__file__).parents[1]  # the trainbench package
+    files = [f for package in PREDICTION_PACKAGES for f in Path(package.__file__).parent.iterdir()
+             if f.suffix in PREDICTION_FILES] + [top / module for module in PREDICTION_MODULES]
+    found = [(str(f.relative_to(top)), f) for f in sorted(files)]
+    for root, name in ((communication.CHECKOUT, "checkout"), (here or Path.cwd(), "here")):
+        found += [(f"{name}/{communication.COMM_DIR / f.name}", f)
+                  for f in sorted((root / communication.COMM_DIR).glob("*.json"))]
+    return found
 
 
 def array_rule(study: str) -> str:
@@ -265,13 +280,10 @@ class Workflow:
         from the trainbench this workflow imports, the one the rules' scripts run; computed once."""
         if self._prediction_models is None:
             digest = hashlib.sha256()
-            top = Path(predict.__file__).parents[1]  # the trainbench package
-            files = [f for package in PREDICTION_PACKAGES for f in Path(package.__file__).parent.iterdir()
-                     if f.suffix in PREDICTION_FILES] + [top / module for module in PREDICTION_MODULES]
-            for file in sorted(files):
+            for name, file in prediction_inputs():
                 content = file.read_bytes()
                 # name and length before the bytes: a file renamed, or bytes moved between files, count
-                digest.update(f"{file.relative_to(top)}\0{len(content)}\0".encode())
+                digest.update(f"{name}\0{len(content)}\0".encode())
                 digest.update(content)
             self._prediction_models = digest.hexdigest()[:16]
         return self._prediction_models
