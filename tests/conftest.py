@@ -93,6 +93,19 @@ def tiny_study(**settings) -> dict:
             "execution": {"runtime_min": 5, "cpus_per_rank": 1, "mem_mb_per_rank": 1000, "retries": 0}}
 
 
+def timed_three_steps(doc: dict) -> dict:
+    """`doc`, a result, as if timed as the campaigns did (edited in place, and returned): its first 3
+    steps, each alone, so no interval, and no timing of its host's Python."""
+    from trainbench.execute.results import INTERVAL_KEYS
+
+    metrics = doc["metrics"]
+    metrics["step_times_s"] = metrics["step_times_s"][:3]
+    for key in ("timing", "step_time_s", *INTERVAL_KEYS):
+        metrics.pop(key, None)
+    doc["provenance"].pop("host_pace_ms", None)
+    return doc
+
+
 def tracked_files(repo: Path = REPO) -> list[str]:
     """The repository's files as a clone of it has them: git's tracked files (results included)."""
     listed = subprocess.run(["git", "ls-files", "-z"], cwd=repo, capture_output=True, text=True, check=True)

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from trainbench.cli import main
-from trainbench.execute.results import INTERVAL_KEYS
 from trainbench.reporting.compare import compare
+
+from conftest import timed_three_steps
 
 RUNS = Path(__file__).resolve().parent.parent / "results" / "runs"
 CELLS = ["megatron/strategy~zero1__model~gpt-345m__gpus~4__tp~1__offload_optimizer~false",
@@ -52,15 +53,8 @@ def trees(tmp_path):
     def other_params(doc):
         doc["params_hash"] = "0" * len(doc["params_hash"])
 
-    def three_steps(doc):  # timed as the campaign did: 3 steps, each alone, so no interval
-        metrics = doc["metrics"]
-        metrics["step_times_s"] = metrics["step_times_s"][:3]
-        for key in ("timing", "step_time_s", *INTERVAL_KEYS):
-            metrics.pop(key, None)
-        doc["provenance"].pop("host_pace_ms", None)  # nor did it time its host's Python
-
-    _edit(first, CELLS[3], three_steps)
-    _edit(second, CELLS[3], three_steps)
+    _edit(first, CELLS[3], timed_three_steps)
+    _edit(second, CELLS[3], timed_three_steps)
     _edit(second, CELLS[0], slower_and_heavier)
     _edit(second, CELLS[1], other_params)
     _edit(second, CELLS[3], _steps_times(1.25))

@@ -5,7 +5,6 @@ measured, planned cells are judged on the models' figures only as "predicted")."
 from __future__ import annotations
 
 import copy
-import json
 import math
 
 import pandas
@@ -13,10 +12,10 @@ import pytest
 
 from trainbench.study.config import load_config
 from trainbench.reporting.findings import Finding, evaluate, judge, pairs
-from trainbench.execute.results import INTERVAL_KEYS, current, read_result, read_search
+from trainbench.execute.results import current, read_result, read_search
 from trainbench.reporting.tables import write_tables
 
-from conftest import REPO
+from conftest import REPO, timed_three_steps
 
 GPT2 = "results/runs/gpt2_zero/strategy~{s}__precision~{p}__offload_optimizer~{o}__ort~false/metrics.json"
 
@@ -26,16 +25,6 @@ def gpt2_cell(strategy: str, precision: str = "fp16", offload: str = "false") ->
 
 
 ID_KEYS = ["strategy", "precision", "offload_optimizer", "ort"]
-
-
-def timed_three_steps(doc: dict) -> dict:
-    """A published cell as if timed as its campaign did: 3 steps, each alone, so no interval."""
-    doc = json.loads(json.dumps(doc))
-    metrics = doc["metrics"]
-    metrics["step_times_s"] = metrics["step_times_s"][:3]
-    for key in ("timing", "step_time_s", *INTERVAL_KEYS):
-        metrics.pop(key, None)
-    return current(doc)
 
 
 def test_which_ranks_memory_a_finding_reads_decides_its_verdict_in_the_published_gpt2_zero_cells():
@@ -74,7 +63,7 @@ def test_timed_figures_are_judged_with_their_intervals_or_said_to_be_medians():
     assert straddle.verdict == "not reproduced"
     assert "1 pair within the intervals (undecided)" in straddle.evidence
     # cells timed three steps have no interval: judged on the medians and said so
-    docs = [timed_three_steps(gpt2_cell("zero1", offload=o)) for o in ("false", "true")]
+    docs = [current(timed_three_steps(gpt2_cell("zero1", offload=o))) for o in ("false", "true")]
     offload = {"claim": "offload slows", "compare": {
         "metric": "step_time_ms", "more": {"offload_optimizer": True}, "than": {"offload_optimizer": False}}}
     [slower] = evaluate([offload], docs, ID_KEYS)
