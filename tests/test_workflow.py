@@ -343,22 +343,27 @@ def test_a_refit_of_the_models_reruns_what_shows_their_predictions_and_no_cell(w
     for fitted in refit.values():
         fitted["eta_matmul"] *= 0.9
     constants.write_text(json.dumps(refit, indent=1))
-    assert planned() == {"study_table": {"results/tables/t.md", "results/tables/t.csv", TABLE_PLAN,
-                                         TABLE_FINDINGS},
-                         "study_plots": {"results/plots/t"},
-                         "dataset": {"results/dataset/cells.parquet"}}
+    shown = {"study_table": {"results/tables/t.md", "results/tables/t.csv", TABLE_PLAN, TABLE_FINDINGS},
+             "study_plots": {"results/plots/t"}, "dataset": {"results/dataset/cells.parquet"}}
+    assert planned() == shown
+    # and where Snakemake has no record of their params, as in a fresh clone: the models' stamp
+    shutil.rmtree(workflow.path(".snakemake/metadata"))
+    assert planned() == shown
 
 
 def test_the_bandwidth_tables_the_time_model_reads_are_among_what_its_predictions_are_made_from(tmp_path):
     """A table a user measures into the project (trainbench commbench) changes the time model's
     predictions, so it reruns what shows them, as a refit does."""
     published = dict(prediction_inputs(tmp_path))
-    assert {"checkout/results/comm/h200-x2.json", "predict/time_model_constants.json"} <= set(published)
-    assert not any(name.startswith("here/") for name in published)
+    assert published["results/comm/h200-x2.json"] == REPO / "results/comm/h200-x2.json"
+    assert "predict/time_model_constants.json" in published
     (tmp_path / "results/comm").mkdir(parents=True)
-    shutil.copy(REPO / "results/comm/h200-x4.json", tmp_path / "results/comm/h200-x8.json")
-    assert dict(prediction_inputs(tmp_path))["here/results/comm/h200-x8.json"] == (
-        tmp_path / "results/comm/h200-x8.json")
+    for name in ("h200-x8.json", "h200-x4.json"):  # one more, and one in the place of a published one
+        shutil.copy(REPO / "results/comm/h200-x4.json", tmp_path / "results/comm" / name)
+    (tmp_path / "results/comm/h200-n2x8.json").write_text("{}")  # across nodes: the model reads none
+    mine = dict(prediction_inputs(tmp_path))
+    assert set(mine) - set(published) == {"results/comm/h200-x8.json"}
+    assert mine["results/comm/h200-x4.json"] == tmp_path / "results/comm/h200-x4.json"
 
 
 # --- outcomes are data: OOM in the table, not a crashed workflow ---------------------------------

@@ -46,6 +46,8 @@ COMMBENCH_NODES_LOG = "results/comm/{interconnect}-n{nodes}x{ranks}.log"
 STUDY_PAGE = "results/tables/{study}.html"
 STUDY_PAGE_LOG = "results/logs/report/{study}.log"
 GRID_STAMP = "results/.grid/{study}.json"
+# the prediction models' digest (Workflow.prediction_models), rewritten when it changes: no study's name
+MODELS_STAMP = "results/.grid/prediction-models.txt"
 # what the workflow found each result file to be when it last read it (freshness.py): local, not a result
 RESULTS_CHECKED = ".snakemake/trainbench/checked/{study}.json"
 

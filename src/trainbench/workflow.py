@@ -26,7 +26,7 @@ from trainbench.predict import communication
 from trainbench.predict.batch_search import bounds_for, walk
 from trainbench.reporting import findings, references
 from trainbench.reporting.columns import report_problems
-from trainbench.reporting.freshness import prepare, set_aside_invalid, stamp_path
+from trainbench.reporting.freshness import prepare, refresh_models_stamp, set_aside_invalid, stamp_path
 from trainbench.study.config import Config, load_config
 from trainbench.study.grid import Cell, Study, probe_cell, shared_resources
 
@@ -56,16 +56,12 @@ PREDICTION_MODULES = ("study/params.py", "reporting/predictions.py")  # under tr
 
 def prediction_inputs(here: Path | None = None) -> list[tuple[str, Path]]:
     """What the models' predictions are read from, each with the name it is hashed under: the files
-    above, and the bandwidth tables the time model times collectives by (`trainbench commbench`'s, in
-    this checkout's results/comm and in the working directory's, communication.interconnect_of)."""
+    above, and the bandwidth tables the time model times collectives by (communication.table_files)."""
     top = Path(predict.__file__).parents[1]  # the trainbench package
     files = [f for package in PREDICTION_PACKAGES for f in Path(package.__file__).parent.iterdir()
              if f.suffix in PREDICTION_FILES] + [top / module for module in PREDICTION_MODULES]
-    found = [(str(f.relative_to(top)), f) for f in sorted(files)]
-    for root, name in ((communication.CHECKOUT, "checkout"), (here or Path.cwd(), "here")):
-        found += [(f"{name}/{communication.COMM_DIR / f.name}", f)
-                  for f in sorted((root / communication.COMM_DIR).glob("*.json"))]
-    return found
+    return [(str(f.relative_to(top)), f) for f in sorted(files)] + [
+        (str(communication.COMM_DIR / f.name), f) for f in communication.table_files(here)]
 
 
 def array_rule(study: str) -> str:
@@ -131,6 +127,7 @@ class Workflow:
             study.job_resources(c) for study in config.studies.values() for c in study.cells)
         self._said_short: set[str] = set()
         self._prediction_models: str | None = None
+        self.remote = remote
 
     def study(self, name: str) -> Study:
         return self.config.study(name)
@@ -287,6 +284,13 @@ class Workflow:
                 digest.update(content)
             self._prediction_models = digest.hexdigest()[:16]
         return self._prediction_models
+
+    def models_stamp(self) -> str:
+        """The file that holds prediction_models (freshness.refresh_models_stamp), written where it
+        changed; not by a SLURM job's own Snakemake, which runs a cell and shows no prediction."""
+        if self.remote:
+            return paths.MODELS_STAMP
+        return refresh_models_stamp(self.prediction_models())
 
     def pages_of_tabled_studies(self) -> list[str]:
         """The page of every study that has a table on disk (rule report_all)."""

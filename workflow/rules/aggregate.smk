@@ -7,6 +7,7 @@ rule study_table:
         metrics=get_study_metrics,
         searches=get_study_searches,
         grid=get_study_grid,
+        models=MODELS_STAMP,
     output:
         md=report(
             paths.TABLE_MD,
@@ -47,7 +48,8 @@ rule study_table:
 # `trainbench query`, pandas or DuckDB (docs/dataset.md).
 rule dataset:
     input:
-        get_results_on_disk(),
+        cells=get_results_on_disk(),
+        models=MODELS_STAMP,
     output:
         report(
             paths.DATASET,

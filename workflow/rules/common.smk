@@ -157,6 +157,9 @@ get_study_grid = of_study(WORKFLOW.grid_stamp)
 # The models' predictions shown by tables, plots and the dataset: a param of theirs, so a change of the
 # models reruns them (Workflow.prediction_models). One value for every job, no function to call per job.
 PREDICTION_MODELS = WORKFLOW.prediction_models()
+# ... and an input of theirs, rewritten when the models change, which reruns them where Snakemake has
+# no record of their params (a fresh clone)
+MODELS_STAMP = WORKFLOW.models_stamp()
 
 
 def made_with_of(layout):

@@ -10,6 +10,7 @@ rule study_plots:
         metrics=get_study_metrics,
         searches=get_study_searches,
         grid=get_study_grid,
+        models=MODELS_STAMP,
     output:
         report(
             directory(paths.PLOTS_DIR),

@@ -7,5 +7,5 @@ from trainbench.reporting.dataset import write
 
 with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
     sys.stderr = log
-    rows = write(read_cells(snakemake.input), snakemake.output[0])  # noqa: F821
-    print(f"{rows} rows from {len(snakemake.input)} cells", file=log)  # noqa: F821
+    rows = write(read_cells(snakemake.input.cells), snakemake.output[0])  # noqa: F821
+    print(f"{rows} rows from {len(snakemake.input.cells)} cells", file=log)  # noqa: F821

@@ -25,11 +25,12 @@ measured sizes (log-log), at the smallest size's time below them (an operation's
 the largest size's bandwidth above them. The sum is the time the collectives take alone on the link;
 a step exposes only what compute does not overlap, which is the time model's business.
 
-`Interconnect` is what the time model knows of a GPU type's links: the tables measured on it
-(results/comm/<gpu>-x<ranks>.json, one host) time a group's collectives where one has the group's
-ranks; a group with no table (more ranks than any measured host, or spanning nodes) moves its bus
-bytes (2(n-1)/n of an all-reduce's buffer, (n-1)/n of a gather's or a scatter's) at the share of the
-link's bandwidth the tables' large messages reached, measured, not fitted.
+`Interconnect` is what the time model knows of a GPU type's links: the tables measured on it, or made
+from nccl-tests' output (results/comm/<gpu>-x<ranks>.json, one host), time a group's collectives where
+one has the group's ranks and every collective of it; another group (more ranks than any table, across
+nodes, or a collective its table lacks) moves its bus bytes (2(n-1)/n of an all-reduce's buffer,
+(n-1)/n of a gather's or a scatter's) at the share of the link's bandwidth the tables' large messages
+reached, measured, not fitted.
 """
 
 from __future__ import annotations
@@ -258,27 +259,28 @@ class Interconnect:
         return sum(c.bus_bytes() for c in collectives) / (self.efficiency * link_gb_s * 1e9)
 
 
-def _tables_in(directory: Path, gpu: str) -> list[BandwidthTable]:
-    found = []
-    for path in sorted(directory.glob(f"{gpu}-x*.json")):
-        if re.fullmatch(rf"{re.escape(gpu)}-x\d+\.json", path.name):
-            found.append(BandwidthTable.read(path))
-    return found
-
-
+# a one-host table's name: the GPU type's key, then the number of ranks (h200-x4.json)
+TABLE_NAME = re.compile(r"(?P<gpu>[a-z0-9-]+)-x(?P<ranks>\d+)\.json")
 # the checkout this package runs from (src/trainbench/predict/ -> the project), for its published tables
 CHECKOUT = Path(__file__).resolve().parents[3]
 _READ: dict[tuple[str, Path], Interconnect] = {}
 
 
+def table_files(here: Path | None = None) -> list[Path]:
+    """The bandwidth tables the time model reads: this checkout's results/comm (the published ones) and
+    the working directory's, whose table of a name takes the place of the published one."""
+    roots = [CHECKOUT, (here or Path.cwd()).resolve()]
+    found = {path.name: path for root in roots for path in sorted((root / COMM_DIR).glob("*.json"))
+             if TABLE_NAME.fullmatch(path.name)}
+    return [found[name] for name in sorted(found)]
+
+
 def interconnect_of(gpu: GpuType) -> Interconnect:
-    """The links of `gpu`'s hosts as measured: the commbench tables of that GPU type in this checkout's
-    results/comm (the published ones), and those of the working directory's, which take the place of
-    a published table of as many ranks; read once per working directory."""
+    """The links of `gpu`'s hosts as measured: its commbench tables (table_files), by number of ranks;
+    read once per working directory."""
     key = (gpu.key, Path.cwd())
     if key not in _READ:
-        tables = {t.ranks: t for t in _tables_in(CHECKOUT / COMM_DIR, gpu.key)}
-        if key[1].resolve() != CHECKOUT:
-            tables.update({t.ranks: t for t in _tables_in(key[1] / COMM_DIR, gpu.key)})
-        _READ[key] = Interconnect.measured(gpu, [tables[r] for r in sorted(tables)])
+        tables = [BandwidthTable.read(path) for path in table_files(key[1])
+                  if TABLE_NAME.fullmatch(path.name)["gpu"] == gpu.key]
+        _READ[key] = Interconnect.measured(gpu, sorted(tables, key=lambda table: table.ranks))
     return _READ[key]

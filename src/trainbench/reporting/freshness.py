@@ -37,7 +37,7 @@ from functools import cache
 from pathlib import Path
 
 from trainbench.study.grid import Cell, Study
-from trainbench.paths import GRID_STAMP, RESULTS_CHECKED, RUNS, TABLE_MD, path
+from trainbench.paths import GRID_STAMP, MODELS_STAMP, RESULTS_CHECKED, RUNS, TABLE_MD, path
 from trainbench.execute.results import (SCHEMA_VERSION, InvalidResult, metrics_json_schema, read_result,
                                 result_problem, why_invalid, write_json_atomic)
 
@@ -56,6 +56,24 @@ def refresh_stamp(study: Study, root: Path | str = ".") -> Path:
         pass
     write_json_atomic(path, grid)
     return path
+
+
+def refresh_models_stamp(digest: str, root: Path | str = ".") -> str:
+    """Write the prediction models' digest (Workflow.prediction_models) if it changed. Tables, plots and
+    the dataset take it as an input: a refit of the models changes no cell and no grid, and without
+    Snakemake's metadata (a fresh clone) the digest in their params is not compared, so a newer stamp
+    is what makes them again."""
+    stamp = Path(root) / MODELS_STAMP
+    try:
+        if stamp.read_text().strip() == digest:
+            return MODELS_STAMP
+    except OSError:
+        pass
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    temporary = stamp.with_name(stamp.name + ".tmp")
+    temporary.write_text(digest + "\n")
+    os.replace(temporary, stamp)
+    return MODELS_STAMP
 
 
 @dataclass(frozen=True)
