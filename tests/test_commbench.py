@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from trainbench import commbench
+from trainbench.cli import main
 from trainbench.errors import UsageError
 
 from conftest import REPO, Workflow, tiny_study
@@ -89,3 +90,72 @@ def test_the_published_repeat_comparison_is_what_its_command_prints_from_the_pub
                            check=True).stdout
     assert again == published
     assert f"16 MiB and more: 24 rows, |difference| {said}" in published
+
+
+def _nccl_tests_output(binary: str, hosts: list[str], rows: list[tuple[int, float, float, float]],
+                       redop: str = "sum") -> str:
+    """An nccl-tests run's output as it prints one (2.x: out-of-place then in-place figures)."""
+    lines = [f"# nThread 1 nGpus 1 minBytes 1024 maxBytes 1073741824 step: 4(factor) warmup iters: 5 "
+             f"iters: 20 agg iters: 1 validation: 1 graph: 0",
+             "#", "# Using devices"]
+    lines += [f"#  Rank {rank:2d} Group  0 Pid {1000 + rank:6d} on {host:>10} device {rank % 8:2d} "
+              f"[0x{rank:02x}] NVIDIA H200" for rank, host in enumerate(hosts)]
+    lines += ["#", "#                                                              out-of-place"
+              "                       in-place",
+              "#       size         count      type   redop    root     time   algbw   busbw #wrong     time"
+              "   algbw   busbw #wrong",
+              "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)"
+              "  (GB/s)  (GB/s)"]
+    lines += [f"{size:12d}  {size // 4:12d}     float  {redop:>6}      -1  {t:7.2f}  {a:6.2f}  {b:6.2f}      0"
+              f"  {t:7.2f}  {a:6.2f}  {b:6.2f}      0" for size, t, a, b in rows]
+    lines += ["# Out of bounds values : 0 OK", "# Avg bus bandwidth    : 123.4", "#", f"# ran {binary}"]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_table_is_made_from_nccl_tests_outputs_and_times_the_models_collectives(tmp_path, monkeypatch):
+    """Users with nccl-tests figures of their cluster (or a vendor's) make the table the time model reads
+    from them, without measuring: its ranks, nodes and GPU type from the outputs, each row as printed."""
+    from trainbench.predict.communication import interconnect_of, step_collectives
+    from trainbench.registry.hardware import GPUS
+    from trainbench.study.params import CellParams
+
+    host = ["gpu-node-1"] * 8
+    reduce = [(1 << 20, 40.0, 26.21, 45.87), (64 << 20, 260.0, 258.1, 451.7), (1 << 30, 3600.0, 298.3, 522.0)]
+    gather = [(1 << 20, 30.0, 34.95, 30.58), (1 << 30, 2700.0, 397.7, 348.0)]
+    (tmp_path / "ar.txt").write_text(_nccl_tests_output("all_reduce_perf", host, reduce))
+    (tmp_path / "ag.txt").write_text(_nccl_tests_output("all_gather_perf", host, gather, redop="none"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["commbench", "--from-nccl-tests", "ar.txt", "ag.txt", "--source", "a vendor's page"]) == 0
+    doc = json.loads((tmp_path / "results/comm/h200-x8.json").read_text())
+    assert (doc["interconnect"], doc["ranks"], doc["nodes"], doc["dtype"]) == ("h200-x8", 8, 1, "float32")
+    assert doc["provenance"]["source"] == "a vendor's page"
+    got = {(r["collective"], r["size_bytes"]): (r["time_us"], r["busbw_gb_s"]) for r in doc["rows"]}
+    assert got[("all_reduce", 1 << 30)] == (3600.0, 522.0) and got[("all_gather", 1 << 20)] == (30.0, 30.58)
+    assert len(got) == 5 and {r["iters"] for r in doc["rows"]} == {20}
+    # the time model times an 8-GPU group's collectives by it, in this project
+    links = interconnect_of(GPUS["h200"])
+    assert 8 in links.tables
+    ddp = step_collectives(CellParams.resolve({"framework": "torch", "model": "gpt2-124m", "strategy": "ddp",
+                                               "device": "cuda", "gpus": 8, "micro_batch": 8}))
+    assert links.seconds(ddp, 450, False) == pytest.approx(links.tables[8].step_seconds(ddp))
+    # across nodes: named by nodes and ranks on each
+    (tmp_path / "two.txt").write_text(_nccl_tests_output("all_reduce_perf", host + ["gpu-node-2"] * 8, reduce))
+    assert main(["commbench", "--from-nccl-tests", "two.txt"]) == 0
+    assert json.loads((tmp_path / "results/comm/h200-n2x8.json").read_text())["nodes"] == 2
+
+
+def test_outputs_that_are_not_nccl_tests_runs_are_refused_by_file(tmp_path):
+    (tmp_path / "notes.txt").write_text("all_reduce took 3 ms\n")
+    with pytest.raises(UsageError, match="notes.txt: no nccl-tests binary named"):
+        commbench.import_nccl_tests([tmp_path / "notes.txt"])
+    (tmp_path / "1_1_LOG_all_reduce_env1_args1_job7_iter1.txt").write_text("# no rows\n")  # named by its file
+    with pytest.raises(UsageError, match="iter1.txt: no rows of nccl-tests' output"):
+        commbench.import_nccl_tests([tmp_path / "1_1_LOG_all_reduce_env1_args1_job7_iter1.txt"])
+    (tmp_path / "empty.txt").write_text("# ran all_reduce_perf\n")
+    with pytest.raises(UsageError, match="empty.txt: no rows of nccl-tests' output"):
+        commbench.import_nccl_tests([tmp_path / "empty.txt"])
+    (tmp_path / "anon.txt").write_text(_nccl_tests_output("all_reduce_perf", [], [(1024, 10.0, 0.1, 0.2)]))
+    with pytest.raises(UsageError, match="do not say how many ranks"):
+        commbench.import_nccl_tests([tmp_path / "anon.txt"])
+    with pytest.raises(UsageError, match="--name a-b-c"):
+        commbench.import_nccl_tests([tmp_path / "anon.txt"], ranks=8, name="a-b-c")

@@ -307,7 +307,15 @@ def cmd_commbench(args) -> int:
 
     from trainbench import commbench
 
-    return commbench.run(ranks=args.ranks, device=args.device, out=Path(args.out) if args.out else None,
+    if args.from_nccl_tests:
+        doc = commbench.import_nccl_tests([Path(f) for f in args.from_nccl_tests], name=args.name,
+                                          ranks=args.ranks, source=args.source)
+        out = Path(args.out or f"results/comm/{doc['interconnect']}.json")
+        commbench.write(doc, out)
+        print(f"commbench: {len(doc['rows'])} rows of {doc['ranks']} ranks on {doc['nodes']} node(s) "
+              f"from nccl-tests' output: {out} and {out.with_suffix('.csv')}")
+        return 0
+    return commbench.run(ranks=args.ranks or 2, device=args.device, out=Path(args.out) if args.out else None,
                          collectives=args.collectives, min_bytes=commbench.parse_bytes(args.min_bytes),
                          max_bytes=commbench.parse_bytes(args.max_bytes) if args.max_bytes else None,
                          warmup=args.warmup,
@@ -619,8 +627,9 @@ def parser() -> argparse.ArgumentParser:
                                       "algorithm and bus bandwidth as nccl-tests reports them, with the "
                                       "host's provenance (docs/communication.md). Results: "
                                       "results/comm/<name>.json and .csv.")
-    comm.add_argument("--ranks", type=positive(int), default=2,
-                      help="GPUs (or CPU ranks) to span, on each node")
+    comm.add_argument("--ranks", type=positive(int),
+                      help="GPUs (or CPU ranks) to span, on each node (default: 2); with --from-nccl-tests, "
+                           "the ranks of the outputs where they do not say")
     comm.add_argument("--nodes", type=positive(int),
                       help="span this many nodes of the SLURM allocation it runs in, started by srun "
                            "(default: this host alone)")
@@ -635,6 +644,11 @@ def parser() -> argparse.ArgumentParser:
     comm.add_argument("--warmup", type=positive(int), default=5)
     comm.add_argument("--iters", type=positive(int), default=20, help="operations timed back to back")
     comm.add_argument("--repeats", type=positive(int), default=5, help="timed rounds per size (median kept)")
+    comm.add_argument("--from-nccl-tests", nargs="+", metavar="OUTPUT",
+                      help="measure nothing: make the table from these outputs of nccl-tests (one run of "
+                           "all_reduce_perf, all_gather_perf, ... each), run on the cluster it describes")
+    comm.add_argument("--source", help="with --from-nccl-tests: where the figures come from (kept in the "
+                                       "table's provenance)")
     comm.set_defaults(func=cmd_commbench)
 
     search = sub.add_parser("search-summary", help="write a max-batch search's result from its probes")

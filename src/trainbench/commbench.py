@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import socket
 import statistics
 import subprocess
@@ -278,6 +279,90 @@ def write(doc: dict[str, Any], out: Path) -> None:
     header = list(Row.__dataclass_fields__)
     lines = [",".join(header)] + [",".join(str(row[k]) for k in header) for row in doc["rows"]]
     out.with_suffix(".csv").write_text("\n".join(lines) + "\n")
+
+
+# --- a table from nccl-tests' output ------------------------------------------------------------------------
+
+# nccl-tests' binaries, by the collective each times (all_reduce_perf, ..., alltoall_perf)
+NCCL_TESTS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
+              "broadcast": "broadcast", "sendrecv": "send_recv", "alltoall": "all_to_all"}
+NCCL_TESTS_DTYPES = {"float": "float32", "half": "float16", "bfloat16": "bfloat16", "double": "float64"}
+# "#  Rank  3 Group  0 Pid  12 on  node-1 device  3 [0x3a] NVIDIA H100 80GB HBM3"
+NCCL_TESTS_RANK = re.compile(r"^#\s*Rank\s+(\d+).*?\son\s+(\S+)\s+device\s+\d+\s+\[[^]]*\]\s+(.+?)\s*$")
+
+
+def parse_nccl_tests(text: str, where: str) -> tuple[str, list[Row], dict[str, Any]]:
+    """The collective, the rows and what the output says of its ranks (their count, nodes, GPU name) in
+    one nccl-tests run's output (`all_reduce_perf -b 1K -e 1G -f 4 -g 8`, pasted from a terminal or
+    a log): each data row's out-of-place time, algorithm and bus bandwidth, as nccl-tests printed them."""
+    named = (re.findall(r"\b(all_reduce|all_gather|reduce_scatter|broadcast|sendrecv|alltoall)_perf", text)
+             # else the file's name, as NVIDIA's recipes name their logs (1_1_LOG_all_reduce_env1_...txt)
+             or re.findall(r"(all_reduce|all_gather|reduce_scatter|broadcast|sendrecv|alltoall)", Path(where).name))
+    if not named:
+        raise UsageError(f"{where}: no nccl-tests binary named (all_reduce_perf, all_gather_perf, ...): "
+                         f"keep the command that ran it in the output, or name the file after the collective")
+    collective = NCCL_TESTS[named[0]]
+    ranks = {int(m[1]): (m[2], m[3]) for m in map(NCCL_TESTS_RANK.match, text.splitlines()) if m}
+    iters = re.search(r"(?<!warmup )(?<!agg )\biters:\s*(\d+)", text)
+    rows, dtype = [], None
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 6 or not (fields[0].isdigit() and fields[1].isdigit()) or fields[2] not in NCCL_TESTS_DTYPES:
+            continue
+        dtype = NCCL_TESTS_DTYPES[fields[2]]
+        # after the type: a reduction's name and the root where the version prints them, then time,
+        # algbw, busbw and #wrong out of place, and the same in place
+        rest = [f for f in fields[3:] if f not in ("sum", "prod", "min", "max", "avg", "none")]
+        rest = rest[1:] if len(rest) % 4 == 1 else rest  # the root
+        try:
+            time_us, algbw, busbw = (float(f) for f in rest[:3])
+        except ValueError:
+            raise UsageError(f"{where}: not a row of nccl-tests' output: {line.strip()!r}") from None
+        size = int(fields[0])
+        rows.append(Row(collective, size, len(ranks) or 0, time_us, time_us, time_us, algbw, busbw, 1,
+                        int(iters[1]) if iters else 0))
+    if not rows:
+        raise UsageError(f"{where}: no rows of nccl-tests' output (size, count, type, ..., time, algbw, busbw)")
+    facts = {"ranks": len(ranks) or None, "nodes": len({host for host, _ in ranks.values()}) or None,
+             "gpu_name": next(iter(ranks.values()))[1] if ranks else None, "dtype": dtype}
+    return collective, rows, facts
+
+
+def import_nccl_tests(files: list[Path], *, name: str | None = None, ranks: int | None = None,
+                      source: str | None = None) -> dict[str, Any]:
+    """A bandwidth table (as `trainbench commbench` writes one) from nccl-tests' outputs, one run per
+    file: the ranks, nodes and GPU type the outputs name, `ranks` and `name` where they do not (or to
+    say otherwise), and `source`, where the figures come from, in its provenance."""
+    from trainbench.registry.hardware import gpu_type_of
+
+    tables = [parse_nccl_tests(Path(f).read_text(), str(f)) for f in files]
+    seen = {facts["ranks"] for _, _, facts in tables if facts["ranks"]}
+    ranks = ranks or (seen.pop() if len(seen) == 1 else None)
+    if not ranks:
+        raise UsageError("the outputs do not say how many ranks ran (their '#  Rank' lines): give --ranks")
+    nodes = max((facts["nodes"] or 1 for _, _, facts in tables), default=1)
+    gpu_name = next((facts["gpu_name"] for _, _, facts in tables if facts["gpu_name"]), None)
+    if name is None:
+        gpu = gpu_type_of(gpu_name)
+        if gpu is None:
+            raise UsageError(f"the outputs name no GPU type trainbench knows ({gpu_name!r}): give --name, "
+                             f"as <gpu>-x<ranks> (h200-x8) or <gpu>-n<nodes>x<ranks per node>")
+        name = f"{gpu.key}-x{ranks}" if nodes == 1 else f"{gpu.key}-n{nodes}x{ranks // nodes}"
+    if not NAME.fullmatch(name):
+        raise UsageError(f"--name {name}: a table's name is <gpu>-x<ranks> (h200-x8) or "
+                         f"<gpu>-n<nodes>x<ranks per node> (h200-n2x8)")
+    collectives = [collective for collective, _, _ in tables]
+    if len(set(collectives)) < len(collectives):
+        raise UsageError(f"two outputs of one collective: {', '.join(sorted(collectives))}")
+    rows = [asdict(Row(**{**asdict(row), "ranks": ranks})) for _, found, _ in tables for row in found]
+    from trainbench.execute.provenance import now_iso
+
+    return {"schema_version": SCHEMA_VERSION, "interconnect": name, "backend": "nccl", "device": "cuda",
+            "ranks": ranks, "nodes": nodes, "dtype": tables[0][2]["dtype"], "wall_time_s": None,
+            "rows": rows, "not_measured": [],
+            "provenance": {"imported_at": now_iso(), "imported_from": [Path(f).name for f in files],
+                           "source": source, "gpu_name": gpu_name,
+                           "command": "trainbench " + shlex.join(sys.argv[1:])}}
 
 
 # --- the command -----------------------------------------------------------------------------------------
