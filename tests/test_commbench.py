@@ -95,8 +95,8 @@ def test_the_published_repeat_comparison_is_what_its_command_prints_from_the_pub
 def _nccl_tests_output(binary: str, hosts: list[str], rows: list[tuple[int, float, float, float]],
                        redop: str = "sum") -> str:
     """An nccl-tests run's output as it prints one (2.x: out-of-place then in-place figures)."""
-    lines = [f"# nThread 1 nGpus 1 minBytes 1024 maxBytes 1073741824 step: 4(factor) warmup iters: 5 "
-             f"iters: 20 agg iters: 1 validation: 1 graph: 0",
+    lines = ["# nThread 1 nGpus 1 minBytes 1024 maxBytes 1073741824 step: 4(factor) warmup iters: 5 "
+             "iters: 20 agg iters: 1 validation: 1 graph: 0",
              "#", "# Using devices"]
     lines += [f"#  Rank {rank:2d} Group  0 Pid {1000 + rank:6d} on {host:>10} device {rank % 8:2d} "
               f"[0x{rank:02x}] NVIDIA H200" for rank, host in enumerate(hosts)]
@@ -106,8 +106,8 @@ def _nccl_tests_output(binary: str, hosts: list[str], rows: list[tuple[int, floa
               "   algbw   busbw #wrong",
               "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)"
               "  (GB/s)  (GB/s)"]
-    lines += [f"{size:12d}  {size // 4:12d}     float  {redop:>6}      -1  {t:7.2f}  {a:6.2f}  {b:6.2f}      0"
-              f"  {t:7.2f}  {a:6.2f}  {b:6.2f}      0" for size, t, a, b in rows]
+    lines += [f"{size:12d}  {size // 4:12d}     float  {redop:>6}      -1  {t:7.2f}  {a:6.2f}  {b:6.2f}"
+              f"      0  {t:7.2f}  {a:6.2f}  {b:6.2f}      0" for size, t, a, b in rows]
     lines += ["# Out of bounds values : 0 OK", "# Avg bus bandwidth    : 123.4", "#", f"# ran {binary}"]
     return "\n".join(lines) + "\n"
 
@@ -139,7 +139,8 @@ def test_a_table_is_made_from_nccl_tests_outputs_and_times_the_models_collective
                                                "device": "cuda", "gpus": 8, "micro_batch": 8}))
     assert links.seconds(ddp, 450, False) == pytest.approx(links.tables[8].step_seconds(ddp))
     # across nodes: named by nodes and ranks on each
-    (tmp_path / "two.txt").write_text(_nccl_tests_output("all_reduce_perf", host + ["gpu-node-2"] * 8, reduce))
+    two_nodes = host + ["gpu-node-2"] * 8
+    (tmp_path / "two.txt").write_text(_nccl_tests_output("all_reduce_perf", two_nodes, reduce))
     assert main(["commbench", "--from-nccl-tests", "two.txt"]) == 0
     assert json.loads((tmp_path / "results/comm/h200-n2x8.json").read_text())["nodes"] == 2
 

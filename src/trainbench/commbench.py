@@ -295,9 +295,10 @@ def parse_nccl_tests(text: str, where: str) -> tuple[str, list[Row], dict[str, A
     """The collective, the rows and what the output says of its ranks (their count, nodes, GPU name) in
     one nccl-tests run's output (`all_reduce_perf -b 1K -e 1G -f 4 -g 8`, pasted from a terminal or
     a log): each data row's out-of-place time, algorithm and bus bandwidth, as nccl-tests printed them."""
-    named = (re.findall(r"\b(all_reduce|all_gather|reduce_scatter|broadcast|sendrecv|alltoall)_perf", text)
-             # else the file's name, as NVIDIA's recipes name their logs (1_1_LOG_all_reduce_env1_...txt)
-             or re.findall(r"(all_reduce|all_gather|reduce_scatter|broadcast|sendrecv|alltoall)", Path(where).name))
+    binaries = "(all_reduce|all_gather|reduce_scatter|broadcast|sendrecv|alltoall)"
+    # named in the output, else in the file's name, as NVIDIA's recipes name their logs
+    # (1_1_LOG_all_reduce_env1_...txt)
+    named = re.findall(rf"\b{binaries}_perf", text) or re.findall(binaries, Path(where).name)
     if not named:
         raise UsageError(f"{where}: no nccl-tests binary named (all_reduce_perf, all_gather_perf, ...): "
                          f"keep the command that ran it in the output, or name the file after the collective")
@@ -307,7 +308,8 @@ def parse_nccl_tests(text: str, where: str) -> tuple[str, list[Row], dict[str, A
     rows, dtype = [], None
     for line in text.splitlines():
         fields = line.split()
-        if len(fields) < 6 or not (fields[0].isdigit() and fields[1].isdigit()) or fields[2] not in NCCL_TESTS_DTYPES:
+        if (len(fields) < 6 or not (fields[0].isdigit() and fields[1].isdigit())
+                or fields[2] not in NCCL_TESTS_DTYPES):
             continue
         dtype = NCCL_TESTS_DTYPES[fields[2]]
         # after the type: a reduction's name and the root where the version prints them, then time,
@@ -322,7 +324,8 @@ def parse_nccl_tests(text: str, where: str) -> tuple[str, list[Row], dict[str, A
         rows.append(Row(collective, size, len(ranks) or 0, time_us, time_us, time_us, algbw, busbw, 1,
                         int(iters[1]) if iters else 0))
     if not rows:
-        raise UsageError(f"{where}: no rows of nccl-tests' output (size, count, type, ..., time, algbw, busbw)")
+        raise UsageError(f"{where}: no rows of nccl-tests' output (size, count, type, ..., time, algbw, "
+                         f"busbw)")
     facts = {"ranks": len(ranks) or None, "nodes": len({host for host, _ in ranks.values()}) or None,
              "gpu_name": next(iter(ranks.values()))[1] if ranks else None, "dtype": dtype}
     return collective, rows, facts
