@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from dataclasses import replace
 import subprocess
 import sys
@@ -133,6 +134,32 @@ def test_a_group_with_a_measured_table_takes_the_tables_time_and_one_without_the
         expected = (links.tables[8].step_seconds(step_collectives(eight)) if table else
                     (lambda b: b.overlapped_link_s + b.sync_link_s)(bytes_work(eight)) / links.efficiency)
         assert w.overlapped_link_s + w.sync_link_s == pytest.approx(expected)
+
+
+def test_a_table_across_nodes_times_the_groups_that_span_as_many_and_sets_the_networks_share(
+        tmp_path, monkeypatch):
+    """A user's table of 2 nodes (commbench through SLURM, or nccl-tests' output) times a data-parallel
+    group of 2 nodes by its rows; a group of 4 nodes moves its bus bytes at the share of the network
+    that table's large messages reached, not at NVLink's."""
+    document = json.loads((REPO / "results/comm/h200-x4.json").read_text())
+    # 16 ranks on 2 nodes whose collectives take 3 times the 4-GPU host's
+    rows = [{**row, "ranks": 16, "time_us": row["time_us"] * 3} for row in document["rows"]]
+    (tmp_path / "results/comm").mkdir(parents=True)
+    (tmp_path / "results/comm/h200-n2x8.json").write_text(
+        json.dumps({**document, "interconnect": "h200-n2x8", "ranks": 16, "nodes": 2, "rows": rows}))
+    monkeypatch.chdir(tmp_path)
+    links = interconnect_of(H200)
+    assert sorted(links.node_tables) == [(2, 16)] and sorted(links.tables) == [2, 4, 8]
+    two_nodes = cell(strategy="zero0", gpus=16, nodes=2)
+    w = time_model.work(two_nodes, H200)
+    assert w.overlapped_link_s + w.sync_link_s == pytest.approx(
+        links.node_tables[(2, 16)].step_seconds(step_collectives(two_nodes)))
+    four_nodes = cell(strategy="zero0", gpus=32, nodes=4)
+    bus = sum(c.bus_bytes() for c in step_collectives(four_nodes))
+    w = time_model.work(four_nodes, H200)
+    assert links.network_efficiency != links.efficiency
+    assert w.overlapped_link_s + w.sync_link_s == pytest.approx(
+        bus / (links.network_efficiency * H200.network_gb_s * 1e9))
 
 
 def test_torchs_tensor_parallelism_pays_dtensors_dispatch_on_the_host_and_autotp_does_not():

@@ -15,7 +15,7 @@ import yaml
 
 from trainbench.predict.batch_search import bounds_for
 from trainbench.study.config import load_config
-from trainbench.workflow import prediction_inputs
+from trainbench.workflow import prediction_inputs, prediction_models_digest
 
 from conftest import CPU_MACHINE, REPO, Workflow, parse_dry_run, tiny_study
 
@@ -351,6 +351,14 @@ def test_a_refit_of_the_models_reruns_what_shows_their_predictions_and_no_cell(w
     assert planned() == shown
 
 
+@pytest.mark.parametrize("workspace", [".", "validation"])
+def test_a_clone_starts_with_the_models_stamp_of_its_models(workspace):
+    """The committed stamp holds the digest of the committed models: else a clone's first run makes every
+    table, plot and the dataset again (`snakemake -c2 report_all` writes it after a change of them)."""
+    stamp = REPO / workspace / "results/.grid/prediction-models.txt"
+    assert stamp.read_text().strip() == prediction_models_digest(REPO / workspace)
+
+
 def test_the_bandwidth_tables_the_time_model_reads_are_among_what_its_predictions_are_made_from(tmp_path):
     """A table a user measures into the project (trainbench commbench) changes the time model's
     predictions, so it reruns what shows them, as a refit does."""
@@ -358,11 +366,12 @@ def test_the_bandwidth_tables_the_time_model_reads_are_among_what_its_prediction
     assert published["results/comm/h200-x2.json"] == REPO / "results/comm/h200-x2.json"
     assert "predict/time_model_constants.json" in published
     (tmp_path / "results/comm").mkdir(parents=True)
-    for name in ("h200-x8.json", "h200-x4.json"):  # one more, and one in the place of a published one
+    # one more, one across nodes, and one in the place of a published one
+    for name in ("h200-x16.json", "h200-n2x8.json", "h200-x4.json"):
         shutil.copy(REPO / "results/comm/h200-x4.json", tmp_path / "results/comm" / name)
-    (tmp_path / "results/comm/h200-n2x8.json").write_text("{}")  # across nodes: the model reads none
+    (tmp_path / "results/comm/notes.json").write_text("{}")  # no table's name: not read
     mine = dict(prediction_inputs(tmp_path))
-    assert set(mine) - set(published) == {"results/comm/h200-x8.json"}
+    assert set(mine) - set(published) == {"results/comm/h200-x16.json", "results/comm/h200-n2x8.json"}
     assert mine["results/comm/h200-x4.json"] == tmp_path / "results/comm/h200-x4.json"
 
 

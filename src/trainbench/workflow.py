@@ -64,6 +64,17 @@ def prediction_inputs(here: Path | None = None) -> list[tuple[str, Path]]:
         (str(communication.COMM_DIR / f.name), f) for f in communication.table_files(here)]
 
 
+def prediction_models_digest(here: Path | None = None) -> str:
+    """A digest of prediction_inputs (Workflow.prediction_models)."""
+    digest = hashlib.sha256()
+    for name, file in prediction_inputs(here):
+        content = file.read_bytes()
+        # name and length before the bytes: a file renamed, or bytes moved between files, count
+        digest.update(f"{name}\0{len(content)}\0".encode())
+        digest.update(content)
+    return digest.hexdigest()[:16]
+
+
 def array_rule(study: str) -> str:
     """The rule that trains a study submitted as SLURM job arrays (--slurm-array-jobs names it)."""
     return "train_" + study.replace("-", "_")
@@ -276,13 +287,7 @@ class Workflow:
         script imports, so without it a refit of the time model's constants left them stale. Read
         from the trainbench this workflow imports, the one the rules' scripts run; computed once."""
         if self._prediction_models is None:
-            digest = hashlib.sha256()
-            for name, file in prediction_inputs():
-                content = file.read_bytes()
-                # name and length before the bytes: a file renamed, or bytes moved between files, count
-                digest.update(f"{name}\0{len(content)}\0".encode())
-                digest.update(content)
-            self._prediction_models = digest.hexdigest()[:16]
+            self._prediction_models = prediction_models_digest()
         return self._prediction_models
 
     def models_stamp(self) -> str:

@@ -26,11 +26,11 @@ the largest size's bandwidth above them. The sum is the time the collectives tak
 a step exposes only what compute does not overlap, which is the time model's business.
 
 `Interconnect` is what the time model knows of a GPU type's links: the tables measured on it, or made
-from nccl-tests' output (results/comm/<gpu>-x<ranks>.json, one host), time a group's collectives where
-one has the group's ranks and every collective of it; another group (more ranks than any table, across
-nodes, or a collective its table lacks) moves its bus bytes (2(n-1)/n of an all-reduce's buffer,
-(n-1)/n of a gather's or a scatter's) at the share of the link's bandwidth the tables' large messages
-reached, measured, not fitted.
+from nccl-tests' output (results/comm/<gpu>-x<ranks>.json on one host, <gpu>-n<nodes>x<ranks>.json
+across nodes), time a group's collectives where one has the group's ranks (and nodes) and every
+collective of it; another group (more ranks or nodes than any table, or a collective its table lacks)
+moves its bus bytes (2(n-1)/n of an all-reduce's buffer, (n-1)/n of a gather's or a scatter's) at the
+share of its link's bandwidth the tables' large messages reached, measured, not fitted.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import bisect
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainbench.predict.memory_model import (block_shard_params, float8_linear_params, shard_params,
@@ -182,11 +182,13 @@ def step_collectives(params: CellParams) -> list[Collective]:
 
 
 class BandwidthTable:
-    """A `trainbench commbench` table (results/comm/<gpu>-x<ranks>.json): each collective's measured
-    time by message size, over its number of ranks."""
+    """A `trainbench commbench` table (results/comm/<gpu>-x<ranks>.json, or <gpu>-n<nodes>x<ranks>.json
+    across nodes): each collective's measured time by message size, over its number of ranks (all of
+    them, on `nodes` nodes)."""
 
     def __init__(self, document: dict):
         self.name, self.ranks = document["interconnect"], document["ranks"]
+        self.nodes = int(document.get("nodes") or 1)
         self.times: dict[str, tuple[list[float], list[float]]] = {}
         for row in sorted(document["rows"], key=lambda r: (r["collective"], r["size_bytes"])):
             sizes, times = self.times.setdefault(row["collective"], ([], []))
@@ -221,46 +223,64 @@ class BandwidthTable:
         return sum(c.count * self.seconds(c.kind, c.size_bytes) for c in collectives)
 
 
+def _large_message_share(tables: list[BandwidthTable], link_gb_s: float) -> float | None:
+    """The median, over the tables' all-reduces, all-gathers and reduce-scatters of LARGE_MESSAGE_BYTES
+    and more, of their bus bandwidth over `link_gb_s`; None where they have none."""
+    shares = []
+    for table in tables:
+        for kind, (sizes, times) in table.times.items():
+            if kind not in ("all_reduce", "all_gather", "reduce_scatter"):
+                continue
+            factor = BUS_FACTOR[kind](table.ranks)
+            shares += [size * factor / time / (link_gb_s * 1e9)
+                       for size, time in zip(sizes, times) if size >= LARGE_MESSAGE_BYTES]
+    return float(sorted(shares)[len(shares) // 2]) if shares else None
+
+
 @dataclass(frozen=True)
 class Interconnect:
     """What the time model knows of one GPU type's links: its commbench tables by number of ranks on
-    one host, and the share of the link's bandwidth their large messages reach (`efficiency`), which
-    times a group no table has."""
+    one host (`tables`) and across nodes (`node_tables`, by nodes and ranks), and the share of the
+    link's bandwidth their large messages reach (`efficiency`, NVLink's; `network_efficiency`, the
+    network's per GPU), which times a group no table has."""
 
     gpu: str
     tables: dict[int, BandwidthTable]
     efficiency: float
+    node_tables: dict[tuple[int, int], BandwidthTable] = field(default_factory=dict)
+    network_efficiency: float | None = None
 
     @classmethod
     def measured(cls, gpu: GpuType, tables: list[BandwidthTable]) -> Interconnect:
-        """From the tables of `gpu`'s hosts: the efficiency is the median, over their collectives of
-        LARGE_MESSAGE_BYTES and more, of the bus bandwidth over the link's (UNMEASURED_LINK_EFFICIENCY
-        where none was measured)."""
-        shares = []
-        for table in tables:
-            for kind, (sizes, times) in table.times.items():
-                if kind not in ("all_reduce", "all_gather", "reduce_scatter"):
-                    continue
-                factor = BUS_FACTOR[kind](table.ranks)
-                shares += [size * factor / time / (gpu.peer_gb_s() * 1e9)
-                           for size, time in zip(sizes, times) if size >= LARGE_MESSAGE_BYTES]
-        efficiency = float(sorted(shares)[len(shares) // 2]) if shares else UNMEASURED_LINK_EFFICIENCY
-        return cls(gpu.key, {t.ranks: t for t in tables}, min(efficiency, 1.0))
+        """From the tables of `gpu`'s hosts: the efficiencies are the large messages' shares of the
+        link, one host's of NVLink (UNMEASURED_LINK_EFFICIENCY where no table has them, at most 1),
+        and those across nodes of the network per GPU (not bounded: algorithms that reduce inside each
+        node first move fewer bytes over the network than a ring's bus bytes count)."""
+        host = [t for t in tables if t.nodes == 1]
+        nodes = [t for t in tables if t.nodes > 1]
+        efficiency = _large_message_share(host, gpu.peer_gb_s()) or UNMEASURED_LINK_EFFICIENCY
+        return cls(gpu.key, {t.ranks: t for t in host}, min(efficiency, 1.0),
+                   {(t.nodes, t.ranks): t for t in nodes}, _large_message_share(nodes, gpu.network_gb_s))
 
-    def seconds(self, collectives: list[Collective], link_gb_s: float, crosses_nodes: bool) -> float:
-        """The collectives of one process group alone on its link: from the table of its ranks where
-        the group is on one host and one was measured, else its bus bytes at `efficiency` of
-        `link_gb_s` (the link it uses: NVLink, or the network across nodes)."""
+    def seconds(self, collectives: list[Collective], link_gb_s: float, crosses_nodes: bool,
+                nodes: int = 1) -> float:
+        """The collectives of one process group alone on its link: from the table of its ranks (and
+        `nodes`, where it spans them) where one has every collective of it, else its bus bytes at the
+        link's efficiency of `link_gb_s` (the link it uses: NVLink, or the network across nodes; the
+        network's where a table across nodes measured it, else NVLink's)."""
         if not collectives:
             return 0.0
-        table = None if crosses_nodes else self.tables.get(collectives[0].ranks)
+        ranks = collectives[0].ranks
+        table = self.node_tables.get((nodes, ranks)) if crosses_nodes else self.tables.get(ranks)
         if table is not None and all(c.kind in table.times for c in collectives):
             return table.step_seconds(collectives)
-        return sum(c.bus_bytes() for c in collectives) / (self.efficiency * link_gb_s * 1e9)
+        efficiency = (self.network_efficiency or self.efficiency) if crosses_nodes else self.efficiency
+        return sum(c.bus_bytes() for c in collectives) / (efficiency * link_gb_s * 1e9)
 
 
-# a one-host table's name: the GPU type's key, then the number of ranks (h200-x4.json)
-TABLE_NAME = re.compile(r"(?P<gpu>[a-z0-9-]+)-x(?P<ranks>\d+)\.json")
+# a table's name: the GPU type's key, then the number of ranks on one host (h200-x4.json), or the nodes
+# and the ranks on each (h200-n2x8.json)
+TABLE_NAME = re.compile(r"(?P<gpu>[a-z0-9-]+?)-(?:x\d+|n\d+x\d+)\.json")
 # the checkout this package runs from (src/trainbench/predict/ -> the project), for its published tables
 CHECKOUT = Path(__file__).resolve().parents[3]
 _READ: dict[tuple[str, Path], Interconnect] = {}

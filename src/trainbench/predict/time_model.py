@@ -252,6 +252,13 @@ def _spans_nodes(group: int, stride: int, params: CellParams) -> bool:
     return group > 1 and group * stride > params.gpus_per_node and params.nodes > 1
 
 
+def _nodes_spanned(group: int, stride: int, params: CellParams) -> int:
+    """The nodes a process group's ranks are on (1 where it does not span nodes)."""
+    if not _spans_nodes(group, stride, params):
+        return 1
+    return min(params.nodes, math.ceil(group * stride / params.gpus_per_node))
+
+
 def _link_gb_s(gpu: GpuType, crosses_nodes: bool) -> float:
     return gpu.network_gb_s if crosses_nodes else gpu.peer_gb_s()
 
@@ -336,18 +343,18 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
     psi = shard_params(params, spec)  # parameters of one GPU's model-parallel shard
     sent = step_collectives(params)
 
-    def link_s(group: str, crosses_nodes: bool) -> float:
-        return links.seconds([c for c in sent if c.group == group],
-                             _link_gb_s(gpu, crosses_nodes), crosses_nodes)
+    def link_s(group: str, nodes: int) -> float:
+        return links.seconds([c for c in sent if c.group == group], _link_gb_s(gpu, nodes > 1), nodes > 1,
+                             nodes)
 
     calls = 0.0
     micro_link = 0.0
     if tp > 1:
         calls += tp_all_reduces(params, layers)
-        micro_link += link_s("tp", _spans_nodes(tp, 1, params))
+        micro_link += link_s("tp", _nodes_spanned(tp, 1, params))
     if pp > 1:  # activations forward and their gradients backward, at the stage boundary
-        micro_link += link_s("pp", params.nodes > 1)
-    traffic = link_s("dp", _spans_nodes(dp, tp * pp, params)) if dp > 1 else 0.0
+        micro_link += link_s("pp", 2 if params.nodes > 1 else 1)
+    traffic = link_s("dp", _nodes_spanned(dp, tp * pp, params)) if dp > 1 else 0.0
 
     overlapped = sync = 0.0
     budget = 1.0
