@@ -191,6 +191,9 @@ HOW: dict[str, How] = {
                      "this command line in the repository (the same published cells) and checks its output"),
     "sudo tools/local-slurm-cluster.sh install && sudo tools/local-slurm-cluster.sh start":
         How("elsewhere", "root; CI's .ci/run starts the cluster this way (as root, without sudo)"),
+    'trainbench commbench --from-nccl-tests all_reduce_perf.log all_gather_perf.log --source "..."': How(
+        "elsewhere", "needs outputs of nccl-tests; tests/test_commbench.py makes a table from outputs in "
+                     "its format with this command"),
     "python bench/communication.py": How(
         "elsewhere", "tests/test_communication.py runs it and holds its output to the published one"),
     "python bench/plan_scaling.py --out results/bench/plan_scaling":
