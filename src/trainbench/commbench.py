@@ -44,11 +44,9 @@ from trainbench.errors import UsageError
 from trainbench.execute.gpus import NotEnoughGpus, devices_for_cell, under_slurm
 from trainbench.execute.launch import (FIXED_ENVIRONMENT, Rendezvous, free_port, multinode_command,
                                       srun_fan_out)
+from trainbench.paths import INTERCONNECT_NAME
 
 SCHEMA_VERSION = 1
-# a table's name: the hardware, then its ranks on one host (h200-x4) or its nodes and the ranks on each
-# (h200-n2x4)
-NAME = re.compile(r"(?P<hardware>[a-z0-9][a-z0-9-]*?)-(?:x\d+|n\d+x\d+)")
 DEFAULT_MIN_BYTES = 1 << 10
 # GPUs' links reach their bandwidth near a GiB; gloo's CPU ranks take a second an operation there
 DEFAULT_MAX_BYTES = {"cuda": 1 << 30, "cpu": 4 << 20}
@@ -351,7 +349,7 @@ def import_nccl_tests(files: list[Path], *, name: str | None = None, ranks: int 
             raise UsageError(f"the outputs name no GPU type trainbench knows ({gpu_name!r}): give --name, "
                              f"as <gpu>-x<ranks> (h200-x8) or <gpu>-n<nodes>x<ranks per node>")
         name = f"{gpu.key}-x{ranks}" if nodes == 1 else f"{gpu.key}-n{nodes}x{ranks // nodes}"
-    if not NAME.fullmatch(name):
+    if not INTERCONNECT_NAME.fullmatch(name):
         raise UsageError(f"--name {name}: a table's name is <gpu>-x<ranks> (h200-x8) or "
                          f"<gpu>-n<nodes>x<ranks per node> (h200-n2x8)")
     collectives = [collective for collective, _, _ in tables]
@@ -405,7 +403,7 @@ def run(*, ranks: int, device: str, out: Path | None, collectives: list[str],
 
     here = default_name(device, ranks, nodes)
     name = name or here
-    named, ours = (NAME.fullmatch(n).group("hardware") if NAME.fullmatch(n) else n for n in (name, here))
+    named, ours = (m["hardware"] if (m := INTERCONNECT_NAME.fullmatch(n)) else n for n in (name, here))
     if named in {*GPUS, "cpu"} and named != ours:  # a table named for other hardware than it measured
         raise UsageError(f"{name} names {named} ranks, and this host's are {ours}: measure it where they are")
     out = out or Path("results/comm") / f"{name}.json"

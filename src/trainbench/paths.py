@@ -9,6 +9,7 @@ that its results sit under the cell's search folder.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,9 @@ COMMBENCH_LOG = "results/comm/{interconnect}-x{ranks}.log"
 # the same over {nodes} nodes of {ranks} each, through SLURM
 COMMBENCH_NODES = "results/comm/{interconnect}-n{nodes}x{ranks}.json"
 COMMBENCH_NODES_LOG = "results/comm/{interconnect}-n{nodes}x{ranks}.log"
+# a bandwidth table's name: the hardware, then its ranks on one host (h200-x4) or its nodes and the
+# ranks on each (h200-n2x4)
+INTERCONNECT_NAME = re.compile(r"(?P<hardware>[a-z0-9][a-z0-9-]*?)-(?:x\d+|n\d+x\d+)")
 # the study's page (the report's): beside its table, so that a clone has it, as it has the table
 STUDY_PAGE = "results/tables/{study}.html"
 STUDY_PAGE_LOG = "results/logs/report/{study}.log"

@@ -264,20 +264,24 @@ def schema_problems(doc: Any) -> list[str]:
     return problems
 
 
-def write_json_atomic(path: str | Path, data: Any) -> None:
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """`text` to `path` whole or not at all: written beside it, then moved over it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=False)
-            f.write("\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
 def read_json(path: str | Path) -> Any:

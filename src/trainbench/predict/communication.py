@@ -38,10 +38,10 @@ from __future__ import annotations
 import bisect
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainbench.paths import INTERCONNECT_NAME
 from trainbench.predict.memory_model import (block_shard_params, float8_linear_params, shard_params,
                                              vocab_parallel)
 from trainbench.registry.frameworks import framework_of, strategy_of
@@ -278,9 +278,6 @@ class Interconnect:
         return sum(c.bus_bytes() for c in collectives) / (efficiency * link_gb_s * 1e9)
 
 
-# a table's name: the GPU type's key, then the number of ranks on one host (h200-x4.json), or the nodes
-# and the ranks on each (h200-n2x8.json)
-TABLE_NAME = re.compile(r"(?P<gpu>[a-z0-9-]+?)-(?:x\d+|n\d+x\d+)\.json")
 # the checkout this package runs from (src/trainbench/predict/ -> the project), for its published tables
 CHECKOUT = Path(__file__).resolve().parents[3]
 _READ: dict[tuple[str, Path], Interconnect] = {}
@@ -289,9 +286,9 @@ _READ: dict[tuple[str, Path], Interconnect] = {}
 def table_files(here: Path | None = None) -> list[Path]:
     """The bandwidth tables the time model reads: this checkout's results/comm (the published ones) and
     the working directory's, whose table of a name takes the place of the published one."""
-    roots = [CHECKOUT, (here or Path.cwd()).resolve()]
+    roots = dict.fromkeys([CHECKOUT, (here or Path.cwd()).resolve()])  # one folder, where they are one
     found = {path.name: path for root in roots for path in sorted((root / COMM_DIR).glob("*.json"))
-             if TABLE_NAME.fullmatch(path.name)}
+             if INTERCONNECT_NAME.fullmatch(path.stem)}
     return [found[name] for name in sorted(found)]
 
 
@@ -301,6 +298,6 @@ def interconnect_of(gpu: GpuType) -> Interconnect:
     key = (gpu.key, Path.cwd())
     if key not in _READ:
         tables = [BandwidthTable.read(path) for path in table_files(key[1])
-                  if TABLE_NAME.fullmatch(path.name)["gpu"] == gpu.key]
+                  if INTERCONNECT_NAME.fullmatch(path.stem)["hardware"] == gpu.key]
         _READ[key] = Interconnect.measured(gpu, sorted(tables, key=lambda table: table.ranks))
     return _READ[key]

@@ -39,7 +39,7 @@ from pathlib import Path
 from trainbench.study.grid import Cell, Study
 from trainbench.paths import GRID_STAMP, MODELS_STAMP, RESULTS_CHECKED, RUNS, TABLE_MD, path
 from trainbench.execute.results import (SCHEMA_VERSION, InvalidResult, metrics_json_schema, read_result,
-                                result_problem, why_invalid, write_json_atomic)
+                                result_problem, why_invalid, write_json_atomic, write_text_atomic)
 
 def stamp_path(study: str) -> str:
     return path(GRID_STAMP, study=study)
@@ -69,10 +69,7 @@ def refresh_models_stamp(digest: str, root: Path | str = ".") -> str:
             return MODELS_STAMP
     except OSError:
         pass
-    stamp.parent.mkdir(parents=True, exist_ok=True)
-    temporary = stamp.with_name(stamp.name + ".tmp")
-    temporary.write_text(digest + "\n")
-    os.replace(temporary, stamp)
+    write_text_atomic(stamp, digest + "\n")
     return MODELS_STAMP
 
 
