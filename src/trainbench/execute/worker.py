@@ -52,6 +52,10 @@ OOM_ABOVE_BATCH_ENV = "TRAINBENCH_OOM_ABOVE_MICRO_BATCH"
 # "fast" (the default): a rank that finished leaves without the interpreter's shutdown; "interpreter":
 # the usual exit, to measure the difference (results/provenance/gpu-runs/startup-1.sh)
 WORKER_EXIT_ENV = "TRAINBENCH_WORKER_EXIT"
+# fp16 loss scaling settles in warm-up (DeepSpeed's and torch's scales start at 2^16 and halve at each
+# overflow, skipping that step): where the worker owns the loop, warm-up goes on while its last step
+# was skipped, this many steps more at most, so that the timed steps are steps that train.
+EXTRA_WARMUP_MAX = 30
 OOM_EXIT_CODE = 75  # distinct from Python's 1 so a reader of the launcher's log can tell
 IMPOSSIBLE_ALLOCATION = 1 << 60  # 1 EiB: more than any machine has, so the allocator must refuse
 
@@ -322,6 +326,8 @@ class StepRecorder:
         self.adaptive = adaptive
         self._agreements = 0  # keys of agree_through_store
         self.warmup = worker.params.warmup_steps
+        self.extra_warmup = 0  # steps warm-up went on while fp16 loss scaling still skipped
+        self._skipped_seen: int | None = None  # the optimizer's skipped steps after the last warm-up step
         self.timed_steps = worker.params.timed_steps
         self.steps_per_window = steps_per_window(self.timed_steps, self.settings.min_windows, None,
                                                  self.settings.min_window_s)
@@ -405,6 +411,10 @@ class StepRecorder:
             self.warmup_times.append(time.perf_counter() - self._started)
             if self.worker.step == 1:  # compilation and every other first-call cost end here
                 self.worker.marks["first_step"] = time.time()
+            skipped = self._skipped_this_step()
+            if self.worker.step == self.warmup and self._warm_up_more(skipped):
+                self.warmup += 1
+                self.extra_warmup += 1
             if self.worker.step == self.warmup:
                 self.worker.marks["warmed_up"] = time.time()
                 # the optimizer's skipped steps so far (fp16 loss scaling settles in warm-up): those
@@ -435,6 +445,21 @@ class StepRecorder:
                      f"{self.window_step_times[-1] * 1e3:.2f} ms/step, "
                      f"loss {self.losses[-1]:.4f}" + (f"; done: {self.stopped}" if self.done else ""),
                      force=self.done or windows <= self.settings.min_windows)
+
+    def _skipped_this_step(self) -> bool:
+        """Whether the optimizer skipped the step just ended (fp16 loss scaling found an overflow)."""
+        skipped = self.worker.runner.optimizer_steps_skipped()
+        before, self._skipped_seen = self._skipped_seen, skipped
+        return skipped is not None and skipped > (before or 0)
+
+    def _warm_up_more(self, skipped: bool) -> bool:
+        """Whether warm-up goes on for a step: its last step was skipped (rank 0's answer; ranks skip
+        together, the overflow found on gradients they all-reduced). Only where the worker owns the
+        loop: a framework's own loop was told its step count."""
+        if not self.adaptive or self.worker.runner.optimizer_steps_skipped() is None \
+                or self.extra_warmup >= EXTRA_WARMUP_MAX:
+            return False
+        return bool(self._agree(int(skipped)))
 
     def _start_profiling(self) -> None:
         """Profile the steps after the timed ones (profiling.py): the loop goes on until they are done."""

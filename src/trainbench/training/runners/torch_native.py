@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from trainbench.training.gpt import GPT
 from trainbench.training.runners import RunContext, StepRunner, optimizer_range
+
+# Testing aid: TRAINBENCH_OVERFLOW_STEPS=N makes the first N optimizer steps' gradients infinite, as
+# an fp16 loss scale still too large for the model overflows them: the real scaler skips those steps.
+OVERFLOW_STEPS_ENV = "TRAINBENCH_OVERFLOW_STEPS"
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -115,6 +120,8 @@ class TorchRunner(StepRunner):
         self.tp_plan_source = ""
         self.float8_layers = 0  # linear layers trained in float8 (float8: a recipe)
         self.skipped_steps = 0  # optimizer steps fp16 loss scaling skipped
+        self.steps_begun = 0
+        self.overflow_steps = int(os.environ.get(OVERFLOW_STEPS_ENV) or 0)
 
     def _new_model(self) -> torch.nn.Module:
         return self.ctx.new_model()
@@ -246,13 +253,15 @@ class TorchRunner(StepRunner):
 
         accumulation = self.p.grad_accum
         total = torch.zeros((), device=self.ctx.device)
+        self.steps_begun += 1
+        overflow = self.steps_begun <= self.overflow_steps
         for micro in range(accumulation):
             inputs, targets = self.batches.next()
             with self._gradient_sync(micro == accumulation - 1), self._loss_context():
                 with self._autocast():
                     loss = local_loss(self.wrapped(inputs, targets)) / accumulation
-                self.scaler.scale(loss).backward()
-            total += loss.detach()
+                total += loss.detach()
+                self.scaler.scale(loss * float("inf") if overflow else loss).backward()
         with optimizer_range():
             # (fp16 only: GradScaler.step has synchronised already, reading its scale costs no wait)
             scale = (self.scaler.get_scale() if isinstance(self.scaler, torch.amp.GradScaler)
