@@ -86,6 +86,22 @@ def test_fsdp_gathers_for_forward_and_backward_and_reduces_once():
     assert best.overlapped_link_s * NVLINK == pytest.approx((2 + 4) * 3 / 4 * psi())
 
 
+def test_fsdp2_blocks_compiled_one_by_one_move_the_elementwise_bytes_of_a_model_compiled_whole():
+    """FSDP2's blocks, compiled one by one, keep for backward what uncompiled blocks keep (the memory
+    model's count) but take the time of a model compiled whole: the time model's elementwise traffic is
+    the compiled list's, as it is for the model compiled whole."""
+    from trainbench.predict.memory_model import block_bytes_per_token
+
+    spec = get_model("gpt2-124m")
+    gpt2 = {"framework": "torch", "model": "gpt2-124m", "precision": "bf16"}
+    compiled, eager = (cell(**gpt2, strategy="fsdp", gpus=2, compile=c) for c in (True, False))
+    kept, moved = block_bytes_per_token(compiled, spec), block_bytes_per_token(compiled, spec, traffic=True)
+    assert moved < kept == block_bytes_per_token(eager, spec, traffic=True)
+    assert bytes_work(compiled).elementwise_s == pytest.approx(bytes_work(eager).elementwise_s * moved / kept)
+    whole = cell(**gpt2, strategy="single", gpus=1, compile=True)
+    assert block_bytes_per_token(whole, spec, traffic=True) == block_bytes_per_token(whole, spec)
+
+
 def test_tensor_parallel_all_reduces_grow_with_the_layers_and_the_batch():
     small = bytes_work(cell(model="bert-180b-l4", strategy="zero0", gpus=4, tp=4, seq_len=2048))
     big = bytes_work(cell(model="bert-180b", strategy="zero0", gpus=4, tp=4, seq_len=2048))

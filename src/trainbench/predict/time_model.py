@@ -332,7 +332,7 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
         cast = tokens * layers * (2 * inputs + output_grads) * 5 / hbm
     passes = 3 + ac
     # eager attention's score matrices are elementwise work too (scale, mask, softmax, casts)
-    saved = block_bytes_per_token(params, spec) + eager_score_bytes_per_token(params, spec)
+    saved = block_bytes_per_token(params, spec, traffic=True) + eager_score_bytes_per_token(params, spec)
     elementwise = tokens * layers * saved * passes
 
     # --- collectives: what the strategy sends (communication.step_collectives), group by group, timed
