@@ -386,7 +386,8 @@ def test_an_oom_cell_is_a_row_of_the_table(workflow):
     workflow.snakemake()
     table = workflow.path("results/tables/t.md").read_text()
     assert "| ddp | 2 | 2 | OOM at step 2 (timed) |" in table
-    assert "| single | 1 |  | ok |" in table
+    # ok, or ok and noisy: six windows of milliseconds on a machine busy with other tests can spread
+    assert re.search(r"\| single \| 1 \|  \| ok(, noisy \(±[\d.]+%\))? \|", table), table
     csv_text = workflow.path("results/tables/t.csv").read_text().replace('"', "")
     # whichever rank failed first is named; the launcher may stop the other before its own OOM
     assert re.search(r"inject_oom_at_step~2,oom,OOM at step 2 \(timed\) on rank [01]", csv_text)
