@@ -246,7 +246,7 @@ class Worker:
                 "timing_stopped": steps.stopped, "gc": collected,
                 "params_total": runner.params_total(), "params_per_module_rank0": per_module,
                 "optimizer_steps_skipped": _difference(runner.optimizer_steps_skipped(),
-                                                       getattr(steps, "skipped_at_warmup", 0)),
+                                                       steps.skipped_at_warmup),
                 "torch_version": torch.__version__, "torch_cuda": torch.version.cuda,
                 "nccl": ".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else None,
                 **runner.results(),
@@ -327,7 +327,9 @@ class StepRecorder:
         self._agreements = 0  # keys of agree_through_store
         self.warmup = worker.params.warmup_steps
         self.extra_warmup = 0  # steps warm-up went on while fp16 loss scaling still skipped
-        self._skipped_seen: int | None = None  # the optimizer's skipped steps after the last warm-up step
+        # the optimizer's skipped steps by the last warm-up step (fp16 loss scaling settles in warm-up):
+        # those after are the timed steps' (the sanity check, results.sanity_problems)
+        self.skipped_at_warmup = 0
         self.timed_steps = worker.params.timed_steps
         self.steps_per_window = steps_per_window(self.timed_steps, self.settings.min_windows, None,
                                                  self.settings.min_window_s)
@@ -417,9 +419,6 @@ class StepRecorder:
                 self.extra_warmup += 1
             if self.worker.step == self.warmup:
                 self.worker.marks["warmed_up"] = time.time()
-                # the optimizer's skipped steps so far (fp16 loss scaling settles in warm-up): those
-                # after are the timed steps' (the sanity check, results.sanity_problems)
-                self.skipped_at_warmup = self.worker.runner.optimizer_steps_skipped()
             self._read_losses()
             if self.worker.step == self.warmup and self.adaptive:
                 self.steps_per_window = self._agree(steps_per_window(
@@ -446,18 +445,20 @@ class StepRecorder:
                      f"loss {self.losses[-1]:.4f}" + (f"; done: {self.stopped}" if self.done else ""),
                      force=self.done or windows <= self.settings.min_windows)
 
-    def _skipped_this_step(self) -> bool:
-        """Whether the optimizer skipped the step just ended (fp16 loss scaling found an overflow)."""
+    def _skipped_this_step(self) -> bool | None:
+        """Whether the optimizer skipped the (warm-up) step just ended, fp16 loss scaling having found an
+        overflow; None where the framework does not count its skipped steps."""
         skipped = self.worker.runner.optimizer_steps_skipped()
-        before, self._skipped_seen = self._skipped_seen, skipped
-        return skipped is not None and skipped > (before or 0)
+        if skipped is None:
+            return None
+        before, self.skipped_at_warmup = self.skipped_at_warmup, skipped
+        return skipped > before
 
-    def _warm_up_more(self, skipped: bool) -> bool:
+    def _warm_up_more(self, skipped: bool | None) -> bool:
         """Whether warm-up goes on for a step: its last step was skipped (rank 0's answer; ranks skip
         together, the overflow found on gradients they all-reduced). Only where the worker owns the
         loop: a framework's own loop was told its step count."""
-        if not self.adaptive or self.worker.runner.optimizer_steps_skipped() is None \
-                or self.extra_warmup >= EXTRA_WARMUP_MAX:
+        if not self.adaptive or skipped is None or self.extra_warmup >= EXTRA_WARMUP_MAX:
             return False
         return bool(self._agree(int(skipped)))
 
