@@ -1,30 +1,4 @@
 # A study's real multi-GPU cells that have no profile yet, run again on one host, each cell alone on it,
 # one at a time, with the study's `profile_steps`: `bash profile-cells.sh <study> [<cells, an extended
-# grep pattern>]`. Cells needing more GPUs than the host has are left out. Results and history go to
-# $OUT as <study>.tgz after every cell (profile traces left out: their figures are in metrics.json),
-# and Snakemake's output to $OUT/run.log.
-export TRAINBENCH_GIT_COMMIT=${TRAINBENCH_GIT_COMMIT:?the commit the cells ran at}
-export TORCH_EXTENSIONS_DIR=/tmp/torch-extensions
-study=${1:?a study}
-pattern=${2:-.}
-start=$(date +%s)
-command -v snakemake > /dev/null || { python3 tools/wheelhouse_archive.py unpack .whlpack/wheels.tar.xz /tmp/whl \
-  && bash tools/install_offline.sh /tmp/whl; } > $OUT/install.log 2>&1 || { cat $OUT/install.log; exit 1; }
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-echo "installed at $(( $(date +%s) - start )) s"
-gpus=$(nvidia-smi -L | wc -l)
-p=results/runs/$study
-cells=$(trainbench cells $study --tsv | awk -F'\t' -v g=$gpus 'NR > 1 && $3 == "ok" && $4 + 0 > 1 && $4 + 0 <= g \
-  && $4 !~ /emulated/ {print $2}' | grep -v 'emulate~true' | grep -E "$pattern")
-for c in $cells; do
-  python3 -c "import json, sys; sys.exit(bool(json.load(open('$p/$c/metrics.json'))['metrics'].get('breakdown')))" || continue
-  left=$(( ${BUDGET_S:-570} - ($(date +%s) - start) ))
-  if (( left < 50 )); then echo "== no time for $c"; continue; fi
-  echo "== $c ($left s left)"
-  timeout --signal=INT --kill-after=20 $left snakemake -f $p/$c/metrics.json -c 16 --resources gpu=$gpus \
-    >> $OUT/run.log 2>&1
-  echo "   exit $? at $(( $(date +%s) - start )) s"
-  python3 -c "import json; d=json.load(open('$p/$c/metrics.json')); m=d['metrics']; b=m.get('breakdown') or {}; print('  ', d['status'], round((m.get('step_time_s') or 0)*1e3,1), 'ms', 'exposed comm', round(1e3*(b.get('parts_s') or {}).get('exposed_communication', float('nan')), 1), d['provenance'].get('host_id'), d.get('reason') or '')" 2>/dev/null
-  tar czf $OUT/$study.tgz --exclude='*.json.gz' $p results/history/$study 2>/dev/null
-done
-ls -la $OUT
+# grep pattern>]` (rerun-cells.sh, which says what goes to $OUT).
+exec bash "$(dirname "$0")/rerun-cells.sh" "${1:?a study}" unprofiled "${2:-.}"
