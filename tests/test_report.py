@@ -285,7 +285,9 @@ def _study_page(driver, report: Path, study: str) -> dict[str, list[str]]:
     assert frame.is_displayed() and frame.size["height"] > 300
     driver.switch_to.frame(frame)
     try:
-        assert driver.find_element(By.TAG_NAME, "h1").text == study
+        # the frame may still hold the page opened before it while this one loads: wait for its heading
+        WebDriverWait(driver, 10).until(lambda d: d.find_element(By.TAG_NAME, "h1").text == study,
+                                        f"the page shown is not {study}'s")
         headings = [h.text for h in driver.find_elements(By.CSS_SELECTOR, "section.study-table h2")]
         tables = driver.find_elements(By.CSS_SELECTOR, "section.study-table table")
         rows = [[r.text for r in t.find_elements(By.CSS_SELECTOR, "tbody tr")] for t in tables]
