@@ -195,15 +195,48 @@ def browser():
         shutil.rmtree(profile, ignore_errors=True)
 
 
+def _open(driver, report: Path):
+    """The report loaded afresh, once its front page is shown."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(report.as_uri())
+    WebDriverWait(driver, 10).until(lambda d: d.find_element(By.XPATH, "//h1[contains(., 'trainbench')]"))
+
+
 def _click(driver, text: str):
     """Click the report's menu entry, breadcrumb or button whose text is `text`."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as shown
+
+    _click_found(driver, lambda d: d.find_element(By.XPATH, f"//a[normalize-space(.)={_quoted(text)}]"),
+                 f"link {text!r}")
+
+
+def _click_found(driver, find, what: str):
+    """Click the element `find(driver)` returns once it has stopped moving: the report's menu slides
+    into place for a fraction of a second after a page loads, and a click aimed while it moves lands
+    on the entry above. A click that another element would receive, or on one not shown yet, is
+    refused (nothing is clicked) and tried again, the element found anew."""
+    from selenium.common.exceptions import (ElementClickInterceptedException, ElementNotInteractableException,
+                                            StaleElementReferenceException)
     from selenium.webdriver.support.ui import WebDriverWait
 
-    link = WebDriverWait(driver, 10).until(shown.element_to_be_clickable(
-        (By.XPATH, f"//a[normalize-space(.)={_quoted(text)}]")))
-    link.click()
+    where = "const r = arguments[0].getBoundingClientRect(); return [r.left, r.top, r.width, r.height];"
+
+    def clicked(d) -> bool:
+        try:
+            element = find(d)
+            before = d.execute_script(where, element)
+            time.sleep(0.1)  # a few frames: a moving element moves in each
+            if d.execute_script(where, element) != before:
+                return False
+            element.click()
+        except (ElementClickInterceptedException, ElementNotInteractableException,
+                StaleElementReferenceException):
+            return False
+        return True
+
+    WebDriverWait(driver, 10).until(clicked, f"no clickable {what}")
 
 
 def _quoted(text: str) -> str:
@@ -223,7 +256,7 @@ def _view(driver, label: str):
     """Click the eye button of the listed result labelled `label`."""
     from selenium.webdriver.common.by import By
 
-    _row(driver, label).find_elements(By.TAG_NAME, "a")[0].click()
+    _click_found(driver, lambda d: _row(d, label).find_elements(By.TAG_NAME, "a")[0], f"view of {label!r}")
 
 
 def _info(driver, label: str) -> str:
@@ -231,7 +264,7 @@ def _info(driver, label: str) -> str:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    _row(driver, label).find_elements(By.TAG_NAME, "a")[1].click()
+    _click_found(driver, lambda d: _row(d, label).find_elements(By.TAG_NAME, "a")[1], f"info of {label!r}")
     # (headings are shown in capitals: Selenium's text is what is shown)
     body = (By.TAG_NAME, "body")
     WebDriverWait(driver, 10).until(lambda d: "snakemake rule" in d.find_element(*body).text.lower())
@@ -277,7 +310,7 @@ def _study_page(driver, report: Path, study: str) -> dict[str, list[str]]:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    driver.get(report.as_uri())
+    _open(driver, report)
     _click(driver, study)
     _click(driver, "page")
     _view(driver, PAGE)
@@ -333,7 +366,7 @@ def test_the_report_of_the_smoke_study_renders_its_page_table_plots_and_provenan
     workflow.shell(f"snakemake --report {report}", env=CPU_MACHINE)
     built = time.monotonic() - started
     smoke = load_config(workflow.path("config.yaml")).study("smoke")
-    browser.get(report.as_uri())
+    _open(browser, report)
     try:
         # the front page: what the report is, and the study, in one screen
         assert "smoke" in _front_page(browser)
@@ -349,7 +382,7 @@ def test_the_report_of_the_smoke_study_renders_its_page_table_plots_and_provenan
         assert "none: CPU ranks" in provenance[0].text
         browser.switch_to.default_content()
         # each plot the page names is an item of the study's plots, and loads
-        browser.get(report.as_uri())
+        _open(browser, report)
         _click(browser, "smoke")
         _click(browser, "plots")
         plots = _listed(browser)
@@ -393,7 +426,7 @@ def test_a_fresh_clone_reports_the_published_studies_with_nothing_run_first(brow
         assert not re.search(PYTHON_REPR, entry["job_properties"]["params"]), (path, entry["job_properties"])
     config = load_config(clone.path("config.yaml"))
     tabled = [name for name in config.studies if clone.path(f"results/tables/{name}.md").exists()]
-    browser.get(report.as_uri())
+    _open(browser, report)
     front = " ".join(_front_page(browser).split())
     for study in tabled:
         findings = config.study(study).findings
@@ -408,7 +441,7 @@ def test_a_fresh_clone_reports_the_published_studies_with_nothing_run_first(brow
         measured = pandas.read_csv(clone.path(f"results/tables/{study}.csv"))
         assert len(page["measured"]) == len(measured), study
     # a plot of its own, loaded
-    browser.get(report.as_uri())
+    _open(browser, report)
     _click(browser, "baseline")
     _click(browser, "plots")
     _view(browser, _listed(browser)[0])
@@ -416,7 +449,7 @@ def test_a_fresh_clone_reports_the_published_studies_with_nothing_run_first(brow
         By.CSS_SELECTOR, "img[src^='data:image/png']"))
     assert image.is_displayed() and _loaded_images(browser, [image])[0] > 0
     # what a table was made with, in words: no Python repr of the study's configuration
-    browser.get(report.as_uri())
+    _open(browser, report)
     _click(browser, "llama")
     _click(browser, "tables")
     panel = _info(browser, MARKDOWN)
@@ -424,7 +457,7 @@ def test_a_fresh_clone_reports_the_published_studies_with_nothing_run_first(brow
     assert "made_with=" in parameters and "findings" in parameters
     assert not re.search(PYTHON_REPR, parameters), parameters
     # the dataset of every cell, to download
-    browser.get(report.as_uri())
+    _open(browser, report)
     _click(browser, "dataset")
     listed = browser.find_element(By.TAG_NAME, "body").text
     assert "every cell of every study, one row per figure (parquet)" in listed
