@@ -319,6 +319,8 @@ def parse_nccl_tests(text: str, where: str) -> tuple[str, list[Row], dict[str, A
         except ValueError:
             raise UsageError(f"{where}: not a row of nccl-tests' output: {line.strip()!r}") from None
         size = int(fields[0])
+        if size == 0:  # a size too small to give each rank an element: nccl-tests moved nothing
+            continue
         rows.append(Row(collective, size, len(ranks) or 0, time_us, time_us, time_us, algbw, busbw, 1,
                         int(iters[1]) if iters else 0))
     if not rows:
