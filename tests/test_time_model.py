@@ -114,12 +114,22 @@ def test_tensor_parallel_all_reduces_grow_with_the_layers_and_the_batch():
     assert doubled.micro_link_s == pytest.approx(2 * small.micro_link_s)
 
 
-def test_collectives_across_nodes_run_at_the_network_not_nvlink():
+def test_collectives_across_nodes_run_at_the_network_cards_of_the_groups_ranks_on_a_node():
     one = bytes_work(cell(strategy="zero0", gpus=8, nodes=1))
+    # 4 ranks a node: their 4 cards of 50 GB/s carry the ring across the node's boundary
     two = bytes_work(cell(strategy="zero0", gpus=8, nodes=2))
-    assert two.sync_link_s / one.sync_link_s == pytest.approx(H200.nvlink_gb_s / H200.network_gb_s)
-    # tensor parallelism inside a node stays on NVLink however many nodes the data parallelism spans
+    assert two.sync_link_s / one.sync_link_s == pytest.approx(H200.nvlink_gb_s / (4 * H200.network_gb_s))
+    # 8 ranks a node: 400 GB/s, the NVLink ring inside the node still the faster
+    full = bytes_work(cell(strategy="zero0", gpus=16, nodes=2))
+    bus = sum(c.bus_bytes() for c in step_collectives(cell(strategy="zero0", gpus=16, nodes=2)))
+    assert full.sync_link_s == pytest.approx(bus / (8 * H200.network_gb_s * 1e9))
+    # data parallelism over tensor-parallel groups of 8: one rank of each data-parallel group a node,
+    # one card
     inside = bytes_work(cell(strategy="zero0", gpus=16, nodes=2, tp=8))
+    bus = sum(c.bus_bytes() for c in step_collectives(cell(strategy="zero0", gpus=16, nodes=2, tp=8))
+              if c.group == "dp")
+    assert inside.sync_link_s == pytest.approx(bus / (H200.network_gb_s * 1e9))
+    # tensor parallelism inside a node stays on NVLink however many nodes the data parallelism spans
     across = bytes_work(cell(strategy="zero0", gpus=16, nodes=1, tp=8))
     assert inside.micro_link_s == pytest.approx(across.micro_link_s)
 
@@ -150,12 +160,19 @@ def test_a_group_with_a_measured_table_takes_the_tables_time_and_one_without_the
         expected = (links.tables[8].step_seconds(step_collectives(eight)) if table else
                     (lambda b: b.overlapped_link_s + b.sync_link_s)(bytes_work(eight)) / links.efficiency)
         assert w.overlapped_link_s + w.sync_link_s == pytest.approx(expected)
+    # across nodes, -n4x8.json from published nccl-tests output of 4 nodes of 8 (InfiniBand): a group of
+    # its 32 ranks by its rows; its large messages reach 70-90% of the 8 cards of a node (400 GB/s)
+    assert sorted(links.node_tables) == [(4, 32)] and 0.7 < links.network_efficiency < 0.9
+    four_nodes = cell(strategy="zero0", gpus=32, nodes=4)
+    w = time_model.work(four_nodes, H200)
+    published = links.node_tables[(4, 32)]
+    assert w.sync_link_s == pytest.approx(published.step_seconds(step_collectives(four_nodes)))
 
 
 def test_a_table_across_nodes_times_the_groups_that_span_as_many_and_sets_the_networks_share(
         tmp_path, monkeypatch):
     """A user's table of 2 nodes (commbench through SLURM, or nccl-tests' output) times a data-parallel
-    group of 2 nodes by its rows; a group of 4 nodes moves its bus bytes at the share of the network
+    group of 2 nodes by its rows; a group of 8 nodes moves its bus bytes at the share of the network
     that table's large messages reached, not at NVLink's."""
     document = json.loads((REPO / "results/comm/h200-x4.json").read_text())
     # 16 ranks on 2 nodes whose collectives take 3 times the 4-GPU host's
@@ -165,17 +182,19 @@ def test_a_table_across_nodes_times_the_groups_that_span_as_many_and_sets_the_ne
         json.dumps({**document, "interconnect": "h200-n2x8", "ranks": 16, "nodes": 2, "rows": rows}))
     monkeypatch.chdir(tmp_path)
     links = interconnect_of(H200)
-    assert sorted(links.node_tables) == [(2, 16)] and sorted(links.tables) == [2, 4, 8]
+    # (the published table of 4 nodes beside it)
+    assert sorted(links.node_tables) == [(2, 16), (4, 32)] and sorted(links.tables) == [2, 4, 8]
     two_nodes = cell(strategy="zero0", gpus=16, nodes=2)
     w = time_model.work(two_nodes, H200)
     assert w.overlapped_link_s + w.sync_link_s == pytest.approx(
         links.node_tables[(2, 16)].step_seconds(step_collectives(two_nodes)))
-    four_nodes = cell(strategy="zero0", gpus=32, nodes=4)
-    bus = sum(c.bus_bytes() for c in step_collectives(four_nodes))
-    w = time_model.work(four_nodes, H200)
+    eight_nodes = cell(strategy="zero0", gpus=64, nodes=8)
+    bus = sum(c.bus_bytes() for c in step_collectives(eight_nodes))
+    w = time_model.work(eight_nodes, H200)
+    # the share is of the cards of a node's 8 ranks, as the table's: 400 GB/s
     assert links.network_efficiency != links.efficiency
     assert w.overlapped_link_s + w.sync_link_s == pytest.approx(
-        bus / (links.network_efficiency * H200.network_gb_s * 1e9))
+        bus / (links.network_efficiency * 8 * H200.network_gb_s * 1e9))
 
 
 def test_torchs_tensor_parallelism_pays_dtensors_dispatch_on_the_host_and_autotp_does_not():

@@ -30,7 +30,13 @@ from nccl-tests' output (results/comm/<gpu>-x<ranks>.json on one host, <gpu>-n<n
 across nodes), time a group's collectives where one has the group's ranks (and nodes) and every
 collective of it; another group (more ranks or nodes than any table, or a collective its table lacks)
 moves its bus bytes (2(n-1)/n of an all-reduce's buffer, (n-1)/n of a gather's or a scatter's) at the
-share of its link's bandwidth the tables' large messages reached, measured, not fitted.
+share of its link's bandwidth the tables' large messages reached, measured, not fitted. A group's link
+(`link_gb_s`) is NVLink (or PCIe) inside a node; across nodes it is the network cards of the group's
+ranks on one node together: NCCL's rings and trees cross a node's boundary on as many channels as the
+node has cards, one a GPU on rail-optimised nodes, so a ring's bus bandwidth is the node's share of the
+network, not one card's (8 GPUs of 400 Gb/s cards: up to 400 GB/s, where one card is 50; NCCL's
+maintainers give that peak for such nodes in NVIDIA/nccl-tests#309, and results/comm/h200-n4x8's 4
+nodes reach 331 GB/s).
 """
 
 from __future__ import annotations
@@ -223,17 +229,29 @@ class BandwidthTable:
         return sum(c.count * self.seconds(c.kind, c.size_bytes) for c in collectives)
 
 
-def _large_message_share(tables: list[BandwidthTable], link_gb_s: float) -> float | None:
+def link_gb_s(gpu: GpuType, ranks: int, nodes: int = 1) -> float:
+    """The bandwidth, per direction, that bounds the collectives of a group of `ranks` ranks on `nodes`
+    nodes: the peer link (NVLink, else PCIe) on one node; across nodes the network cards of the group's
+    ranks on a node, each GPU's share of the network (`network_gb_s`) times those ranks, at most the peer
+    link their traffic also crosses inside the node."""
+    if nodes <= 1:
+        return gpu.peer_gb_s()
+    return min(gpu.peer_gb_s(), gpu.network_gb_s * max(1, ranks // nodes))
+
+
+def _large_message_share(tables: list[BandwidthTable], gpu: GpuType) -> float | None:
     """The median, over the tables' all-reduces, all-gathers and reduce-scatters of LARGE_MESSAGE_BYTES
-    and more, of their bus bandwidth over `link_gb_s`; None where they have none."""
+    and more, of their bus bandwidth over the link of the table's ranks and nodes (`link_gb_s`); None
+    where they have none."""
     shares = []
     for table in tables:
+        link = link_gb_s(gpu, table.ranks, table.nodes) * 1e9
         for kind, (sizes, times) in table.times.items():
             if kind not in ("all_reduce", "all_gather", "reduce_scatter"):
                 continue
             factor = BUS_FACTOR[kind](table.ranks)
-            shares += [size * factor / time / (link_gb_s * 1e9)
-                       for size, time in zip(sizes, times) if size >= LARGE_MESSAGE_BYTES]
+            shares += [size * factor / time / link for size, time in zip(sizes, times)
+                       if size >= LARGE_MESSAGE_BYTES]
     return float(sorted(shares)[len(shares) // 2]) if shares else None
 
 
@@ -242,7 +260,8 @@ class Interconnect:
     """What the time model knows of one GPU type's links: its commbench tables by number of ranks on
     one host (`tables`) and across nodes (`node_tables`, by nodes and ranks), and the share of the
     link's bandwidth their large messages reach (`efficiency`, NVLink's; `network_efficiency`, the
-    network's per GPU), which times a group no table has."""
+    network's, of the cards of a group's ranks on one node: `link_gb_s`), which times a group no table
+    has."""
 
     gpu: str
     tables: dict[int, BandwidthTable]
@@ -254,20 +273,22 @@ class Interconnect:
     def measured(cls, gpu: GpuType, tables: list[BandwidthTable]) -> Interconnect:
         """From the tables of `gpu`'s hosts: the efficiencies are the large messages' shares of the
         link, one host's of NVLink (UNMEASURED_LINK_EFFICIENCY where no table has them, at most 1),
-        and those across nodes of the network per GPU (not bounded: algorithms that reduce inside each
-        node first move fewer bytes over the network than a ring's bus bytes count)."""
+        and those across nodes of the network cards of a node's ranks (not bounded: algorithms that
+        reduce inside each node first move fewer bytes over the network than a ring's bus bytes
+        count, and NVLink SHARP reduces in the switch)."""
         host = [t for t in tables if t.nodes == 1]
         nodes = [t for t in tables if t.nodes > 1]
-        efficiency = _large_message_share(host, gpu.peer_gb_s()) or UNMEASURED_LINK_EFFICIENCY
+        efficiency = _large_message_share(host, gpu) or UNMEASURED_LINK_EFFICIENCY
         return cls(gpu.key, {t.ranks: t for t in host}, min(efficiency, 1.0),
-                   {(t.nodes, t.ranks): t for t in nodes}, _large_message_share(nodes, gpu.network_gb_s))
+                   {(t.nodes, t.ranks): t for t in nodes}, _large_message_share(nodes, gpu))
 
     def seconds(self, collectives: list[Collective], link_gb_s: float, crosses_nodes: bool,
                 nodes: int = 1) -> float:
         """The collectives of one process group alone on its link: from the table of its ranks (and
         `nodes`, where it spans them) where one has every collective of it, else its bus bytes at the
-        link's efficiency of `link_gb_s` (the link it uses: NVLink, or the network across nodes; the
-        network's where a table across nodes measured it, else NVLink's)."""
+        link's efficiency of `link_gb_s` (the group's link, `link_gb_s()`: NVLink, or across nodes the
+        network cards of its ranks on a node; the network's efficiency where a table across nodes
+        measured it, else NVLink's)."""
         if not collectives:
             return 0.0
         ranks = collectives[0].ranks

@@ -101,8 +101,8 @@ from trainbench.registry.hardware import GpuType, peak_flops, peak_flops_of
 from trainbench.predict.memory_model import (block_bytes_per_token, eager_score_bytes_per_token,
                                      shard_params, vocab_parallel)
 from trainbench.registry.models import ModelSpec, get_model
-from trainbench.predict.communication import (Interconnect, fsdp_gathers, interconnect_of, step_collectives,
-                                             tp_all_reduces)
+from trainbench.predict.communication import (Interconnect, fsdp_gathers, interconnect_of, link_gb_s,
+                                             step_collectives, tp_all_reduces)
 
 # DeepSpeed's CPU Adam and torch's optimizer threads per rank where a cell does not say (the
 # studies' execution.cpus_per_rank)
@@ -259,10 +259,6 @@ def _nodes_spanned(group: int, stride: int, params: CellParams) -> int:
     return min(params.nodes, math.ceil(group * stride / params.gpus_per_node))
 
 
-def _link_gb_s(gpu: GpuType, crosses_nodes: bool) -> float:
-    return gpu.network_gb_s if crosses_nodes else gpu.peer_gb_s()
-
-
 def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREADS,
          alone: bool = False, links: Interconnect | None = None) -> Work:
     """The physical work of one optimizer step of a cell on the busiest GPU of `gpu`s; `alone`: of that
@@ -343,18 +339,18 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
     psi = shard_params(params, spec)  # parameters of one GPU's model-parallel shard
     sent = step_collectives(params)
 
-    def link_s(group: str, nodes: int) -> float:
-        return links.seconds([c for c in sent if c.group == group], _link_gb_s(gpu, nodes > 1), nodes > 1,
+    def link_s(group: str, ranks: int, nodes: int) -> float:
+        return links.seconds([c for c in sent if c.group == group], link_gb_s(gpu, ranks, nodes), nodes > 1,
                              nodes)
 
     calls = 0.0
     micro_link = 0.0
     if tp > 1:
         calls += tp_all_reduces(params, layers)
-        micro_link += link_s("tp", _nodes_spanned(tp, 1, params))
-    if pp > 1:  # activations forward and their gradients backward, at the stage boundary
-        micro_link += link_s("pp", 2 if params.nodes > 1 else 1)
-    traffic = link_s("dp", _nodes_spanned(dp, tp * pp, params)) if dp > 1 else 0.0
+        micro_link += link_s("tp", tp, _nodes_spanned(tp, 1, params))
+    if pp > 1:  # activations forward and their gradients backward, at the stage boundary: one GPU's pair
+        micro_link += link_s("pp", 2, 2 if params.nodes > 1 else 1)
+    traffic = link_s("dp", dp, _nodes_spanned(dp, tp * pp, params)) if dp > 1 else 0.0
 
     overlapped = sync = 0.0
     budget = 1.0

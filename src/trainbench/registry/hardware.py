@@ -17,7 +17,8 @@ Sources and assumptions (data sheets; "per direction" is half the bidirectional 
 - network_gb_s: the inter-node network per GPU, per direction (GB/s), of the node the GPU typically
   sits in: HGX/DGX H100 and H200 nodes have one 400 Gb/s InfiniBand NDR (or RoCE) NIC per GPU = 50 GB/s;
   DGX A100 one 200 Gb/s HDR NIC per GPU = 25; V100 nodes 100 Gb/s EDR per GPU = 12.5; PCIe cards (L40S,
-  A10) one 200 or 100 Gb/s NIC per two GPUs. Collectives that span nodes run at this figure, not NVLink's.
+  A10) one 200 or 100 Gb/s NIC per two GPUs. A collective that spans nodes crosses each node's boundary
+  on the cards of its ranks there: this figure times those ranks (predict.communication.link_gb_s).
   An assumption: clusters differ (2 or 4 NICs per node are common for inference nodes); change it here.
 """
 
