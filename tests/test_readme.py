@@ -163,7 +163,6 @@ HOW: dict[str, How] = {
     "trainbench references baseline": How("run", "baseline's published cells are within their references"),
     "trainbench query": How("name", "the command's name; its full forms are run"),
     "trainbench commbench": How("name", "the command's name; its forms are below"),
-    "trainbench commbench --help": How("run"),
     "trainbench commbench --device cpu --ranks 2": How("run", "two gloo ranks: a table of the CPU's own"),
     "trainbench commbench --ranks 4": How("elsewhere", "4 GPUs; tests/test_commbench.py times CPU ranks"),
     "snakemake -c all results/comm/h200-x2.json": How(
