@@ -314,6 +314,49 @@ def test_the_fit_recovers_the_constants_that_made_the_times():
                        time_model.fit(some, noisy[keep]).vector(), rtol=1e-3)
 
 
+def test_ranks_waiting_in_collectives_move_host_time_into_communication_not_the_step():
+    """A share of the host's part, by number of ranks, is counted as communication (the profile sees
+    ranks waiting for the slowest host inside collective kernels); the step itself does not change,
+    one GPU and a rank run alone keep all of it."""
+    plain = time_model.load_constants()["h200"]
+    plain.collective_wait_share = {}
+    waiting = time_model.Constants(**{**plain.as_dict(), "collective_wait_share": {"2": 0.2, "4": 0.6}})
+    for gpus, share in ((1, 0.0), (2, 0.2), (4, 0.6), (8, 0.6)):  # held beyond the largest calibrated
+        w = time_model.work(cell(strategy="zero2", gpus=gpus), H200)
+        before, after = time_model.parts(w, plain), time_model.parts(w, waiting)
+        assert sum(after.values()) == pytest.approx(sum(before.values()))
+        assert after["communication"] - before["communication"] == pytest.approx(share * before["framework"])
+        assert before["framework"] > 0
+    # between calibrated numbers of ranks, in log2 of them: 3 ranks, 0.2 + 0.585 x 0.4
+    assert time_model.collective_wait_share(waiting, 3) == pytest.approx(0.2 + np.log2(1.5) * 0.4)
+    alone = time_model.work(cell(strategy="zero2", gpus=4), H200, alone=True)
+    assert time_model.parts(alone, waiting) == time_model.parts(alone, plain)
+
+
+def test_the_wait_share_is_calibrated_on_profiled_cells_by_number_of_ranks():
+    """Given profiles whose exposed communication is the model's plus 30% of its host part at 2 ranks
+    and 70% at 4, the calibration finds those shares, and says how far off the model was without."""
+    from trainbench.checks.step_time import collective_wait_shares
+
+    constants = time_model.load_constants()["h200"]
+    constants.collective_wait_share = {}
+    cells = []
+    for gpus, share in ((2, 0.3), (4, 0.7)):
+        for strategy in ("zero0", "zero1", "zero2", "zero3"):
+            for micro_batch in (1, 4, 16):
+                w = time_model.work(cell(strategy=strategy, gpus=gpus, micro_batch=micro_batch), H200)
+                parts = time_model.parts(w, constants)
+                exposed = parts["communication"] + share * parts["framework"]
+                cells.append({"work": w, "doc": {"metrics": {"breakdown": {
+                    "parts_s": {"exposed_communication": float(exposed)}}}}})
+    cells.append({"work": time_model.work(cell(framework="torch", strategy="single", gpus=1), H200),
+                  "doc": {"metrics": {"breakdown": {"parts_s": {"exposed_communication": 0.0}}}}})
+    shares = collective_wait_shares(cells, constants)
+    assert sorted(shares) == ["2", "4"]
+    assert shares["2"][:2] == (0.3, 12) and shares["4"][:2] == (0.7, 12)
+    assert shares["4"][2] > 0 and shares["4"][3] == pytest.approx(0, abs=1e-9)
+
+
 def test_the_hardware_table_is_the_one_place_for_gpu_facts():
     assert gpu_type_of("NVIDIA H200").key == "h200"
     assert gpu_type_of("NVIDIA A100-SXM4-80GB").key == "a100-80g"

@@ -152,6 +152,33 @@ def label(doc: dict) -> str:
     return " ".join(parts)
 
 
+def collective_wait_shares(cells: list[dict], constants: time_model.Constants
+                           ) -> dict[str, tuple[float, int, float, float]]:
+    """By number of ranks, over the profiled real multi-GPU cells: the share of the model's host part
+    (`framework`) that, moved into its communication part, best matches the profiles' exposed
+    communication (the least median |difference|, on a grid of 0.01 from 0 to 1), with the cells, and
+    that median difference in seconds without and with it. Ranks waiting in a collective for a slower
+    rank's host show in a profile as the collective's kernel running, not as the GPU idle."""
+    plain = time_model.Constants(**{**constants.as_dict(), "collective_wait_share": {}})
+    by_ranks: dict[int, list[tuple[float, float, float]]] = {}
+    for c in cells:
+        breakdown = (c["doc"].get("metrics") or {}).get("breakdown") or {}
+        exposed = (breakdown.get("parts_s") or {}).get("exposed_communication")
+        if exposed is None or c["work"].ranks < 2:
+            continue
+        parts = time_model.parts(c["work"], plain)
+        by_ranks.setdefault(int(c["work"].ranks), []).append(
+            (float(parts["communication"]), float(parts["framework"]), exposed))
+    shares = {}
+    for ranks, found in sorted(by_ranks.items()):
+        comm, host, exposed = (np.array(column) for column in zip(*found))
+        grid = np.linspace(0, 1, 101)
+        off = [float(np.median(np.abs(comm + share * host - exposed))) for share in grid]
+        best = int(np.argmin(off))
+        shares[str(ranks)] = (round(float(grid[best]), 2), len(found), off[0], off[best])
+    return shares
+
+
 def report(cells: list[dict], gpu: str) -> tuple[time_model.Constants, dict]:
     docs = [c["doc"] for c in cells]
     works = time_model.stack([c["work"] for c in cells])
@@ -219,6 +246,17 @@ def report(cells: list[dict], gpu: str) -> tuple[time_model.Constants, dict]:
                 print(f"  wrong: {docs[i]['study']}: {label(docs[i])} {measured[i] * 1e3:.0f} ms vs "
                       f"{docs[j]['params']['strategy']} {measured[j] * 1e3:.0f} ms; predicted "
                       f"{predicted[i] * 1e3:.0f} vs {predicted[j] * 1e3:.0f} ms")
+    waits = collective_wait_shares(cells, constants)
+    constants.collective_wait_share = {ranks: share for ranks, (share, *_) in waits.items()}
+    print()
+    print("waiting in collectives for the slowest rank's host (profiled real cells): the share of the "
+          "host's part it takes, by ranks")
+    for ranks, (share, count, before, after) in waits.items():
+        print(f"  {ranks} ranks: {share:.2f} ({count} cells; the model's exposed communication off the "
+              f"profiles' by a median {before * 1e3:.1f} ms without it, {after * 1e3:.1f} ms with it)")
+    summary["collective_wait_share"] = {
+        ranks: {"share": share, "cells": count, "median_off_s_without": before, "median_off_s_with": after}
+        for ranks, (share, count, before, after) in waits.items()}
     print()
     print(f"constants fitted on all {len(cells)} {gpu} cells (time_model.Constants; docs/time-model.md):")
     for name, value in zip(constants.names(), constants.vector()):

@@ -156,6 +156,7 @@ class Work:
     cpu_unscale_params: float  # fp16 gradients ZeRO-3's offload unscales and checks on the host, the same
     cpu_host_params: float  # parameters the host's CPU optimizers step at once, all its ranks together
     pipeline_factor: float  # (ga + pp - 1) / ga: the pipeline's bubble
+    ranks: float = 1.0  # ranks whose steps meet in collectives (1: one GPU, or a rank run alone)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -188,6 +189,11 @@ class Constants:
     step_s: dict[str, float] = field(default_factory=lambda: {
         **{f.name: f.time.loop_step_s for f in registry().values() if f.time.loop_step_s is not None},
         "ZeRO-0": 0.02, "ZeRO-1/2": 0.02, "ZeRO-3": 0.02})
+    # by number of ranks: the share of the host's part (`framework`) that a world's ranks spend in
+    # collectives waiting for the slowest rank's host, which a profile counts as exposed communication.
+    # Not fitted with the step (it moves time between parts, not the total): calibrated on the profiles
+    # of real multi-GPU cells (checks.step_time.collective_wait_shares)
+    collective_wait_share: dict[str, float] = field(default_factory=dict)
     gpu: str = "h200"  # the GPU type they were fitted on
     fitted_on: str = ""  # what they were fitted on (cells, command)
 
@@ -203,14 +209,16 @@ class Constants:
         """These constants with new values, in vector()'s order."""
         values = [float(v) for v in values]
         return Constants(**dict(zip(self.SCALARS, values)),
-                         step_s=dict(zip(self.step_s, values[len(self.SCALARS):])), gpu=self.gpu,
+                         step_s=dict(zip(self.step_s, values[len(self.SCALARS):])),
+                         collective_wait_share=dict(self.collective_wait_share), gpu=self.gpu,
                          fitted_on=self.fitted_on)
 
     def names(self) -> list[str]:
         return [*self.SCALARS, *(f"step_s[{k}]" for k in self.step_s)]
 
     def as_dict(self) -> dict[str, Any]:
-        return {**{k: getattr(self, k) for k in self.SCALARS}, "step_s": dict(self.step_s), "gpu": self.gpu,
+        return {**{k: getattr(self, k) for k in self.SCALARS}, "step_s": dict(self.step_s),
+                "collective_wait_share": dict(self.collective_wait_share), "gpu": self.gpu,
                 "fitted_on": self.fitted_on}
 
     def fitted_studies(self) -> set[str]:
@@ -423,7 +431,8 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
         sync_link_s=sync, optimizer_hbm_s=optimizer_hbm, torch_optimizer_hbm_s=torch_optimizer_hbm,
         offload_pcie_s=offload_pcie,
         cpu_adam_params=cpu_adam, cpu_torch_params=cpu_torch, cpu_unscale_params=cpu_unscale,
-        cpu_host_params=cpu_host, pipeline_factor=1.0 if alone else (ga + pp - 1) / ga)
+        cpu_host_params=cpu_host, pipeline_factor=1.0 if alone else (ga + pp - 1) / ga,
+        ranks=1.0 if alone else float(params.gpus))
 
 
 FIELDS = [f for f in Work.__dataclass_fields__ if f not in ("loop", "engine")]
@@ -482,10 +491,24 @@ def parts(w, c: Constants) -> dict[str, Any]:
                  + g("cpu_unscale_params") / c.cpu_unscale_per_thread
                  + g("cpu_host_params") / c.cpu_host_rate)
     # compute is the device's own work; the rest of `busy`, where the host's launches are the slower,
-    # is time the GPU waits on the host: a profile's idle, with the loop's fixed costs (`framework`)
+    # is time the GPU waits on the host: a profile's idle, with the loop's fixed costs (`framework`).
+    # Where ranks meet in collectives, a share of it is spent there, waiting for the slowest rank's host
     waiting = g("pipeline_factor") * (busy - device)
+    host = step + waiting
+    in_collectives = collective_wait_share(c, g("ranks")) * host
     return {"compute": g("pipeline_factor") * device, "communication": micro - g("pipeline_factor") * busy
-            + exposed + g("sync_link_s"), "optimizer": optimizer, "framework": step + waiting}
+            + exposed + g("sync_link_s") + in_collectives, "optimizer": optimizer,
+            "framework": host - in_collectives}
+
+
+def collective_wait_share(c: Constants, ranks):
+    """The share of the host's part that `ranks` ranks spend waiting in collectives for the slowest
+    rank's host (Constants.collective_wait_share): none for one rank; between calibrated numbers of
+    ranks, interpolated in log2(ranks); beyond the largest, held at its share."""
+    known = sorted((int(n), share) for n, share in c.collective_wait_share.items())
+    xs = [0.0] + [math.log2(n) for n, _ in known]
+    ys = [0.0] + [share for _, share in known]
+    return np.interp(np.log2(np.maximum(ranks, 1.0)), xs, ys)
 
 
 def step_time(w, c: Constants):
