@@ -42,7 +42,12 @@ def test_published_studies_have_a_current_result_for_every_measured_cell(workspa
     # smoke: every machine makes its own; baseline: each machine runs the cells of the GPUs it has
     studies = [s for s in config.studies.values() if s.name not in ("smoke", "baseline")]
     assert len(studies) >= 6
-    cells = [(s.name, c) for s in studies for c in s.cells if c.measured]
+    # a predicted-then-run round whose predictions are committed and whose cells have not run yet
+    # waits for its GPUs (a machine without them runs none of its cells either); one at a time
+    waiting = {s.name for s in studies if (root / f"results/predictions/{s.name}-h200.csv").exists()
+               and not any((root / c.target).exists() for c in s.cells)}
+    assert len(waiting) <= 1, waiting
+    cells = [(s.name, c) for s in studies if s.name not in waiting for c in s.cells if c.measured]
     missing = [f"{s}/{c.cell_id}" for s, c in cells if not (root / c.target).exists()]
     stale = [f"{s}/{c.cell_id}" for s, c in cells
              if (root / c.target).exists() and check_result(root / c.target).params_hash != c.params_hash]
