@@ -16,7 +16,6 @@ export TORCH_EXTENSIONS_DIR=/tmp/torch-extensions
 study=${1:?a study}
 which=${2:?all, unprofiled, not-sane or missing}
 pattern=${3:-.}
-workspace=${WORKSPACE:-.}
 [ "$which" = missing ] && export TRAINBENCH_FORCE_INFEASIBLE=1
 start=$(date +%s)
 command -v snakemake > /dev/null || { python3 tools/wheelhouse_archive.py unpack .whlpack/wheels.tar.xz /tmp/whl \
@@ -24,9 +23,12 @@ command -v snakemake > /dev/null || { python3 tools/wheelhouse_archive.py unpack
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 echo "installed at $(( $(date +%s) - start )) s"
 gpus=$(nvidia-smi -L | wc -l)
-p=$workspace/results/runs/$study
-cells=$(cd $workspace && trainbench cells $study --tsv | awk -F'\t' -v g=$gpus 'NR > 1 && $4 + 0 <= g {print $2}' \
-  | grep -E "$pattern")
+w=${WORKSPACE:+$WORKSPACE/}  # the workspace's folder, as a prefix of its paths
+p=${w}results/runs/$study
+# the cells the mode is about: with a result that is ok, or (missing) none yet; planned cells never
+cells=$(cd "${WORKSPACE:-.}" && trainbench cells "$study" --tsv \
+  | awk -F'\t' -v g="$gpus" -v which="$which" 'NR > 1 && $4 + 0 <= g \
+      && (which == "missing" ? $3 ~ /^missing/ : $3 == "ok") {print $2}' | grep -E "$pattern")
 one_gpu='(^|_)gpus~1(_|$)|strategy~single'
 for c in $(grep -E "$one_gpu" <<< "$cells") $(grep -vE "$one_gpu" <<< "$cells"); do
   python3 - "$p/$c/metrics.json" "$which" "$c" <<'PY' || continue
@@ -44,10 +46,10 @@ PY
   left=$(( ${BUDGET_S:-570} - ($(date +%s) - start) ))
   if (( left < 50 )); then echo "== no time for $c"; continue; fi
   echo "== $c ($left s left)"
-  timeout --signal=INT --kill-after=20 $left snakemake -d $workspace -f results/runs/$study/$c/metrics.json \
+  timeout --signal=INT --kill-after=20 $left snakemake -d "${WORKSPACE:-.}" -f "results/runs/$study/$c/metrics.json" \
     -c 16 --resources gpu=$gpus >> $OUT/run.log 2>&1
   echo "   exit $? at $(( $(date +%s) - start )) s"
   python3 -c "import json; d=json.load(open('$p/$c/metrics.json')); m=d['metrics']; b=m.get('breakdown') or {}; print('  ', d['status'], round((m.get('step_time_s') or 0)*1e3,1), 'ms', round(m.get('tokens_per_s') or 0), 'tok/s', 'exposed comm', round(1e3*(b.get('parts_s') or {}).get('exposed_communication', float('nan')), 1), 'warm-up', m.get('warmup_steps'), 'skipped', m.get('optimizer_steps_skipped'), d.get('sanity') or 'sane', d['provenance'].get('host_id'), d.get('reason') or '')" 2>/dev/null
-  tar czf $OUT/$study.tgz --exclude='*.json.gz' $p $workspace/results/history/$study 2>/dev/null
+  tar czf $OUT/$study.tgz --exclude='*.json.gz' "$p" "${w}results/history/$study" 2>/dev/null
 done
 ls -la $OUT
