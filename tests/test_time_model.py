@@ -132,6 +132,16 @@ def test_collectives_across_nodes_run_at_the_network_cards_of_the_groups_ranks_o
     # tensor parallelism inside a node stays on NVLink however many nodes the data parallelism spans
     across = bytes_work(cell(strategy="zero0", gpus=16, nodes=1, tp=8))
     assert inside.micro_link_s == pytest.approx(across.micro_link_s)
+    # and so does a pipeline whose stages share a node; one whose stages do not crosses at one card
+    staged = {nodes: bytes_work(cell(strategy="zero1", gpus=16, nodes=nodes, pp=2, grad_accum=4))
+              for nodes in (1, 2)}
+    assert staged[2].micro_link_s == pytest.approx(staged[1].micro_link_s)
+    cells = {nodes: cell(strategy="zero1", gpus=16, nodes=nodes, tp=8, pp=2, grad_accum=4)
+             for nodes in (1, 2)}
+    apart = {nodes: bytes_work(params) for nodes, params in cells.items()}
+    sent = sum(c.bus_bytes() for c in step_collectives(cells[2]) if c.group == "pp")
+    assert apart[2].micro_link_s - apart[1].micro_link_s == pytest.approx(
+        sent / (H200.network_gb_s * 1e9) - sent / NVLINK)
 
 
 def test_a_group_with_a_measured_table_takes_the_tables_time_and_one_without_the_measured_share():

@@ -264,7 +264,8 @@ def _nodes_spanned(group: int, stride: int, params: CellParams) -> int:
     """The nodes a process group's ranks are on (1 where it does not span nodes)."""
     if not _spans_nodes(group, stride, params):
         return 1
-    return min(params.nodes, math.ceil(group * stride / params.gpus_per_node))
+    # a group of fewer ranks than the nodes its stride reaches is on as many nodes as it has ranks
+    return min(params.nodes, group, math.ceil(group * stride / params.gpus_per_node))
 
 
 def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREADS,
@@ -356,8 +357,9 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
     if tp > 1:
         calls += tp_all_reduces(params, layers)
         micro_link += link_s("tp", tp, _nodes_spanned(tp, 1, params))
-    if pp > 1:  # activations forward and their gradients backward, at the stage boundary: one GPU's pair
-        micro_link += link_s("pp", 2, 2 if params.nodes > 1 else 1)
+    if pp > 1:  # activations forward and their gradients backward, at the stage boundary: one GPU's pair,
+        # across nodes where the stages (tp ranks apart) do not fit on one
+        micro_link += link_s("pp", 2, 2 if _spans_nodes(pp, tp, params) else 1)
     traffic = link_s("dp", dp, _nodes_spanned(dp, tp * pp, params)) if dp > 1 else 0.0
 
     overlapped = sync = 0.0
