@@ -232,7 +232,7 @@ def _click_found(driver, find, what: str):
                 return False
             element.click()
         except (ElementClickInterceptedException, ElementNotInteractableException,
-                StaleElementReferenceException):
+                StaleElementReferenceException, IndexError):  # (a row drawn before its buttons)
             return False
         return True
 
