@@ -309,6 +309,10 @@ def test_measure_selects_cells_and_the_rest_are_planned():
     # without measure every cell is measured
     assert not load_config(config_with(study(axes={"micro_batch": [1, 2],
                                                    "strategy": ["ddp"]}))).study("s").planned
+    # with no pattern, none is: every cell is a planned row until the patterns name it
+    s = study(axes={"micro_batch": [1, 2], "strategy": ["ddp"]}, measure={"cells": []})
+    nothing = load_config(config_with(s)).study("s")
+    assert not nothing.targets and len(nothing.planned) == 2
 
 
 def test_a_measure_pattern_that_selects_nothing_is_an_error():

@@ -265,9 +265,10 @@ def build_schema() -> dict[str, Any]:
                                "memory model's verdict for `plan_for` and no run. Absent: every cell is "
                                "measured.",
                 "properties": {
-                    "cells": {"type": "array", "minItems": 1, "items": CELL_PATTERN, "default": [],
+                    "cells": {"type": "array", "items": CELL_PATTERN, "default": [],
                               "description": "Patterns: a cell is measured when it matches every key of one "
-                                             "(a list matches any of its values)."},
+                                             "(a list matches any of its values); none: every cell is "
+                                             "planned (a round whose predictions come before its run)."},
                     "plan_for": {
                         "type": "object", "additionalProperties": False,
                         "required": ["gpu_mem_gib", "gpus_per_node", "host_mem_gib"], "default": None,
