@@ -330,7 +330,7 @@ def test_ranks_waiting_in_collectives_move_host_time_into_communication_not_the_
     one GPU and a rank run alone keep all of it."""
     plain = time_model.load_constants()["h200"]
     plain.collective_wait_share = {}
-    waiting = time_model.Constants(**{**plain.as_dict(), "collective_wait_share": {"2": 0.2, "4": 0.6}})
+    waiting = replace(plain, collective_wait_share={"2": 0.2, "4": 0.6})
     for gpus, share in ((1, 0.0), (2, 0.2), (4, 0.6), (8, 0.6)):  # held beyond the largest calibrated
         w = time_model.work(cell(strategy="zero2", gpus=gpus), H200)
         before, after = time_model.parts(w, plain), time_model.parts(w, waiting)

@@ -26,6 +26,7 @@ import itertools
 import json
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -159,7 +160,7 @@ def collective_wait_shares(cells: list[dict], constants: time_model.Constants
     communication (the least median |difference|, on a grid of 0.01 from 0 to 1), with the cells, and
     that median difference in seconds without and with it. Ranks waiting in a collective for a slower
     rank's host show in a profile as the collective's kernel running, not as the GPU idle."""
-    plain = time_model.Constants(**{**constants.as_dict(), "collective_wait_share": {}})
+    plain = replace(constants, collective_wait_share={})
     by_ranks: dict[int, list[tuple[float, float, float]]] = {}
     for c in cells:
         breakdown = (c["doc"].get("metrics") or {}).get("breakdown") or {}
