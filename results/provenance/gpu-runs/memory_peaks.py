@@ -1,0 +1,76 @@
+"""What is live at an allocator snapshot's peak, by where it was allocated: the blocks live when the
+most memory was allocated (trainbench.execute.profiling._live_at_peak), each matched to its allocation
+in the recorded history and grouped by the first Python frame of the repository's code (and the
+innermost Python frame), the largest groups first. Blocks allocated before the history's window
+(the parameters and optimizer states of a long run) are one group.
+
+    python3 memory_peaks.py SNAPSHOT.pickle... [--top 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+from collections import defaultdict
+from pathlib import Path
+
+from trainbench.execute.profiling import _live_at_peak
+
+MIB = 1 << 20
+
+
+def _site(frames: list[dict]) -> str:
+    python = [f for f in frames if str(f.get("filename", "")).endswith(".py")]
+    ours = next((f for f in python if "/trainbench/" in f["filename"]), None)
+    inner = python[0] if python else None
+
+    def name(frame):
+        return f"{Path(frame['filename']).name}:{frame['line']} {frame['name']}" if frame else "-"
+
+    return f"{name(ours)} | {name(inner)}"
+
+
+def peaks(path: Path, top: int) -> None:
+    snapshot = pickle.loads(path.read_bytes())
+    live, peak = _live_at_peak(snapshot)
+    events = [e for trace in snapshot.get("device_traces", []) for e in trace]
+    # the events up to the peak: walking back from the end, the allocated total is highest there
+    total = sum(block["size"] for segment in snapshot.get("segments", []) for block in segment.get("blocks", [])
+                if block.get("state") == "active_allocated")
+    best, at_peak = -1, len(events)
+    for index in range(len(events) - 1, -1, -1):
+        if total > best:
+            best, at_peak = total, index + 1
+        event = events[index]
+        if event.get("action") == "alloc":
+            total -= event["size"]
+        elif event.get("action") == "free_completed":
+            total += event["size"]
+    # each live block's allocation: the last of its address before the peak (addresses are reused)
+    allocated_by: dict[int, list[dict]] = {}
+    for event in events[:at_peak]:
+        if event.get("action") == "alloc" and event["addr"] in live:
+            allocated_by[event["addr"]] = event.get("frames") or []
+    groups: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for address, size in live.items():
+        site = _site(allocated_by[address]) if address in allocated_by else "(before the history's window)"
+        groups[site][0] += size
+        groups[site][1] += 1
+    reserved = sum(s.get("total_size", 0) for s in snapshot.get("segments", []))
+    print(f"== {path}: peak allocated {peak / MIB:,.0f} MiB, reserved at the end {reserved / MIB:,.0f} MiB, "
+          f"{len(events):,} events")
+    for site, (size, count) in sorted(groups.items(), key=lambda item: -item[1][0])[:top]:
+        print(f"  {size / MIB:9,.0f} MiB {count:6} blocks  {site}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("snapshots", nargs="+", type=Path)
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    for path in args.snapshots:
+        peaks(path, args.top)
+
+
+if __name__ == "__main__":
+    main()
