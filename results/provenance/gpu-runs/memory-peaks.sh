@@ -3,7 +3,9 @@
 # alone (a multi-GPU cell as its rank 0, emulated) with the allocator's history recorded, and what is
 # live at each run's peak grouped by where it was allocated (memory_peaks.py): what the model misses.
 # Not a study: results and snapshots stay in bench-out; the grouped peaks come back as peaks.txt.
-#   TRAINBENCH_GIT_COMMIT=<sha> OUT=<dir> bash results/provenance/gpu-runs/memory-peaks.sh
+# Each line of CELLS (default memory-peaks-1.cells): results folder, study, cell, the rank emulated (-:
+# the cell as it is); TOP: the groups printed per snapshot.
+#   TRAINBENCH_GIT_COMMIT=<sha> OUT=<dir> bash results/provenance/gpu-runs/memory-peaks.sh [CELLS]
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 here=results/provenance/gpu-runs
@@ -14,7 +16,6 @@ command -v snakemake > /dev/null || { python3 tools/wheelhouse_archive.py unpack
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 echo "installed at $(( $(date +%s) - start )) s"
 timing=min_windows=2,target_ci=0.5,max_timed_s=4,min_window_s=0.2,memory_snapshot=1
-# results folder, study, cell, rank emulated (- : the cell as it is)
 while read -r results study cell rank; do
   left=$(( ${BUDGET_S:-560} - ($(date +%s) - start) ))
   if (( left < 60 )); then echo "== no time for $study/$cell"; continue; fi
@@ -31,14 +32,7 @@ while read -r results study cell rank; do
     > "$out.log" 2>&1
   echo "== $study/$cell (rank $rank): exit $?, $(( $(date +%s) - begun )) s"
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); m=d['metrics']; print('  ', d['status'], 'alloc', m.get('torch_peak_allocated_mib'), 'reserved', m.get('torch_peak_reserved_mib'), 'snapshot', (m.get('memory_snapshot') or {}).get('peak_by_category_mib'))" "$out/metrics.json" 2>&1 | tail -1
-  python3 $here/memory_peaks.py $(find "$out" -name '*.pickle') 2>&1 | tee -a $OUT/peaks.txt
-done <<'CELLS'
-results/runs baseline strategy~single__model~gpt2-350m__gpus~1__micro_batch~16 -
-validation/results/runs holdout_4gpu framework~torch__strategy~fsdp__model~gpt2-350m__seq_len~1024__micro_batch~16__grad_accum~4__emulate~true -
-results/runs scaling strategy~ddp__model~gpt2-350m__gpus~2__micro_batch~16__ddp_bucket_cap_mb~100 0
-validation/results/runs holdout_comm framework~torch__strategy~ddp__model~gpt2-350m__micro_batch~8__ddp_bucket_cap_mb~5 0
-results/runs baseline strategy~single__model~gpt2-124m__gpus~1__micro_batch~32 -
-validation/results/runs holdout_4gpu framework~torch__strategy~ddp__model~gpt2-350m__seq_len~1024__micro_batch~16__grad_accum~2__emulate~false 0
-CELLS
+  python3 $here/memory_peaks.py --top ${TOP:-25} $(find "$out" -name '*.pickle') 2>&1 | tee -a $OUT/peaks.txt
+done < "${1:-$here/memory-peaks-1.cells}"
 tar czf $OUT/peaks.tgz --exclude='*.pickle' --exclude='*.json.gz' bench-out/peaks
 ls -la $OUT

@@ -59,8 +59,21 @@ def peaks(path: Path, top: int) -> None:
     reserved = sum(s.get("total_size", 0) for s in snapshot.get("segments", []))
     print(f"== {path}: peak allocated {peak / MIB:,.0f} MiB, reserved at the end {reserved / MIB:,.0f} MiB, "
           f"{len(events):,} events")
+    if 0 < at_peak <= len(events):  # the allocation that reached the peak, and the code that made it
+        frames = [f for f in events[at_peak - 1].get("frames") or [] if str(f.get("filename", "")).endswith(".py")]
+        print(f"  reached by {events[at_peak - 1]['size'] / MIB:,.0f} MiB at: "
+              + " < ".join(f"{Path(f['filename']).name}:{f['line']} {f['name']}" for f in frames[:12]))
     for site, (size, count) in sorted(groups.items(), key=lambda item: -item[1][0])[:top]:
         print(f"  {size / MIB:9,.0f} MiB {count:6} blocks  {site}")
+    # by the innermost file alone: a compiled graph's buffers together (inductor names a file a graph)
+    files: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for site, (size, count) in groups.items():
+        inner = site.split(" | ")[-1].split(":")[0]
+        files[inner][0] += size
+        files[inner][1] += count
+    print("  by file:")
+    for name, (size, count) in sorted(files.items(), key=lambda item: -item[1][0])[:top]:
+        print(f"  {size / MIB:9,.0f} MiB {count:6} blocks  {name}")
 
 
 def main() -> None:
