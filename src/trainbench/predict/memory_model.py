@@ -267,15 +267,17 @@ def model_states(params: CellParams, spec: ModelSpec) -> tuple[dict[str, float],
             # at the end of forward all are unsharded, two of them counted in flight above
             device["unsharded_weights"] = max(0, spec.n_layer - 2) * block * compute
         if params.grad_accum > 1 and memory.fsdp_accumulates_unsharded:
-            # Accumulating under FSDP1's no_sync keeps every unit's unsharded gradient, in the
-            # compute dtype, until the synchronising micro batch: compute x psi on every rank,
-            # whatever N. The sharded fp32 gradients appear only after that peak, from reduce-scatter,
-            # while the blocks of the unsharded ones stay reserved by the allocator. Measured on
-            # llama-7b (H200, 2 and 4 GPUs): peak allocated 12 psi/N + 2 psi + activations, and
-            # 2 psi + activations with offload, the reservation 4 psi/N above that.
+            # Accumulating without synchronising keeps every unit's unsharded gradient until the last
+            # micro batch: FSDP1's no_sync in the compute dtype, FSDP2's in the dtype it reduces in
+            # (to_accumulated_grad_if_needed: fp32 under bf16), bytes x psi on every rank whatever N.
+            # The sharded gradients appear only after that peak, from reduce-scatter. Measured on
+            # llama-7b under FSDP1 (H200, 2 and 4 GPUs): peak allocated 12 psi/N + 2 psi +
+            # activations, and 2 psi + activations with offload, the reservation 4 psi/N above that;
+            # under FSDP2, GPT-2 350M's 4 psi at the peak (results/provenance/gpu-runs/memory-peaks-1.log).
             device.pop("gradients", None)
-            device["unsharded_gradients"] = compute * psi
-            device["allocator_gradient_shards"] = 4 * psi / n
+            device["unsharded_gradients"] = ((memory.fsdp_reduce_bytes if mixed else 0) or compute) * psi
+            if not memory.fsdp_reduce_bytes:
+                device["allocator_gradient_shards"] = 4 * psi / n
     else:
         weight = 2 if mixed else 4
         master = 4  # the optimizer's fp32 copy (a separate partition even in fp32 for stages 1-3)
@@ -318,19 +320,25 @@ def _compiled(params: CellParams, spec: ModelSpec) -> bool:
     return bool(params.compile) and spec.family in framework_of(params).compiles
 
 
-def _recomputes_in_backward(params: CellParams, spec: ModelSpec) -> bool:
-    """Whether inductor's partitioner recomputes a block's norm and GELU outputs in its backward: where
-    the model is compiled whole (one process, DDP), and in FSDP2's blocks trained in float8. FSDP2
-    compiles each block alone, and its bf16 blocks keep what an uncompiled block keeps: 33.6 and 34.2
-    bytes per token and hidden unit a layer on GPT-2 124M and 350M's two-GPU cells (9b9ba72: torch's
-    peak, in the last loss backward with every block's saved tensors live, less the other parts),
-    where the uncompiled list gives 32 and the recomputing one 20; the float8 study's emulated GPT-5.8B
-    ranks agree (bf16 within 2-4% of the uncompiled list, float8 within 2% of the recomputing one). Why
-    a float8 block still recomputes under FSDP2 is not established; the figures are what the model
-    follows."""
-    if not _compiled(params, spec):
+def _compiled_whole(params: CellParams, spec: ModelSpec) -> bool:
+    """Whether the model is compiled whole (one process, DDP's wrapper), its LM head and loss in one
+    graph, rather than block by block with the loss compiled alone (FSDP2; DDP with ddp_compile:
+    blocks)."""
+    if not _compiled(params, spec) or engine(params)[0] == "fsdp":
         return False
-    return engine(params)[0] != "fsdp" or bool(params.float8)
+    return not (params.gpus > 1 and params.ddp_compile == "blocks")
+
+
+def _recomputes_in_backward(params: CellParams, spec: ModelSpec) -> bool:
+    """Whether inductor's partitioner recomputes a block's norm and GELU outputs in its backward rather
+    than saving them: in blocks trained in float8 (the float8 study's ranks, within 2% of the
+    recomputing count; why is not established). In bf16 a compiled block saves what an uncompiled one
+    does, compiled whole or block by block: allocator snapshots at the peak of GPT-2 124M and 350M
+    compiled whole on one H200 hold 36.4 and 36.2 bytes per token and hidden unit a layer beside the
+    weights' bf16 casts (results/provenance/gpu-runs/memory-peaks-2.log), where the uncompiled list
+    gives 36; FSDP2's compiled ranks of both, accumulating, within 1.4% of torch's peak with the list
+    and FSDP2's accumulated gradients counted."""
+    return _compiled(params, spec) and bool(params.float8)
 
 
 def _block_tensors(spec: ModelSpec, compiled: bool = False) -> list[tuple[float, str]]:
@@ -362,9 +370,10 @@ def _block_tensors(spec: ModelSpec, compiled: bool = False) -> list[tuple[float,
     # 10 + 24/t less its two dropout masks (no dropout here) and the attention scores (fused attention
     # keeps none)
     if compiled:
-        # Under torch.compile inductor's partitioner recomputes the LayerNorm outputs and the GELU
-        # from what they are made of in the backward: 24 bytes per token and hidden unit under bf16
-        # autocast instead of 36 (baseline's cells and bench/mfu.py's variants on an H200)
+        # inductor's partitioner recomputing the LayerNorm outputs and the GELU from what they are made
+        # of in the backward: 24 bytes per token and hidden unit under bf16 autocast instead of 36
+        # (float8's blocks, _recomputes_in_backward; the time model's measure of a compiled block's
+        # elementwise traffic)
         return [(h, "res"), (3 * h, "c"), (h, "c"), (h, "res"), (f, "c")]
     return [(h, "res"), (h, "rep"), (3 * h, "c"), (h, "c"), (h, "res"), (h, "rep"), (2 * f, "c")]
 
@@ -409,13 +418,21 @@ def block_bytes_per_token(params: CellParams, spec: ModelSpec, *, traffic: bool 
 
 
 def _logit_bytes(params: CellParams, spec: ModelSpec, compute: int) -> int:
-    """Bytes per logit at the loss: the logits in the compute dtype, their fp32 copy for the loss and
-    its gradient. Compiled, the gradient stays in the compute dtype, and inductor keeps no fp32 copy
-    where the vocabulary is a multiple of 64 (`vocab_multiple`; measured: 6.1 GiB less at GPT-2
-    124M's 32 x 1024 tokens, 2.9 GiB at 350M's 16 x 1024, bench/mfu.py on an H200)."""
+    """Bytes per logit at the loss's peak. Eager, three fp32 tensors of the logits' size: the
+    log-softmax's output, saved for backward, and in its backward the gradients of its output and of
+    its input; the logits in the compute dtype and their fp32 cast are saved by nothing and freed by
+    then (allocator snapshots at the peak of GPT-2 350M under FSDP2 and DDP, eager: 3 x 3,141 MiB at
+    16 x 1,024 tokens; results/provenance/gpu-runs/memory-peaks-1.log). Compiled, inductor keeps no
+    fp32 copy where the vocabulary is a multiple of 64 (`vocab_multiple`; measured: 6.1 GiB less at
+    GPT-2 124M's 32 x 1024 tokens, 2.9 GiB at 350M's 16 x 1024, bench/mfu.py on an H200), and the
+    logits in the compute dtype: one tensor of them at the peak where the model is compiled whole
+    (memory-peaks-2.log), the logits and their gradient where the loss is compiled alone."""
     if not _compiled(params, spec):
-        return compute + 4 + 4
-    return compute + compute + (0 if spec.vocab_size % 64 == 0 else 4)
+        return 4 + 4 + 4
+    fp32_copy = 0 if spec.vocab_size % 64 == 0 else 4
+    if _compiled_whole(params, spec):
+        return compute + fp32_copy
+    return compute + compute + fp32_copy
 
 
 def eager_score_bytes_per_token(params: CellParams, spec: ModelSpec) -> float:

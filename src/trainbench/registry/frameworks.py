@@ -102,7 +102,9 @@ class MemoryFacts:
 
     host_extra_mib: dict[str, float] = field(default_factory=lambda: {"cpu": 0.0, "cuda": 0.0})  # per rank
     reduce_bucket_elements: Callable[[ModelSpec], float] = lambda spec: 5e8  # DeepSpeed's default bucket
-    fsdp_accumulates_unsharded: bool = False  # FSDP1 under no_sync keeps every unit's unsharded gradient
+    # accumulating without synchronising (FSDP1's no_sync, FSDP2's set_requires_gradient_sync) keeps
+    # every unit's unsharded gradient
+    fsdp_accumulates_unsharded: bool = False
     # FSDP's mixed precision casts the parameters: the whole model computes in half precision, the
     # residual stream included (no autocast keeping it fp32)
     fsdp_casts_parameters: bool = False
@@ -278,7 +280,8 @@ register(Framework(
                  "on a 2-D mesh (data x tensor parallel), the blocks and the vocabulary split by DTensor "
                  "tensor parallel", layout="fsdp", offload_param=OPTIONAL, tensor_parallel=SHARDED_TP),
     ),
-    MemoryFacts(fsdp_casts_parameters=True, replicated_gradients_freed=True, fsdp_reduce_bytes=4),
+    MemoryFacts(fsdp_casts_parameters=True, replicated_gradients_freed=True, fsdp_reduce_bytes=4,
+                fsdp_accumulates_unsharded=True),
     honours=("checkpoint_in_cpu", "float8", "float8_all_gather", "fsdp_reshard", "ddp_compile",
              "ddp_bucket_cap_mb", "ddp_bucket_view", "ddp_static_graph"),
     time=TimeFacts(loop_step_s=0.005),
