@@ -260,9 +260,37 @@ def test_a_torch_loop_without_accumulation_holds_the_larger_of_gradients_and_act
     small = predict(resolve({**cell, "grad_accum": 1, "micro_batch": 1, "seq_len": 64}))
     assert small.parts_mib["gradients_beyond_activations"] == pytest.approx(
         psi_bytes - small.parts_mib["activations"], rel=0.01)
-    # DeepSpeed's engine keeps its gradient partitions: not the torch loop's rule
-    engine = predict(resolve({**cell, "grad_accum": 1, "framework": "deepspeed", "strategy": "zero0"}))
-    assert engine.parts_mib["gradients"] > 0
+
+
+def test_deepspeed_zero_without_accumulation_peaks_at_the_largest_of_loss_backward_and_step():
+    """ZeRO 0-2 make their gradients and bucket after the loss's peak and free them after the step
+    (megatron's GPT-345M ranks, allocator snapshots at the peak): without accumulation the peak is the
+    loss's backward, the blocks' (their activations, gradients and bucket) or the step (gradients,
+    bucket and, in mixed precision at stages 1-2, the fp32 copy of the partition), whichever is larger."""
+    from trainbench.predict.memory_model import _logits, shard_params
+
+    spec = get_model("gpt-345m")
+    cell = {"framework": "deepspeed", "strategy": "zero1", "model": "gpt-345m", "device": "cuda",
+            "seq_len": 1024, "precision": "bf16", "gpus": 2, "micro_batch": 8}
+    at_loss = predict(resolve(cell)).parts_mib
+    assert not {"gradients", "buffers", "gradients_beyond_activations"} & set(at_loss)
+    accumulating = predict(resolve({**cell, "grad_accum": 2})).parts_mib
+    assert accumulating["gradients"] > 0 and accumulating["buffers"] > 0  # partitions outlive a micro batch
+
+    def moments(params):
+        parts = predict(params).parts_mib
+        psi = shard_params(params, spec)
+        grads = (2 * psi / 2 + 5e8 * 2) / 2**20  # the bf16 partition and DeepSpeed's default bucket
+        blocks = parts["activations"] - _logits(params, spec) / 2**20
+        return parts, blocks + grads, grads + 4 * psi / 2 / 2**20
+
+    # a classifier (no logits) at a long sequence: the blocks' backward; a short one: the step
+    for params, blocks_larger in ((resolve({**cell, "head": "classifier", "micro_batch": 4}), True),
+                                  (resolve({**cell, "micro_batch": 1, "seq_len": 64}), False)):
+        parts, backward, step = moments(params)
+        assert (backward > step) == blocks_larger
+        assert parts["gradients_beyond_activations"] == pytest.approx(
+            max(backward, step) - parts["activations"], rel=1e-6)
 
 
 @pytest.mark.parametrize("precision, dtype, per_score",

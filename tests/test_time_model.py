@@ -87,9 +87,9 @@ def test_fsdp_gathers_for_forward_and_backward_and_reduces_once():
 
 
 def test_fsdp2_blocks_compiled_one_by_one_move_the_elementwise_bytes_of_a_model_compiled_whole():
-    """FSDP2's blocks, compiled one by one, keep for backward what uncompiled blocks keep (the memory
-    model's count) but take the time of a model compiled whole: the time model's elementwise traffic is
-    the compiled list's, as it is for the model compiled whole."""
+    """Compiled blocks, one by one under FSDP2 or in a model compiled whole, keep for backward what
+    uncompiled blocks keep (the memory model's count, from allocator snapshots) but take the time of a
+    model compiled whole: the time model's elementwise traffic is the compiled list's."""
     from trainbench.predict.memory_model import block_bytes_per_token
 
     spec = get_model("gpt2-124m")
@@ -98,8 +98,9 @@ def test_fsdp2_blocks_compiled_one_by_one_move_the_elementwise_bytes_of_a_model_
     kept, moved = block_bytes_per_token(compiled, spec), block_bytes_per_token(compiled, spec, traffic=True)
     assert moved < kept == block_bytes_per_token(eager, spec, traffic=True)
     assert bytes_work(compiled).elementwise_s == pytest.approx(bytes_work(eager).elementwise_s * moved / kept)
-    whole = cell(**gpt2, strategy="single", gpus=1, compile=True)
-    assert block_bytes_per_token(whole, spec, traffic=True) == block_bytes_per_token(whole, spec)
+    whole, whole_eager = (cell(**gpt2, strategy="single", gpus=1, compile=c) for c in (True, False))
+    assert block_bytes_per_token(whole, spec) == block_bytes_per_token(whole_eager, spec)
+    assert block_bytes_per_token(whole, spec, traffic=True) < block_bytes_per_token(whole, spec)
 
 
 def test_tensor_parallel_all_reduces_grow_with_the_layers_and_the_batch():

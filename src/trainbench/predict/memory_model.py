@@ -522,7 +522,7 @@ def predict(params: CellParams, hardware: Hardware | None = None) -> Prediction:
     if params.checkpoint_in_cpu:
         on_host["checkpointed_activations"] = checkpoints_in_host(params, spec)
     ranks_per_node = params.gpus_per_node
-    kind, _ = engine(params)
+    kind, stage = engine(params)
     memory = framework_of(params).memory
     base = (HOST_RANK_BASE_MIB[params.device] + memory.host_extra_mib[params.device]
             + (DEEPSPEED_IMPORT_MIB if kind == "zero" else 0.0))
@@ -534,6 +534,22 @@ def predict(params: CellParams, hardware: Hardware | None = None) -> Prediction:
         # their sum (the holdout study's torch cells: measured peaks are weights, optimizer states
         # and activations; the 9.4 GiB of GPT-2.5B's gradients were not on top)
         beyond = parts.pop("gradients") - parts["activations"]
+        if beyond > 0:
+            parts["gradients_beyond_activations"] = beyond
+    elif kind == "zero" and stage < 3 and params.grad_accum == 1 and "gradients" in parts:
+        # DeepSpeed's ZeRO 0-2 make their gradients and reduction bucket in backward, after the loss's
+        # peak (megatron's GPT-345M ZeRO-0 and ZeRO-1 ranks, snapshots at the peak: weights, optimizer
+        # states and activations, no gradient and no bucket live), and free them after the step, where
+        # stages 1 and 2 in mixed precision flatten the gradient partition into an fp32 copy for the
+        # optimizer. Without accumulation the peak is the largest of three moments: the loss's
+        # backward (every activation and the logits), the blocks' backward (their activations, the
+        # bucket and the gradients), the step (gradients, bucket and the copy).
+        grads = parts.pop("gradients") + parts.pop("buffers", 0.0)
+        blocks = parts["activations"] - _logits(params, spec) / MIB
+        copy = 0.0
+        if stage > 0 and params.precision != "fp32" and not offloads(params)[0]:
+            copy = 4 * shard_params(params, spec) / params.dp / MIB
+        beyond = max(blocks + grads, grads + copy) - parts["activations"]
         if beyond > 0:
             parts["gradients_beyond_activations"] = beyond
     allocated = allocated_mib(parts)
