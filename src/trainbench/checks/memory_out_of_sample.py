@@ -37,7 +37,9 @@ NOT_REFIT = (
     "gradients (chosen on llama's 4 FSDP cells); tensor parallelism's whole norm outputs (chosen on "
     "megatron's searches); AutoTP's whole-model build (zero3_pipeline); what torch.compile saves and "
     "its logits without an fp32 copy at a vocabulary padded to 64 (baseline's cells, "
-    "validation/scripts/mfu.py); the frameworks' host extras "
+    "validation/scripts/mfu.py); the loss's fp32 logits, FSDP2's accumulated gradients and the moment "
+    "ZeRO 0-2 peak at (allocator snapshots of baseline, scaling, megatron, holdout_4gpu and holdout_comm "
+    "cells); the frameworks' host extras "
     "(Lightning's 900 MiB from the lightning study, the Hugging Face Trainer's taken from it); DeepSpeed's "
     "import (75 MiB) and the CPU ranks' base (smoke)")
 
