@@ -73,6 +73,7 @@ def ranks(params) -> str:
 
 def cmd_cells(args) -> int:
     from trainbench.execute.gpus import local_gpu_count, short_of_gpus
+    from trainbench.registry import frameworks
 
     config = _config(args.config)
     gpus_here = local_gpu_count()
@@ -84,6 +85,8 @@ def cmd_cells(args) -> int:
             status = cell_status(cell, Path(args.root) / cell.target)
             if status == "missing" and not cell.measured:
                 status = "planned"  # outside the study's `measure` selection: the table runs none
+                if cell.unsupported is None and (why := frameworks.not_implemented(cell.params)):
+                    status = f"planned ({why})"  # so nobody queues it to find out
             elif (status == "missing" and not cell.unsupported
                   and (short := short_of_gpus(cell.params, gpus_here))):
                 status = f"missing: {short} (this machine has {gpus_here})"
