@@ -192,7 +192,7 @@ def test_predictions_made_before_a_run_are_held_against_its_results(tmp_path):
     doc = json.loads(oom_file.read_text())
     doc.update(status="oom", reason="OOM at step 1 (warm-up) on rank 0", metrics=partial_metrics([], 12.0))
     oom_file.write_text(json.dumps(doc))
-    report = tmp_path / "check.json"
+    report = tmp_path / "bench" / "a_new_round" / "check.json"  # its folder made, as for a new round
     run = check_models("predictions", str(predictions), "--runs", str(tmp_path / "runs"),
                        "--json", str(report))
     assert run.returncode == 0, run.stderr

@@ -296,6 +296,7 @@ def run(args) -> int:
     print_summary(rows, waits_committed=args.predictions is not None)
     if args.json:
         shown = [{k: v for k, v in r.items() if k not in ("params", "gpu")} for r in rows]
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(shown, indent=1) + "\n")
     if args.write_bands:
         if args.predictions:  # the bands are of one kind of wait: the model's, out of sample by study

@@ -178,6 +178,7 @@ def run(args) -> int:
     summary = summarize(entries)
     print(render(entries, summary))
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)  # a new round's folder
         args.json.write_text(json.dumps({"predictions": str(args.predictions), "entries": entries,
                                          "summary": summary}, indent=1) + "\n")
     return 0
