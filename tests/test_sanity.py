@@ -66,20 +66,23 @@ def test_an_insane_cell_is_marked_in_its_table_and_left_out_of_findings():
 def test_warm_up_goes_on_while_fp16_loss_scaling_skips_steps(tmp_path, monkeypatch):
     """An fp16 loss scale still too large when warm-up ends makes the optimizer skip timed steps (DeepSpeed's
     and torch's start at 2^16): the cell would be timed on steps that do not train, and be marked not sane.
-    Warm-up goes on until a step trains. Two data-parallel CPU ranks, torch's own GradScaler, the first 3
-    steps' gradients made infinite, one warm-up step asked."""
+    Warm-up goes on until its last 3 steps trained. Two data-parallel CPU ranks, torch's own GradScaler,
+    some steps' gradients made infinite."""
     from trainbench.execute.cellrun import run_cell
     from trainbench.training.runners.torch_native import OVERFLOW_STEPS_ENV
 
     from conftest import make_cell
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv(OVERFLOW_STEPS_ENV, "3")
-    output = tmp_path / "results/runs/t/c/metrics.json"
-    cell = make_cell(precision="fp16", strategy="ddp", gpus=2, warmup_steps=1, timed_steps=6)
-    assert run_cell(cell, output, runtime_min=5, retries=0) == 0
-    result = json.loads(output.read_text())
-    metrics = result["metrics"]
-    assert metrics["warmup_steps"] == 4 and len(metrics["warmup_step_times_s"]) == 4  # 3 skipped, 1 trained
-    assert metrics["optimizer_steps_skipped"] == 0 and sanity_problems(result) == []
-    assert all(math.isfinite(loss) for loss in metrics["loss_curve"])
+    # the first 3 steps skipped, one warm-up step asked: 3 skipped, then 3 that trained;
+    # steps 1 and 3 skipped, 2 asked: the second step trained, but the scale had not settled
+    for overflowing, asked in (("3", 1), ("1,3", 2)):
+        monkeypatch.setenv(OVERFLOW_STEPS_ENV, overflowing)
+        output = tmp_path / f"results/runs/t/c{asked}/metrics.json"
+        cell = make_cell(precision="fp16", strategy="ddp", gpus=2, warmup_steps=asked, timed_steps=6)
+        assert run_cell(cell, output, runtime_min=5, retries=0) == 0
+        result = json.loads(output.read_text())
+        metrics = result["metrics"]
+        assert metrics["warmup_steps"] == 6 and len(metrics["warmup_step_times_s"]) == 6, overflowing
+        assert metrics["optimizer_steps_skipped"] == 0 and sanity_problems(result) == []
+        assert all(math.isfinite(loss) for loss in metrics["loss_curve"])

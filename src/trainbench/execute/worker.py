@@ -53,9 +53,14 @@ OOM_ABOVE_BATCH_ENV = "TRAINBENCH_OOM_ABOVE_MICRO_BATCH"
 # the usual exit, to measure the difference (results/provenance/gpu-runs/startup-1.sh)
 WORKER_EXIT_ENV = "TRAINBENCH_WORKER_EXIT"
 # fp16 loss scaling settles in warm-up (DeepSpeed's and torch's scales start at 2^16 and halve at each
-# overflow, skipping that step): where the worker owns the loop, warm-up goes on while its last step
-# was skipped, this many steps more at most, so that the timed steps are steps that train.
+# overflow, skipping that step): where the worker owns the loop, warm-up goes on until its last
+# WARMUP_SETTLED_STEPS steps trained, this many steps more at most, so that the timed steps are steps
+# that train. One step that trained is not enough: DeepSpeed's scaler halves only at the second
+# overflow in a row (its hysteresis), and early gradients grow, so a scale skips again after a step
+# that trained (megatron's GPT-345M ZeRO-1/2 cells in fp16: 2-3 timed steps skipped after a warm-up
+# whose last step trained; results/provenance/gpu-runs/megatron-not-sane-1.log).
 EXTRA_WARMUP_MAX = 30
+WARMUP_SETTLED_STEPS = 3
 OOM_EXIT_CODE = 75  # distinct from Python's 1 so a reader of the launcher's log can tell
 IMPOSSIBLE_ALLOCATION = 1 << 60  # 1 EiB: more than any machine has, so the allocator must refuse
 
@@ -327,6 +332,7 @@ class StepRecorder:
         self._agreements = 0  # keys of agree_through_store
         self.warmup = worker.params.warmup_steps
         self.extra_warmup = 0  # steps warm-up went on while fp16 loss scaling still skipped
+        self.last_skipped_step = 0  # the last warm-up step the optimizer skipped (0: none)
         # the optimizer's skipped steps by the last warm-up step (fp16 loss scaling settles in warm-up):
         # those after are the timed steps' (the sanity check, results.sanity_problems)
         self.skipped_at_warmup = 0
@@ -414,6 +420,8 @@ class StepRecorder:
             if self.worker.step == 1:  # compilation and every other first-call cost end here
                 self.worker.marks["first_step"] = time.time()
             skipped = self._skipped_this_step()
+            if skipped:
+                self.last_skipped_step = self.worker.step
             if self.worker.step == self.warmup and self._warm_up_more(skipped):
                 self.warmup += 1
                 self.extra_warmup += 1
@@ -455,12 +463,14 @@ class StepRecorder:
         return skipped > before
 
     def _warm_up_more(self, skipped: bool | None) -> bool:
-        """Whether warm-up goes on for a step: its last step was skipped (rank 0's answer; ranks skip
-        together, the overflow found on gradients they all-reduced). Only where the worker owns the
-        loop: a framework's own loop was told its step count."""
+        """Whether warm-up goes on for a step: one of its last WARMUP_SETTLED_STEPS steps was skipped
+        (rank 0's answer; ranks skip together, the overflow found on gradients they all-reduced). Only
+        where the worker owns the loop: a framework's own loop was told its step count."""
         if not self.adaptive or skipped is None or self.extra_warmup >= EXTRA_WARMUP_MAX:
             return False
-        return bool(self._agree(int(skipped)))
+        unsettled = self.last_skipped_step > 0 and (
+            self.worker.step - self.last_skipped_step < WARMUP_SETTLED_STEPS)
+        return bool(self._agree(int(unsettled)))
 
     def _start_profiling(self) -> None:
         """Profile the steps after the timed ones (profiling.py): the loop goes on until they are done."""

@@ -25,8 +25,18 @@ from trainbench.training.gpt import GPT
 from trainbench.training.runners import RunContext, StepRunner, optimizer_range
 
 # Testing aid: TRAINBENCH_OVERFLOW_STEPS=N makes the first N optimizer steps' gradients infinite, as
-# an fp16 loss scale still too large for the model overflows them: the real scaler skips those steps.
+# an fp16 loss scale still too large for the model overflows them: the real scaler skips those steps;
+# =a,b,... the steps numbered so (from 1), as a scale that settles late skips now and then.
 OVERFLOW_STEPS_ENV = "TRAINBENCH_OVERFLOW_STEPS"
+
+
+def overflow_steps(value: str | None) -> set[int]:
+    """The steps TRAINBENCH_OVERFLOW_STEPS overflows: 'N' the first N, 'a,b,...' those."""
+    if not value:
+        return set()
+    if "," in value:
+        return {int(step) for step in value.split(",") if step.strip()}
+    return set(range(1, int(value) + 1))
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -121,7 +131,7 @@ class TorchRunner(StepRunner):
         self.float8_layers = 0  # linear layers trained in float8 (float8: a recipe)
         self.skipped_steps = 0  # optimizer steps fp16 loss scaling skipped
         self.steps_begun = 0
-        self.overflow_steps = int(os.environ.get(OVERFLOW_STEPS_ENV) or 0)
+        self.overflow_steps = overflow_steps(os.environ.get(OVERFLOW_STEPS_ENV))
 
     def _new_model(self) -> torch.nn.Module:
         return self.ctx.new_model()
@@ -254,7 +264,7 @@ class TorchRunner(StepRunner):
         accumulation = self.p.grad_accum
         total = torch.zeros((), device=self.ctx.device)
         self.steps_begun += 1
-        overflow = self.steps_begun <= self.overflow_steps
+        overflow = self.steps_begun in self.overflow_steps
         for micro in range(accumulation):
             inputs, targets = self.batches.next()
             with self._gradient_sync(micro == accumulation - 1), self._loss_context():
