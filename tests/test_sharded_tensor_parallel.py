@@ -96,13 +96,13 @@ def test_sharded_tp_divides_model_states_and_split_activations_by_tp():
     assert "whole_model_before_autotp" in autotp.parts_mib and autotp.gpu_mem_mib > 700 * 1024
     # what a block saves is split inside attention and the MLP only (Megatron's 8 + 24/t bytes per token
     # and hidden unit in half precision, less dropout; the whole model computes in fp16 under FSDP2's
-    # mixed precision), and the LM head's logits (with their fp32 copy and gradient) by the vocabulary
+    # mixed precision), and the loss's three fp32 tensors of the logits' size by the vocabulary
     tokens = 2048
     for tp in (1, 4, 16):
         params = resolve({**FULL, "tp": tp, "activation_checkpointing": False})
         assert block_bytes_per_token(params, spec) == (8 + 24 / tp) * d
         logits = activations(params, spec) - activations(params.replace(head="classifier"), spec)
-        assert logits == tokens * -(-vocab // tp) * (2 + 4 + 4)
+        assert logits == tokens * -(-vocab // tp) * (4 + 4 + 4)  # eager: three fp32 tensors at the loss
 
 
 def test_the_time_model_splits_the_head_and_counts_the_vocabulary_all_reduces():

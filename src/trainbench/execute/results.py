@@ -376,7 +376,7 @@ def summarize(params: CellParams, result: dict[str, Any], wall_time_s: float,
         rss_by_host[r["host"]] = rss_by_host.get(r["host"], 0.0) + r["host_rss_peak_mib"]
     metrics = empty_metrics()
     metrics.update(
-        # warm-up goes on while fp16 loss scaling skips steps (worker.EXTRA_WARMUP_MAX): the steps it ran
+        # warm-up goes on until fp16 loss scaling settles (worker.WARMUP_SETTLED_STEPS): the steps it ran
         warmup_steps=len(result.get("warmup_step_times_s") or []) or params.warmup_steps,
         **timed,
         wall_time_s=_round(wall_time_s, 2),

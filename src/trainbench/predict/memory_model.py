@@ -427,8 +427,8 @@ def _logit_bytes(params: CellParams, spec: ModelSpec, compute: int) -> int:
     GPT-2 124M's 32 x 1024 tokens, 2.9 GiB at 350M's 16 x 1024, bench/mfu.py on an H200), and the
     logits in the compute dtype: one tensor of them at the peak where the model is compiled whole
     (memory-peaks-2.log), the logits and their gradient where the loss is compiled alone."""
-    if not _compiled(params, spec):
-        return 4 + 4 + 4
+    if not _compiled(params, spec) or (engine(params)[0] == "fsdp" and params.tp > 1):
+        return 4 + 4 + 4  # FSDP2 under tensor parallelism runs its loss eager, on vocabulary shards
     fp32_copy = 0 if spec.vocab_size % 64 == 0 else 4
     if _compiled_whole(params, spec):
         return compute + fp32_copy
@@ -493,9 +493,9 @@ def checkpoints_in_host(params: CellParams, spec: ModelSpec) -> float:
 
 
 def _logits(params: CellParams, spec: ModelSpec) -> float:
-    """The logits in the compute dtype, their fp32 copy for the loss, and its gradient: whole on every
-    tensor-parallel rank where AutoTP leaves the tied LM head unsplit, a vocabulary shard each where
-    tensor parallelism is vocabulary-parallel (none for a classification head)."""
+    """What the loss holds of the logits at its peak (_logit_bytes): whole on every tensor-parallel rank
+    where AutoTP leaves the tied LM head unsplit, a vocabulary shard each where tensor parallelism is
+    vocabulary-parallel (none for a classification head)."""
     if params.head != "lm":
         return 0.0
     compute, _ = _dtype_bytes(params)
@@ -545,7 +545,10 @@ def predict(params: CellParams, hardware: Hardware | None = None) -> Prediction:
         # backward (every activation and the logits), the blocks' backward (their activations, the
         # bucket and the gradients), the step (gradients, bucket and the copy).
         grads = parts.pop("gradients") + parts.pop("buffers", 0.0)
-        blocks = parts["activations"] - _logits(params, spec) / MIB
+        logits = _logits(params, spec)
+        if spec.user_defined:  # what its embeddings and head save stays to their backward
+            logits -= traced(params, spec).outside_bytes * params.micro_batch
+        blocks = parts["activations"] - logits / MIB
         copy = 0.0
         if stage > 0 and params.precision != "fp32" and not offloads(params)[0]:
             copy = 4 * shard_params(params, spec) / params.dp / MIB
