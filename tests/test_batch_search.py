@@ -53,6 +53,23 @@ def test_a_failure_of_any_kind_ends_the_doubling():
     assert next_probe({64: "ok"}, 64, 64) is None  # the bound
 
 
+def test_probes_on_disk_finish_a_search_wherever_the_model_would_start_it_now():
+    """A search whose probes already bracket the answer runs none more when the memory model, changed,
+    would seed it elsewhere: the probes it has are read first."""
+    # megatron's ZeRO-1 GPT-2.5B search on 4 GPUs, seeded at 32 when it ran, at 16 by today's model
+    on_disk = {32: "ok", 64: "oom", 48: "oom", 40: "oom", 36: "oom", 34: "oom"}
+    asked = []
+
+    def status_of(batch):
+        asked.append(batch)
+        return on_disk.get(batch, "ok" if batch <= 32 else "oom")
+
+    assert sorted(walk(status_of, 16, 128, 0.1, known=on_disk)) == sorted(on_disk)
+    assert sorted(asked) == sorted(on_disk)  # nothing but what is on disk
+    asked.clear()
+    assert walk(status_of, 16, 128, 0.1)[0] == 16  # from nothing, the seed: a probe not on disk
+
+
 def test_the_memory_model_seeds_and_bounds_the_search():
     params = resolve({"framework": "hf_trainer", "strategy": "fsdp", "model": "llama-7b", "gpus": 2,
                       "seq_len": 2048, "precision": "bf16", "device": "cuda"})

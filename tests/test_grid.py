@@ -327,20 +327,25 @@ def test_a_measure_pattern_that_selects_nothing_is_an_error():
 
 def test_a_measured_cell_this_version_cannot_run_is_an_error_and_a_planned_one_says_why(tmp_path, capsys):
     """A framework that cannot build a model family plans the cell but cannot run it: measured, the
-    config says so before any cell runs (not when its job starts); planned, `trainbench cells` says
-    why it stays planned."""
+    workflow says so before any cell runs (not when its job starts), while planning and predicting take
+    it; planned, `trainbench cells` says why it stays planned."""
     from trainbench.cli import main
+    from trainbench.workflow import Workflow
 
     s = study(axes={"framework": ["torch", "lightning"]}, settings={"model": "gpt2-tiny", "device": "cpu",
                                                                    "gpus": 2, "strategy": "ddp"})
-    [problem] = problems(config_with(s))
+    loaded = load_config(config_with(s))  # the config itself is sound: predict plans it
+    with pytest.raises(ConfigError) as error:
+        Workflow(loaded, remote=True)
+    [problem] = error.value.problems
     assert "cell 'framework~lightning'" in problem and "lightning cannot build model family 'gpt'" in problem
     assert "studies.s.measure.cells" in problem
     s["measure"] = {"cells": [{"framework": "torch"}]}
     planned = load_config(config_with(s)).study("s").planned
     assert [c.params.framework for c in planned] == ["lightning"]
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config_with(s)))
-    assert main(["cells", "s", "--tsv", "--config", str(tmp_path / "config.yaml"), "--root", str(tmp_path)]) == 0
+    config = str(tmp_path / "config.yaml")
+    assert main(["cells", "s", "--tsv", "--config", config, "--root", str(tmp_path)]) == 0
     status = {row.split("\t")[1]: row.split("\t")[2] for row in capsys.readouterr().out.splitlines()[1:]}
     assert status["framework~lightning"].startswith("planned (lightning cannot build model family 'gpt'")
     assert status["framework~torch"].startswith("missing")

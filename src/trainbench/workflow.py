@@ -28,7 +28,7 @@ from trainbench.reporting import findings, references
 from trainbench.reporting.columns import report_problems
 from trainbench.reporting.freshness import prepare, refresh_models_stamp, set_aside_invalid, stamp_path
 from trainbench.study.config import Config, load_config
-from trainbench.study.grid import Cell, Study, probe_cell, shared_resources
+from trainbench.study.grid import Cell, Study, no_runner_problems, probe_cell, shared_resources
 
 # Snakemake resource name -> the cell's resource (Cell.resources) it takes its value from. How a cell
 # runs, not what it measures: changing them reruns nothing.
@@ -122,6 +122,9 @@ class Workflow:
     10,000 cells, seconds of every job's allocation)."""
 
     def __init__(self, config: Config, *, remote: bool = False, gpus_here: int | None = None):
+        no_runner = [p for study in config.studies.values() for p in no_runner_problems(study)]
+        if no_runner:
+            raise ConfigError(no_runner)
         self.config = config
         # Cells whose result was made with other parameters, by study: they rerun (freshness.prepare
         # also rewrites the grid stamps reruns follow without .snakemake metadata, a fresh clone, and
@@ -215,8 +218,24 @@ class Workflow:
                 probe_output(batch)  # now missing: the workflow runs the probe again
             return read_json(found[batch])["status"]
 
-        walk(status_of, *bounds_for(study.search, cell.params), study.search["tolerance"])
+        walk(status_of, *bounds_for(study.search, cell.params), study.search["tolerance"],
+             known=Workflow.probes_on_disk(study, cell))
         return list(found.values())
+
+    @staticmethod
+    def probes_on_disk(study: Study, cell: Cell, root: Path = Path(".")) -> list[int]:
+        """The micro batches of a cell's search whose probes are on disk and current (run with the
+        parameters the config gives them now): the walk reads them before asking for more."""
+        current = []
+        for found in root.glob(paths.probe_glob(study.name, cell.cell_id)):
+            batch = int(found.parent.name.removeprefix("mb~"))
+            try:
+                same = read_json(found).get("params_hash") == probe_cell(study, cell, batch).params_hash
+            except (OSError, ValueError):  # unreadable: the workflow sets it aside and runs it again
+                same = False
+            if same:
+                current.append(batch)
+        return sorted(current)
 
     def cells_short_of_gpus(self, study: Study, gpus_here: int) -> dict[str, str]:
         """The study's measured cells that must run (no current result) but cannot on this machine, and

@@ -20,7 +20,7 @@ table reports them next to the fixed-batch run, and nothing runs twice.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from trainbench.study.params import CellParams
 from trainbench.paths import cell_of_probe
@@ -92,9 +92,12 @@ def bounds_for(search: dict[str, Any], params: CellParams) -> tuple[int, int]:
     return model_bounds(params, hardware, search["max_micro_batch"])
 
 
-def walk(status_of: Callable[[int], str], start: int, upper: int, tolerance: float = 0.0) -> list[int]:
-    """The probes of a search, in order; `status_of(batch)` runs (or reads) one probe."""
-    outcomes: dict[int, str] = {}
+def walk(status_of: Callable[[int], str], start: int, upper: int, tolerance: float = 0.0,
+         known: Iterable[int] = ()) -> list[int]:
+    """The probes of a search, in order; `status_of(batch)` runs (or reads) one probe. `known`: batches
+    already probed, read first, so that a search whose probes bracket the answer runs none, wherever
+    the memory model would start it now (a model that changed moves the seed, not the answer)."""
+    outcomes: dict[int, str] = {batch: status_of(batch) for batch in sorted(known)}
     while (batch := next_probe(outcomes, start, upper, tolerance)) is not None:
         outcomes[batch] = status_of(batch)
     return list(outcomes)

@@ -494,13 +494,6 @@ def expand_study(name: str, spec: dict[str, Any]) -> Study:
         chosen = {c.cell_id for c in _selected(cells, measure["cells"], f"studies.{name}.measure.cells",
                                                "cell")}
         cells = [replace(c, measured=c.cell_id in chosen) for c in cells]
-    # a cell this version can plan but not run (frameworks.not_implemented) fails only when its job
-    # starts, after the cells before it ran: measured, it is the config's mistake, said now
-    no_runner = [(c.cell_id, why) for c in cells
-                 if c.measured and c.unsupported is None and (why := frameworks.not_implemented(c.params))]
-    if no_runner:
-        raise ConfigError([f"study {name!r}, cell {cell_id!r}: {why}; it can be planned, not measured: "
-                           f"leave it out of studies.{name}.measure.cells" for cell_id, why in no_runner])
     id_keys = sort_keys({k for c in cells for k in c.id_keys})
     search = {**{key: value["default"] for key, value in SEARCH.items()}, "cells": None,
               **(spec.get("search") or {})}
@@ -518,6 +511,15 @@ def expand_study(name: str, spec: dict[str, Any]) -> Study:
                  list(spec.get("report") or REPORT_COLUMNS_DEFAULT), search,
                  (measure or {}).get("plan_for"), tuple(searched), plot_panels,
                  list(spec.get("findings") or []), list(spec.get("references") or []))
+
+
+def no_runner_problems(study: Study) -> list[str]:
+    """The study's measured cells this version can plan and predict but not run
+    (frameworks.not_implemented): each would fail only when its job starts, after the cells before it
+    ran, so the workflow refuses them before any job (planning and `trainbench predict` take them)."""
+    return [f"study {study.name!r}, cell {c.cell_id!r}: {why}; it can be planned, not measured: leave it "
+            f"out of studies.{study.name}.measure.cells" for c in study.cells
+            if c.measured and c.unsupported is None and (why := frameworks.not_implemented(c.params))]
 
 
 def probe_cell(study: Study, cell: Cell, micro_batch: int) -> Cell:
