@@ -32,20 +32,8 @@ def _site(frames: list[dict]) -> str:
 
 def peaks(path: Path, top: int) -> None:
     snapshot = pickle.loads(path.read_bytes())
-    live, peak = _live_at_peak(snapshot)
+    live, peak, at_peak = _live_at_peak(snapshot)
     events = [e for trace in snapshot.get("device_traces", []) for e in trace]
-    # the events up to the peak: walking back from the end, the allocated total is highest there
-    total = sum(block["size"] for segment in snapshot.get("segments", []) for block in segment.get("blocks", [])
-                if block.get("state") == "active_allocated")
-    best, at_peak = -1, len(events)
-    for index in range(len(events) - 1, -1, -1):
-        if total > best:
-            best, at_peak = total, index + 1
-        event = events[index]
-        if event.get("action") == "alloc":
-            total -= event["size"]
-        elif event.get("action") == "free_completed":
-            total += event["size"]
     # each live block's allocation: the last of its address before the peak (addresses are reused)
     allocated_by: dict[int, list[dict]] = {}
     for event in events[:at_peak]:
@@ -59,9 +47,10 @@ def peaks(path: Path, top: int) -> None:
     reserved = sum(s.get("total_size", 0) for s in snapshot.get("segments", []))
     print(f"== {path}: peak allocated {peak / MIB:,.0f} MiB, reserved at the end {reserved / MIB:,.0f} MiB, "
           f"{len(events):,} events")
-    if 0 < at_peak <= len(events):  # the allocation that reached the peak, and the code that made it
-        frames = [f for f in events[at_peak - 1].get("frames") or [] if str(f.get("filename", "")).endswith(".py")]
-        print(f"  reached by {events[at_peak - 1]['size'] / MIB:,.0f} MiB at: "
+    if 0 < at_peak <= len(events):  # the last event at the peak (an allocation, or one that frees
+        last = events[at_peak - 1]  # nothing yet), and the code it came from: where in the step it is
+        frames = [f for f in last.get("frames") or [] if str(f.get("filename", "")).endswith(".py")]
+        print(f"  last event at the peak ({last.get('action')}, {last.get('size', 0) / MIB:,.0f} MiB) at: "
               + " < ".join(f"{Path(f['filename']).name}:{f['line']} {f['name']}" for f in frames[:12]))
     for site, (size, count) in sorted(groups.items(), key=lambda item: -item[1][0])[:top]:
         print(f"  {size / MIB:9,.0f} MiB {count:6} blocks  {site}")
@@ -77,7 +66,8 @@ def peaks(path: Path, top: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("snapshots", nargs="+", type=Path)
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()

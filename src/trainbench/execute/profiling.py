@@ -275,10 +275,11 @@ def memory_snapshot_name(rank: int, why: str) -> str:
     return f"memory_rank{rank}_{why}.pickle"
 
 
-def _live_at_peak(snapshot: dict) -> tuple[dict[int, int], int]:
-    """The blocks live when the most memory was allocated, {address: bytes}, and that peak: from the
-    blocks live at the snapshot, walking its allocator history backwards (an allocation was not live
-    before it, a freed block was). Without history, the snapshot's own blocks."""
+def _live_at_peak(snapshot: dict) -> tuple[dict[int, int], int, int]:
+    """The blocks live when the most memory was allocated, {address: bytes}, that peak, and how many of
+    the history's events had happened by then: from the blocks live at the snapshot, walking its
+    allocator history backwards (an allocation was not live before it, a freed block was). Without
+    history, the snapshot's own blocks."""
     live = {block["address"]: block["size"] for segment in snapshot.get("segments", [])
             for block in segment.get("blocks", []) if block.get("state") == "active_allocated"}
     total = best = sum(live.values())
@@ -297,14 +298,14 @@ def _live_at_peak(snapshot: dict) -> tuple[dict[int, int], int]:
             live.pop(event["addr"], None)
         elif event.get("action") == "free_completed":
             live[event["addr"]] = event["size"]
-    return live, best
+    return live, best, best_index
 
 
 def summarise_memory(snapshot: dict, tensors: dict[str, set[int]]) -> dict[str, Any]:
     """A snapshot's allocated and reserved bytes, and its peak's blocks by category: those whose address
     is the storage of one of `tensors` (category -> storage addresses), the rest activations and other
     (activations, temporaries, communication buffers)."""
-    live, peak = _live_at_peak(snapshot)
+    live, peak, _ = _live_at_peak(snapshot)
     by_category = dict.fromkeys(MEMORY_CATEGORIES, 0)
     for address, size in live.items():
         category = next((c for c, addresses in tensors.items() if address in addresses),

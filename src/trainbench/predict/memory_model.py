@@ -334,10 +334,11 @@ def _recomputes_in_backward(params: CellParams, spec: ModelSpec) -> bool:
     than saving them: in blocks trained in float8 (the float8 study's ranks, within 2% of the
     recomputing count; why is not established). In bf16 a compiled block saves what an uncompiled one
     does, compiled whole or block by block: allocator snapshots at the peak of GPT-2 124M and 350M
-    compiled whole on one H200 hold 36.4 and 36.2 bytes per token and hidden unit a layer beside the
-    weights' bf16 casts (results/provenance/gpu-runs/memory-peaks-2.log), where the uncompiled list
-    gives 36; FSDP2's compiled ranks of both, accumulating, within 1.4% of torch's peak with the list
-    and FSDP2's accumulated gradients counted."""
+    compiled whole on one H200 (results/provenance/gpu-runs/memory-peaks-2.log: the compiled graphs'
+    and SDPA's tensors, 13,868 and 16,165 MiB, less one tensor of logits, 3,144 and 1,572, and the
+    weights' bf16 casts, 237 and 677) hold 36.4 and 36.2 bytes per token and hidden unit a layer, where
+    the uncompiled list gives 36; FSDP2's compiled ranks of both, accumulating, within 1.4% of torch's
+    peak with the list and FSDP2's accumulated gradients counted."""
     return _compiled(params, spec) and bool(params.float8)
 
 
