@@ -537,7 +537,7 @@ def predict(params: CellParams, hardware: Hardware | None = None) -> Prediction:
         beyond = parts.pop("gradients") - parts["activations"]
         if beyond > 0:
             parts["gradients_beyond_activations"] = beyond
-    elif kind == "zero" and stage < 3 and params.grad_accum == 1 and "gradients" in parts:
+    elif kind == "zero" and stage < 3 and params.grad_accum == 1:
         # DeepSpeed's ZeRO 0-2 make their gradients and reduction bucket in backward, after the loss's
         # peak (megatron's GPT-345M ZeRO-0 and ZeRO-1 ranks, snapshots at the peak: weights, optimizer
         # states and activations, no gradient and no bucket live), and free them after the step, where
