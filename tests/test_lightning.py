@@ -119,3 +119,17 @@ def test_a_local_pretrained_model_is_loaded_instead_of_random_weights(tmp_path):
     key = "distilbert.transformer.layer.0.attention.q_lin.weight"
     assert torch.equal(loaded.state_dict()[key], saved.state_dict()[key])
     assert not torch.equal(fresh.state_dict()[key], saved.state_dict()[key])
+
+
+def test_an_emulated_gpu_rank_gives_lightning_its_nodes_devices_on_its_one_gpu():
+    # a GPU machine's emulated rank sees one GPU: Lightning's own CUDA accelerator refuses a node of 4
+    from lightning.pytorch.accelerators import CUDAAccelerator
+    from trainbench.training.runners.lightning_trainer import _emulated_gpu
+
+    accelerator = type(_emulated_gpu(torch.device("cuda", 0)))
+    assert issubclass(accelerator, CUDAAccelerator)
+    devices = accelerator.parse_devices(4)
+    assert devices == [0, 1, 2, 3]
+    assert accelerator.get_parallel_devices(devices) == [torch.device("cuda", 0)] * 4
+    with pytest.raises(Exception, match="only has"):
+        CUDAAccelerator.parse_devices(4)

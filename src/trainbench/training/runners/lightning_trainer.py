@@ -104,6 +104,24 @@ def _module_class():
     return SequenceClassifier
 
 
+def _emulated_gpu(device: torch.device):
+    """Lightning's CUDA accelerator for an emulated rank: Lightning checks `devices` against the GPUs it
+    can see and gives each of a node's ranks its own, but an emulated rank stands for its node's ranks on
+    the one GPU it has (a real rank's check, 2 GPUs asked where 1 is visible, would stop it at build)."""
+    from lightning.pytorch.accelerators import CUDAAccelerator
+
+    class OneGPUForTheNode(CUDAAccelerator):
+        @staticmethod
+        def parse_devices(devices) -> list[int]:
+            return list(range(devices if isinstance(devices, int) else len(devices)))
+
+        @staticmethod
+        def get_parallel_devices(devices: list[int]) -> list[torch.device]:
+            return [device] * len(devices)
+
+    return OneGPUForTheNode()
+
+
 def _step_callback(recorder, accumulation: int):
     import lightning as L
 
@@ -178,8 +196,9 @@ class LightningRunner(LoopRunner):
         scratch = Path(self.ctx.work_dir)
         # its strategies are Lightning's names, built with the cell's settings where it sets any
         strategy = "auto" if self.strategy.single_rank else lightning_strategy(p)
+        accelerator = "cpu" if not self.ctx.is_cuda else _emulated_gpu(self.ctx.device) if p.emulate else "gpu"
         return L.Trainer(
-            accelerator="gpu" if self.ctx.is_cuda else "cpu", devices=p.gpus_per_node,
+            accelerator=accelerator, devices=p.gpus_per_node,
             num_nodes=p.nodes,
             strategy=strategy, precision=PRECISION[p.precision], deterministic=p.deterministic,
             max_steps=recorder.total, accumulate_grad_batches=p.grad_accum, log_every_n_steps=10,
