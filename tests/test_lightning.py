@@ -126,10 +126,11 @@ def test_an_emulated_gpu_rank_gives_lightning_its_nodes_devices_on_its_one_gpu()
     from lightning.pytorch.accelerators import CUDAAccelerator
     from trainbench.training.runners.lightning_trainer import _emulated_gpu
 
-    accelerator = type(_emulated_gpu(torch.device("cuda", 0)))
+    accelerator = type(_emulated_gpu())
     assert issubclass(accelerator, CUDAAccelerator)
     devices = accelerator.parse_devices(4)
     assert devices == [0, 1, 2, 3]
-    assert accelerator.get_parallel_devices(devices) == [torch.device("cuda", 0)] * 4
+    # numbered as a node's (DeepSpeed's strategy checks it); LOCAL_RANK 0 takes the first, the one GPU
+    assert accelerator.get_parallel_devices(devices)[0] == torch.device("cuda", 0)
     with pytest.raises(Exception, match="only has"):
         CUDAAccelerator.parse_devices(4)

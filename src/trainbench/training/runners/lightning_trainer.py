@@ -104,20 +104,17 @@ def _module_class():
     return SequenceClassifier
 
 
-def _emulated_gpu(device: torch.device):
+def _emulated_gpu():
     """Lightning's CUDA accelerator for an emulated rank: Lightning checks `devices` against the GPUs it
-    can see and gives each of a node's ranks its own, but an emulated rank stands for its node's ranks on
-    the one GPU it has (a real rank's check, 2 GPUs asked where 1 is visible, would stop it at build)."""
+    can see, but an emulated rank stands for one of its node's ranks on the one GPU it has (a real
+    rank's check, 2 GPUs asked where 1 is visible, would stop it at build). Its node's devices stay
+    numbered 0 to n-1, as DeepSpeed's strategy asks; the rank's LOCAL_RANK, 0, picks the one it uses."""
     from lightning.pytorch.accelerators import CUDAAccelerator
 
     class OneGPUForTheNode(CUDAAccelerator):
         @staticmethod
         def parse_devices(devices) -> list[int]:
             return list(range(devices if isinstance(devices, int) else len(devices)))
-
-        @staticmethod
-        def get_parallel_devices(devices: list[int]) -> list[torch.device]:
-            return [device] * len(devices)
 
     return OneGPUForTheNode()
 
@@ -196,15 +193,17 @@ class LightningRunner(LoopRunner):
         scratch = Path(self.ctx.work_dir)
         # its strategies are Lightning's names, built with the cell's settings where it sets any
         strategy = "auto" if self.strategy.single_rank else lightning_strategy(p)
-        accelerator = "cpu" if not self.ctx.is_cuda else _emulated_gpu(self.ctx.device) if p.emulate else "gpu"
+        accelerator = "cpu" if not self.ctx.is_cuda else _emulated_gpu() if p.emulate else "gpu"
         return L.Trainer(
             accelerator=accelerator, devices=p.gpus_per_node,
             num_nodes=p.nodes,
             strategy=strategy, precision=PRECISION[p.precision], deterministic=p.deterministic,
             max_steps=recorder.total, accumulate_grad_batches=p.grad_accum, log_every_n_steps=10,
-            # the study's callbacks: a checkpoint at the end of training and a logger
+            # the study's callbacks: a checkpoint at the end of training and a logger. An emulated rank
+            # writes none: gathering FSDP's full state needs every rank's shard, and with the fake
+            # process group this rank would gather only its own (the run fails after its last step)
             callbacks=[_step_callback(recorder, p.grad_accum), self.wrapping,
-                       ModelCheckpoint(dirpath=scratch / "checkpoints", save_last=False)],
+                       *([] if p.emulate else [ModelCheckpoint(dirpath=scratch / "checkpoints", save_last=False)])],
             logger=CSVLogger(scratch / "logs"), enable_progress_bar=False, enable_model_summary=False,
             # one pass over the held-out set after the last step, outside the timed steps
             num_sanity_val_steps=0, val_check_interval=recorder.total, check_val_every_n_epoch=None)
