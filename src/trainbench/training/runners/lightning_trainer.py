@@ -204,6 +204,7 @@ class LightningRunner(LoopRunner):
             # process group this rank would gather only its own (the run fails after its last step)
             callbacks=[_step_callback(recorder, p.grad_accum), self.wrapping,
                        *([] if p.emulate else [ModelCheckpoint(dirpath=scratch / "checkpoints", save_last=False)])],
+            enable_checkpointing=not p.emulate,  # else Lightning adds a checkpoint of its own
             logger=CSVLogger(scratch / "logs"), enable_progress_bar=False, enable_model_summary=False,
             # one pass over the held-out set after the last step, outside the timed steps
             num_sanity_val_steps=0, val_check_interval=recorder.total, check_val_every_n_epoch=None)
