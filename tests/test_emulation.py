@@ -158,6 +158,9 @@ def test_nccl_buffers_follow_the_communicators_of_the_cells_layout():
     assert layout(framework="deepspeed", strategy="zero1", pp=2) == "pipeline"
     assert len(set(NCCL_MIB_BY_LAYOUT.values())) == len(NCCL_MIB_BY_LAYOUT)
     assert nccl_buffers_mib(resolve({**TINY, "device": "cuda", "gpus": 1})) == 0.0
+    # a DeepSpeed engine alone on its GPU still opens a group of one
+    one = resolve({**TINY, "device": "cuda", "gpus": 1, "framework": "deepspeed", "strategy": "zero2"})
+    assert 0.0 < nccl_buffers_mib(one) < NCCL_MIB_BY_LAYOUT["zero"]
     assert nccl_buffers_mib(resolve({**TINY, "gpus": 4, "strategy": "fsdp"})) == 0.0  # CPU ranks
 
 

@@ -158,6 +158,44 @@ def test_llama_block_activations_match_what_hugging_face_saves():
     assert _block_only(params, spec) == pytest.approx(measured, rel=0.10)
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_distilbert_block_activations_match_what_its_blocks_save(precision):
+    """Lightning's DistilBERT as it trains: under bf16 autocast its fp32 block input is cast once by
+    each of q, k and v, and each keeps its own copy; in fp32 the one input is saved once."""
+    from trainbench.training.runners.lightning_trainer import build_classifier
+
+    spec, seq, batch = get_model("distilbert-tiny"), 96, 2
+    model = build_classifier(spec, 2, None, False, "sdpa").train()
+    for module in model.modules():
+        # CUDA's dropout keeps a 1-byte mask, CPU's one of the input's dtype: none here, and the
+        # model's mask taken off below
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if hasattr(module, "dropout") and isinstance(module.dropout, torch.nn.Dropout):
+            module.dropout.p = 0.0
+    # autocast's casts of the weights are the weights', not the activations' (their shapes are the
+    # parameters'; no activation here has one: seq x batch tokens differ from every width)
+    weight_shapes = {tuple(p.shape) for p in model.parameters()}
+    params = resolve({"framework": "lightning", "strategy": "single", "model": spec.name, "device": "cpu",
+                      "seq_len": seq, "micro_batch": batch, "precision": precision, "head": "classifier"})
+    h0 = torch.randn(batch, seq, spec.d_model, requires_grad=True)
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if t.dtype.is_floating_point and tuple(t.shape) not in weight_shapes and not t.is_leaf:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            h = h0 * 1
+            for layer in model.distilbert.transformer.layer:
+                h = layer(h)
+    masks = spec.n_layer * batch * seq * spec.d_model  # the FFN's dropout mask, 1 byte, switched off here
+    assert _block_only(params, spec) - masks == pytest.approx(sum(seen.values()), rel=0.05)
+
+
 def test_prediction_adds_up_and_judges_the_hardware():
     p = cell(framework="hf_trainer", model="llama-7b", strategy="fsdp", gpus=2, micro_batch=1,
              precision="bf16")

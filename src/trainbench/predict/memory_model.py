@@ -90,6 +90,11 @@ CUDA_CONTEXT_MIB = 1850.0
 # showed below their windowed reruns of c7c5ed6
 # (validation/results/bench/rerun/history-zero3_pipeline-energy.txt).
 NCCL_MIB_BY_LAYOUT = {"data": 298.0, "zero3": 498.0, "zero": 488.0, "tensor": 1272.0, "pipeline": 2984.0}
+# A DeepSpeed engine alone on one GPU still runs its collectives (the initial broadcast, the overflow
+# and norm all-reduces) on an NCCL group of one, whose buffers a one-GPU torch rank never opens: NVML
+# over the peak reservation, median of the 45 one-GPU ZeRO cells published (every framework, offloaded
+# or not, 2,328-2,424 MiB), 2,346 MiB, less the 69 torch cells' 1,940
+NCCL_MIB_ONE_DEEPSPEED_RANK = 406.0
 # What an emulated rank shows over its reservation is 476 MiB less than a real one-GPU rank's context:
 # 1,452-1,464 MiB on every emulated GPU rank published (H200, driver 580), 1,924-1,954 on the one-GPU
 # torch cells of the same days. Its figure completed to a real rank's adds this and NCCL's buffers.
@@ -152,10 +157,12 @@ def nccl_layout(params: CellParams) -> str:
 
 
 def nccl_buffers_mib(params: CellParams) -> float:
-    """NCCL's device memory on one GPU rank of the cell, over a one-GPU rank's context: none on a CPU
-    rank or a GPU alone."""
-    if params.device != "cuda" or params.gpus <= 1:
+    """NCCL's device memory on one GPU rank of the cell, over a one-GPU torch rank's context: none on a
+    CPU rank, or on a GPU alone but under a DeepSpeed engine."""
+    if params.device != "cuda":
         return 0.0
+    if params.gpus <= 1:
+        return NCCL_MIB_ONE_DEEPSPEED_RANK if engine(params)[0] == "zero" else 0.0
     return NCCL_MIB_BY_LAYOUT[nccl_layout(params)]
 
 
@@ -285,7 +292,13 @@ def model_states(params: CellParams, spec: ModelSpec) -> tuple[dict[str, float],
         if params.device == "cpu":
             # host pages of an untouched torch.empty are not resident: only what reduction writes counts
             bucket_elements = min(bucket_elements, psi)
-        bucket = bucket_elements * weight
+        # with overlap_comm, stages 1 and 2 reduce through two buckets, one filling while the other is
+        # reduced (stage_1_and_2.py's setup_buckets, with contiguous_gradients; DeepSpeed 0.19:
+        # 2 x 381 MiB for Lightning's 2e8-element buckets, memory-peaks-4.log)
+        overlaps = (params.overlap_comm if params.overlap_comm is not None
+                    else framework_of(params).time.zero_overlaps_comm)
+        buffers = 2 if stage in (1, 2) and overlaps and params.contiguous_gradients is not False else 1
+        bucket = buffers * bucket_elements * weight
         if stage == 0:
             device["weights"] = weight * psi
             device["gradients"] = weight * psi + (4 * psi if mixed else 0)
@@ -359,10 +372,13 @@ def _block_tensors(spec: ModelSpec, compiled: bool = False) -> list[tuple[float,
         return [(2 * h, "res"), (h, "rep"), (3 * h, "c"), (2 * h, "c"), (2 * h, "res"), (h, "rep"),
                 (4 * f, "c")]
     if spec.family == "distilbert":
-        # post-LN: block input (q/k/v input), q, k, v, context (out_lin input), LayerNorm input,
-        # FFN input, lin1 output, GELU output (lin2 input); two dropout masks (1 byte each)
-        return [(h, "c"), (3 * h, "c"), (h, "c"), (h, "res"), (h, "c"), (2 * f, "c"), (h, "res"),
-                (2 * h, "mask")]
+        # post-LN: block input as q, k and v take it, q, k, v, context (out_lin input), LayerNorm
+        # input, FFN input, lin1 output, GELU output (lin2 input); the FFN's dropout mask (1 byte; the
+        # attention's dropout is SDPA's, or eager_score_bytes_per_token's). Allocator snapshots of
+        # Lightning's cells at their peak (memory-peaks-4.log): 22 bytes per token and hidden unit
+        # saved by the linear layers under bf16 autocast, 6 of them three casts of one fp32 input
+        return [(h, "qkv_in"), (3 * h, "c"), (h, "c"), (h, "res"), (h, "c"), (2 * f, "c"), (h, "res"),
+                (h, "mask")]
     # trainbench's GPT-2: LayerNorm input and output (qkv input), q, k, v, attention output
     # (proj input); LayerNorm input and output (fc input), fc output (GELU input), GELU output.
     # float8 (torchao) changes none of it: its linear layers keep their bf16 inputs for backward and
@@ -410,7 +426,10 @@ def block_bytes_per_token(params: CellParams, spec: ModelSpec, *, traffic: bool 
     if spec.user_defined:  # traced, not listed: the architecture is the user's
         return traced(params, spec).block_bytes / (params.seq_len or spec.max_seq)
     compute, residual = _dtype_bytes(params)
-    sizes = {"c": compute, "rep": compute, "res": residual, "mask": 1}
+    # a block input that three linear layers read (DistilBERT's q, k, v): under autocast each casts the
+    # fp32 input to the compute dtype and saves its own copy; where the dtypes agree one tensor is saved
+    qkv_in = compute if compute == residual else 3 * compute
+    sizes = {"c": compute, "rep": compute, "res": residual, "mask": 1, "qkv_in": qkv_in}
     recomputes = _compiled(params, spec) if traffic else _recomputes_in_backward(params, spec)
     # tensor parallelism splits what is inside attention and the MLP, not the residual stream nor
     # the norms' outputs that enter them (measured: 2.5B's largest micro batch at tp 2 and 4)
