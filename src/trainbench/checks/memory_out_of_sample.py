@@ -39,7 +39,9 @@ NOT_REFIT = (
     "its logits without an fp32 copy at a vocabulary padded to 64 (baseline's cells, "
     "validation/scripts/mfu.py); the loss's fp32 logits, FSDP2's accumulated gradients and the moment "
     "ZeRO 0-2 peak at (allocator snapshots of baseline, scaling, megatron, holdout_4gpu and holdout_comm "
-    "cells); the frameworks' host extras "
+    "cells); DistilBERT's inputs cast by q, k and v, and ZeRO-1/2's two buckets under overlap_comm "
+    "(snapshots of lightning and holdout cells); a one-GPU DeepSpeed engine's NCCL group of one (the "
+    "median of every one-GPU ZeRO cell); the frameworks' host extras "
     "(Lightning's 900 MiB from the lightning study, the Hugging Face Trainer's taken from it); DeepSpeed's "
     "import (75 MiB) and the CPU ranks' base (smoke)")
 
