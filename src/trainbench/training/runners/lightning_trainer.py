@@ -144,6 +144,21 @@ def _step_callback(recorder, accumulation: int):
     return StepTiming()
 
 
+def _tensors_at_train_end(runner):
+    import lightning as L
+
+    class TensorsAtTrainEnd(L.Callback):
+        """This rank's parameters, gradients and optimizer states as training ends: Lightning's teardown
+        then moves the module to the CPU, before the end-of-run memory snapshot sorts the blocks live
+        at the peak by the tensors they held (detached views keep those storages' addresses)."""
+
+        def on_train_end(self, trainer, pl_module):
+            runner.tensors_at_train_end = {category: [t.detach() for t in found]
+                                           for category, found in LoopRunner.memory_tensors(runner).items()}
+
+    return TensorsAtTrainEnd()
+
+
 def _wrapping_recorder():
     import lightning as L
 
@@ -194,16 +209,20 @@ class LightningRunner(LoopRunner):
         # its strategies are Lightning's names, built with the cell's settings where it sets any
         strategy = "auto" if self.strategy.single_rank else lightning_strategy(p)
         accelerator = "cpu" if not self.ctx.is_cuda else _emulated_gpu() if p.emulate else "gpu"
+        callbacks = [_step_callback(recorder, p.grad_accum), self.wrapping]
+        if self.ctx.timing.memory_snapshot:
+            callbacks.append(_tensors_at_train_end(self))
+        # the study's callbacks: a checkpoint at the end of training and a logger. An emulated rank
+        # writes none: gathering FSDP's full state needs every rank's shard, and with the fake process
+        # group this rank would gather only its own (the run fails after its last step)
+        if not p.emulate:
+            callbacks.append(ModelCheckpoint(dirpath=scratch / "checkpoints", save_last=False))
         return L.Trainer(
             accelerator=accelerator, devices=p.gpus_per_node,
             num_nodes=p.nodes,
             strategy=strategy, precision=PRECISION[p.precision], deterministic=p.deterministic,
             max_steps=recorder.total, accumulate_grad_batches=p.grad_accum, log_every_n_steps=10,
-            # the study's callbacks: a checkpoint at the end of training and a logger. An emulated rank
-            # writes none: gathering FSDP's full state needs every rank's shard, and with the fake
-            # process group this rank would gather only its own (the run fails after its last step)
-            callbacks=[_step_callback(recorder, p.grad_accum), self.wrapping,
-                       *([] if p.emulate else [ModelCheckpoint(dirpath=scratch / "checkpoints", save_last=False)])],
+            callbacks=callbacks,
             enable_checkpointing=not p.emulate,  # else Lightning adds a checkpoint of its own
             logger=CSVLogger(scratch / "logs"), enable_progress_bar=False, enable_model_summary=False,
             # one pass over the held-out set after the last step, outside the timed steps
@@ -235,6 +254,9 @@ class LightningRunner(LoopRunner):
 
     def model(self) -> torch.nn.Module:
         return self.module.model
+
+    def memory_tensors(self) -> dict[str, list[torch.Tensor]]:
+        return getattr(self, "tensors_at_train_end", None) or super().memory_tensors()
 
     def optimizer_object(self):
         trainer = getattr(self, "trainer", None)
