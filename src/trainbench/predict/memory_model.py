@@ -158,7 +158,7 @@ def nccl_layout(params: CellParams) -> str:
 
 def nccl_buffers_mib(params: CellParams) -> float:
     """NCCL's device memory on one GPU rank of the cell, over a one-GPU torch rank's context: none on a
-    CPU rank, or on a GPU alone but under a DeepSpeed engine."""
+    CPU rank, nor on a GPU alone unless a DeepSpeed engine runs there."""
     if params.device != "cuda":
         return 0.0
     if params.gpus <= 1:
