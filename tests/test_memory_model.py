@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from trainbench.study.params import CellParams
-from trainbench.predict.memory_model import Hardware, activations, model_states, predict
+from trainbench.predict.memory_model import Hardware, _block_activations, activations, model_states, predict
 from trainbench.registry.models import get_model
 
 resolve = CellParams.resolve  # a study's settings for one cell, as its typed parameters
@@ -193,7 +193,8 @@ def test_distilbert_block_activations_match_what_its_blocks_save(precision):
             for layer in model.distilbert.transformer.layer:
                 h = layer(h)
     masks = spec.n_layer * batch * seq * spec.d_model  # the FFN's dropout mask, 1 byte, switched off here
-    assert _block_only(params, spec) - masks == pytest.approx(sum(seen.values()), rel=0.05)
+    blocks = _block_activations(params, spec, 1)
+    assert blocks - masks == pytest.approx(sum(seen.values()), rel=0.05)
 
 
 def test_prediction_adds_up_and_judges_the_hardware():
