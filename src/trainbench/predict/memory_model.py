@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainbench.study.params import CellParams
-from trainbench.registry.frameworks import framework_of, offloads, strategy_of
+from trainbench.registry.frameworks import framework_of, offloads, strategy_of, zero_overlaps_comm
 from trainbench.registry.hardware import GPUS, GpuType, gpu_type, gpu_type_named_in, gpu_type_of
 from trainbench.registry.hardware import MIB
 from trainbench.registry.models import ActivationTrace, ModelSpec, get_model
@@ -295,9 +295,8 @@ def model_states(params: CellParams, spec: ModelSpec) -> tuple[dict[str, float],
         # with overlap_comm, stages 1 and 2 reduce through two buckets, one filling while the other is
         # reduced (stage_1_and_2.py's setup_buckets, with contiguous_gradients; DeepSpeed 0.19:
         # 2 x 381 MiB for Lightning's 2e8-element buckets, memory-peaks-4.log)
-        overlaps = (params.overlap_comm if params.overlap_comm is not None
-                    else framework_of(params).time.zero_overlaps_comm)
-        buffers = 2 if stage in (1, 2) and overlaps and params.contiguous_gradients is not False else 1
+        overlaps = zero_overlaps_comm(params) and params.contiguous_gradients is not False
+        buffers = 2 if stage in (1, 2) and overlaps else 1
         bucket = buffers * bucket_elements * weight
         if stage == 0:
             device["weights"] = weight * psi

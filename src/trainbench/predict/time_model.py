@@ -95,7 +95,8 @@ from typing import Any
 
 import numpy as np
 
-from trainbench.registry.frameworks import SHARDED_TP, framework_of, offloads, registry, strategy_of
+from trainbench.registry.frameworks import (SHARDED_TP, framework_of, offloads, registry, strategy_of,
+                                           zero_overlaps_comm)
 from trainbench.study.params import CellParams
 from trainbench.registry.hardware import GpuType, peak_flops, peak_flops_of
 from trainbench.predict.memory_model import (block_bytes_per_token, eager_score_bytes_per_token,
@@ -373,8 +374,7 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
         overlapped = traffic
         calls += (fsdp_gathers(params) + 1) * spec.n_layer
     elif layout == "zero":
-        hides = params.overlap_comm if params.overlap_comm is not None else (
-            stage == 3 or framework.time.zero_overlaps_comm)
+        hides = zero_overlaps_comm(params)
         if stage == 3:
             # each fetch is DeepSpeed's bookkeeping of a module's partitioned weights, and where they
             # are partitioned over more than one rank an all-gather: a second call

@@ -239,6 +239,14 @@ def offloads(params: CellParams) -> tuple[bool, bool]:
                                                   and bool(params.offload_param))))
 
 
+def zero_overlaps_comm(params: CellParams) -> bool:
+    """Whether a DeepSpeed ZeRO cell reduces its gradients during backward (overlap_comm): the cell's
+    setting, else DeepSpeed's default (stage 3 only) or its framework's config (TimeFacts)."""
+    if params.overlap_comm is not None:
+        return params.overlap_comm
+    return strategy_of(params).zero_stage == 3 or framework_of(params).time.zero_overlaps_comm
+
+
 def deepspeed_ops(params: CellParams) -> tuple[str, ...]:
     """The DeepSpeed ops a cell's ranks compile or load: CPU Adam, with which every framework here steps
     an optimizer offloaded from a GPU (ZeRO-Offload takes no other; a CPU cell steps torch's Adam)."""
