@@ -26,7 +26,8 @@ from trainbench.predict import communication
 from trainbench.predict.batch_search import bounds_for, walk
 from trainbench.reporting import findings, references
 from trainbench.reporting.columns import report_problems
-from trainbench.reporting.freshness import prepare, refresh_models_stamp, set_aside_invalid, stamp_path
+from trainbench.reporting.freshness import (CURRENT, prepare, refresh_models_stamp, result_state,
+                                             set_aside_invalid, stamp_path)
 from trainbench.study.config import Config, load_config
 from trainbench.study.grid import Cell, Study, no_runner_problems, probe_cell, shared_resources
 
@@ -229,11 +230,7 @@ class Workflow:
         current = []
         for found in root.glob(paths.probe_glob(study.name, cell.cell_id)):
             batch = int(found.parent.name.removeprefix("mb~"))
-            try:
-                same = read_json(found).get("params_hash") == probe_cell(study, cell, batch).params_hash
-            except (OSError, ValueError):  # unreadable: the workflow sets it aside and runs it again
-                same = False
-            if same:
+            if result_state(probe_cell(study, cell, batch), found).kind == CURRENT:
                 current.append(batch)
         return sorted(current)
 
