@@ -111,9 +111,11 @@ def test_cells_lists_an_emulated_cell_as_one_rank_of_its_world(capsys):
 
 # --- which rank, which GPU -------------------------------------------------------------------------------
 
-def test_the_heaviest_rank_of_a_pipeline_is_on_the_stage_that_held_the_most():
-    cell = ("strategy~zero0__model~bert-180b-l4__nodes~1__gpus~4__pp~4__micro_batch~1__grad_accum~8__"
-            "offload_optimizer~false__offload_param~false")
+@pytest.mark.parametrize("cell", ["strategy~zero0__model~bert-180b-l4__nodes~1__gpus~4__pp~4__micro_batch~1__"
+                                  "grad_accum~8__offload_optimizer~false__offload_param~false",
+                                  "strategy~zero1__model~bert-180b-l4__nodes~1__gpus~4__pp~2__micro_batch~1__"
+                                  "grad_accum~8__offload_optimizer~false__offload_param~false"])
+def test_the_heaviest_rank_of_a_pipeline_is_on_the_stage_that_held_the_most(cell):
     doc = read_result(REPO / "results/runs/zero3_pipeline" / cell / "metrics.json")
     allocated, params = doc["metrics"]["torch_peak_allocated_mib"], CellParams.from_dict(doc["params"])
     per_stage = params.dp
@@ -122,7 +124,8 @@ def test_the_heaviest_rank_of_a_pipeline_is_on_the_stage_that_held_the_most():
     assert heaviest_stage in (0, params.pp - 1)  # an end: the middle stages hold the least
     # the ends hold within 0.4% of each other here: the stage picked holds the most, to the model's 1%
     assert stages[heaviest_stage] >= 0.99 * max(stages)
-    assert min(stages) < 0.9 * max(stages)  # the middle stages hold less: not every pick would do
+    if params.pp > 2:
+        assert min(stages) < 0.9 * max(stages)  # the middle stages hold less: not every pick would do
     assert heaviest_rank(params.replace(pp=1)) == 0
 
 
