@@ -46,6 +46,23 @@ def test_the_campaigns_and_the_validation_rounds_are_read_as_one_results_tree(tm
     assert [str(f) for f in published("runs", "search")] == ["results/runs", "results/search"]
 
 
+# --- the memory model --------------------------------------------------------------------------------------
+
+def test_a_lone_deepspeed_engines_nccl_figure_is_what_the_published_one_gpu_cells_show():
+    """The model's NCCL memory for a DeepSpeed engine alone on a GPU is the gap check-models memory
+    prints between the one-GPU DeepSpeed and torch cells' NVML use over their reservation."""
+    from trainbench.predict.memory_model import NCCL_MIB_ONE_DEEPSPEED_RANK
+
+    run = check_models("memory")
+    assert run.returncode == 0, run.stderr
+    found = re.search(r"one-GPU cells, NVML used over torch's peak reservation: DeepSpeed median ([\d,]+) "
+                      r"MiB \((\d+) cells.*torch median ([\d,]+) MiB \((\d+) cells", run.stdout)
+    assert found, run.stdout[-2000:]
+    deepspeed, torch_alone = (float(found.group(i).replace(",", "")) for i in (1, 3))
+    assert int(found.group(2)) >= 20 and int(found.group(4)) >= 20
+    assert NCCL_MIB_ONE_DEEPSPEED_RANK == pytest.approx(deepspeed - torch_alone, abs=1)
+
+
 # --- the time model ----------------------------------------------------------------------------------------
 
 def test_the_time_models_held_out_cells_are_predicted_and_never_fitted():

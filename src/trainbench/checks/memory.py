@@ -62,6 +62,7 @@ def measured_rows(paths: list[Path]) -> list[dict]:
             p, x = row[f"{kind}_pred_mib"], row[f"{kind}_meas_mib"]
             row[f"{kind}_err_pct"] = error_pct(p, x) if p and x and doc["status"] == "ok" else None
         row["emulated"] = bool(doc.get("emulation"))
+        row["one_gpu"] = params.gpus == 1 and params.device == "cuda"
         row["allocated_err_pct"] = (error_pct(row["tensors_pred_mib"], row["torch_alloc_mib"])
                                     if doc["status"] == "ok" and row["torch_alloc_mib"] else None)
         rows.append(row)
@@ -114,6 +115,17 @@ def print_gpu_split(rows: list[dict]) -> None:
         print(f"  {label:<22} {len(group):>3} cells: reserve median {statistics.median(ratios):.2f} "
               f"({min(ratios):.2f}-{max(ratios):.2f}), tensors median error "
               f"{statistics.median(tensor_err):+.1f}%")
+    # what a GPU alone holds beyond torch's reservation (CUDA context, cuBLAS workspace), and what a
+    # DeepSpeed engine adds there: its NCCL group of one (memory_model.NCCL_MIB_ONE_DEEPSPEED_RANK)
+    beyond = {"DeepSpeed": [], "torch": []}
+    for r in split:
+        if r["one_gpu"] and r["torch_reserved_mib"]:
+            engine_name = "DeepSpeed" if r["engine"].startswith("zero") else "torch"
+            beyond[engine_name].append(r["gpu_meas_mib"] - r["torch_reserved_mib"])
+    if all(beyond.values()):
+        print("one-GPU cells, NVML used over torch's peak reservation: "
+              + ", ".join(f"{name} median {statistics.median(v):,.0f} MiB ({len(v)} cells, "
+                          f"{min(v):,.0f}-{max(v):,.0f})" for name, v in beyond.items()))
 
 
 def print_at_scale(rows: list[dict]) -> None:
