@@ -55,12 +55,13 @@ def test_a_lone_deepspeed_engines_nccl_figure_is_what_the_published_one_gpu_cell
 
     run = check_models("memory")
     assert run.returncode == 0, run.stderr
-    found = re.search(r"one-GPU cells, NVML used over torch's peak reservation: DeepSpeed median ([\d,]+) "
-                      r"MiB \((\d+) cells.*torch median ([\d,]+) MiB \((\d+) cells", run.stdout)
+    found = re.search(r"one-GPU cells, NVML used over torch's peak reservation: with a DeepSpeed engine "
+                      r"median ([\d,]+) MiB \((\d+) cells.*without median ([\d,]+) MiB \((\d+) cells",
+                      run.stdout)
     assert found, run.stdout[-2000:]
-    deepspeed, torch_alone = (float(found.group(i).replace(",", "")) for i in (1, 3))
+    with_engine, without = (float(found.group(i).replace(",", "")) for i in (1, 3))
     assert int(found.group(2)) >= 20 and int(found.group(4)) >= 20
-    assert NCCL_MIB_ONE_DEEPSPEED_RANK == pytest.approx(deepspeed - torch_alone, abs=1)
+    assert NCCL_MIB_ONE_DEEPSPEED_RANK == pytest.approx(with_engine - without, abs=1)
 
 
 # --- the time model ----------------------------------------------------------------------------------------

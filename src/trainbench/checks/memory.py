@@ -117,11 +117,11 @@ def print_gpu_split(rows: list[dict]) -> None:
               f"{statistics.median(tensor_err):+.1f}%")
     # what a GPU alone holds beyond torch's reservation (CUDA context, cuBLAS workspace), and what a
     # DeepSpeed engine adds there: its NCCL group of one (memory_model.NCCL_MIB_ONE_DEEPSPEED_RANK)
-    beyond = {"DeepSpeed": [], "torch": []}
+    beyond: dict[str, list[float]] = {"with a DeepSpeed engine": [], "without": []}
     for r in split:
         if r["one_gpu"] and r["torch_reserved_mib"]:
-            engine_name = "DeepSpeed" if r["engine"].startswith("zero") else "torch"
-            beyond[engine_name].append(r["gpu_meas_mib"] - r["torch_reserved_mib"])
+            group = "with a DeepSpeed engine" if r["engine"].startswith("zero") else "without"
+            beyond[group].append(r["gpu_meas_mib"] - r["torch_reserved_mib"])
     if all(beyond.values()):
         print("one-GPU cells, NVML used over torch's peak reservation: "
               + ", ".join(f"{name} median {statistics.median(v):,.0f} MiB ({len(v)} cells, "
