@@ -134,3 +134,19 @@ def test_an_emulated_gpu_rank_gives_lightning_its_nodes_devices_on_its_one_gpu()
     assert accelerator.get_parallel_devices(devices)[0] == torch.device("cuda", 0)
     with pytest.raises(Exception, match="only has"):
         CUDAAccelerator.parse_devices(4)
+
+
+def test_only_lightning_takes_deterministic():
+    """The other runners do not switch torch to deterministic algorithms: a cell that asks them to is
+    refused, naming the key, rather than labelled deterministic and run as it would be anyway."""
+    from trainbench.registry.frameworks import check
+    from trainbench.study.params import CellParams
+
+    torch_cell = CellParams.resolve({"framework": "torch", "strategy": "single", "model": "gpt2-tiny",
+                                     "device": "cpu", "deterministic": True})
+    errors, _ = check(torch_cell)
+    assert [k for k, _ in errors] == ["deterministic"] and "the torch runner does not read it" in errors[0][1]
+    lightning_cell = CellParams.resolve({"framework": "lightning", "strategy": "single",
+                                         "model": "distilbert-tiny", "head": "classifier", "device": "cpu",
+                                         "deterministic": True})
+    assert check(lightning_cell)[0] == []

@@ -42,6 +42,7 @@ class CellParams(Protocol):
     offload_optimizer: bool
     offload_param: bool
     checkpoint_in_cpu: bool
+    deterministic: bool
     ort: bool
 
 # whether a strategy offloads: never, if the cell asks, itself
@@ -51,7 +52,8 @@ OPTIONAL_SETTINGS = ("overlap_comm", "dataset_path", "pretrained_path", "float8"
                      "ddp_compile", "ddp_bucket_cap_mb", "contiguous_gradients", "reduce_bucket_size",
                      "allgather_bucket_size", "prefetch_bucket_size")
 # switches (off by default) only some runners honour: a cell may turn one on only for those
-OPTIONAL_SWITCHES = ("checkpoint_in_cpu", "float8_all_gather", "ddp_bucket_view", "ddp_static_graph")
+OPTIONAL_SWITCHES = ("checkpoint_in_cpu", "float8_all_gather", "ddp_bucket_view", "ddp_static_graph",
+                     "deterministic")
 
 
 @dataclass(frozen=True)
@@ -337,7 +339,8 @@ register(Framework(
                 reduce_bucket_elements=lambda spec: 2e8,  # DeepSpeedStrategy(reduce_bucket_size=2e8)
                 fsdp_accumulates_unsharded=True, eager_attention_when_deterministic=True),
     honours=("dataset_path", "pretrained_path", "ddp_bucket_cap_mb", "ddp_bucket_view", "ddp_static_graph",
-             "overlap_comm", "contiguous_gradients", "reduce_bucket_size", "allgather_bucket_size"),
+             "overlap_comm", "contiguous_gradients", "reduce_bucket_size", "allgather_bucket_size",
+             "deterministic"),
     time=TimeFacts(loop_step_s=0.02, zero_overlaps_comm=True,
                    window_holds="what Lightning's loop does between steps"),
     best_practice=(GC_EVERY, DDP_BUCKETS, DDP_BUCKET_VIEW)))

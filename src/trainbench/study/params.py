@@ -255,7 +255,8 @@ class CellParams:
     seed: int = param(0, "Seed of model initialisation and synthetic data.",
         minimum=0)
     deterministic: bool = param(False, "Deterministic algorithms only (Lightning's deterministic=True); "
-        "attention then uses the eager implementation, whose backward is deterministic.")
+        "attention then uses the eager implementation, whose backward is deterministic, and torch fills "
+        "every tensor it allocates (a cost on the host: docs/time-model.md). Lightning only.")
     tokens: str | None = param(None, "Train a language model on your tokens: a flat binary file of token ids "
         "(as nanoGPT's prepare scripts write them), read in windows of seq_len + 1, each data-parallel rank "
         "its own; relative to the folder of config.yaml. Null: synthetic tokens.",
