@@ -217,6 +217,22 @@ def test_torchs_tensor_parallelism_pays_dtensors_dispatch_on_the_host_and_autotp
     assert host > time_model.parts(dtensor, replace(constants, dtensor_pass_s=0.0))["framework"]
 
 
+def test_deterministic_algorithms_cost_the_host_a_share_of_each_block_pass():
+    """Under Lightning's deterministic=True torch fills every tensor it allocates and attention runs
+    eagerly: more host work in every block pass, nothing else (the deterministic lightning cells ran 13-46%
+    over the model that lacked it, the others 17-74% under)."""
+    lightning = dict(framework="lightning", strategy="single", model="distilbert-base", head="classifier",
+                     seq_len=512, gpus=1, micro_batch=12)
+    plain = time_model.work(cell(**lightning), H200)
+    strict = time_model.work(cell(**lightning, deterministic=True), H200)
+    assert plain.deterministic_passes == 0 and strict.deterministic_passes == strict.layer_passes
+    constants = time_model.load_constants()["h200"]
+    assert constants.deterministic_pass_s > 0
+    before, after = time_model.parts(plain, constants), time_model.parts(strict, constants)
+    assert after["framework"] > before["framework"]
+    assert after["optimizer"] == before["optimizer"] and after["communication"] == before["communication"]
+
+
 def test_the_pipeline_bubble_and_stage_share():
     w = time_model.work(cell(strategy="zero1", gpus=4, pp=4, grad_accum=8), H200)
     whole = time_model.work(cell(strategy="zero1", gpus=4, pp=1, grad_accum=8), H200)
@@ -300,10 +316,15 @@ def test_the_fit_recovers_the_constants_that_made_the_times():
     cells = [c.params for name in ("megatron", "zero3_pipeline", "lightning", "gpt2_zero", "baseline")
              for c in config.study(name).cells if not c.unsupported and c.params.model != "bert-180b"]
     llama = [c.params for c in config.study("llama").cells if c.params.model == "llama-7b"]
+    # Lightning's cells without deterministic algorithms too, as the validation studies have them: else
+    # what those add to a block's pass and Lightning's fixed cost would only ever be seen together
+    lightning = [c.params.replace(deterministic=False) for c in config.study("lightning").cells
+                 if not c.unsupported]
     # CPU threads per rank as the measured cells had them: from 1 to 16, so threads and host are told apart
     works = time_model.stack([time_model.work(p, H200, cpu_threads=(1, 2, 4, 8, 16)[i % 5])
-                              for i, p in enumerate(cells + llama[::7])])
-    truth = time_model.Constants(eta_matmul=0.55, elementwise_passes=2.5, layer_pass_s=4e-4, call_s=7e-4,
+                              for i, p in enumerate(cells + llama[::7] + lightning)])
+    truth = time_model.Constants(eta_matmul=0.55, elementwise_passes=2.5, layer_pass_s=4e-4,
+                                 deterministic_pass_s=1e-3, call_s=7e-4,
                                  eta_optimizer=0.2, eta_optimizer_torch=0.45, eta_pcie=0.6,
                                  cpu_adam_per_thread=9e7,
                                  cpu_torch_per_thread=3e7, cpu_unscale_per_thread=5e7, cpu_host_rate=2e9,

@@ -15,7 +15,8 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
     busy = (H^4 + D^4)^(1/4)      the host queues work while the GPU runs it: the slower sets the pace
     D = F / (e_mm x peak) + F_head / (e_unaligned x peak)
         + k_elem x elem_bytes / B_hbm (+ cast_bytes / B_hbm)                  the device's compute
-    H = t_layer x layer_passes + t_dt x dtensor_passes + t_call x calls      the host's launches
+    H = t_layer x layer_passes + t_dt x dtensor_passes + t_det x det_passes
+        + t_call x calls                                                       the host's launches
 
 - F, the matmul and attention FLOPs of the step on the GPU: per token 6 x the block parameters of the
   GPU's shard (tensor parallelism divides them, pipeline stages split the layers) plus 12 L d S / tp
@@ -37,7 +38,11 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
   falls with d / tp, at a rate set by its peak over its memory bandwidth.
 - layer_passes: each block's forward and backward per micro batch (3, 4 with recomputation): the
   kernel launches and Python of a block; dtensor_passes, the same under torch's tensor parallelism,
-  whose layers are DTensors, each operation dispatched through their sharding on the host (t_dt).
+  whose layers are DTensors, each operation dispatched through their sharding on the host (t_dt);
+  det_passes, the same under deterministic algorithms (t_det): torch then fills every tensor it
+  allocates uninitialised (torch.utils.deterministic.fill_uninitialized_memory: 535 more kernels a step
+  of Lightning's DistilBERT, 1.9 of the GPU's 15.6 ms, 8 ms of the host's profiled 84) and attention
+  runs eagerly, in a dozen operations where SDPA takes one.
   calls: framework-level collective calls the host makes: the tensor-parallel all-reduces (2 forward
   and 2 backward per block and micro batch, 2 more when recomputing, and 2 per micro batch for a
   vocabulary-parallel embedding and LM head), ZeRO-3's parameter fetches (one per linear layer for
@@ -143,6 +148,7 @@ class Work:
     cast_s: float  # float8's scaling and casts of the linear layers' operands / HBM bandwidth
     layer_passes: float  # block forward/backward passes
     dtensor_passes: float  # those of them whose layers are DTensors (torch's tensor parallelism)
+    deterministic_passes: float  # those of them under deterministic algorithms (params.deterministic)
     calls: float  # framework-level collective calls the host makes
     micro_link_s: float  # tensor- and pipeline-parallel collectives per step, not overlapped, on the link
     overlapped_link_s: float  # ZeRO-3 / FSDP / DDP collectives compute can hide, on the link
@@ -172,6 +178,8 @@ class Constants:
     elementwise_passes: float = 3.0  # elementwise traffic in units of what a block saves for backward
     layer_pass_s: float = 1e-4  # launch and Python cost of one block's forward or backward
     dtensor_pass_s: float = 1e-3  # what DTensor's dispatch adds to a block's pass under torch's tp
+    # what deterministic algorithms add to a block's pass: a fill of every tensor allocated, eager attention
+    deterministic_pass_s: float = 5e-4
     call_s: float = 5e-4  # one framework-level collective call, on the host
     # the share of overlappable collectives a step exposes however much compute there is to hide them
     # behind: the first gathers before compute starts, the last reductions after it ends, a kernel
@@ -199,7 +207,7 @@ class Constants:
     fitted_on: str = ""  # what they were fitted on (cells, command)
 
     SCALARS = ("eta_matmul", "eta_unaligned", "elementwise_passes", "layer_pass_s", "dtensor_pass_s",
-               "call_s", "exposed_share", "eta_optimizer", "eta_optimizer_torch",
+               "deterministic_pass_s", "call_s", "exposed_share", "eta_optimizer", "eta_optimizer_torch",
                "eta_pcie", "cpu_adam_per_thread", "cpu_torch_per_thread", "cpu_unscale_per_thread",
                "cpu_host_rate")
 
@@ -428,6 +436,7 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
         layer_passes=ga * layers * passes, calls=calls,
         # torch's tensor parallelism runs each block's layers as DTensors, dispatched on the host
         dtensor_passes=ga * layers * passes if tp > 1 and strategy.tensor_parallel is SHARDED_TP else 0,
+        deterministic_passes=ga * layers * passes if params.deterministic else 0,
         micro_link_s=micro_link,
         overlapped_link_s=overlapped, overlapped_pcie_s=overlapped_pcie, overlap_budget=budget,
         sync_link_s=sync, optimizer_hbm_s=optimizer_hbm, torch_optimizer_hbm_s=torch_optimizer_hbm,
@@ -480,7 +489,7 @@ def parts(w, c: Constants) -> dict[str, Any]:
     device = (g("matmul_s") / c.eta_matmul + g("unaligned_head_s") / c.eta_unaligned
               + c.elementwise_passes * g("elementwise_s") + g("cast_s"))
     host = (c.layer_pass_s * g("layer_passes") + c.dtensor_pass_s * g("dtensor_passes")
-            + c.call_s * g("calls"))
+            + c.deterministic_pass_s * g("deterministic_passes") + c.call_s * g("calls"))
     # the host queues work while the GPU computes: the slower of the two sets the pace
     busy = (host ** SHARPNESS + device ** SHARPNESS) ** (1 / SHARPNESS)
     micro = g("pipeline_factor") * (busy + g("micro_link_s"))
