@@ -92,9 +92,9 @@ CUDA_CONTEXT_MIB = 1850.0
 NCCL_MIB_BY_LAYOUT = {"data": 298.0, "zero3": 498.0, "zero": 488.0, "tensor": 1272.0, "pipeline": 2984.0}
 # A DeepSpeed engine alone on one GPU still runs its collectives (the initial broadcast, the overflow
 # and norm all-reduces) on an NCCL group of one, whose buffers a one-GPU torch rank never opens: NVML
-# over the peak reservation, median of the 45 one-GPU ZeRO cells published (every framework, offloaded
-# or not, 2,328-2,424 MiB), 2,346 MiB, less the 69 torch cells' 1,940 (check-models memory prints both)
-NCCL_MIB_ONE_DEEPSPEED_RANK = 406.0
+# over the peak reservation, median of the 47 one-GPU ZeRO cells published (every framework, offloaded
+# or not, 2,248-2,424 MiB), 2,344 MiB, less the 75 torch cells' 1,940 (check-models memory prints both)
+NCCL_MIB_ONE_DEEPSPEED_RANK = 404.0
 # What an emulated rank shows over its reservation is 476 MiB less than a real one-GPU rank's context:
 # 1,452-1,464 MiB on every emulated GPU rank published (H200, driver 580), 1,924-1,954 on the one-GPU
 # torch cells of the same days. Its figure completed to a real rank's adds this and NCCL's buffers.
