@@ -169,3 +169,37 @@ def test_each_cell_names_its_hosts_pace_and_the_report_says_when_the_host_was_sl
     assert main(["compare", str(first), str(second)]) == 0
     out = capsys.readouterr().out
     assert "median x1.20 over 1 cells" in out and "slower in" not in out
+
+
+def test_a_host_bound_cell_changes_only_beyond_its_reruns_spread(tmp_path, capsys):
+    """Lightning's one-GPU cell, whose step the time model puts 70% on the host, and the baseline's
+    one-GPU GPT-2, 5% on it: the same 15% slowdown with intervals far apart is a change of the second
+    and not of the first, whose reruns in fresh processes spread 22% on one host; 30% is one of both."""
+    host_bound, gpu_bound = ("lightning/strategy~single__gpus~1",
+                             "baseline/strategy~single__model~gpt2-124m__gpus~1__micro_batch~32")
+    first = _tree(tmp_path / "a", [host_bound, gpu_bound])
+    steady = _windows_within(0.002)
+    for cell in (host_bound, gpu_bound):
+        _edit(first, cell, steady)
+    for factor, host_bound_changed in ((1.15, False), (1.30, True)):
+        second = tmp_path / f"b{factor}"
+        shutil.copytree(first, second)
+        for cell in (host_bound, gpu_bound):
+            _edit(second, cell, _steps_times(factor))
+        cells = {f"{c.study}/{c.cell_id}": c for c in compare(first, second).cells}
+        assert cells[host_bound].host_bound and not cells[gpu_bound].host_bound
+        assert cells[gpu_bound].changes["step_time_s"].significant
+        assert cells[host_bound].changes["step_time_s"].significant is host_bound_changed
+        assert cells[host_bound].changes["samples_per_s"].significant is host_bound_changed
+    assert main(["compare", str(first), str(second)]) == 0
+    out = capsys.readouterr().out
+    assert "host-bound (h): 1 cells" in out and " h\n" in out
+
+
+def _windows_within(spread: float):
+    def steady(doc):  # the cell's windows made as alike as a quiet GPU-bound cell's
+        metrics = doc["metrics"]
+        median = metrics["step_time_s"]
+        metrics["step_times_s"] = [median * (1 + spread * (i - 2.5) / 2.5) for i in range(6)]
+        _steps_times(1.0)(doc)
+    return steady
