@@ -219,8 +219,8 @@ def test_torchs_tensor_parallelism_pays_dtensors_dispatch_on_the_host_and_autotp
 
 def test_deterministic_algorithms_cost_the_host_a_share_of_each_block_pass():
     """Under Lightning's deterministic=True torch fills every tensor it allocates and attention runs
-    eagerly: more host work in every block pass, nothing else (the deterministic lightning cells ran 13-46%
-    over the model that lacked it, the others 17-74% under)."""
+    eagerly: more host work in every block pass (the deterministic Lightning cells ran up to 46% over the
+    model that lacked it, the others up to 74% under)."""
     lightning = dict(framework="lightning", strategy="single", model="distilbert-base", head="classifier",
                      seq_len=512, gpus=1, micro_batch=12)
     plain = time_model.work(cell(**lightning), H200)
@@ -230,7 +230,19 @@ def test_deterministic_algorithms_cost_the_host_a_share_of_each_block_pass():
     assert constants.deterministic_pass_s > 0
     before, after = time_model.parts(plain, constants), time_model.parts(strict, constants)
     assert after["framework"] > before["framework"]
-    assert after["optimizer"] == before["optimizer"] and after["communication"] == before["communication"]
+    assert after["optimizer"] == before["optimizer"]
+
+
+def test_a_predictions_host_part_holds_its_ranks_waiting_for_the_slowest_host():
+    """host_s, what compare calls host-bound by: the framework's part, and on several ranks the share of
+    the host's time parts() moved into communication; never more than the step."""
+    share = time_model.load_constants()["h200"].collective_wait_share["4"]
+    one = time_model.predict(cell(strategy="zero1", gpus=1), H200)
+    four = time_model.predict(cell(strategy="zero1", gpus=4), H200)
+    assert one.host_s == pytest.approx(one.parts_s["framework"])
+    assert four.host_s == pytest.approx(four.parts_s["framework"] / (1 - share))
+    assert four.parts_s["framework"] < four.host_s <= four.step_time_s
+    assert four.as_dict()["host_s"] == pytest.approx(four.host_s, abs=1e-6)
 
 
 def test_the_pipeline_bubble_and_stage_share():

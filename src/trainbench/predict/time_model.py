@@ -40,7 +40,7 @@ by a handful of efficiency constants fitted on the measured cells (`step_time`, 
   kernel launches and Python of a block; dtensor_passes, the same under torch's tensor parallelism,
   whose layers are DTensors, each operation dispatched through their sharding on the host (t_dt);
   det_passes, the same under deterministic algorithms (t_det): torch then fills every tensor it
-  allocates uninitialised (torch.utils.deterministic.fill_uninitialized_memory: 535 more kernels a step
+  allocates uninitialised (torch.utils.deterministic.fill_uninitialized_memory: 535 fill kernels a step
   of Lightning's DistilBERT, 1.9 of the GPU's 15.6 ms, 8 ms of the host's profiled 84) and attention
   runs eagerly, in a dozen operations where SDPA takes one.
   calls: framework-level collective calls the host makes: the tensor-parallel all-reduces (2 forward
@@ -539,13 +539,16 @@ class TimePrediction:
     gpu: str  # the GPU type predicted for
     constants_gpu: str  # the GPU type whose fitted efficiencies were used
     note: str | None = None  # set where they are another type's, or the cell is outside the model
+    # the host's whole part: `framework`, and what of it parts() counts as communication (ranks waiting
+    # in collectives for the slowest host)
+    host_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {"step_time_s": round(self.step_time_s, 6), "samples_per_s": round(self.samples_per_s, 3),
                 "tokens_per_s": round(self.tokens_per_s, 1),
                 "mfu": None if self.mfu is None else round(self.mfu, 4),
                 "parts_s": {k: round(float(v), 6) for k, v in self.parts_s.items()}, "gpu": self.gpu,
-                "constants_gpu": self.constants_gpu, "note": self.note}
+                "constants_gpu": self.constants_gpu, "note": self.note, "host_s": round(self.host_s, 6)}
 
 
 def constants_for(gpu: GpuType, table: dict[str, Constants] | None = None) -> tuple[Constants, str | None]:
@@ -593,8 +596,9 @@ def predict(params: CellParams, gpu: GpuType | None, constants: Constants | None
     flops = spec.train_flops_per_token(seq, params.head, params.num_classes)
     mfu = samples * seq * flops / params.gpus / peak if peak else None
     note = "; ".join(n for n in (note, outside(params)) if n) or None
+    waiting = float(collective_wait_share(constants, w.ranks))
     return TimePrediction(step, samples, samples * seq, mfu, {k: float(v) for k, v in parts_s.items()},
-                          gpu.key, constants.gpu, note)
+                          gpu.key, constants.gpu, note, host_s=float(parts_s["framework"]) / (1 - waiting))
 
 
 def waiting_s(params: CellParams, gpu: GpuType, constants: Constants | None = None,
