@@ -204,3 +204,15 @@ def _windows_within(spread: float):
         metrics["step_times_s"] = [median * (1 + spread * (i - 2.5) / 2.5) for i in range(6)]
         _steps_times(1.0)(doc)
     return steady
+
+
+def test_a_history_record_is_never_host_bound_and_its_result_is():
+    """compare_docs takes results or history records on either side; a record keeps no parameters, so
+    the model says nothing of it rather than failing."""
+    from trainbench.reporting.compare import host_bound
+
+    cell = "lightning/strategy~single__gpus~1"
+    history = RUNS.parent / "history" / f"{cell}.jsonl"
+    record = json.loads(history.read_text().splitlines()[-1])
+    result = json.loads((RUNS / cell / "metrics.json").read_text())
+    assert not host_bound(record) and host_bound(result)

@@ -172,13 +172,12 @@ def _results(root: Path, select: Selection) -> dict[str, tuple[dict, Path]]:
 
 def host_bound(doc: dict) -> bool:
     """Whether the time model puts HOST_BOUND_SHARE of the cell's step or more on the host (False where
-    it says nothing: CPU ranks, an unknown GPU, a history record, which lacks what it predicts from)."""
+    it says nothing: CPU ranks, an unknown GPU, and a history record, which keeps no parameters)."""
     from trainbench.reporting.predictions import time_prediction
 
-    try:
-        predicted = time_prediction(doc)
-    except (KeyError, TypeError, ValueError):
+    if "params" not in doc:
         return False
+    predicted = time_prediction(doc)
     step, host = predicted.get("step_time_s"), predicted.get("host_s")
     return bool(step) and host is not None and host >= HOST_BOUND_SHARE * step
 
