@@ -10,13 +10,15 @@
 # When the budget ends Snakemake is interrupted: a cell still running leaves no metrics.json (see
 # cellrun.py), finished cells keep theirs. TARBALL gets results/runs, results/history,
 # results/search and the logs.
-# Set TRAINBENCH_GIT_COMMIT to the commit the tree was copied from (provenance).
+# Set TRAINBENCH_GIT_COMMIT to the commit the tree was copied from (provenance), and WORKSPACE to run
+# the targets of another workspace (the validation studies: WORKSPACE=validation).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 house=${1:?usage: tools/gpu-host-run.sh WHEELHOUSE SECONDS TARBALL TARGETS_FILE...}
 seconds=${2:?seconds}
 tarball=${3:?tarball}
 shift 3
+workspace=${WORKSPACE:-.}
 deadline=$(( $(date +%s) + seconds ))
 
 bash tools/install_offline.sh "$house" || exit 1
@@ -31,10 +33,11 @@ for file in "$@"; do
   mapfile -t targets < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$file")
   echo "== $file: ${#targets[@]} targets, ${left}s left"
   timeout --signal=INT --kill-after=60 "$left" \
-    snakemake --cores "$(nproc)" --resources gpu="$gpus" --keep-going --printshellcmds \
-      "${targets[@]}"
+    snakemake --directory "$workspace" --cores "$(nproc)" --resources gpu="$gpus" --keep-going \
+      --printshellcmds "${targets[@]}"
   echo "== $file: snakemake exit $?"
 done
 
-tar czf "$tarball" --ignore-failed-read results/runs results/history results/search .snakemake/log 2>/dev/null
+tar czf "$tarball" --ignore-failed-read -C "$workspace" results/runs results/history results/search \
+  .snakemake/log 2>/dev/null
 echo "packed $(tar tzf "$tarball" | grep -c metrics.json) metrics.json files into $tarball"
