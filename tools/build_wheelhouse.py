@@ -17,6 +17,11 @@ How: resolve envs/requirements.txt with pip's resolver, then fetch every resolve
 torch and its CUDA wheels (the target has its own; --torch adds one) as a wheel for the target's
 Python and manylinux x86_64. Packages published only as source (deepspeed, connection_pool) are
 built here into wheels: right only for pure-Python packages, which is checked (py3-none-any).
+
+Where the copy to the target is limited in size: --leave-out drops packages the runs there do without
+(pulp, Snakemake's ILP scheduler, 16 MiB: tools/gpu-host-run.sh then schedules greedily; torchao, for
+float8 cells alone), and --lzma recompresses every wheel's members with LZMA (pip reads any method
+Python's zipfile reads; the members and RECORD are unchanged): a third smaller than deflate.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,6 +81,17 @@ def fetch(name: str, version: str, dest: Path, python: str) -> str:
     return "built"
 
 
+def recompress(wheel: Path) -> None:
+    """The wheel with its members LZMA-compressed, in place."""
+    packed = wheel.with_suffix(".lzma-tmp")
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(packed, "w", zipfile.ZIP_LZMA) as target:
+        for info in source.infolist():
+            data = source.read(info)
+            info.compress_type = zipfile.ZIP_LZMA
+            target.writestr(info, data)
+    packed.replace(wheel)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -86,6 +103,9 @@ def main() -> int:
     parser.add_argument("--no-project", action="store_true", help="leave out the trainbench wheel")
     parser.add_argument("--skip", type=Path, metavar="FILE",
                         help="names the target already has, one a line (e.g. envs/gpu-host-image.txt)")
+    parser.add_argument("--leave-out", metavar="NAMES", default="",
+                        help="comma-separated packages to leave out (e.g. pulp,torchao)")
+    parser.add_argument("--lzma", action="store_true", help="recompress the wheels with LZMA")
     args = parser.parse_args()
     args.dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -94,6 +114,8 @@ def main() -> int:
     if args.skip:
         present = {normalise(n) for n in requirements(args.skip)}
         resolved = [(n, v) for n, v in resolved if normalise(n) not in present]
+    left_out = {normalise(n) for n in args.leave_out.split(",") if n.strip()}
+    resolved = [(n, v) for n, v in resolved if normalise(n) not in left_out]
     print(f"{len(resolved)} packages for cp{args.python.replace('.', '')}")
     kinds = {"wheel": 0, "built": 0}
     for name, version in resolved:
@@ -108,6 +130,9 @@ def main() -> int:
                 (shutil.copytree if source.is_dir() else shutil.copy)(source, Path(tmp) / name)
             subprocess.run([*PIP, "wheel", "--no-deps", "-w", str(args.dest.resolve()), tmp], check=True)
     wheels = sorted(args.dest.glob("*.whl"))
+    if args.lzma:
+        for wheel in wheels:
+            recompress(wheel)
     size = sum(w.stat().st_size for w in wheels) / 2**20
     print(f"wheelhouse {args.dest}: {len(wheels)} wheels, {size:.0f} MiB "
           f"({kinds['wheel']} downloaded, {kinds['built']} built from source)")

@@ -25,6 +25,9 @@ bash tools/install_offline.sh "$house" || exit 1
 # DeepSpeed's CPU Adam compiles once per host, not once per cell
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch-extensions}
 gpus=$(nvidia-smi -L | wc -l)
+# a wheelhouse built --leave-out pulp (Snakemake's ILP scheduler) schedules greedily
+scheduler=()
+python3 -c "import pulp" 2>/dev/null || scheduler=(--scheduler greedy)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
 for file in "$@"; do
@@ -34,7 +37,7 @@ for file in "$@"; do
   echo "== $file: ${#targets[@]} targets, ${left}s left"
   timeout --signal=INT --kill-after=60 "$left" \
     snakemake --directory "$workspace" --cores "$(nproc)" --resources gpu="$gpus" --keep-going \
-      --printshellcmds "${targets[@]}"
+      --printshellcmds "${scheduler[@]}" "${targets[@]}"
   echo "== $file: snakemake exit $?"
 done
 
