@@ -412,8 +412,8 @@ def traced(params: CellParams, spec: ModelSpec) -> ActivationTrace:
     compute, residual = _dtype_bytes(params)
     mode = "fp32" if compute == 4 else ("half-16" if residual == 2 else "autocast-16")
     tp = params.tp if spec.facts.tp_collectives_per_block or spec.facts.tp_other_params else 1
-    return spec.facts.activations(spec, mode, "eager" if params.attention == "eager" else "sdpa",
-                                  params.seq_len or spec.max_seq, tp)
+    kernel = "eager" if spec.attention_run(params.attention) == "eager" else "sdpa"
+    return spec.facts.activations(spec, mode, kernel, params.seq_len or spec.max_seq, tp)
 
 
 def block_bytes_per_token(params: CellParams, spec: ModelSpec, *, traffic: bool = False) -> float:

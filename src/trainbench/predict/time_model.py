@@ -312,7 +312,7 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
     # the user's, what torch's FLOP counter found (trainbench.training.user_models)
     per_position = spec.facts.attention_flops_per_position / spec.n_layer if spec.user_defined else 12 * d
     attention = per_position * (1 + ac / 3) * layers * seq / tp
-    if params.precision == "fp32" and params.attention in ("sdpa", "efficient"):
+    if params.precision == "fp32" and spec.attention_run(params.attention) in ("sdpa", "efficient"):
         # SDPA has no fp32 flash or cuDNN kernel: fp32 runs the memory-efficient one on CUDA cores, TF32
         # or not (holdout_pace's GPT-345M: 221 ms of a 590 ms profiled step, 45 TFLOP/s): the fp32 peak
         attention *= peak / peak_flops(gpu, "fp32", False)

@@ -53,8 +53,22 @@ class ModelFacts:
     tp_block_params: int = 0
     tp_other_params: int = 0
     tp_collectives_per_block: int = 0
+    # whether its attention is torch's scaled_dot_product_attention; False: the model's own (transformers
+    # implements some architectures no other way), whatever kernel a cell asks for
+    sdpa: bool = True
+    # a mixture of experts: the parameters of all its experts, and those of the experts one token is
+    # routed to (0 for a dense model)
+    expert_params: int = 0
+    active_expert_params: int = 0
+    vocab_size: int = 0  # the token embedding's rows (from the config, or transformers' default for it)
     # activation traces by key (`trace_key`), filled as cells ask; `tracer` makes a missing one
     traces: dict[str, ActivationTrace] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def params_active(self) -> int:
+        """The parameters one token meets: all of a dense model's; a mixture's without the experts it is
+        not routed to."""
+        return self.params_total - self.expert_params + self.active_expert_params
 
     def activations(self, spec: ModelSpec, mode: str, attention: str, seq_len: int,
                     tp: int = 1) -> ActivationTrace:
@@ -154,6 +168,13 @@ class ModelSpec:
             raise LookupError(f"model {self.name!r} is defined in the config and has not been counted yet "
                               "(trainbench.training.user_models.count_model)")
         return self.facts
+
+    def attention_run(self, requested: str) -> str:
+        """The attention a cell of this model runs: the kernel it asks for, or the model's own ("eager")
+        where the model has no scaled_dot_product_attention."""
+        if self.user_defined and self.facts is not None and not self.facts.sdpa:
+            return "eager"
+        return requested
 
     def block_params(self) -> int:
         if self.user_defined:

@@ -51,6 +51,25 @@ def _first(config: dict[str, Any], names: tuple[str, ...]) -> Any:
     return next((config[n] for n in names if isinstance(config.get(n), int) and config[n] > 0), None)
 
 
+def text_keys(config: dict[str, Any]) -> dict[str, Any]:
+    """The keys that describe a config's language model: its own, or, where it nests the text model
+    (Gemma 3, Llama 4, Qwen3.5 and other multimodal configs), those of its `text_config` over them."""
+    nested = config.get("text_config")
+    return {**config, **nested} if isinstance(nested, dict) else config
+
+
+def default_vocab_size(model_type: str) -> int | None:
+    """The vocabulary transformers gives a model_type's config by default (its text model's), for a
+    config that leaves it out; None where transformers does not know the type."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        return None
+    default = CONFIG_MAPPING[model_type]()
+    vocab = getattr(default.get_text_config(), "vocab_size", None)
+    return vocab if isinstance(vocab, int) and vocab > 0 else None
+
+
 def _hf_entry(name: str, entry: dict[str, Any], base: Path, problems: list[str]) -> dict[str, Any] | None:
     where = f"models.{name}"
     if "hf_config" in entry:
@@ -76,8 +95,13 @@ def _hf_entry(name: str, entry: dict[str, Any], base: Path, problems: list[str])
         problems.append(f"{where}.{key}: gives no model_type (transformers' name of the architecture, "
                         "e.g. 'qwen2')")
         return None
-    if not isinstance(config.get("vocab_size"), int) or config["vocab_size"] < 1:
-        problems.append(f"{where}: the config gives no vocab_size")
+    vocab = text_keys(config).get("vocab_size")
+    if vocab is not None and (not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1):
+        problems.append(f"{where}: vocab_size {vocab!r} is not a positive integer")
+        return None
+    if vocab is None and default_vocab_size(config["model_type"]) is None:
+        problems.append(f"{where}: the config gives no vocab_size, and transformers has no default for "
+                        f"model_type {config['model_type']!r}")
         return None
     return config
 
@@ -161,11 +185,12 @@ def spec_from_definition(name: str, definition: dict[str, Any], note: str | None
         return ModelSpec(name, "custom", 0, 0, 1, definition["vocab_size"], definition["max_seq"],
                          learned_positions=False, block_class=definition["block"].rsplit(".", 1)[-1],
                          note=note or definition["factory"], definition=canonical(definition))
-    config = definition["config"]
+    config = text_keys(definition["config"])
     sizes = {field: _first(config, names) for field, names in HF_KEYS.items()}
+    vocab = config.get("vocab_size") or default_vocab_size(definition["config"]["model_type"])
     return ModelSpec(
         name, "custom", sizes["n_layer"] or 0, sizes["d_model"] or 0, sizes["n_head"] or 1,
-        config["vocab_size"], sizes["max_seq"] or 2048, ffn_hidden=sizes["ffn_hidden"] or 0,
+        vocab, sizes["max_seq"] or 2048, ffn_hidden=sizes["ffn_hidden"] or 0,
         tied_embeddings=bool(config.get("tie_word_embeddings", True)), learned_positions=False,
         block_class=definition.get("block") or "", note=note or f"transformers {config['model_type']}",
         definition=canonical(definition))
