@@ -117,7 +117,8 @@ def test_a_reference_naming_an_unknown_gpu_is_refused_by_key():
 
 def test_every_published_study_declares_references_its_published_cells_meet():
     """A rerun of any published study is checked against what was published: each declares reference
-    figures, and the published cells themselves are within them (and every reference finds its cell)."""
+    figures for the GPU they were measured on, and the published cells themselves are within them (and
+    every reference finds its cell)."""
     published = [(root, p.name) for root in (REPO, REPO / "validation")
                  for p in sorted((root / "results/runs").iterdir()) if p.is_dir()]
     assert len(published) >= 18
@@ -125,6 +126,7 @@ def test_every_published_study_declares_references_its_published_cells_meet():
     for root, name in published:
         study = configs[root].study(name)
         assert study.references, f"studies.{name} declares no references"
+        assert all(r.get("gpu") for r in study.references), f"studies.{name}: a reference names no GPU"
         docs = read_cells(sorted((root / "results/runs" / name).glob("*/metrics.json")))
         checks = check(study.references, docs)
         assert {c.index for c in checks} == set(range(1, len(study.references) + 1)), name
