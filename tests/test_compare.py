@@ -216,3 +216,80 @@ def test_a_history_record_is_never_host_bound_and_its_result_is():
     record = json.loads(history.read_text().splitlines()[-1])
     result = json.loads((RUNS / cell / "metrics.json").read_text())
     assert not host_bound(record) and host_bound(result)
+
+
+BASELINE_ONE_GPU = "baseline/strategy~single__model~gpt2-124m__gpus~1__micro_batch~32"
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def _on(gpu_name: str | None):
+    def rerun_there(doc):
+        doc["provenance"]["gpu_name"] = gpu_name
+    return rerun_there
+
+
+@pytest.fixture
+def h200_and_h100(tmp_path):
+    """The baseline's one-GPU GPT-2 124M cell as published (an H200), and rerun 30% slower on an H100."""
+    first = _tree(tmp_path / "a", [BASELINE_ONE_GPU])
+    second = _tree(tmp_path / "b", [BASELINE_ONE_GPU])
+    _edit(second, BASELINE_ONE_GPU, _on(H100))
+    _edit(second, BASELINE_ONE_GPU, _steps_times(1.30))
+    return first, second
+
+
+def test_a_cell_rerun_on_another_gpu_model_is_a_cross_gpu_comparison_not_a_repeat(h200_and_h100, capsys):
+    from trainbench.predict import time_model
+    from trainbench.registry.hardware import GPUS
+
+    first, second = h200_and_h100
+    result = compare(first, second)
+    cell = result.cells[0]
+    assert json.loads((first / BASELINE_ONE_GPU / "metrics.json").read_text())["provenance"]["gpu_name"] \
+        == "NVIDIA H200"
+    assert cell.cross_gpu and cell.gpu_change == "H200 -> H100"
+    assert not cell.repeated and not cell.changes and not result.significant()
+    assert result.cross_gpu() == {"H200 -> H100": 1}
+    # beside the measured ratio, the time model's for the cell on the two GPUs
+    params = CellParams.from_dict(with_optional_defaults(
+        json.loads((first / BASELINE_ONE_GPU / "metrics.json").read_text())["params"]))
+    expected = time_model.predict(params, GPUS["h100"]).step_time_s / time_model.predict(
+        params, GPUS["h200"]).step_time_s
+    step = cell.ratios["step_time_s"]
+    assert step.measured == pytest.approx(1.30, rel=0.01) and step.predicted == pytest.approx(expected)
+    assert 1 < step.predicted < 1.5  # an H100 is slower than an H200 at the same cell
+    assert cell.ratios["samples_per_s"].predicted == pytest.approx(1 / expected)
+    # 30% slower, intervals apart: a regression on one GPU, but not across two, so no gate trips
+    assert main(["compare", str(first), str(second), "--fail-on", "slower:5%"]) == 0
+    out = capsys.readouterr().out
+    assert "cross-GPU comparison: 1 cells pair across GPU models (H200 -> H100: 1)" in out
+    assert "0 repeated" in out and "no significant change" in out and "gate: passed" in out
+    assert f"H200 -> H100, cross-GPU: step_time_s x1.30 (model x{expected:.2f})" in out
+    assert main(["compare", str(first), str(second), "--fail-on", "slower:5%", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    row = report["cells"][0]
+    assert row["gpus"] == ["NVIDIA H200", H100] and row["gpu_models"] == ["h200", "h100"] and row["cross_gpu"]
+    assert row["ratios"]["step_time_s"]["predicted"] == pytest.approx(expected)
+    assert report["cross_gpu"] == {"H200 -> H100": 1}
+    assert report["significant"] == [] and report["gate_failures"] == []
+
+
+def test_the_same_slowdown_on_the_same_gpu_model_is_still_flagged(h200_and_h100, capsys):
+    first, second = h200_and_h100
+    _edit(first, BASELINE_ONE_GPU, _on(H100))  # both on H100s now: a repeat
+    result = compare(first, second)
+    assert result.cells[0].repeated and not result.cells[0].cross_gpu and not result.cross_gpu()
+    assert {ch.figure for _, ch in result.significant()} >= {"step_time_s", "samples_per_s"}
+    assert main(["compare", str(first), str(second), "--fail-on", "slower:5%"]) == 1
+    out = capsys.readouterr().out
+    assert "cross-GPU comparison" not in out and "gate failed: 1 cell(s)" in out
+
+
+def test_a_gpu_against_cpu_ranks_or_an_unknown_part_is_other_hardware_without_a_prediction(h200_and_h100):
+    first, second = h200_and_h100
+    for gpu_name, label in ((None, "H200 -> no GPU"), ("NVIDIA H100 PCIe", "H200 -> H100 PCIe")):
+        _edit(second, BASELINE_ONE_GPU, _on(gpu_name))
+        cell = compare(first, second).cells[0]
+        assert cell.cross_gpu and cell.gpu_change == label and not cell.repeated
+        assert cell.ratios["step_time_s"].measured == pytest.approx(1.30, rel=0.01)
+        assert cell.ratios["step_time_s"].predicted is None and cell.predicted_note is None

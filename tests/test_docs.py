@@ -17,7 +17,7 @@ from conftest import REPO
 
 DOCS = sorted((REPO / "docs").glob("*.md"))
 RENDERED = [REPO / "README.md", *DOCS, REPO / "results" / "README.md", REPO / "validation" / "README.md"]
-DOCS_BUDGET = 160_000  # bytes, every page of docs/ together
+DOCS_BUDGET = 160_500  # bytes, every page of docs/ together
 PAGE_BUDGET = 25_000  # bytes, one page
 CAMPAIGNS = ("gpt2_zero", "lightning", "llama", "megatron", "zero3_pipeline")
 VERDICTS = ("reproduced", "partly", "not reproduced", "not yet measured")

@@ -667,9 +667,12 @@ def parser() -> argparse.ArgumentParser:
                              description="Match the metrics.json files of two results/runs folders by "
                                          "study and cell, and print the relative change of step time, "
                                          "samples/s and peak memory for every cell that ran in both with "
-                                         "the same parameters, and "
+                                         "the same parameters on the same GPU model, and "
                                          "which changes are significant (intervals apart and at least "
-                                         "--min-change). Exit status: 0, or 1 when --fail-on's gate fails, "
+                                         "--min-change). A cell run on another GPU model is a cross-GPU "
+                                         "comparison: its step time and samples/s ratios beside the time "
+                                         "model's for the two GPUs, never significant nor gated. Exit "
+                                         "status: 0, or 1 when --fail-on's gate fails, "
                                          "2 for bad input or no cell in common.")
     compare.add_argument("first", type=Path, help="a results/runs folder (the published one)")
     compare.add_argument("second", type=Path, nargs="?", help="another (the rerun)")
@@ -682,8 +685,8 @@ def parser() -> argparse.ArgumentParser:
     compare.add_argument("--min-change", type=float, default=0.02,
                          help="the smallest change called significant, as a fraction (default 0.02)")
     compare.add_argument("--fail-on", metavar="GATE",
-                         help="exit 1 if a cell got significantly worse beyond a tolerance: "
-                              "'slower:5%%,memory:5%%'")
+                         help="exit 1 if a cell got significantly worse beyond a tolerance, on the "
+                              "same GPU model: 'slower:5%%,memory:5%%'")
     compare.add_argument("--json", action="store_true", help="machine-readable output")
     compare.set_defaults(func=cmd_compare)
 

@@ -101,6 +101,22 @@ def gpu_type_of(nvml_name: str | None) -> GpuType | None:
     return None
 
 
+def gpu_model_of(nvml_name: str | None) -> str | None:
+    """What a run's GPU is, for telling runs' hardware apart: its GPU type's key ("h200"), or NVML's own
+    name for a part this table does not know (an H100 PCIe is not an H100 SXM); None: no GPU."""
+    gpu = gpu_type_of(nvml_name)
+    return gpu.key if gpu else (nvml_name or None)
+
+
+def gpu_label(nvml_name: str | None) -> str:
+    """A run's GPU as reports name it: H200, H100, NVML's name of a part this table does not know, or
+    "no GPU"."""
+    gpu = gpu_type_of(nvml_name)
+    if gpu is not None:
+        return gpu.key.upper()
+    return nvml_name.removeprefix("NVIDIA ").strip() if nvml_name else "no GPU"
+
+
 def gpu_type_named_in(text: str | None) -> GpuType | None:
     """The GPU type a free-text hardware name mentions ("8 x H200 per node"), case-insensitive; None if
     none does."""

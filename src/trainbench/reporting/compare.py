@@ -24,6 +24,13 @@ one core, read once as the cell starts) in both runs: a hint of the host, not a 
 
 A gate (`fail_on`, e.g. slower by 5% or memory up by 5%) fails the comparison when a significant
 change goes the wrong way by more than its tolerance, so a reviewer or a CI job can stop on it.
+
+The hardware is part of a figure's identity: a cell that ran on one GPU model in the first tree and on
+another in the second (an H200 and an H100; or a GPU and CPU ranks, or a part the hardware table does
+not know) is a *cross-GPU comparison*, never a repeat. Its step time and samples/s are set side by side
+as ratios (the second run's over the first's), beside the ratio the time model predicts for the cell on
+the two GPUs, and nothing of it is significant or trips a gate: a gate is about regressions on the same
+hardware.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from pathlib import Path
 
 from trainbench.errors import UsageError
 from trainbench.execute.results import InvalidResult, read_result
+from trainbench.registry.hardware import gpu_label, gpu_model_of, gpu_type_of
 
 
 def _busiest(values) -> float | None:
@@ -91,6 +99,21 @@ class Change:
         return (self.pct > 0) == figure.higher_is_worse and self.pct != 0
 
 
+# the figures a cross-GPU pair sets side by side as ratios, measured and predicted
+RATIO_FIGURES = ("step_time_s", "samples_per_s")
+
+
+@dataclass
+class Ratio:
+    """A figure of a cross-GPU pair: the second run's over the first's, as measured and as the time model
+    predicts it for the cell on the two GPUs (None where the model says nothing: CPU ranks, a part it
+    does not know, a cell it cannot describe)."""
+
+    figure: str
+    measured: float | None
+    predicted: float | None
+
+
 @dataclass
 class CellComparison:
     study: str
@@ -100,6 +123,18 @@ class CellComparison:
     changes: dict[str, Change] = field(default_factory=dict)
     host_pace_ms: tuple[float | None, float | None] = (None, None)  # each run's provenance.host_pace_ms
     host_bound: bool = False  # its timed changes count from HOST_BOUND_SPREAD (host_bound())
+    gpus: tuple[str | None, str | None] = (None, None)  # each run's provenance.gpu_name (None: no GPU)
+    ratios: dict[str, Ratio] = field(default_factory=dict)  # a cross-GPU pair's figures, both ok
+    predicted_note: str | None = None  # what the time model's ratio rests on, where it borrows
+
+    @property
+    def cross_gpu(self) -> bool:
+        """Whether the two runs ran on different GPU models (or one of them on none)."""
+        return gpu_model_of(self.gpus[0]) != gpu_model_of(self.gpus[1])
+
+    @property
+    def gpu_change(self) -> str:
+        return f"{gpu_label(self.gpus[0])} -> {gpu_label(self.gpus[1])}"
 
     @property
     def host_pace_ratio(self) -> float | None:
@@ -113,7 +148,7 @@ class CellComparison:
 
     @property
     def repeated(self) -> bool:
-        return self.same_params and self.status == ("ok", "ok")
+        return self.same_params and not self.cross_gpu and self.status == ("ok", "ok")
 
 
 @dataclass
@@ -129,6 +164,14 @@ class Comparison:
 
     def significant(self) -> list[tuple[CellComparison, Change]]:
         return [(c, ch) for c in self.cells if c.repeated for ch in c.changes.values() if ch.significant]
+
+    def cross_gpu(self) -> dict[str, int]:
+        """How many cells pair across which GPU models ("H200 -> H100": 2)."""
+        pairs: dict[str, int] = {}
+        for cell in self.cells:
+            if cell.cross_gpu:
+                pairs[cell.gpu_change] = pairs.get(cell.gpu_change, 0) + 1
+        return pairs
 
 
 def shorten(text: str, width: int) -> str:
@@ -224,27 +267,80 @@ def compare_with_history(tree: Path, *, min_change: float = 0.02, select: Select
 
 def compare_docs(a: dict[str, dict], b: dict[str, dict], min_change: float) -> Comparison:
     """Results (or history records) keyed by study/cell, the first set against the second."""
-    cells = []
-    for key in sorted(a.keys() & b.keys()):
-        old, new = a[key], b[key]
-        # an emulated rank is never set against a real one (their parameters differ in `emulate` too)
-        row = CellComparison(old["study"], old["cell_id"], (old["status"], new["status"]),
-                             old.get("params_hash") == new.get("params_hash")
-                             and bool(old.get("emulation")) == bool(new.get("emulation")),
-                             host_pace_ms=((old.get("provenance") or {}).get("host_pace_ms"),
-                                           (new.get("provenance") or {}).get("host_pace_ms")))
-        if row.repeated:
-            row.host_bound = host_bound(new)
-            for figure in FIGURES:
-                if row.host_bound and figure.kind == "time":  # as far apart as its reruns came, either way
-                    change = _change(figure, old["metrics"], new["metrics"],
-                                     max(min_change, HOST_BOUND_SPREAD), as_ratio=True)
-                else:
-                    change = _change(figure, old["metrics"], new["metrics"], min_change)
-                if change is not None:
-                    row.changes[figure.name] = change
-        cells.append(row)
+    cells = [_pair(a[key], b[key], min_change) for key in sorted(a.keys() & b.keys())]
     return Comparison(cells, sorted(a.keys() - b.keys()), sorted(b.keys() - a.keys()), min_change)
+
+
+def _provenance(doc: dict) -> dict:
+    return doc.get("provenance") or {}
+
+
+def _pair(old: dict, new: dict, min_change: float) -> CellComparison:
+    """One cell's two runs: the changes of a repeat, or the ratios of a cross-GPU pair."""
+    first, second = _provenance(old), _provenance(new)
+    # an emulated rank is never set against a real one (their parameters differ in `emulate` too)
+    row = CellComparison(old["study"], old["cell_id"], (old["status"], new["status"]),
+                         old.get("params_hash") == new.get("params_hash")
+                         and bool(old.get("emulation")) == bool(new.get("emulation")),
+                         host_pace_ms=(first.get("host_pace_ms"), second.get("host_pace_ms")),
+                         gpus=(first.get("gpu_name"), second.get("gpu_name")))
+    if row.repeated:
+        row.host_bound = host_bound(new)
+        for figure in FIGURES:
+            if row.host_bound and figure.kind == "time":  # as far apart as its reruns came, either way
+                change = _change(figure, old["metrics"], new["metrics"],
+                                 max(min_change, HOST_BOUND_SPREAD), as_ratio=True)
+            else:
+                change = _change(figure, old["metrics"], new["metrics"], min_change)
+            if change is not None:
+                row.changes[figure.name] = change
+    elif row.cross_gpu and row.same_params and row.status == ("ok", "ok"):
+        row.ratios, row.predicted_note = cross_gpu_ratios(old, new)
+    return row
+
+
+def cross_gpu_ratios(old: dict, new: dict) -> tuple[dict[str, Ratio], str | None]:
+    """A cell run on two GPU models: its step time and samples/s, the second run's over the first's, as
+    measured and as the time model predicts them (samples/s: the inverse of the step's ratio, the
+    global batch being the cell's), and the model's note where it borrows another GPU's efficiencies."""
+    steps, note = _predicted_steps(old, new)
+    step = steps[1] / steps[0] if steps else None
+    predicted = {"step_time_s": step, "samples_per_s": 1 / step if step else None}
+    ratios = {}
+    for name in RATIO_FIGURES:
+        figure = next(f for f in FIGURES if f.name == name)
+        first, second = figure.read(old["metrics"]), figure.read(new["metrics"])
+        ratios[name] = Ratio(name, second / first if first and second is not None else None, predicted[name])
+    return ratios, note
+
+
+def _predicted_steps(old: dict, new: dict) -> tuple[tuple[float, float] | None, str | None]:
+    """The time model's step of the cell on each run's GPU, as each run measures it (an emulated rank's
+    without what its world adds), with each run's optimizer threads, and its notes; None where it
+    predicts nothing for either: CPU ranks, a GPU the hardware table does not know, a record that keeps
+    neither parameters nor threads."""
+    from trainbench.predict import time_model
+    from trainbench.reporting.predictions import counted
+    from trainbench.study.params import CellParams
+
+    try:  # a history record keeps no parameters; the two runs share theirs (the same hash)
+        params = counted(CellParams.from_dict((new if "params" in new else old)["params"]))
+        threads = [time_model.threads_of_run(doc) for doc in (old, new)]
+    except (KeyError, TypeError, ValueError):
+        return None, None
+    steps, notes = [], []
+    for doc, cpu_threads in zip((old, new), threads):
+        gpu = gpu_type_of(_provenance(doc).get("gpu_name"))
+        predicted = time_model.predict(params, gpu, cpu_threads=cpu_threads)
+        if predicted is None:
+            return None, None
+        step = predicted.step_time_s
+        if params.emulate:  # the rank alone, as an emulated run times it
+            step -= time_model.waiting_s(params, gpu, cpu_threads=cpu_threads, whole_s=step) or 0.0
+        steps.append(step)
+        if predicted.note and predicted.note not in notes:
+            notes.append(predicted.note)
+    return (steps[0], steps[1]), "; ".join(notes) or None
 
 
 def parse_gate(text: str) -> dict[str, float]:
@@ -304,12 +400,75 @@ def _pace_summary(comparison: Comparison) -> list[str]:
     return lines
 
 
+def _ratio_text(ratio: float | None) -> str:
+    return "-" if ratio is None else f"x{ratio:.2f}"
+
+
+def _cross_gpu_header(comparison: Comparison) -> list[str]:
+    """Where cells pair across GPU models, a line saying how many, across which, and how they are read."""
+    pairs = comparison.cross_gpu()
+    if not pairs:
+        return []
+    notes = sorted({c.predicted_note for c in comparison.cells if c.cross_gpu and c.predicted_note})
+    return [f"cross-GPU comparison: {sum(pairs.values())} cells pair across GPU models ("
+            + ", ".join(f"{change}: {n}" for change, n in sorted(pairs.items()))
+            + "): not repeats, never significant nor gated; their step time and samples/s, the second "
+              "run's over the first's, beside the time model's ratio for the cell on the two GPUs",
+            *(f"  the time model: {note}" for note in notes)]
+
+
+def _cross_gpu_summary(comparison: Comparison) -> list[str]:
+    """Per pair of GPU models, the median step time ratio, measured and predicted."""
+    lines = []
+    for change in sorted(comparison.cross_gpu()):
+        ratios = [c.ratios["step_time_s"] for c in comparison.cells
+                  if c.cross_gpu and c.gpu_change == change and c.ratios]
+        measured = [r.measured for r in ratios if r.measured is not None]
+        predicted = [r.predicted for r in ratios if r.predicted is not None]
+        if measured:
+            lines.append(f"cross-GPU {change}: step time x{statistics.median(measured):.2f} measured over "
+                         f"{len(measured)} cells (median), "
+                         + (f"x{statistics.median(predicted):.2f} predicted over {len(predicted)}"
+                            if predicted else "no prediction"))
+    return lines
+
+
+def _row(c: CellComparison) -> str:
+    label = shorten(f"{c.study}/{c.cell_id}", 70)
+    if not c.same_params:
+        return f"{label:<70} parameters differ: not a repeat" + (f" ({c.gpu_change})" if c.cross_gpu else "")
+    if c.cross_gpu and not c.ratios:
+        return f"{label:<70} {c.gpu_change}, cross-GPU: status {c.status[0]} -> {c.status[1]}"
+    if c.cross_gpu:
+        return (f"{label:<70} {c.gpu_change}, cross-GPU: "
+                + ", ".join(f"{name} {_ratio_text(r.measured)} (model {_ratio_text(r.predicted)})"
+                            for name, r in c.ratios.items()))
+    if not c.repeated:
+        return f"{label:<70} status {c.status[0]} -> {c.status[1]}"
+    return (f"{label:<70} " + " ".join(f"{_cell_text(c.changes.get(n)):>16}" for n in FIGURE_NAMES)
+            + f" {_pace_text(c):>10}")
+
+
+def _spread_lines(comparison: Comparison) -> list[str]:
+    lines = []
+    repeated = [c for c in comparison.cells if c.repeated]
+    for name in FIGURE_NAMES:
+        spread = comparison.spread(name)
+        if spread:
+            judged = [c for c in repeated if name in c.changes and c.changes[name].significant is not None]
+            quiet = sum(1 for c in judged if not c.changes[name].significant)
+            lines.append(f"{name}: {len(spread)} cells, median |change| {statistics.median(spread):.1f}%, "
+                         f"largest {max(spread):.1f}%; no significant change in {quiet} of "
+                         f"{len(judged)} judged")
+    return lines
+
+
 def report(comparison: Comparison, first: Path, second: Path, failures: list | None = None) -> str:
     """People's reading: the significant changes first, then every cell, then each figure's spread."""
     repeated = [c for c in comparison.cells if c.repeated]
     significant = comparison.significant()
     lines = [f"{first} -> {second}: {len(comparison.cells)} cells in both, {len(repeated)} repeated "
-             f"(same parameters, ok in both)",
+             f"(same parameters and GPU model, ok in both)", *_cross_gpu_header(comparison),
              f"significant: the 95% intervals do not overlap and the change is at least "
              f"{comparison.min_change:.0%} (memory: at least {comparison.min_change:.0%})", ""]
     if significant:
@@ -325,27 +484,11 @@ def report(comparison: Comparison, first: Path, second: Path, failures: list | N
                      + ", ".join(f"{shorten(f'{c.study}/{c.cell_id}', 70)} {ch.figure} {ch.pct:+.1f}%"
                                  for c, ch in failures) if failures else "gate: passed")
     lines += ["", f"{'cell':<70} " + " ".join(f"{n[:16]:>16}" for n in FIGURE_NAMES) + f" {'host pace':>10}"]
-    for c in comparison.cells:
-        label = shorten(f"{c.study}/{c.cell_id}", 70)
-        if not c.same_params:
-            lines.append(f"{label:<70} parameters differ: not a repeat")
-        elif not c.repeated:
-            lines.append(f"{label:<70} status {c.status[0]} -> {c.status[1]}")
-        else:
-            lines.append(f"{label:<70} "
-                         + " ".join(f"{_cell_text(c.changes.get(n)):>16}" for n in FIGURE_NAMES)
-                         + f" {_pace_text(c):>10}")
+    lines += [_row(c) for c in comparison.cells]
     lines += ["", "(* significant; ? no interval to judge by: too few timed windows in one run; host pace: "
-                  "the second run's over the first's; h: host-bound)", ""]
-    for name in FIGURE_NAMES:
-        spread = comparison.spread(name)
-        if spread:
-            judged = [c for c in repeated if name in c.changes and c.changes[name].significant is not None]
-            quiet = sum(1 for c in judged if not c.changes[name].significant)
-            lines.append(f"{name}: {len(spread)} cells, median |change| {statistics.median(spread):.1f}%, "
-                         f"largest {max(spread):.1f}%; no significant change in {quiet} of "
-                         f"{len(judged)} judged")
-    lines += _pace_summary(comparison)
+                  "the second run's over the first's; h: host-bound; cross-GPU: the second run's figure "
+                  "over the first's, and the time model's for the cell on the two GPUs)", ""]
+    lines += _spread_lines(comparison) + _pace_summary(comparison) + _cross_gpu_summary(comparison)
     if comparison.only_in_first or comparison.only_in_second:
         lines.append(f"only in {first}: {len(comparison.only_in_first)} cells; "
                      f"only in {second}: {len(comparison.only_in_second)} cells")
@@ -353,14 +496,20 @@ def report(comparison: Comparison, first: Path, second: Path, failures: list | N
 
 
 def as_json(comparison: Comparison, failures: list | None = None) -> dict:
-    """Machines' reading: every cell with every change, the significant ones, the gate's verdict."""
+    """Machines' reading: every cell with every change (or, across GPU models, its ratios, measured and
+    predicted), the significant ones, the gate's verdict."""
     return {
         "min_change": comparison.min_change,
         "cells": [{"study": c.study, "cell_id": c.cell_id, "status": list(c.status),
                    "same_params": c.same_params, "host_pace_ms": list(c.host_pace_ms),
                    "host_bound": c.host_bound,
-                   "changes": {name: asdict(change) for name, change in c.changes.items()}}
+                   "gpus": list(c.gpus), "gpu_models": [gpu_model_of(g) for g in c.gpus],
+                   "cross_gpu": c.cross_gpu,
+                   "changes": {name: asdict(change) for name, change in c.changes.items()},
+                   "ratios": {name: asdict(ratio) for name, ratio in c.ratios.items()},
+                   "predicted_note": c.predicted_note}
                   for c in comparison.cells],
+        "cross_gpu": comparison.cross_gpu(),
         "significant": [{"cell": f"{c.study}/{c.cell_id}", **asdict(ch)}
                         for c, ch in comparison.significant()],
         "gate_failures": None if failures is None else [{"cell": f"{c.study}/{c.cell_id}", **asdict(ch)}

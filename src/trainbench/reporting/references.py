@@ -8,9 +8,12 @@ slower, or a change that made a set-up heavier, shows as outside its reference u
         metric: samples_per_s                # a table column (`trainbench columns`)
         value: 2400
         tolerance: 0.05                      # within ±5%; or lower / upper: -0.02 and 0.10
+        gpu: h200                            # the GPU type it holds for (none: any)
 
 A cell's figure is within its reference when (figure - value) / value lies in [lower, upper]
-(`tolerance` t: [-t, t]); a cell that did not run ok, or has no such figure, is not measured.
+(`tolerance` t: [-t, t]); a cell that did not run ok, or has no such figure, is not measured. A figure
+measured on one GPU model says nothing of another: where a reference names its GPU type, a cell that
+ran on another (or on none) has no reference for its GPU, and is not judged within or outside.
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
+from trainbench.registry.hardware import gpu_label, gpu_model_of
 from trainbench.reporting.columns import COLUMNS, column_values
 from trainbench.reporting.predictions import Doc
 from trainbench.study.grid import selects
 
 WITHIN, OUTSIDE, NOT_MEASURED = "within", "outside", "not measured"
+OTHER_GPU = "no reference for its GPU"  # measured on a GPU other than the one the reference holds for
 
 
 @dataclass(frozen=True)
@@ -35,16 +40,34 @@ class Check:
     measured: float | None
     lower: float
     upper: float
+    gpu: str | None = None  # the GPU type the reference holds for (None: any)
+    ran_on: str | None = None  # the GPU the cell ran on, as NVML names it (provenance.gpu_name)
+
+    @property
+    def other_gpu(self) -> bool:
+        return self.gpu is not None and gpu_model_of(self.ran_on) != self.gpu
 
     @property
     def deviation(self) -> float | None:
-        return None if self.measured is None else (self.measured - self.reference) / self.reference
+        if self.measured is None or self.other_gpu:
+            return None
+        return (self.measured - self.reference) / self.reference
 
     @property
     def verdict(self) -> str:
-        if self.deviation is None:
+        if self.measured is None:
             return NOT_MEASURED
+        if self.other_gpu:
+            return OTHER_GPU
         return WITHIN if self.lower <= self.deviation <= self.upper else OUTSIDE
+
+    @property
+    def verdict_text(self) -> str:
+        """The verdict as a table shows it: where the cell ran on another GPU, which, and which the
+        reference holds for."""
+        if self.verdict == OTHER_GPU:
+            return f"no reference for {gpu_label(self.ran_on)} (references hold for {self.gpu.upper()})"
+        return self.verdict
 
 
 def bounds(reference: dict[str, Any]) -> tuple[float, float]:
@@ -65,7 +88,8 @@ def check(references: list[dict[str, Any]], docs: list[Doc]) -> list[Check]:
             value, _ = column_values(doc, reference["metric"])
             ran = isinstance(value, (int, float)) and doc["status"] == "ok"
             checks.append(Check(index, doc["cell_id"], reference["metric"], float(reference["value"]),
-                                float(value) if ran else None, lower, upper))
+                                float(value) if ran else None, lower, upper, reference.get("gpu"),
+                                (doc.get("provenance") or {}).get("gpu_name")))
     return checks
 
 
@@ -95,7 +119,7 @@ def markdown(checks: list[Check]) -> list[str]:
     """The References section under a study's table."""
     if not checks:
         return []
-    counts = {v: sum(c.verdict == v for c in checks) for v in (WITHIN, OUTSIDE, NOT_MEASURED)}
+    counts = {v: sum(c.verdict == v for c in checks) for v in (WITHIN, OUTSIDE, NOT_MEASURED, OTHER_GPU)}
     lines = ["| # | cell | figure | reference | measured | deviation | band | verdict |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     def number(v: float) -> str:
@@ -105,7 +129,7 @@ def markdown(checks: list[Check]) -> list[str]:
         measured = "—" if c.measured is None else number(c.measured)
         deviation = "—" if c.deviation is None else f"{c.deviation:+.1%}"
         lines.append(f"| {c.index} | {c.cell_id} | {c.metric} | {number(c.reference)} | {measured} | "
-                     f"{deviation} | {c.lower:+.0%} to {c.upper:+.0%} | {c.verdict} |")
+                     f"{deviation} | {c.lower:+.0%} to {c.upper:+.0%} | {c.verdict_text} |")
     return ["## References", "",
             "The study's reference figures, each cell's median against its band (reporting/references.py): "
             + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".", "", "\n".join(lines), ""]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainbench.registry.hardware import GPUS
 from trainbench.study.params import PARAMS
 from trainbench.study.timing import TimingSettings
 
@@ -309,6 +310,10 @@ def build_schema() -> dict[str, Any]:
                                                  "(-0.02: 2% below)."},
                         "upper": {"type": "number", "default": None,
                                   "description": "Instead of +tolerance: the highest deviation allowed."},
+                        "gpu": {"enum": list(GPUS), "default": None,
+                                "description": "The GPU type the figure holds for (`trainbench predict "
+                                               "--gpu`'s names); a cell run on another GPU is reported as "
+                                               "having no reference for its GPU; null: any GPU."},
                     },
                 },
             },
