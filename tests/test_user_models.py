@@ -267,6 +267,9 @@ def test_token_windows_are_disjoint_across_ranks_and_shuffled_by_epoch(tmp_path)
     (None, "tokens: no such file"),
     (numpy.arange(10, dtype=numpy.uint16), "holds 10 uint16 ids, fewer than a window of seq_len + 1 = 17"),
     (numpy.full(100, 300, dtype=numpy.uint16), "holds id 300, beyond m's vocabulary of 256"),
+    # numpy maps neither of these, and its error names no file
+    (numpy.array([], dtype=numpy.uint16), "tokens.bin is empty (0 bytes): it holds no token ids"),
+    (numpy.zeros(41, dtype=numpy.uint8), "tokens.bin holds 41 bytes, not a whole number of uint16 ids"),
 ])
 def test_a_token_file_that_cannot_feed_the_cells_is_refused(content, words, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -275,6 +278,24 @@ def test_a_token_file_that_cannot_feed_the_cells_is_refused(content, words, tmp_
     with pytest.raises(ConfigError) as raised:
         load_config(config_with({"m": {"hf": ARCHITECTURES["qwen2"]}}, tokens="tokens.bin"))
     assert "study 't', cell 'model~m': tokens: " in str(raised.value) and words in str(raised.value)
+
+
+def test_an_empty_token_file_is_a_config_error_of_the_command_line(tmp_path, monkeypatch, capsys):
+    """As a user meets it: `trainbench cells` refuses it in one line naming the study, cell and file,
+    exit status 2, no traceback."""
+    import yaml
+
+    from trainbench.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tokens.bin").write_bytes(b"")
+    config = config_with({"m": {"hf": ARCHITECTURES["qwen2"]}}, tokens="tokens.bin")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    assert main(["cells", "t"]) == 2
+    err = capsys.readouterr().err
+    [line] = [line for line in err.splitlines() if "tokens.bin" in line]
+    assert "study 't', cell 'model~m': tokens: tokens.bin is empty (0 bytes)" in line
+    assert "Traceback" not in err
 
 
 # --- trained on CPU ranks ------------------------------------------------------------------------------

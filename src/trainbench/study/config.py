@@ -227,6 +227,24 @@ def _placed(problems: list[str], origins: dict[str, str]) -> list[str]:
     return out
 
 
+def _read_token_file(path: Path, dtype: str) -> tuple[int | None, int | str]:
+    """A token file's id count and its largest id among the first million; (None, why) where it cannot
+    feed a cell. Its size is looked at before it is mapped: numpy cannot map an empty file, nor one that
+    is not a whole number of ids, and says so without naming the file."""
+    import numpy
+
+    if not path.is_file():
+        return None, f"no such file: {path}"
+    size, width = path.stat().st_size, numpy.dtype(dtype).itemsize
+    if size == 0:
+        return None, f"{path} is empty (0 bytes): it holds no token ids"
+    if size % width:
+        return None, (f"{path} holds {size} bytes, not a whole number of {dtype} ids ({width} bytes each); "
+                      "is tokens_dtype the file's?")
+    ids = numpy.memmap(path, dtype=numpy.dtype(dtype), mode="r")
+    return len(ids), int(ids[:1_000_000].max())
+
+
 def check_token_files(studies: dict[str, Study], base: Path) -> list[str]:
     """Each token file the cells name (`tokens`): there, long enough for a window, and holding ids the
     model has (its first million read): a mistake here is found before any cell starts."""
@@ -240,13 +258,7 @@ def check_token_files(studies: dict[str, Study], base: Path) -> list[str]:
             path = Path(p.tokens) if Path(p.tokens).is_absolute() else base / p.tokens
             key = (path, p.tokens_dtype)
             if key not in checked:
-                if not path.is_file():
-                    checked[key] = (None, f"no such file: {path}")
-                else:
-                    import numpy
-
-                    ids = numpy.memmap(path, dtype=numpy.dtype(p.tokens_dtype), mode="r")
-                    checked[key] = (len(ids), int(ids[:1_000_000].max()) if len(ids) else -1)
+                checked[key] = _read_token_file(path, p.tokens_dtype)
             count, top = checked[key]
             if count is None:
                 problems.append(f"{where}: {top}")
