@@ -84,6 +84,39 @@ def test_a_bad_definition_is_refused_naming_the_model_and_key(case, tmp_path, mo
     assert words in str(raised.value), str(raised.value)
 
 
+def test_a_models_mistakes_name_the_file_that_defines_it(tmp_path, monkeypatch, capsys):
+    """A model defined in a study file (studies/local/) is refused naming that file, not config.yaml,
+    whether its definition is wrong as data or its factory cannot build it."""
+    import yaml
+
+    from trainbench.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    config = config_with({"qwen-0.5b": {"hf_config": "no/such.json"}})
+    config["study_files"] = ["studies/local/*.yaml"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    mine = tmp_path / "studies/local/mine.yaml"
+    mine.parent.mkdir(parents=True)
+    study = config_with({"neox": {"hf_config": "models/neox.json"}})["studies"]["t"]
+    mine.write_text(yaml.safe_dump({"models": {"neox": {"hf_config": "models/neox.json"}},
+                                    "studies": {"mine": study}}))
+    with pytest.raises(ConfigError) as raised:
+        load_config(tmp_path / "config.yaml")
+    assert sorted(p.split(".hf_config")[0] for p in raised.value.problems) == [
+        "config.yaml: models.qwen-0.5b", "studies/local/mine.yaml: models.neox"]
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models/neox.json").write_text(json.dumps(ARCHITECTURES["gpt-neox"]))
+    config["models"] = {"qwen-0.5b": {"hf": ARCHITECTURES["qwen2"]}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    mine.write_text(yaml.safe_dump({"models": {"neox": {**FACTORY, "factory": "no_such_module:build"}},
+                                    "studies": {"mine": study}}))
+    assert main(["cells", "mine"]) == 2  # built when the config loads: the factory does not import
+    err = capsys.readouterr().err
+    assert "studies/local/mine.yaml: models.neox.factory: cannot import 'no_such_module'" in err, err
+    assert "config.yaml" not in err, err
+
+
 BUILD_CASES = {
     "an architecture transformers does not know": (
         {"m": {"hf": {**ARCHITECTURES["qwen2"], "model_type": "qwen99"}}},

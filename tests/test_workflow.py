@@ -398,7 +398,8 @@ def test_an_oom_cell_is_a_row_of_the_table(workflow):
 
 BAD_CONFIGS = {
     "unknown key": ("settings", {"micro_bach": 2},
-                    "studies.t.settings: unknown key 'micro_bach' (did you mean 'micro_batch'?)"),
+                    "config.yaml: studies.t.settings: unknown key 'micro_bach' (did you mean "
+                    "'micro_batch'?)"),
     "negative size": ("settings", {"micro_batch": -1},
                       "studies.t.settings.micro_batch: -1 is less than the minimum of 1"),
     "unknown strategy": ("settings", {"strategy": "zero2"},

@@ -95,7 +95,10 @@ def load_checked(source: dict[str, Any] | str | Path) -> Config:
         # that cannot train is refused here, by name; each is counted once (results/models/<name>.json)
         from trainbench.training.user_models import FACTS_DIR, count_registered
 
-        count_registered(config.base / FACTS_DIR)
+        try:
+            count_registered(config.base / FACTS_DIR)
+        except ConfigError as error:  # its lines name the model: here they get the file that defines it
+            raise ConfigError(config.place(error.problems)) from None
     problems: list[str] = []
     for name, study in config.studies.items():
         problems += report_problems(name, study.report)
@@ -111,7 +114,7 @@ def load_checked(source: dict[str, Any] | str | Path) -> Config:
                             f"{taken} already; rename the study")
         rules[rule] = name
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(config.place(problems))
     return config
 
 
@@ -125,7 +128,7 @@ class Workflow:
     def __init__(self, config: Config, *, remote: bool = False, gpus_here: int | None = None):
         no_runner = [p for study in config.studies.values() for p in no_runner_problems(study)]
         if no_runner:
-            raise ConfigError(no_runner)
+            raise ConfigError(config.place(no_runner))
         self.config = config
         # Cells whose result was made with other parameters, by study: they rerun (freshness.prepare
         # also rewrites the grid stamps reruns follow without .snakemake metadata, a fresh clone, and
