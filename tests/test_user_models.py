@@ -117,6 +117,36 @@ def test_a_models_mistakes_name_the_file_that_defines_it(tmp_path, monkeypatch, 
     assert "config.yaml" not in err, err
 
 
+def test_models_lists_what_is_known_of_yours_and_the_file_defining_each(tmp_path, monkeypatch, capsys):
+    """`trainbench models`: a factory's model shows its factory and block and its counted layers and
+    width, no heads (its module names none; the spec's placeholder is 1); a transformers model its
+    config's heads; each is tagged with the file that defines it."""
+    import yaml
+
+    from trainbench.cli import main
+
+    monkeypatch.chdir(REPO)  # the factory's module is found from here
+    config = config_with({"qwen": {"hf": ARCHITECTURES["qwen2"]}})
+    config["study_files"] = ["studies/local/*.yaml"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    (tmp_path / "studies/local").mkdir(parents=True)
+    (tmp_path / "studies/local/mine.yaml").write_text(yaml.safe_dump(
+        {"models": {"tiny": FACTORY}, "studies": {"mine": config_with({"tiny": FACTORY})["studies"]["t"]}}))
+    assert main(["models", "--config", str(tmp_path / "config.yaml")]) == 0
+    listed = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "h=" not in listed["tiny"] and "L=2 d=32 ctx=128" in listed["tiny"], listed["tiny"]
+    assert "factory examples.your_model.tiny_lm:build, block Block" in listed["tiny"]
+    assert listed["tiny"].endswith("[defined in studies/local/mine.yaml]")
+    assert "L=2 d=32 h=4 ctx=128  transformers qwen2" in listed["qwen"]
+    assert listed["qwen"].endswith("[defined in config.yaml]")
+    assert "h=2" in listed["gpt2-tiny"] and "defined in" not in listed["gpt2-tiny"]
+    from trainbench.study.models import spec_from_definition, summary
+
+    uncounted = spec_from_definition("tiny", json.loads(registry.get_model("tiny").definition))
+    assert summary(uncounted) == ("ctx=128  factory examples.your_model.tiny_lm:build, block Block; layers "
+                                  "and width counted when a cell uses it")
+
+
 BUILD_CASES = {
     "an architecture transformers does not know": (
         {"m": {"hf": {**ARCHITECTURES["qwen2"], "model_type": "qwen99"}}},
@@ -405,7 +435,7 @@ def test_your_models_train_on_your_tokens_under_every_framework_that_builds_them
     capsys.readouterr()
     assert main(["models"]) == 0
     listed = capsys.readouterr().out
-    assert "phi3" in listed and "[config.yaml's models]" in listed
+    assert "phi3" in listed and "[defined in config.yaml]" in listed
     assert main(["predict", "mine", "--gpu", "h200", "--gpus-per-node", "8", "--host-mem-gib", "512"]) == 0
     predicted = capsys.readouterr().out
     assert predicted.count("\nmine,") == len(include)

@@ -465,15 +465,16 @@ def cmd_vocabulary(args) -> int:
     elif args.command == "models":
         from trainbench.registry.frameworks import registry
         from trainbench.registry.models import known_models
+        from trainbench.study.models import summary
 
-        if Path(args.config).exists():  # your models, counted (built on fake tensors) as the workflow does
-            _config(args.config)
+        # your models, counted (built on fake tensors) as the workflow does, each with the file defining it
+        origins = _config(args.config).model_origins if Path(args.config).exists() else {}
         for m in known_models().values():
             runners = [f.name for f in registry().values() if m.family in f.families]
             built = f" (runs with {', '.join(runners)})" if runners else " (planning only in this version)"
-            mine = " [config.yaml's models]" if m.user_defined else ""
-            print(f"{m.name:<16} {m.param_count() / 1e6:>10,.1f}M  L={m.n_layer} d={m.d_model} h={m.n_head} "
-                  f"ctx={m.max_seq}  {m.note}{built}{mine}")
+            mine = f" [defined in {origins.get(m.name, 'the config')}]" if m.user_defined else ""
+            size = f"{m.param_count() / 1e6:>10,.1f}M" if not m.user_defined or m.facts else f"{'?':>11}"
+            print(f"{m.name:<16} {size}  {summary(m)}{built}{mine}")
     elif args.command == "columns":
         from trainbench.reporting.findings import metrics
         from trainbench.reporting.columns import COLUMN_SETS, COLUMNS
