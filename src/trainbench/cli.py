@@ -14,7 +14,8 @@ from trainbench.errors import ConfigError, UsageError
 from trainbench.registry.hardware import GPUS
 
 if TYPE_CHECKING:
-    from trainbench.study.grid import Cell
+    from trainbench.registry.hardware import GpuType
+    from trainbench.study.grid import Cell, Study
 
 
 def _config(path: str):
@@ -173,6 +174,21 @@ PREDICT_COLUMNS = ("study", "cell", "model", "strategy", "gpus", "nodes", "micro
                    "emulated_wait_s")
 
 
+def cpu_cells_note(studies: list[Study], gpu: GpuType | None) -> str | None:
+    """One line for `predict` where cells run on CPU ranks (device: cpu): a GPU's memory, step time and
+    MFU mean nothing for them, so their rows leave those columns empty; said once, for every such study,
+    rather than refused, since a CPU study (smoke) sits beside GPU ones in a plan of every study."""
+    cpu = {study.name: (sum(c.params.device == "cpu" for c in study.cells), len(study.cells))
+           for study in studies}
+    named = [name if count == total else f"{name} ({count} of {total} cells)"
+             for name, (count, total) in cpu.items() if count]
+    if not named:
+        return None
+    gpu_part = f"{gpu.key}'s memory, step time and MFU do not apply to them: " if gpu else ""
+    return (f"the cells of {', '.join(named)} run on CPU ranks (device: cpu): {gpu_part}their rows give host "
+            "memory per node only (device: cuda plans them for GPUs)")
+
+
 def cmd_predict(args) -> int:
     """One CSV row per cell: predicted memory per GPU and per node, whether it fits the hardware, and
     (with --gpu) its step time, samples/s and MFU on that GPU type, and the step's parts."""
@@ -193,6 +209,8 @@ def cmd_predict(args) -> int:
         constants, note = time_model.constants_for(hardware.gpu)
         if note:
             print(f"trainbench: step times: {note}", file=sys.stderr)
+    if note := cpu_cells_note(studies, hardware.gpu):
+        print(f"trainbench: {note}", file=sys.stderr)
     writer = csv.writer(sys.stdout, lineterminator="\n")
     writer.writerow(PREDICT_COLUMNS)
     for study in studies:
