@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-# the campaigns too: a test that writes the repository's config.yaml gets the study files it names
+# the campaigns too: a test that writes the repository's config.yaml gets the study files it names (the
+# project's: project_files leaves out a user's own, studies/local/, which may name files it does not copy)
 WORKFLOW_FILES = ("Snakefile", "workflow", "profiles", "envs", "studies")
 
 # Everything the tests start (and DeepSpeed's op builds in this process) uses the environment's own
@@ -112,6 +113,24 @@ def tracked_files(repo: Path = REPO) -> list[str]:
     return [name for name in listed.stdout.split("\0") if name and (repo / name).exists()]
 
 
+def published_results(workspace: Path = REPO) -> list[Path]:
+    """The metrics.json of every cell published in a workspace (the repository's, or validation/): those
+    git tracks. A study run here that is not published (smoke, a user's own in studies/local/) leaves its
+    results in the same folders, git-ignored, and is not held to what the published ones are."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--", "results/runs/*/*/metrics.json"], cwd=workspace,
+                            capture_output=True, text=True, check=True)
+    return sorted(workspace / name for name in listed.stdout.split("\0") if name)
+
+
+def project_files(folder: str, repo: Path = REPO) -> list[str]:
+    """The files under `folder` that are the project's: tracked, or new and not ignored (a study file
+    about to be added). What git ignores is a user's own (studies/local/, with the model files its
+    studies name elsewhere) or a build's: a test's workspace must not depend on it."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--",
+                             folder], cwd=repo, capture_output=True, text=True, check=True)
+    return sorted({name for name in listed.stdout.split("\0") if name and (repo / name).is_file()})
+
+
 def shell_environment() -> dict[str, str]:
     """The environment of a user who activated the project's venv (its bin first on PATH)."""
     venv_bin = str(Path(sys.executable).parent)
@@ -119,21 +138,16 @@ def shell_environment() -> dict[str, str]:
 
 
 class Workflow:
-    def __init__(self, root: Path, *, clone: bool = False):
-        """A copy of the workflow files in `root`; with clone=True every tracked file, as a fresh
-        `git clone` has them (results and all), with no .snakemake metadata."""
+    def __init__(self, root: Path, *, clone: bool = False, repo: Path = REPO):
+        """A copy of the workflow files in `root` (the project's, as project_files finds them); with
+        clone=True every tracked file, as a fresh `git clone` has them (results and all), with no
+        .snakemake metadata."""
         self.root = root
-        if clone:
-            for name in tracked_files():
-                (root / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(REPO / name, root / name)
-            return
-        for name in WORKFLOW_FILES:
-            source = REPO / name
-            if source.is_dir():
-                shutil.copytree(source, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-            else:
-                shutil.copy(source, root / name)
+        files = (tracked_files(repo) if clone else
+                 [name for top in WORKFLOW_FILES for name in project_files(top, repo)])
+        for name in files:
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(repo / name, root / name)
 
     @classmethod
     def at(cls, root: Path) -> "Workflow":

@@ -83,7 +83,7 @@ CASES: dict[str, tuple[Callable[[dict], Any], str]] = {
     "not a mapping": (replace(["a", "b"]), "config.yaml must be a mapping with a 'studies' key"),
     "studies as a list": (top(studies=[{"t": 1}]),
                           "studies: must be a mapping (key: value, ...), not a list"),
-    "no studies": (lambda c: c.pop("studies"), "no studies: config.yaml defines none under `studies`, and no "
+    "no studies": (lambda c: c.pop("studies"), "config.yaml: no studies: none under `studies`, and no "
                                                "file its study_files name (none) holds one"),
     "unknown top-level key": (top(studys={}), "unknown key 'studys' (did you mean 'studies'?)"),
     "bad study name": (lambda c: c["studies"].update({"my study": c["studies"]["t"]}),

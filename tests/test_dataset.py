@@ -12,11 +12,10 @@ from trainbench.cli import main
 from trainbench.execute.results import read_cells
 from trainbench.reporting import dataset
 
-from conftest import REPO, Workflow
+from conftest import REPO, Workflow, published_results
 
 # the benchmarks' results and the validation workspace's (whose profiled cells give breakdown rows)
-PUBLISHED = sorted([*(REPO / "results/runs").glob("*/*/metrics.json"),
-                    *(REPO / "validation/results/runs").glob("*/*/metrics.json")])
+PUBLISHED = published_results() + published_results(REPO / "validation")
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +83,7 @@ def test_the_published_dataset_holds_every_published_cell():
     """results/dataset/cells.parquet is made again whenever published results change
     (`snakemake -c1 results/dataset/cells.parquet`): a result without its rows fails here."""
     table = dataset.read(REPO / "results" / "dataset" / "cells.parquet")
-    benchmarks = (REPO / "results/runs").glob("*/*/metrics.json")  # the validation workspace's are its own
+    benchmarks = published_results()  # the validation workspace's are its own
     assert set(zip(table.study, table.cell_id)) == {(p.parent.parent.name, p.parent.name) for p in benchmarks}
 
 
@@ -94,5 +93,5 @@ def test_the_dataset_rule_writes_it_on_a_fresh_clone(tmp_path):
     clone.snakemake("results/dataset/cells.parquet")
     table = dataset.read(clone.path("results/dataset/cells.parquet"))
     # the benchmarks' cells: the validation workspace makes its own (snakemake -d validation)
-    published = list((REPO / "results/runs").glob("*/*/metrics.json"))
+    published = published_results()
     assert len(set(zip(table.study, table.cell_id))) == len(published)

@@ -256,7 +256,7 @@ def test_schema_errors_name_the_key_and_what_is_allowed(settings, expected):
 def test_semantic_errors_name_study_cell_and_key(cell, expected):
     found = problems(config_with(study(include=[cell])))
     assert any(expected in p for p in found), found
-    assert all(p.startswith("study 's', cell '") for p in found if expected in p)
+    assert all(p.startswith("config.yaml: study 's', cell '") for p in found if expected in p)
 
 
 def test_many_bad_cells_are_reported_once_per_problem():
@@ -318,7 +318,8 @@ def test_measure_selects_cells_and_the_rest_are_planned():
 def test_a_measure_pattern_that_selects_nothing_is_an_error():
     s = study(axes={"micro_batch": [1, 2]}, measure={"cells": [{"micro_batch": 8}]})
     s["settings"]["strategy"] = "ddp"
-    assert problems(config_with(s)) == ["studies.s.measure.cells[0]: {'micro_batch': 8} matches no cell"]
+    assert problems(config_with(s)) == [
+        "config.yaml: studies.s.measure.cells[0]: {'micro_batch': 8} matches no cell"]
     s = study(axes={"micro_batch": [1, 2]},
               measure={"cells": [{"micro_batch": 1}], "plan_for": {"gpus_per_node": 8}})
     s["settings"]["strategy"] = "ddp"
@@ -372,7 +373,7 @@ def test_a_search_pattern_that_names_no_measured_cell_is_an_error():
               search={"cells": [{"micro_batch": 2}]})
     s["settings"]["strategy"] = "ddp"
     assert problems(config_with(s)) == [
-        "studies.s.search.cells[0]: {'micro_batch': 2} matches no measured cell"]
+        "config.yaml: studies.s.search.cells[0]: {'micro_batch': 2} matches no measured cell"]
 
 
 def test_plot_panels_must_be_keys_that_tell_cells_apart():
@@ -381,7 +382,7 @@ def test_plot_panels_must_be_keys_that_tell_cells_apart():
             == ("strategy",))
     # lr is a parameter, but every cell has the same: a panel per value would be one panel
     assert problems(config_with(study(axes=axes, plot_panels=["lr"]))) == [
-        "studies.s.plot_panels: 'lr' is not a key that tells the study's cells apart "
+        "config.yaml: studies.s.plot_panels: 'lr' is not a key that tells the study's cells apart "
         "(those are: strategy, micro_batch)"]
 
 

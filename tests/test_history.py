@@ -12,7 +12,7 @@ from trainbench.execute import history
 from trainbench.execute.results import read_result
 from trainbench.reporting.compare import compare_with_history
 
-from conftest import REPO
+from conftest import REPO, published_results
 from test_cellrun import make_cell, run
 
 
@@ -77,8 +77,7 @@ def test_results_made_before_histories_are_added_once(tmp_path):
 
 
 def test_every_published_result_is_in_its_history():
-    for result in sorted([*(REPO / "results/runs").glob("*/*/metrics.json"),
-                          *(REPO / "validation/results/runs").glob("*/*/metrics.json")]):
+    for result in published_results() + published_results(REPO / "validation"):
         started = read_result(result)["provenance"]["started"]
         kept = history.runs(history.history_file(result))
         assert started in {r["provenance"]["started"] for r in kept}, result

@@ -236,6 +236,30 @@ def test_the_predict_command_prints_one_row_per_cell(repo):
     assert bad.returncode == 2 and "unknown GPU 'h900'" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_predict_says_once_that_cpu_cells_have_no_gpu_prediction(tmp_path, monkeypatch, capsys):
+    """A study of CPU ranks (device: cpu) predicted for a GPU type: one line on stderr names it, its rows
+    keep host memory and leave the GPU's figures empty; a GPU study beside it is predicted in full."""
+    import yaml
+
+    from conftest import tiny_study
+    from trainbench.cli import main
+
+    cpu = {**tiny_study(strategy="ddp", gpus=2), "axes": {"micro_batch": [1, 2]}}
+    gpu = {**tiny_study(strategy="ddp", gpus=2, device="cuda"), "axes": {"micro_batch": [1, 2]}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"studies": {"c": cpu, "g": gpu}}))
+    monkeypatch.chdir(tmp_path)
+    assert main(["predict", "--gpu", "h100", "--host-mem-gib", "64"]) == 0
+    captured = capsys.readouterr()
+    [note] = [line for line in captured.err.splitlines() if "CPU ranks" in line]
+    assert note.startswith("trainbench: the cells of c run on CPU ranks (device: cpu): h100's memory, "
+                           "step time and MFU do not apply to them")
+    rows = {(r["study"], r["micro_batch"]): r for r in csv.DictReader(io.StringIO(captured.out))}
+    assert len(rows) == 4
+    assert rows[("c", "1")]["gpu_mem_gib"] == rows[("c", "1")]["step_time_s"] == ""
+    assert float(rows[("c", "1")]["host_mem_gib_per_node"]) > 0
+    assert float(rows[("g", "1")]["gpu_mem_gib"]) > 0 and float(rows[("g", "1")]["step_time_s"]) > 0
+
+
 def test_fsdp1_accumulation_keeps_unsharded_gradients_in_the_compute_dtype():
     # accelerate and Lightning accumulate under FSDP1's no_sync: every rank holds 2 psi of bf16
     # gradients whatever N (measured on llama-7b: 12 psi/N + 2 psi without offload, 2 psi with)

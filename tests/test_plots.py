@@ -19,6 +19,8 @@ from trainbench.reporting.plots import (DPI, MAX_CELLS, MAX_FLATNESS, MAX_PANELS
                                         memory_figures, panels, parts, save, scalings, study_figures,
                                         throughput_figures, write_plots)
 
+from conftest import published_results
+
 REPO = Path(__file__).resolve().parents[1]
 MAX_PIXELS_WIDE = int(MAX_WIDTH_IN * DPI)
 
@@ -263,7 +265,8 @@ def published_studies() -> list[tuple[Path, str]]:
             names = list(load_checked("config.yaml").studies)
         finally:
             os.chdir(here)
-        found += [(workspace, name) for name in names if (workspace / "results" / "runs" / name).is_dir()]
+        tabled = {p.parent.parent.name for p in published_results(workspace)}  # not smoke's, nor yours
+        found += [(workspace, name) for name in names if name in tabled]
     return found
 
 

@@ -68,6 +68,14 @@ def _my_studies(flow: Workflow) -> None:
         "    include: [{strategy: single}]\n")
 
 
+def _try_cpu_study(flow: Workflow) -> None:
+    """`studies/local/try-cpu.yaml`: the study of the example's model docs/your-model.md shows, as shown."""
+    text = (REPO / "docs/your-model.md").read_text()
+    block = text.split("`studies/local/try-cpu.yaml`:", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    flow.path("studies/local").mkdir(parents=True, exist_ok=True)
+    flow.path("studies/local/try-cpu.yaml").write_text(block)
+
+
 HOW: dict[str, How] = {
     "make setup": How("elsewhere", "CI's `make test` runs it"),
     "snakemake <target> --forcerun": How("name", "the README's example of what forces nothing"),
@@ -205,6 +213,8 @@ HOW: dict[str, How] = {
     "trainbench predict qwen-strategies --gpu h100 --gpus-per-node 8 --host-mem-gib 1024 > plan.csv":
         How("elsewhere", "as above"),
     "trainbench fit qwen-strategies <cell> --gpu-mem-gib 80": How("elsewhere", "as above, on a GPU"),
+    "trainbench cells try-cpu": How("run", before=_try_cpu_study),
+    "snakemake -c all results/tables/try-cpu.md": How("run", trains=True, before=_try_cpu_study),
     "snakemake results/tables/mine.md --configfile my-studies.yaml": How(
         "dry-run", "the study comes from the merged file alone", before=_my_studies),
     "snakemake -d validation -n results/tables/holdout_unchanged.md": How("run"),

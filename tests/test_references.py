@@ -16,7 +16,7 @@ from trainbench.reporting.references import NOT_MEASURED, OTHER_GPU, OUTSIDE, WI
 from trainbench.reporting.tables import study_markdown
 from trainbench.workflow import load_checked
 
-from conftest import REPO
+from conftest import REPO, published_results
 
 BASELINE = sorted((REPO / "results/runs/baseline").glob("*/metrics.json"))
 
@@ -119,8 +119,8 @@ def test_every_published_study_declares_references_its_published_cells_meet():
     """A rerun of any published study is checked against what was published: each declares reference
     figures for the GPU they were measured on, and the published cells themselves are within them (and
     every reference finds its cell)."""
-    published = [(root, p.name) for root in (REPO, REPO / "validation")
-                 for p in sorted((root / "results/runs").iterdir()) if p.is_dir()]
+    published = sorted({(root, p.parent.parent.name) for root in (REPO, REPO / "validation")
+                        for p in published_results(root)})
     assert len(published) >= 18
     configs = {root: load_checked(root / "config.yaml") for root, _ in published}
     for root, name in published:

@@ -84,6 +84,69 @@ def test_a_bad_definition_is_refused_naming_the_model_and_key(case, tmp_path, mo
     assert words in str(raised.value), str(raised.value)
 
 
+def test_a_models_mistakes_name_the_file_that_defines_it(tmp_path, monkeypatch, capsys):
+    """A model defined in a study file (studies/local/) is refused naming that file, not config.yaml,
+    whether its definition is wrong as data or its factory cannot build it."""
+    import yaml
+
+    from trainbench.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    config = config_with({"qwen-0.5b": {"hf_config": "no/such.json"}})
+    config["study_files"] = ["studies/local/*.yaml"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    mine = tmp_path / "studies/local/mine.yaml"
+    mine.parent.mkdir(parents=True)
+    study = config_with({"neox": {"hf_config": "models/neox.json"}})["studies"]["t"]
+    mine.write_text(yaml.safe_dump({"models": {"neox": {"hf_config": "models/neox.json"}},
+                                    "studies": {"mine": study}}))
+    with pytest.raises(ConfigError) as raised:
+        load_config(tmp_path / "config.yaml")
+    assert sorted(p.split(".hf_config")[0] for p in raised.value.problems) == [
+        "config.yaml: models.qwen-0.5b", "studies/local/mine.yaml: models.neox"]
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models/neox.json").write_text(json.dumps(ARCHITECTURES["gpt-neox"]))
+    config["models"] = {"qwen-0.5b": {"hf": ARCHITECTURES["qwen2"]}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    mine.write_text(yaml.safe_dump({"models": {"neox": {**FACTORY, "factory": "no_such_module:build"}},
+                                    "studies": {"mine": study}}))
+    assert main(["cells", "mine"]) == 2  # built when the config loads: the factory does not import
+    err = capsys.readouterr().err
+    assert "studies/local/mine.yaml: models.neox.factory: cannot import 'no_such_module'" in err, err
+    assert "config.yaml" not in err, err
+
+
+def test_models_lists_what_is_known_of_yours_and_the_file_defining_each(tmp_path, monkeypatch, capsys):
+    """`trainbench models`: a factory's model shows its factory and block and its counted layers and
+    width, no heads (its module names none; the spec's placeholder is 1); a transformers model its
+    config's heads; each is tagged with the file that defines it."""
+    import yaml
+
+    from trainbench.cli import main
+
+    monkeypatch.chdir(REPO)  # the factory's module is found from here
+    config = config_with({"qwen": {"hf": ARCHITECTURES["qwen2"]}})
+    config["study_files"] = ["studies/local/*.yaml"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    (tmp_path / "studies/local").mkdir(parents=True)
+    (tmp_path / "studies/local/mine.yaml").write_text(yaml.safe_dump(
+        {"models": {"tiny": FACTORY}, "studies": {"mine": config_with({"tiny": FACTORY})["studies"]["t"]}}))
+    assert main(["models", "--config", str(tmp_path / "config.yaml")]) == 0
+    listed = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "h=" not in listed["tiny"] and "L=2 d=32 ctx=128" in listed["tiny"], listed["tiny"]
+    assert "factory examples.your_model.tiny_lm:build, block Block" in listed["tiny"]
+    assert listed["tiny"].endswith("[defined in studies/local/mine.yaml]")
+    assert "L=2 d=32 h=4 ctx=128  transformers qwen2" in listed["qwen"]
+    assert listed["qwen"].endswith("[defined in config.yaml]")
+    assert "h=2" in listed["gpt2-tiny"] and "defined in" not in listed["gpt2-tiny"]
+    from trainbench.study.models import spec_from_definition, summary
+
+    uncounted = spec_from_definition("tiny", json.loads(registry.get_model("tiny").definition))
+    assert summary(uncounted) == ("ctx=128  factory examples.your_model.tiny_lm:build, block Block; layers "
+                                  "and width counted when a cell uses it")
+
+
 BUILD_CASES = {
     "an architecture transformers does not know": (
         {"m": {"hf": {**ARCHITECTURES["qwen2"], "model_type": "qwen99"}}},
@@ -267,6 +330,9 @@ def test_token_windows_are_disjoint_across_ranks_and_shuffled_by_epoch(tmp_path)
     (None, "tokens: no such file"),
     (numpy.arange(10, dtype=numpy.uint16), "holds 10 uint16 ids, fewer than a window of seq_len + 1 = 17"),
     (numpy.full(100, 300, dtype=numpy.uint16), "holds id 300, beyond m's vocabulary of 256"),
+    # numpy maps neither of these, and its error names no file
+    (numpy.array([], dtype=numpy.uint16), "tokens.bin is empty (0 bytes): it holds no token ids"),
+    (numpy.zeros(41, dtype=numpy.uint8), "tokens.bin holds 41 bytes, not a whole number of uint16 ids"),
 ])
 def test_a_token_file_that_cannot_feed_the_cells_is_refused(content, words, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -275,6 +341,24 @@ def test_a_token_file_that_cannot_feed_the_cells_is_refused(content, words, tmp_
     with pytest.raises(ConfigError) as raised:
         load_config(config_with({"m": {"hf": ARCHITECTURES["qwen2"]}}, tokens="tokens.bin"))
     assert "study 't', cell 'model~m': tokens: " in str(raised.value) and words in str(raised.value)
+
+
+def test_an_empty_token_file_is_a_config_error_of_the_command_line(tmp_path, monkeypatch, capsys):
+    """As a user meets it: `trainbench cells` refuses it in one line naming the study, cell and file,
+    exit status 2, no traceback."""
+    import yaml
+
+    from trainbench.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tokens.bin").write_bytes(b"")
+    config = config_with({"m": {"hf": ARCHITECTURES["qwen2"]}}, tokens="tokens.bin")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    assert main(["cells", "t"]) == 2
+    err = capsys.readouterr().err
+    [line] = [line for line in err.splitlines() if "tokens.bin" in line]
+    assert "study 't', cell 'model~m': tokens: tokens.bin is empty (0 bytes)" in line
+    assert "Traceback" not in err
 
 
 # --- trained on CPU ranks ------------------------------------------------------------------------------
@@ -351,7 +435,7 @@ def test_your_models_train_on_your_tokens_under_every_framework_that_builds_them
     capsys.readouterr()
     assert main(["models"]) == 0
     listed = capsys.readouterr().out
-    assert "phi3" in listed and "[config.yaml's models]" in listed
+    assert "phi3" in listed and "[defined in config.yaml]" in listed
     assert main(["predict", "mine", "--gpu", "h200", "--gpus-per-node", "8", "--host-mem-gib", "512"]) == 0
     predicted = capsys.readouterr().out
     assert predicted.count("\nmine,") == len(include)

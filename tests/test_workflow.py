@@ -23,6 +23,28 @@ TABLE_FINDINGS = "results/tables/t.findings.csv"
 TABLE_PLAN = "results/tables/t.plan.csv"
 
 
+def test_a_tests_workspace_leaves_out_what_a_user_keeps_in_studies_local(tmp_path):
+    """A user's study file in studies/local/ (git-ignored) whose model's config.json sits beside
+    config.yaml: the workspace a test builds takes the project's study files (tracked, or new and not
+    ignored) and not the user's, so its config loads whatever the user keeps there."""
+    repo = tmp_path / "repo"
+    (repo / "studies/local").mkdir(parents=True)
+    (repo / "models").mkdir()
+    (repo / ".gitignore").write_text("studies/local/\n")
+    study = {**tiny_study(strategy="single"), "include": [{}]}
+    (repo / "studies/a.yaml").write_text(yaml.safe_dump({"studies": {"a": study}}))
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run(["git", "add", ".gitignore", "studies/a.yaml"], cwd=repo, check=True)
+    (repo / "studies/b.yaml").write_text(yaml.safe_dump({"studies": {"b": study}}))  # new, not yet added
+    (repo / "models/x.json").write_text(json.dumps({"model_type": "qwen2", "vocab_size": 256}))
+    (repo / "studies/local/mine.yaml").write_text(yaml.safe_dump(
+        {"models": {"x": {"hf_config": "models/x.json"}}, "studies": {"mine": study}}))
+    flow = Workflow(tmp_path / "flow", repo=repo)
+    flow.write_config({"study_files": ["studies/*.yaml", "studies/local/*.yaml"], "studies": {}})
+    assert sorted(load_config(flow.path("config.yaml")).studies) == ["a", "b"]
+    assert not flow.path("studies/local").exists()
+
+
 def run_counts(jobs: dict[str, set[str]]) -> dict[str, int]:
     return {rule: len(outputs) for rule, outputs in jobs.items()}
 
@@ -398,7 +420,8 @@ def test_an_oom_cell_is_a_row_of_the_table(workflow):
 
 BAD_CONFIGS = {
     "unknown key": ("settings", {"micro_bach": 2},
-                    "studies.t.settings: unknown key 'micro_bach' (did you mean 'micro_batch'?)"),
+                    "config.yaml: studies.t.settings: unknown key 'micro_bach' (did you mean "
+                    "'micro_batch'?)"),
     "negative size": ("settings", {"micro_batch": -1},
                       "studies.t.settings.micro_batch: -1 is less than the minimum of 1"),
     "unknown strategy": ("settings", {"strategy": "zero2"},

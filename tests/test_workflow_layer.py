@@ -6,11 +6,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 
-from conftest import tiny_study
+from conftest import REPO, tiny_study
 from trainbench.errors import ConfigError
 from trainbench.workflow import STUDY_NAME, Workflow, load_checked
 
@@ -175,3 +179,57 @@ def test_a_study_submitted_as_job_arrays_has_its_own_rule_and_one_request(here):
     assert (own_limit("cpu", "micro_batch~1"), own_limit("cpu", "micro_batch~2")) == (5, 9)
     assert memory("gpu", "gpus~1") == 1000  # not an array: its own
     assert Workflow(load_checked(two_studies())).train_rules() == [("train_cell", STUDY_NAME)]  # no array
+
+
+# --- a user's own studies stay out of git, results and all ------------------------------------------------
+
+def _results_of(study: str) -> list[Path]:
+    """Every file the workflow writes for one cell of a study: its result, log, history, a search's probe
+    and summary, the table, plan, findings and page, a plot and the grid stamp."""
+    from trainbench import paths
+    from trainbench.execute.history import history_file
+
+    cell = {"study": study, "cell": "strategy~single"}
+    result = Path(paths.path(paths.RUN, **cell))
+    made = [result, Path(paths.path(paths.RUN_LOG, **cell)), history_file(result),
+            Path(paths.path(paths.PROBE, **cell, micro_batch=4)), Path(paths.path(paths.SEARCH, **cell)),
+            Path(paths.path(paths.PLOTS_DIR, study=study)) / paths.PLOTS_INDEX,
+            Path(paths.path(paths.GRID_STAMP, study=study)),
+            *(Path(p) for p in paths.study_outputs(study) if p != paths.path(paths.PLOTS_DIR, study=study))]
+    for path in made:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}\n")
+    return made
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout
+
+
+def test_the_results_of_a_study_in_a_git_ignored_file_are_git_ignored_too(here):
+    """A study of studies/local/ (git-ignored): `git status` shows none of its results, as it shows none
+    of its file, while the project's studies' results show; moved into the project, its results show."""
+    shutil.copy(REPO / ".gitignore", here / ".gitignore")
+    study = {**tiny_study(strategy="single"), "include": [{}]}
+    (here / "config.yaml").write_text(yaml.safe_dump(
+        {"study_files": ["studies/*.yaml", "studies/local/*.yaml"], "studies": {"t": study},
+         "default_studies": {"without_gpus": ["t"], "with_gpus": ["t"]}}))
+    (here / "studies/local").mkdir(parents=True)
+    (here / "studies/a.yaml").write_text(yaml.safe_dump({"studies": {"a": study}}))
+    (here / "studies/local/mine.yaml").write_text(yaml.safe_dump({"studies": {"mine": study}}))
+    _git("init", "-q")
+    _git("add", ".gitignore", "config.yaml", "studies/a.yaml")
+    Workflow(load_checked("config.yaml"))
+    made = {name: _results_of(name) for name in ("t", "a", "mine")}
+
+    shown = set(_git("status", "--porcelain", "--untracked-files=all").split())
+    for name in ("t", "a"):
+        assert {str(p) for p in made[name]} <= shown, name  # the project's: to be added
+    assert not [p for p in shown if "mine" in p], shown  # neither the study's file nor its results
+    assert "results/.gitignore" not in shown  # it ignores itself
+
+    (here / "studies/local/mine.yaml").rename(here / "studies/mine.yaml")  # now the project's
+    _git("add", "studies/mine.yaml")
+    Workflow(load_checked("config.yaml"))
+    shown = set(_git("status", "--porcelain", "--untracked-files=all").split())
+    assert {str(p) for p in made["mine"]} <= shown

@@ -14,7 +14,8 @@ from trainbench.errors import ConfigError, UsageError
 from trainbench.registry.hardware import GPUS
 
 if TYPE_CHECKING:
-    from trainbench.study.grid import Cell
+    from trainbench.registry.hardware import GpuType
+    from trainbench.study.grid import Cell, Study
 
 
 def _config(path: str):
@@ -173,6 +174,21 @@ PREDICT_COLUMNS = ("study", "cell", "model", "strategy", "gpus", "nodes", "micro
                    "emulated_wait_s")
 
 
+def cpu_cells_note(studies: list[Study], gpu: GpuType | None) -> str | None:
+    """One line for `predict` where cells run on CPU ranks (device: cpu): a GPU's memory, step time and
+    MFU mean nothing for them, so their rows leave those columns empty; said once, for every such study,
+    rather than refused, since a CPU study (smoke) sits beside GPU ones in a plan of every study."""
+    cpu = {study.name: (sum(c.params.device == "cpu" for c in study.cells), len(study.cells))
+           for study in studies}
+    named = [name if count == total else f"{name} ({count} of {total} cells)"
+             for name, (count, total) in cpu.items() if count]
+    if not named:
+        return None
+    gpu_part = f"{gpu.key}'s memory, step time and MFU do not apply to them: " if gpu else ""
+    return (f"the cells of {', '.join(named)} run on CPU ranks (device: cpu): {gpu_part}their rows give host "
+            "memory per node only (device: cuda plans them for GPUs)")
+
+
 def cmd_predict(args) -> int:
     """One CSV row per cell: predicted memory per GPU and per node, whether it fits the hardware, and
     (with --gpu) its step time, samples/s and MFU on that GPU type, and the step's parts."""
@@ -193,6 +209,8 @@ def cmd_predict(args) -> int:
         constants, note = time_model.constants_for(hardware.gpu)
         if note:
             print(f"trainbench: step times: {note}", file=sys.stderr)
+    if note := cpu_cells_note(studies, hardware.gpu):
+        print(f"trainbench: {note}", file=sys.stderr)
     writer = csv.writer(sys.stdout, lineterminator="\n")
     writer.writerow(PREDICT_COLUMNS)
     for study in studies:
@@ -465,15 +483,16 @@ def cmd_vocabulary(args) -> int:
     elif args.command == "models":
         from trainbench.registry.frameworks import registry
         from trainbench.registry.models import known_models
+        from trainbench.study.models import summary
 
-        if Path(args.config).exists():  # your models, counted (built on fake tensors) as the workflow does
-            _config(args.config)
+        # your models, counted (built on fake tensors) as the workflow does, each with the file defining it
+        origins = _config(args.config).model_origins if Path(args.config).exists() else {}
         for m in known_models().values():
             runners = [f.name for f in registry().values() if m.family in f.families]
             built = f" (runs with {', '.join(runners)})" if runners else " (planning only in this version)"
-            mine = " [config.yaml's models]" if m.user_defined else ""
-            print(f"{m.name:<16} {m.param_count() / 1e6:>10,.1f}M  L={m.n_layer} d={m.d_model} h={m.n_head} "
-                  f"ctx={m.max_seq}  {m.note}{built}{mine}")
+            mine = f" [defined in {origins.get(m.name, 'the config')}]" if m.user_defined else ""
+            size = f"{m.param_count() / 1e6:>10,.1f}M" if not m.user_defined or m.facts else f"{'?':>11}"
+            print(f"{m.name:<16} {size}  {summary(m)}{built}{mine}")
     elif args.command == "columns":
         from trainbench.reporting.findings import metrics
         from trainbench.reporting.columns import COLUMN_SETS, COLUMNS

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 from trainbench import paths, predict, registry
 from trainbench.errors import ConfigError
 from trainbench.execute.gpus import short_of_gpus
-from trainbench.execute.results import read_json
+from trainbench.execute.results import read_json, write_text_atomic
 from trainbench.predict import communication
 from trainbench.predict.batch_search import bounds_for, walk
 from trainbench.reporting import findings, references
@@ -76,6 +77,56 @@ def prediction_models_digest(here: Path | None = None) -> str:
     return digest.hexdigest()[:16]
 
 
+# The results of a study defined in a file git ignores (a user's own, in studies/local/) are ignored too:
+# results/.gitignore names them (and itself), as the project's .gitignore names smoke's. Every folder and
+# file the workflow writes a study's results to, relative to results/.
+LOCAL_IGNORE = "results/.gitignore"
+LOCAL_RESULTS = ("/runs/{study}/", "/history/{study}/", "/search/{study}/", "/plots/{study}/",
+                 "/tables/{study}.*", "/.grid/{study}.json")
+LOCAL_IGNORE_HEADER = (
+    "# Written by the workflow: the results of the studies defined in files git ignores (studies/local/),\n"
+    "# a user's own, as those files are. It ignores itself, and keeps a study that went until one of the\n"
+    "# project's takes its name.\n/.gitignore\n")
+
+
+def ignored_studies(config: Config) -> set[str] | None:
+    """The studies defined in a study file git ignores, or outside the repository; None where git cannot
+    say (no git, or no repository: nothing to keep out of one). A study file not yet added is not one:
+    its results are the project's to add with it."""
+    files = {origin for origin in config.origins.values() if origin != config.source}
+    inside = sorted(f for f in files if not Path(f).is_absolute())
+    ignored = {f for f in files if Path(f).is_absolute()}
+    if inside:
+        try:
+            checked = subprocess.run(["git", "check-ignore", "--", *inside], cwd=config.base,
+                                     capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if checked.returncode not in (0, 1):  # 1: none ignored; 128: not a repository
+            return None
+        ignored |= set(checked.stdout.splitlines())
+    return {name for name, origin in config.origins.items() if origin in ignored}
+
+
+def ignore_local_results(config: Config) -> Path | None:
+    """Name the results of the ignored studies in results/.gitignore, rewritten where that changes; a
+    study named before and no longer defined stays named (its results are still the user's). Returns
+    the file, or None where there is none."""
+    ignored = ignored_studies(config)
+    path = config.base / LOCAL_IGNORE
+    if ignored is None:
+        return path if path.exists() else None
+    before = set(re.findall(r"^/runs/(.+)/$", path.read_text(), re.M)) if path.exists() else set()
+    names = sorted(ignored | (before - set(config.studies)))
+    if not names and not path.exists():
+        return None
+    text = LOCAL_IGNORE_HEADER + "".join(line.format(study=name) + "\n"
+                                         for name in names for line in LOCAL_RESULTS)
+    if not path.exists() or path.read_text() != text:
+        write_text_atomic(path, text)
+    return path
+
+
 def array_rule(study: str) -> str:
     """The rule that trains a study submitted as SLURM job arrays (--slurm-array-jobs names it)."""
     return "train_" + study.replace("-", "_")
@@ -95,7 +146,10 @@ def load_checked(source: dict[str, Any] | str | Path) -> Config:
         # that cannot train is refused here, by name; each is counted once (results/models/<name>.json)
         from trainbench.training.user_models import FACTS_DIR, count_registered
 
-        count_registered(config.base / FACTS_DIR)
+        try:
+            count_registered(config.base / FACTS_DIR)
+        except ConfigError as error:  # its lines name the model: here they get the file that defines it
+            raise ConfigError(config.place(error.problems)) from None
     problems: list[str] = []
     for name, study in config.studies.items():
         problems += report_problems(name, study.report)
@@ -111,7 +165,7 @@ def load_checked(source: dict[str, Any] | str | Path) -> Config:
                             f"{taken} already; rename the study")
         rules[rule] = name
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(config.place(problems))
     return config
 
 
@@ -125,7 +179,7 @@ class Workflow:
     def __init__(self, config: Config, *, remote: bool = False, gpus_here: int | None = None):
         no_runner = [p for study in config.studies.values() for p in no_runner_problems(study)]
         if no_runner:
-            raise ConfigError(no_runner)
+            raise ConfigError(config.place(no_runner))
         self.config = config
         # Cells whose result was made with other parameters, by study: they rerun (freshness.prepare
         # also rewrites the grid stamps reruns follow without .snakemake metadata, a fresh clone, and
@@ -140,6 +194,8 @@ class Workflow:
         # cell job: 2 s of a dry run of 10,000 cells).
         self.shared_resources = {} if remote else shared_resources(
             study.job_resources(c) for study in config.studies.values() for c in study.cells)
+        if not remote:  # a user's own studies' results stay out of `git status`, as their files do
+            ignore_local_results(config)
         self._said_short: set[str] = set()
         self._prediction_models: str | None = None
         self.remote = remote

@@ -29,7 +29,8 @@ mimetypes.add_type("application/vnd.apache.parquet", ".parquet")
 try:
     WORKFLOW = Workflow(load_checked(config), remote=workflow.remote_exec, gpus_here=local_gpu_count())
 except ConfigError as error:
-    sys.exit(f"error: config.yaml: {error}")
+    # each line names its file: config.yaml, or the study file that defines the study or model
+    sys.exit(f"error: {error}")
 
 
 onstart:

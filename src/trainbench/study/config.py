@@ -27,6 +27,7 @@ from trainbench.study.schema import build_schema
 from trainbench.study.timing import TimingSettings
 
 STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+CONFIG_NAME = "config.yaml"  # what a config given as a mapping (Snakemake's `config`) is called
 
 
 @dataclass
@@ -37,6 +38,13 @@ class Config:
     origins: dict[str, str] = field(default_factory=dict)  # study -> the file that defines it
     models: dict[str, Any] = field(default_factory=dict)  # the user's models by name (ModelSpec)
     base: Path = Path(".")  # the folder of config.yaml: its study files, models and results are under it
+    model_origins: dict[str, str] = field(default_factory=dict)  # model -> the file that defines it
+    source: str = CONFIG_NAME  # the config file's own name, as its problems are prefixed with
+
+    def place(self, problems: list[str]) -> list[str]:
+        """Problems found after loading (a model that cannot be built, a report column, a cell without
+        a runner), each prefixed with the file it is in."""
+        return placed(problems, self.origins, self.model_origins, self.source)
 
     def study(self, name: str) -> Study:
         if name not in self.studies:
@@ -159,23 +167,24 @@ def validate_structure(raw: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def read_study_files(config: dict[str, Any], base: Path) -> tuple[dict[str, Any], dict[str, str]]:
-    """config.yaml with the studies and models of its `study_files` merged in, and where each study came
-    from.
+def read_study_files(config: dict[str, Any], base: Path, own: str = CONFIG_NAME
+                     ) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
+    """config.yaml with the studies and models of its `study_files` merged in, and where each study and
+    each model came from (`own`: config.yaml's, or a study file's path relative to `base`).
 
     Each pattern is a glob relative to `base` (the folder of config.yaml); a pattern that matches no
     file is no error (a user's own folder may be empty). A file holds a `studies` mapping and, beside
     it, a `models` one of its own; a study or model defined twice is refused, naming both places."""
     patterns = config.get("study_files") or []
     if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
-        raise ConfigError(f"study_files: must be a list of glob patterns, not {patterns!r}")
+        raise ConfigError(f"{own}: study_files: must be a list of glob patterns, not {patterns!r}")
     if any(config.get(key) is not None and not isinstance(config[key], dict)
            for key in ("studies", "models")):
-        return config, {}  # the schema says what is wrong with it
+        return config, {}, {}  # the schema says what is wrong with it
     studies = dict(config.get("studies") or {})
-    origins = {name: "config.yaml" for name in studies}
+    origins = {name: own for name in studies}
     models = dict(config.get("models") or {})
-    model_origins = {name: "config.yaml" for name in models}
+    model_origins = {name: own for name in models}
     problems: list[str] = []
     seen: set[Path] = set()
     for pattern in patterns:
@@ -214,17 +223,48 @@ def read_study_files(config: dict[str, Any], base: Path) -> tuple[dict[str, Any]
                 origins[name] = shown
     if problems:
         raise ConfigError(problems)
-    return {**config, "studies": studies, **({"models": models} if models else {})}, origins
+    return {**config, "studies": studies, **({"models": models} if models else {})}, origins, model_origins
 
 
-def _placed(problems: list[str], origins: dict[str, str]) -> list[str]:
-    """Each problem of a study that came from a study file, prefixed with that file."""
-    out = []
-    for problem in problems:
-        match = re.match(r"^(?:studies\.|study ')([A-Za-z0-9_-]+)", problem)
-        where = origins.get(match.group(1)) if match else None
-        out.append(f"{where}: {problem}" if where and where != "config.yaml" else problem)
-    return out
+def _file_of(problem: str, origins: dict[str, str], model_origins: dict[str, str]) -> str | None:
+    """The file that defines the study or model a problem is about (`studies.<name>...`, `study '<name>'`,
+    `models.<name>...`), or None. A model's name may hold dots (`qwen-1.5b`), so it is looked up whole
+    rather than cut at the first dot."""
+    match = re.match(r"^(?:studies\.|study ')([A-Za-z0-9_-]+)", problem)
+    if match:
+        return origins.get(match.group(1))
+    if problem.startswith("models."):
+        rest = problem[len("models."):]
+        named = [name for name in model_origins
+                 if rest.startswith(name) and rest[len(name):][:1] in ("", ".", ":")]
+        return model_origins[max(named, key=len)] if named else None
+    return None
+
+
+def placed(problems: list[str], origins: dict[str, str], model_origins: dict[str, str],
+           own: str = CONFIG_NAME) -> list[str]:
+    """Each problem prefixed with the file it is in: a study's or a model's with the file that defines it
+    (config.yaml or one of its study files), any other (default_studies, study_files, ...) with `own`,
+    config.yaml's name. So a reader never has to guess which file a line is about."""
+    return [f"{_file_of(problem, origins, model_origins) or own}: {problem}" for problem in problems]
+
+
+def _read_token_file(path: Path, dtype: str) -> tuple[int | None, int | str]:
+    """A token file's id count and its largest id among the first million; (None, why) where it cannot
+    feed a cell. Its size is looked at before it is mapped: numpy cannot map an empty file, nor one that
+    is not a whole number of ids, and says so without naming the file."""
+    import numpy
+
+    if not path.is_file():
+        return None, f"no such file: {path}"
+    size, width = path.stat().st_size, numpy.dtype(dtype).itemsize
+    if size == 0:
+        return None, f"{path} is empty (0 bytes): it holds no token ids"
+    if size % width:
+        return None, (f"{path} holds {size} bytes, not a whole number of {dtype} ids ({width} bytes each); "
+                      "is tokens_dtype the file's?")
+    ids = numpy.memmap(path, dtype=numpy.dtype(dtype), mode="r")
+    return len(ids), int(ids[:1_000_000].max())
 
 
 def check_token_files(studies: dict[str, Study], base: Path) -> list[str]:
@@ -240,13 +280,7 @@ def check_token_files(studies: dict[str, Study], base: Path) -> list[str]:
             path = Path(p.tokens) if Path(p.tokens).is_absolute() else base / p.tokens
             key = (path, p.tokens_dtype)
             if key not in checked:
-                if not path.is_file():
-                    checked[key] = (None, f"no such file: {path}")
-                else:
-                    import numpy
-
-                    ids = numpy.memmap(path, dtype=numpy.dtype(p.tokens_dtype), mode="r")
-                    checked[key] = (len(ids), int(ids[:1_000_000].max()) if len(ids) else -1)
+                checked[key] = _read_token_file(path, p.tokens_dtype)
             count, top = checked[key]
             if count is None:
                 problems.append(f"{where}: {top}")
@@ -268,39 +302,41 @@ def load_config(source: dict[str, Any] | str | Path, base: str | Path | None = N
     The study definition alone: what a study reports (its columns and findings) is checked by the
     reporting stage, through trainbench.workflow.load_checked, which the workflow and the command line
     use."""
+    own = CONFIG_NAME
     if isinstance(source, (str, Path)):
         base = Path(source).parent if base is None else base
+        own = Path(source).name
         with open(source) as f:
             source = yaml.safe_load(f) or {}
     if not isinstance(source, dict):
-        raise ConfigError("config.yaml must be a mapping with a 'studies' key")
+        raise ConfigError(f"{own} must be a mapping with a 'studies' key")
     base = Path.cwd() if base is None else Path(base)
-    source, origins = read_study_files(source, base)
+    source, origins, model_origins = read_study_files(source, base, own)
     try:
         data = validate_structure(source)
+        user_models = parse_models(data.get("models"), base)
     except ConfigError as error:
-        raise ConfigError(_placed(error.problems, origins)) from None
-    user_models = parse_models(data.get("models"), base)
+        raise ConfigError(placed(error.problems, origins, model_origins, own)) from None
     # before the studies expand: their cells name these models, and carry their definitions
     register_user_models(user_models)
     problems: list[str] = []
     if not data["studies"]:
-        problems.append("no studies: config.yaml defines none under `studies`, and no file its "
+        problems.append("no studies: none under `studies`, and no file its "
                         f"study_files name ({', '.join(data.get('study_files') or []) or 'none'}) holds one")
     studies: dict[str, Study] = {}
     for name, spec in data["studies"].items():
         try:
             studies[name] = expand_study(name, spec)
         except ConfigError as e:
-            problems.extend(_placed(e.problems, origins))
-    problems += _placed(check_token_files(studies, base), origins)
+            problems.extend(e.problems)
+    problems += check_token_files(studies, base)
     for machine, names in data["default_studies"].items():
         for name in names:
             if name not in data["studies"]:
                 problems.append(f"default_studies.{machine}: unknown study {name!r}; "
                                 f"studies: {', '.join(data['studies'])}")
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(placed(problems, origins, model_origins, own))
     return Config(studies=studies, default_studies=data["default_studies"],
                   placement=data.get("placement", "local"), origins=origins, models=user_models,
-                  base=base)
+                  base=base, model_origins=model_origins, source=own)

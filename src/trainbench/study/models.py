@@ -228,3 +228,27 @@ def canonical(definition: dict[str, Any]) -> str:
 
 def definition_of(spec: ModelSpec) -> dict[str, Any]:
     return json.loads(spec.definition)
+
+
+def summary(spec: ModelSpec) -> str:
+    """What `trainbench models` shows of a model: its shape (layers, width, heads, context) and what it
+    is. A model of the config's shows only what is known of it, never the placeholders its spec holds
+    until it is counted: a transformers config names its heads, a factory's module does not (so its
+    line names the factory and its block instead), and layers and width are counted from the model."""
+    if not spec.user_defined:
+        return f"L={spec.n_layer} d={spec.d_model} h={spec.n_head} ctx={spec.max_seq}  {spec.note}"
+    definition = definition_of(spec)
+    counted = spec.facts is not None
+    shape = [f"L={spec.n_layer}"] if counted or spec.n_layer else []
+    shape += [f"d={spec.d_model}"] if counted or spec.d_model else []
+    if definition["kind"] == "hf":
+        heads = _first(definition["config"], HF_KEYS["n_head"])
+        shape += [f"h={heads}"] if heads else []
+        what = spec.note
+    else:
+        factory = f"factory {definition['factory']}, block {definition['block']}"
+        what = factory if spec.note == definition["factory"] else f"{spec.note}; {factory}"
+    if not counted:
+        what += "; layers and width counted when a cell uses it"
+    return " ".join([*shape, f"ctx={spec.max_seq}"]) + f"  {what}"
+
