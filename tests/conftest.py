@@ -43,7 +43,8 @@ if "TRAINBENCH_GPU_POOL_DIR" not in os.environ:
 # (test_readme.py, test_bench.py) last: one worker ran them for minutes while the other had nothing
 # left. Heaviest first, the short files fill in at the end. Only an order: a file not listed runs after
 # these, and a stale list costs minutes, never a result. From a full run's --durations=0, by file.
-SLOWEST_FILES = ("test_workflow.py", "test_emulation.py", "test_slurm.py", "test_readme.py", "test_bench.py",
+SLOWEST_FILES = ("test_workflow.py", "test_architectures.py", "test_emulation.py", "test_slurm.py",
+                 "test_readme.py", "test_bench.py",
                  "test_user_models.py", "test_float8.py", "test_cellrun.py", "test_lifetime.py",
                  "test_checkpoint_in_cpu.py", "test_report.py", "test_model_checks.py", "test_plots.py",
                  "test_pipeline_parallel.py", "test_rank_failures.py", "test_batch_search.py", "test_gpus.py",

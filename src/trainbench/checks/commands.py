@@ -71,11 +71,25 @@ def add_check_models(sub):
                                 "waits on, to src/trainbench/predict/whole_step_bands.json (trainbench fit "
                                 "reads it)")
     emulation.set_defaults(check="emulation")
+
+    architectures = which.add_parser(
+        "architectures", help="every causal LM of the installed transformers, made tiny: accepted or "
+                              "refused, and counted right")
+    architectures.add_argument("types", nargs="*", metavar="MODEL_TYPE",
+                               help="these model types only (default: every causal LM)")
+    architectures.add_argument("--write", action="store_true",
+                               help="write the coverage page (docs/architectures.md)")
+    architectures.add_argument("--json", type=Path, help="also write every row here")
+    architectures.set_defaults(check="architectures")
     return checks
 
 
 def run(args) -> int:
     """The check `args.check` with its arguments."""
+    if args.check == "architectures":
+        from trainbench.checks.architectures import run as run_architectures
+
+        return run_architectures(args)
     if args.check == "time":
         return run_time_check(args)
     if args.check == "memory":

@@ -40,7 +40,7 @@ HF_KEYS = {
     "n_layer": ("num_hidden_layers", "n_layer", "num_layers"),
     "n_head": ("num_attention_heads", "n_head", "num_heads"),
     "ffn_hidden": ("intermediate_size", "n_inner", "ffn_dim", "hidden_dim"),
-    "max_seq": ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"),
+    "max_seq": ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "context_length"),
 }
 ENTRY_KEYS = ("hf_config", "hf", "factory", "args", "block", "vocab_size", "max_seq", "tp_plan",
               "description")

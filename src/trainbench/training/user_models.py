@@ -285,6 +285,7 @@ class _FakeStepMode(torch.utils._python_dispatch.TorchDispatchMode):
     def __init__(self, parameters: set, fake: bool = True):
         super().__init__()
         self.parameters, self.casts, self.fake = parameters, set(), fake
+        self.held: list = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -303,6 +304,7 @@ class _FakeStepMode(torch.utils._python_dispatch.TorchDispatchMode):
         out = func(*args, **kwargs)
         if func is torch.ops.aten._to_copy.default and _storage(_local(args[0])) in self.parameters:
             self.casts.add(_storage(_local(out)))
+            self.held.append(_local(out).untyped_storage())  # its address stays its own (_SavedByBlock)
         return out
 
 
@@ -397,6 +399,9 @@ class _SavedByBlock:
 
     def __init__(self, model: LanguageModel, parameters: set):
         self.parameters, self.counted = parameters, set()
+        # every storage seen, held until the step ends: one freed in the forward (a branch the loss does not
+        # use) would otherwise leave its address to a later tensor, which would then count as seen
+        self.held: list = []
         self.stack: list[int] = [-1]
         self.saved: dict[int, dict[int, int]] = {}
         self.block_inputs: list[int] = []
@@ -419,6 +424,7 @@ class _SavedByBlock:
     def pack(self, saved_tensor):
         tensor = _local(saved_tensor)
         key = _storage(tensor)
+        self.held.append(tensor.untyped_storage())
         if key not in self.parameters and key not in self.counted:
             self.counted.add(key)
             self.saved.setdefault(self.stack[-1], {})[key] = tensor.untyped_storage().nbytes()
