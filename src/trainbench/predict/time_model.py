@@ -124,9 +124,6 @@ CPU_THREAD_EXPONENT = 0.75
 # bytes of device memory an Adam step moves per parameter: fp32 weights, gradients and two moments
 # read (16), weights and moments written (12), the half-precision copy written and its gradient read (4)
 OPTIMIZER_BYTES = 32.0
-# linear layers per block, each a ZeRO-3 parameter fetch (norms stay resident: DeepSpeed's
-# stage3_param_persistence_threshold keeps parameters of fewer than 1e5 elements on every rank)
-LINEARS_PER_BLOCK = {"gpt": 4, "llama": 7, "distilbert": 6}
 
 # how sharply the slower of host and device sets a micro batch's pace: (h^p + d^p)^(1/p)
 SHARPNESS = 4.0
@@ -386,7 +383,7 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
         if stage == 3:
             # each fetch is DeepSpeed's bookkeeping of a module's partitioned weights, and where they
             # are partitioned over more than one rank an all-gather: a second call
-            fetches = ga * (2 + ac) * (spec.n_layer * LINEARS_PER_BLOCK.get(spec.family, 4) + 1)
+            fetches = ga * (2 + ac) * (spec.n_layer * spec.fetched_modules_per_block() + 1)
             calls += fetches * (1 + (dp > 1))
         if hides:
             overlapped = traffic

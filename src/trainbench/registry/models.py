@@ -61,6 +61,9 @@ class ModelFacts:
     expert_params: int = 0
     active_expert_params: int = 0
     vocab_size: int = 0  # the token embedding's rows (from the config, or transformers' default for it)
+    # modules of one block (the mean) owning parameters of PERSISTENT_PARAMS elements or more: what
+    # ZeRO-3 fetches one by one (smaller ones, norms, stay on every rank)
+    fetched_modules_per_block: float = 0.0
     # activation traces by key (`trace_key`), filled as cells ask; `tracer` makes a missing one
     traces: dict[str, ActivationTrace] = field(default_factory=dict, compare=False, hash=False)
 
@@ -91,6 +94,10 @@ def trace_key(mode: str, attention: str, seq_len: int, tp: int = 1) -> str:
 # Installed by trainbench.training.user_models (the training stage builds and traces models; the
 # registry sits below it): (spec, mode, attention, seq_len, tp) -> ActivationTrace
 ACTIVATION_TRACER: Callable[[Any, str, str, int, int], ActivationTrace] | None = None
+
+# DeepSpeed's stage3_param_persistence_threshold (its default): a module's parameters of fewer elements stay
+# gathered on every rank under ZeRO-3
+PERSISTENT_PARAMS = 100_000
 
 # How a tensor-parallel plan may split a layer (transformers' names for PyTorch's DTensor styles):
 # colwise splits a linear layer's output features (its input whole), rowwise its input features (its
@@ -175,6 +182,14 @@ class ModelSpec:
         if self.user_defined and self.facts is not None and not self.facts.sdpa:
             return "eager"
         return requested
+
+    def fetched_modules_per_block(self) -> float:
+        """Modules of a block whose parameters ZeRO-3 fetches one by one (each a call on the host): the
+        linear layers of the registry's layouts (GPT-2's qkv, out, fc and proj; LLaMA's seven;
+        DistilBERT's six), or those a user's model was counted to have."""
+        if self.user_defined and self.facts is not None and self.facts.fetched_modules_per_block:
+            return self.facts.fetched_modules_per_block
+        return {"gpt": 4, "llama": 7, "distilbert": 6}.get(self.family, 4)
 
     def block_params(self) -> int:
         if self.user_defined:

@@ -256,7 +256,7 @@ def _parent_of(root: nn.Module, child: nn.Module) -> tuple[nn.Module, str]:
 # --- counting and tracing on fake tensors ------------------------------------------------------------
 
 # what a facts file was counted by: a change to the counting makes every model count again
-COUNTING = "forward-flops-x3/tp-plan/gpu-attention/experts"
+COUNTING = "step-flops/tp-plan/gpu-attention/experts/fetches"
 
 
 def _hash(spec: ModelSpec) -> str:
@@ -652,6 +652,7 @@ def count_model(spec: ModelSpec, facts_dir: Path = FACTS_DIR) -> ModelFacts:
         n_blocks=n_blocks, block_class=type(model.blocks[0]).__name__,
         sdpa=model.inner.config._attn_implementation == "sdpa" if model.hf else True,
         expert_params=_expert_params(model), active_expert_params=round(experts_1 / 6),
+        fetched_modules_per_block=_fetched_modules(model),
         vocab_size=spec.vocab_size, traces=traces, **_tp_facts(spec, model))
     _write(spec, facts, facts_dir)
     return facts
@@ -692,6 +693,14 @@ def _experts_modules(names) -> set[str]:
     found = {name for name in names if EXPERTS.search(name)}
     whole = {name for name in found if name.endswith("experts")}
     return {name for name in found if name in whole or name.rsplit(".", 1)[0] not in whole}
+
+
+def _fetched_modules(model: LanguageModel) -> float:
+    """Modules per block (the mean) owning PERSISTENT_PARAMS parameter elements or more."""
+    from trainbench.registry.models import PERSISTENT_PARAMS
+
+    owned = [sum(p.numel() for p in m.parameters(recurse=False)) for b in model.blocks for m in b.modules()]
+    return sum(size >= PERSISTENT_PARAMS for size in owned) / len(model.blocks)
 
 
 def _expert_params(model: LanguageModel) -> int:
