@@ -76,7 +76,7 @@ def profile(search: advise.Request, top: int = 12) -> str:
     profiler.runcall(advise.advise, search)
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
-    return out.getvalue()
+    return out.getvalue().replace(f"{REPO}/", "")  # the package's files as the repository names them
 
 
 def machine(name: str) -> str:
