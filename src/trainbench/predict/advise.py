@@ -256,26 +256,27 @@ def _plain(params: CellParams, layout: Callable[[frameworks.Strategy], bool]) ->
 
 # --- what it prints ------------------------------------------------------------------------------------
 
-TABLE_HEADER = ("#", "set-up", "GPUs x nodes", "micro x accum", "GPU mem (GiB)", "headroom (GiB)",
-                "tokens/s per GPU", "MFU", "step (ms)")
+# the set-up's words last: the figures line up, and a long set-up pads no column
+TABLE_HEADER = ("#", "tokens/s per GPU", "MFU", "step (ms)", "GPU mem (GiB)", "headroom (GiB)",
+                "GPUs x nodes", "micro x accum", "set-up")
 
 
 def table(advice: Advice, top: int) -> str:
     """The `top` fastest set-ups that fit, as aligned text."""
     cluster = advice.request.cluster
-    rows = [(str(i), s.words, f"{cluster.gpus_per_node} x {cluster.nodes}",
-             f"{s.params.micro_batch} x {s.params.grad_accum}", f"{s.memory.gpu_mem_mib / 1024:.1f}",
-             f"{s.headroom_mib(cluster) / 1024:.1f}", f"{s.tokens_per_s_per_gpu:,.0f}",
-             "" if s.time.mfu is None else f"{s.time.mfu:.1%}", f"{s.time.step_time_s * 1e3:,.0f}")
+    rows = [(str(i), f"{s.tokens_per_s_per_gpu:,.0f}", "" if s.time.mfu is None else f"{s.time.mfu:.1%}",
+             f"{s.time.step_time_s * 1e3:,.0f}", f"{s.memory.gpu_mem_mib / 1024:.1f}",
+             f"{s.headroom_mib(cluster) / 1024:.1f}", f"{cluster.gpus_per_node} x {cluster.nodes}",
+             f"{s.params.micro_batch} x {s.params.grad_accum}", s.words)
             for i, s in enumerate(advice.ranked[:top], 1)]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(TABLE_HEADER)]
-    left = {1}  # the words read left-aligned, the figures right-aligned
+    left = {len(TABLE_HEADER) - 1}  # the words read left-aligned, the figures right-aligned
 
     def line(cells) -> str:
         return "  ".join(c.ljust(w) if i in left else c.rjust(w)
                          for i, (c, w) in enumerate(zip(cells, widths)))
 
-    return "\n".join([line(TABLE_HEADER), *(line(r).rstrip() for r in rows)])
+    return "\n".join(line(r).rstrip() for r in (TABLE_HEADER, *rows))
 
 
 def heading(advice: Advice) -> str:
