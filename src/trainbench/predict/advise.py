@@ -386,7 +386,8 @@ def study_text(advice: Advice, name: str, top: int, gpus_here: int,
     report += ["whole_step_ms"] if emulate else []
     description = (f"The set-ups trainbench advise predicts fastest for {request.model} on "
                    f"{cluster.describe()}, ranked by predicted tokens/s per GPU, with plain DDP and FSDP "
-                   "beside them; the findings say whether the measured order follows the predicted one.")
+                   "beside them where they fit; the findings say whether the measured order follows the "
+                   "predicted one.")
     lines = [f"# Written by `{request.command()}` (docs/advise.md).",
              "# Each include entry's comment gives its predicted rank among the set-ups that fit, and its",
              "# predicted figures.", *(_emulation_comment(gpus_here, cluster.gpus) if emulate else [])]
