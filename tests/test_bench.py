@@ -147,3 +147,19 @@ def test_top_kernels_totals_a_traces_kernels_per_step_and_sets_cells_side_by_sid
     [copy_in] = [op for op in thread["ops"] if op["op"] == "fsdp::all_gather_copy_in"]
     assert copy_in["calls_per_step"] == 5 and copy_in["ms_per_step"] == pytest.approx(5 * 35 / 1e3)
     assert not [t for t in bf16["host"] if t["thread"] == "2"]
+
+
+def test_the_advise_benchmark_times_searches_on_one_core(tmp_path):
+    # a tiny search: the benchmark's code paths (its figures come from results/bench/advise)
+    done = subprocess.run([sys.executable, "bench/advise.py", "--searches", "gpt2-tiny:1:4", "--repeats", "2",
+                           "--host", "one core of a test", "--out", str(tmp_path), "--profile"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [result] = json.loads((tmp_path / "advise.json").read_text())["results"]
+    assert result["search"] == "gpt2-tiny on 1 x 8 h100, micro batch 1-4"
+    for mode in ("settled", "unsettled"):  # the same search, with and without settled_plugins
+        assert result[mode]["setups"] > result[mode]["fit"] > 0 and len(result[mode]["cpu_s"]) == 2
+    text = (tmp_path / "advise.txt").read_text()
+    assert text.startswith("command: python3 bench/advise.py --searches gpt2-tiny:1:4")
+    assert "one core of a test (" in text and "goal: 10,000 set-ups in under 60 s" in text
+    assert "profile of one search of gpt2-tiny" in text

@@ -53,6 +53,20 @@ def toy(tmp_path, monkeypatch):
     sys.modules.pop("toy_framework", None)
 
 
+def test_a_plugin_named_inside_a_settled_block_loads_after_it(toy, monkeypatch):
+    """Inside settled_plugins() the variable is read once, at its start; past the block, as always."""
+    from trainbench.registry import frameworks
+
+    REGISTRY.pop("toy")
+    sys.modules.pop("toy_framework")
+    monkeypatch.setattr(frameworks, "_plugins_loaded", set())
+    monkeypatch.delenv("TRAINBENCH_PLUGINS")
+    with frameworks.settled_plugins():
+        monkeypatch.setenv("TRAINBENCH_PLUGINS", "toy_framework")
+        assert "toy" not in frameworks.registry()
+    assert "toy" in frameworks.registry()
+
+
 def trainbench(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "trainbench", *args], capture_output=True, text=True,
                           timeout=600)

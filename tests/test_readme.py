@@ -104,6 +104,15 @@ HOW: dict[str, How] = {
     "snakemake -c all results/tables/smoke.html --forcerun results/runs/smoke/strategy~ddp/metrics.json":
         How("run", trains=True),
     "trainbench predict llama --gpu h200 --gpus-per-node 8 --host-mem-gib 2048": How("run"),
+    "trainbench advise --model llama-7b --gpu h100 --gpus-per-node 8 --nodes 4 --host-mem-gib 1024": How(
+        "run", "writes studies/local/advise-llama-7b.yaml, which the commands after it load"),
+    "trainbench advise": How("name", "the command's name; its full form is run"),
+    "trainbench advise --model qwen-1b --gpu h100 --gpus-per-node 8 --host-mem-gib 1024": How(
+        "elsewhere", "qwen-1b is the reader's model; tests/test_advise.py advises a model of the config's "
+                     "and one from a config.json"),
+    "snakemake -c all results/tables/advise-llama-7b.md": How(
+        "elsewhere", "measures 32-GPU set-ups (emulated on a GPU); tests/test_advise.py loads the study "
+                     "advise writes and judges its findings on measured figures"),
     "trainbench predict megatron --gpu a100-80g --gpus-per-node 8 --host-mem-gib 1024": How("run"),
     "trainbench compare results/runs rerun/results/runs": How("run", before=_a_rerun_tree),
     "snakemake --report report.html": How("run", "the report of the smoke study the quick start made"),
@@ -193,6 +202,9 @@ HOW: dict[str, How] = {
         How("run", "the published round held against its committed predictions"),
     "trainbench check-models predictions validation/results/predictions/holdout_accum-h200.csv":
         How("run", "as above, part by part: its cells were profiled"),
+    "trainbench check-models architectures --write": How(
+        "elsewhere", "sweeps every causal LM of transformers (minutes); tests/test_architectures.py runs "
+                     "the same sweep and holds docs/architectures.md to it"),
     "trainbench check-models emulation": How(
         "elsewhere", "reads the emulation_check study's published cells: tests/test_model_checks.py runs "
                      "this command line in the repository (the same published cells) and checks its output"),
@@ -210,8 +222,6 @@ HOW: dict[str, How] = {
         "elsewhere", "a study of the reader's, on their model and tokens; tests/test_user_models.py "
                      "predicts and trains a study of a model defined in the config"),
     "snakemake -c all results/tables/qwen-strategies.md": How("elsewhere", "as above, on an 8-GPU host"),
-    "trainbench predict qwen-strategies --gpu h100 --gpus-per-node 8 --host-mem-gib 1024 > plan.csv":
-        How("elsewhere", "as above"),
     "trainbench fit qwen-strategies <cell> --gpu-mem-gib 80": How("elsewhere", "as above, on a GPU"),
     "trainbench cells try-cpu": How("run", before=_try_cpu_study),
     "snakemake -c all results/tables/try-cpu.md": How("run", trains=True, before=_try_cpu_study),

@@ -259,6 +259,12 @@ def test_more_offload_is_slower_and_checkpointing_costs_a_forward():
              (zero3, zero3.replace(offload_optimizer=True),
               zero3.replace(offload_optimizer=True, offload_param=True))]
     assert times[0] < times[1] < times[2]
+    # parameters offloaded alone (the optimizer on the GPU) cross PCIe at every fetch all the same
+    params_alone = zero3.replace(offload_param=True)
+    assert time_model.work(params_alone, H200).offload_pcie_s == pytest.approx(
+        time_model.work(zero3.replace(offload_optimizer=True, offload_param=True), H200).offload_pcie_s
+        - time_model.work(zero3.replace(offload_optimizer=True), H200).offload_pcie_s)
+    assert times[0] < time_model.predict(params_alone, H200, constants).step_time_s
     plain = time_model.work(cell(model="gpt-2.5b"), H200)
     recomputed = time_model.work(cell(model="gpt-2.5b", activation_checkpointing=True), H200)
     assert 1.2 < recomputed.matmul_s / plain.matmul_s < 4 / 3  # blocks once more forward, not the head

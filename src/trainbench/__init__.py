@@ -5,7 +5,7 @@ it (tests/test_layers.py holds them to it, and to no import cycle):
 
     registry   models, frameworks and GPU types, by name
     study      parameters, schema, grid, typed cells, config.yaml
-    predict    memory and time models, the largest-batch search
+    predict    memory and time models, the largest-batch search, the set-up search (advise)
     training   trainbench's GPT, data, one runner per framework, emulated ranks
     execute    running one cell: launch, worker, memory sampling, metrics, results
     reporting  tables, findings, plots, report, compare, cost, progress, freshness

@@ -1,5 +1,6 @@
 """`trainbench`: list cells and their status, follow a study's progress, run one cell, predict memory and
-step time, compare two result trees, print the vocabulary, write the schema."""
+step time, advise a set-up for a model on a cluster, compare two result trees, print the vocabulary, write
+the schema."""
 
 from __future__ import annotations
 
@@ -244,6 +245,150 @@ def cmd_predict(args) -> int:
                                 ("compute", "communication", "optimizer", "framework"))),
                              "" if wait is None else f"{wait:.4g}"])
     return 0
+
+
+def cmd_advise(args) -> int:
+    """Every set-up of a model on a cluster predicted, those that fit ranked; a study to measure the best."""
+    from trainbench.predict import advise
+
+    gpu = _gpu_named(args.gpu)  # a bad key is named before anything loads
+    model, definition = _advise_model(args)
+    written = (Path(args.write) if args.write
+               else Path(args.config).parent / f"studies/local/advise-{model}.yaml")
+    if definition:
+        _refuse_redefinition(model, Path(args.config), written)
+    request = advise.Request(model, advise.Cluster(gpu, args.gpus_per_node, args.nodes, args.host_mem_gib),
+                             args.seq_len, args.precision, advise.powers_of_two(*args.micro_batch),
+                             args.global_batch)
+    if problems := request.problems():
+        raise UsageError("; ".join(problems))
+    advice = _advised(request)
+    print(advise.heading(advice))
+    if not advice.ranked:
+        print(advise.no_fit(advice))
+        print(advise.summary(advice))
+        return 1
+    print(advise.table(advice, args.top))
+    print(_write_advice(args, advice, written, definition))
+    print(advise.summary(advice))
+    return 0
+
+
+def _gpu_named(key: str) -> GpuType:
+    from trainbench.registry.hardware import gpu_type
+
+    try:
+        return gpu_type(key)
+    except ValueError as error:
+        raise UsageError(f"--gpu: {error}") from None
+
+
+def _advise_model(args) -> tuple[str, dict | None]:
+    """The model to advise on, registered, and its definition where the written study must carry it: one of
+    the registry's, one of the config's `models` (the config loaded and its models counted), or a
+    transformers config.json given with --model-config."""
+    import difflib
+
+    from trainbench.registry.models import MODELS, known_models
+
+    if args.model_config:
+        return _model_of_config_json(Path(args.model_config), args.model, Path(args.config))
+    if args.model is None:
+        raise UsageError("name the model: --model NAME (`trainbench models` lists them), or --model-config "
+                         "PATH for a transformers config.json")
+    if args.model not in MODELS and Path(args.config).exists():
+        _config(args.config)  # registers the config's models, counted
+    known = known_models()
+    if args.model not in known:
+        close = difflib.get_close_matches(args.model, list(known), n=1)
+        raise UsageError(f"--model: unknown model {args.model!r}" + (f" (did you mean {close[0]!r}?)" if close
+                         else "") + f"; known: {', '.join(known)} (the registry's, and {args.config}'s "
+                         "`models`); or give a transformers config.json with --model-config")
+    return args.model, None
+
+
+def _model_of_config_json(path: Path, name: str | None, config: Path) -> tuple[str, dict]:
+    """A transformers config.json registered as a model of this command's, counted as the config's are."""
+    import os
+
+    from trainbench.registry.models import register_user_models
+    from trainbench.study.models import parse_models
+    from trainbench.training.user_models import FACTS_DIR, count_registered
+
+    if name is None:  # the file's name, or its folder's for a config.json (a model's folder holds one)
+        name = path.name if path.is_dir() else path.parent.name if path.name == "config.json" else path.stem
+    base = config.resolve().parent
+    entry = {"hf_config": os.path.relpath(path.resolve(), base)}  # as config.yaml's folder sees it
+    try:
+        register_user_models(parse_models({name: entry}, base))
+    except ConfigError as error:
+        raise UsageError(f"--model-config {path}: {'; '.join(error.problems)}") from None
+    count_registered(base / FACTS_DIR)
+    return name, {name: entry}
+
+
+def _refuse_redefinition(model: str, config: Path, written: Path) -> None:
+    """The written study defines a --model-config model: refused where another file of the config defines
+    that name already (loading both would fail)."""
+    import yaml
+
+    from trainbench.study.config import read_study_files
+
+    if not config.exists():
+        return
+    raw = yaml.safe_load(config.read_text()) or {}
+    _, _, model_origins = read_study_files(raw, config.parent, config.name)
+    where = model_origins.get(model)
+    if where is not None and (config.parent / where).resolve() != written.resolve():
+        raise UsageError(f"model {model!r} is defined in {where} already: advise it as --model {model}, or "
+                         "give this config.json another name with --model")
+
+
+def _advised(request):
+    """advise() with a progress bar on a terminal; quiet otherwise."""
+    from trainbench.predict.advise import advise
+
+    if not sys.stdout.isatty():
+        return advise(request)
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task(f"predicting set-ups of {request.model}", total=None)
+        return advise(request, lambda done, total: bar.update(task, completed=done, total=total))
+
+
+def _write_advice(args, advice, written: Path, definition: dict | None) -> str:
+    """Write the study that measures the advice; what was written and how to run it, in a line."""
+    import re
+
+    from trainbench.execute.gpus import local_gpu_count
+    from trainbench.predict.advise import chosen, study_text
+
+    gpus_here = local_gpu_count() if args.gpus_here is None else args.gpus_here
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", written.stem).lstrip("_-") or "advise"  # a study's name
+    written.parent.mkdir(parents=True, exist_ok=True)
+    written.write_text(study_text(advice, name, args.measure, gpus_here, definition))
+    setups = chosen(advice, args.measure)
+    absent = [f"no plain {kind} fits" for kind, setup in advice.plain.items() if setup is None]
+    emulated = (f", each as one emulated rank (this machine has {gpus_here} GPU(s): --gpus-here)"
+                if advice.request.cluster.gpus > max(gpus_here, 1) else "")
+    run = f"snakemake -c all results/tables/{name}.md"
+    if not _in_study_files(written, Path(args.config)):  # the workflow reads it only where told to
+        run += f" --configfile {written}"
+    return (f"wrote {written}: {len(setups)} set-ups to measure{emulated}"
+            + (f" ({'; '.join(absent)})" if absent else "")
+            + f"; `{run}` measures them and judges the predicted order")
+
+
+def _in_study_files(path: Path, config: Path) -> bool:
+    """Whether the config's study_files take in this file (the workflow then loads its studies)."""
+    import yaml
+
+    if not config.exists():
+        return False
+    patterns = (yaml.safe_load(config.read_text()) or {}).get("study_files") or []
+    found = {match.resolve() for pattern in patterns for match in config.parent.glob(pattern)}
+    return path.resolve() in found
 
 
 def cmd_profile(args) -> int:
@@ -527,6 +672,57 @@ def positive(kind):
     return parse
 
 
+def batch_range(text: str) -> tuple[int, int]:
+    """A micro-batch range, LOW-HIGH (or one number)."""
+    low, _, high = text.partition("-")
+    try:
+        bounds = int(low), int(high or low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a range LOW-HIGH, e.g. 1-64") from None
+    if not 1 <= bounds[0] <= bounds[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 1 <= LOW <= HIGH")
+    return bounds
+
+
+def _add_advise(sub) -> None:
+    """`trainbench advise`'s options."""
+    advise = sub.add_parser(
+        "advise", help="which set-up for a model on a cluster, and does it fit? (ranked by predicted speed)",
+        description="Enumerate every set-up the frameworks can run for a model on a cluster (framework x "
+                    "strategy x micro batch x activation checkpointing x offload x tp and pp dividing the "
+                    "GPUs), predict each one's memory and step time, rank those that fit by predicted "
+                    "tokens/s per GPU, and write a study measuring the best of them beside plain DDP and "
+                    "FSDP (docs/advise.md). Exit status: 0; 1 when no set-up fits; 2 for bad input.")
+    advise.add_argument("--model", help="a model of the registry or of the config's `models` (`trainbench "
+                                        "models`); with --model-config, the name to give it")
+    advise.add_argument("--model-config", metavar="PATH",
+                        help="a transformers config.json (or its folder): your model, for this command")
+    advise.add_argument("--config", default="config.yaml")
+    advise.add_argument("--gpu", required=True, help=f"GPU type: {', '.join(GPUS)}")
+    advise.add_argument("--gpus-per-node", type=positive(int), default=8)
+    advise.add_argument("--nodes", type=positive(int), default=1)
+    advise.add_argument("--host-mem-gib", type=positive(float), required=True,
+                        help="host memory per node in GiB")
+    advise.add_argument("--seq-len", type=positive(int),
+                        help="tokens per sample (default: the model's context)")
+    advise.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default="bf16")
+    advise.add_argument("--micro-batch", type=batch_range, default=(1, 64), metavar="LOW-HIGH",
+                        help="the powers of two to try as micro batch (default 1-64)")
+    advise.add_argument("--global-batch", type=positive(int),
+                        help="samples per optimizer step: each set-up accumulates micro batches to make it "
+                             "(default: one micro batch a step)")
+    advise.add_argument("--top", type=positive(int), default=15, help="set-ups to list (default 15)")
+    advise.add_argument("--measure", type=positive(int), default=5,
+                        help="the fastest set-ups the written study measures, beside plain DDP and FSDP "
+                             "(default 5)")
+    advise.add_argument("--write", metavar="PATH",
+                        help="the study file to write (default: studies/local/advise-<model>.yaml)")
+    advise.add_argument("--gpus-here", type=int, metavar="N",
+                        help="GPUs of the machine that will run the written study (default: this machine's): "
+                             "a set-up needing more runs as one emulated rank (emulate: true)")
+    advise.set_defaults(func=cmd_advise)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trainbench", description="Benchmark distributed training set-ups.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -587,6 +783,8 @@ def parser() -> argparse.ArgumentParser:
     predict.add_argument("--host-mem-gib", type=positive(float), required=True,
                          help="host memory per node in GiB")
     predict.set_defaults(func=cmd_predict)
+
+    _add_advise(sub)
 
     profile = sub.add_parser("profile", help="run one cell again with its steps profiled (torch.profiler)",
                              description="Run a cell of config.yaml on this machine with PROFILE steps "

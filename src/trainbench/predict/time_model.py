@@ -416,13 +416,14 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
             # ZeRO-3 unscales the offloaded fp16 gradients and checks them for overflow on the host
             # (stages 1 and 2 check them on the GPU; bf16 and fp32 have no loss scale)
             cpu_unscale = stepped / cpu_threads ** CPU_THREAD_EXPONENT
-        if offload_param:
-            # ZeRO-Infinity copies a module's partition in just before gathering it: on the critical path
-            offload_pcie += ga * (2 + ac) * weight_bytes * stepped / pcie
     elif layout == "zero":  # DeepSpeed's engine steps flat fp32 partitions, with its casts and checks
         optimizer_hbm = OPTIMIZER_BYTES * stepped / hbm
     else:
         torch_optimizer_hbm = OPTIMIZER_BYTES * stepped / hbm
+    if layout == "zero" and offload_param:
+        # ZeRO-Infinity copies a module's partition in just before gathering it: on the critical path,
+        # whether the optimizer is offloaded too or steps on the GPU
+        offload_pcie += ga * (2 + ac) * weight_bytes * stepped / pcie
 
     return Work(
         loop="" if framework.time.loop_step_s is None else framework.name,
