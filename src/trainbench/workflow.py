@@ -1,11 +1,7 @@
 """The Snakefile's side of the package: config.yaml as the workflow loads it, and every decision its
 input functions make (which cells run, which must rerun, what a table waits for, what a job asks the
 scheduler for). workflow/rules/common.smk only hands these to Snakemake; tests/test_workflow_layer.py
-checks them without Snakemake.
-
-Nothing here reaches into Snakemake's internals. (Handing Snakemake the input functions' signatures
-once did, through snakemake.common and Resource.evaluate; bench/snakemake_tuning.py measured it saving
-about 1% of a 10,000-cell plan, validation/results/bench/snakemake_tuning/, and it went.)
+checks them without Snakemake. Nothing here reaches into Snakemake's internals.
 """
 
 from __future__ import annotations

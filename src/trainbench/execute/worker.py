@@ -50,15 +50,14 @@ HANG_AT_STEP_ENV = "TRAINBENCH_HANG_AT_STEP"
 # (0 = while initialising), through the same real allocation as inject_oom_at_step.
 OOM_ABOVE_BATCH_ENV = "TRAINBENCH_OOM_ABOVE_MICRO_BATCH"
 # "fast" (the default): a rank that finished leaves without the interpreter's shutdown; "interpreter":
-# the usual exit, to measure the difference (results/provenance/gpu-runs/startup-1.sh)
+# the usual exit, to measure the difference
 WORKER_EXIT_ENV = "TRAINBENCH_WORKER_EXIT"
 # fp16 loss scaling settles in warm-up (DeepSpeed's and torch's scales start at 2^16 and halve at each
 # overflow, skipping that step): where the worker owns the loop, warm-up goes on until its last
 # WARMUP_SETTLED_STEPS steps trained, this many steps more at most, so that the timed steps are steps
 # that train. One step that trained is not enough: DeepSpeed's scaler halves only at the second
 # overflow in a row (its hysteresis), and early gradients grow, so a scale skips again after a step
-# that trained (megatron's GPT-345M ZeRO-1/2 cells in fp16: 2-3 timed steps skipped after a warm-up
-# whose last step trained; results/provenance/gpu-runs/megatron-not-sane-1.log).
+# that trained (trainbench/calibration.yaml has the cells that showed it).
 EXTRA_WARMUP_MAX = 30
 WARMUP_SETTLED_STEPS = 3
 OOM_EXIT_CODE = 75  # distinct from Python's 1 so a reader of the launcher's log can tell
