@@ -24,7 +24,6 @@ import torch
 import torch.distributed as dist
 
 from trainbench.training import emulation
-from trainbench.registry.frameworks import deepspeed_ops
 from trainbench.training.gpt import hold_attention_kernel
 from trainbench.execute.cellrun import register_user_model
 from trainbench.execute.gpus import EnergyCounter
@@ -36,8 +35,8 @@ from trainbench.execute.metrics import process_peak_rss_mib, tensors_held_bytes
 from trainbench.execute.profiling import PROFILE_DIR, MemoryRecorder, StepProfiler
 from trainbench.execute.results import write_json_atomic
 from trainbench.study.params import CellParams
-from trainbench.training.runners import (LoopRunner, RunContext, Runner, StepRunner, make_runner,
-                                         params_per_module)
+from trainbench.training.runners import LoopRunner, RunContext, Runner, StepRunner, params_per_module
+from trainbench.training.runners.load import runner_class
 from trainbench.study.timing import TimingSettings, fixed_step_count, steps_per_window, summarize_windows
 
 # Test hook: TRAINBENCH_FAIL_AT_STEP=k makes every rank raise an ordinary error at step k (0 = init),
@@ -142,28 +141,21 @@ class Worker:
         if self.reporting:
             print(f"[{self.label}] {text}", flush=True)
 
-    def _load_deepspeed_ops(self) -> None:
-        """Compile or load the DeepSpeed ops the cell steps with (frameworks.deepspeed_ops) before
-        anything else, so that the cost report tells this work apart from the cell's set-up (the
-        `builds` phase): compiled once per environment into TORCH_EXTENSIONS_DIR (CPU Adam: 55-80 s on
-        a freshly started H200 host), loaded from there by every cell after. DeepSpeed keeps what it
-        loaded, so the optimizer's own load later is free. Concurrent ranks share one build (torch
-        locks the extension's folder while one of them compiles)."""
-        ops = deepspeed_ops(self.params)
-        if ops:
-            from deepspeed.ops.op_builder import CPUAdamBuilder
-
-            builders = {"cpu_adam": CPUAdamBuilder}
-            for op in ops:
-                builders[op]().load()
+    def _prepare_framework(self) -> type[Runner]:
+        """The cell's runner class, after what its framework does once per process (compiling or
+        loading its ops) before anything else, so that the cost report tells that work apart from the
+        cell's set-up (the `builds` phase)."""
+        runner = runner_class(self.params)
+        runner.prepare_process(self.params)
         self.marks["ops_loaded"] = time.time()
+        return runner
 
     def run(self) -> None:
         torch.manual_seed(self.params.seed)
         if self.params.tf32:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
-        self._load_deepspeed_ops()
+        runner_type = self._prepare_framework()
         device = self._device()
         if self.params.gpu_mem_limit_gib is not None:
             self.device_limit = emulation.device_limit(self.params.gpu_mem_limit_gib,
@@ -191,7 +183,7 @@ class Worker:
         self._say(f"building {self.params.model} with {self.params.framework} "
                   f"{self.params.strategy} {on} ({device.type})")
         self._inject_faults(device)
-        runner = self.runner = make_runner(context)
+        runner = self.runner = runner_type(context)
         runner.setup()
         self.marks["built"] = time.time()
 
