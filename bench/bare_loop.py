@@ -34,7 +34,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 def build_step(params: CellParams, spec=None, compile_options: dict | None = None):
     """The cell's model, data and optimizer on this rank's GPU; returns one optimizer step (which
     returns its last micro batch's loss, a tensor left on the device). `spec`: another shape of the
-    model than the cell's, `compile_options`: torch.compile's (bench/mfu.py tries some)."""
+    model than the cell's, `compile_options`: torch.compile's (validation/scripts/mfu.py tries some)."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ.get("LOCAL_RANK", 0))
     cuda = params.device == "cuda"  # CPU cells: the benchmark's own tests

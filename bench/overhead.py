@@ -77,15 +77,15 @@ def run_bare(cell, out: Path, steps: int, log) -> dict:
 
 
 MINIMAL = REPO / "validation" / "scripts" / "minimal_loop.py"
-MINIMAL_SIZES = {"gpt2-124m": "124m", "gpt2-350m": "350m"}  # the shapes bench/minimal_loop.py writes
+MINIMAL_SIZES = {"gpt2-124m": "124m", "gpt2-350m": "350m"}  # the shapes MINIMAL writes
 
 
 def run_minimal(cell, out: Path, steps: int, log) -> dict:
-    """bench/minimal_loop.py, the loop written apart from trainbench, at the cell's shape."""
+    """validation/scripts/minimal_loop.py, the loop written apart from trainbench, at the cell's shape."""
     params = cell.params
     if params.model not in MINIMAL_SIZES or params.gpus != 1 or params.grad_accum != 4:
         raise SystemExit(f"--reference minimal: {cell.cell_id} is not a one-GPU GPT-2 cell of 4 micro "
-                         f"batches (bench/minimal_loop.py's shapes: {sorted(MINIMAL_SIZES)})")
+                         f"batches (validation/scripts/minimal_loop.py's shapes: {sorted(MINIMAL_SIZES)})")
     result = out / "minimal.json"
     command = [sys.executable, str(MINIMAL), "--model", MINIMAL_SIZES[params.model],
                "--micro-batch", str(params.micro_batch), "--steps", str(steps), "--out", str(result)]
@@ -227,8 +227,8 @@ def summary_lines(report: dict) -> list[str]:
              f"torch {env['versions']['torch']}, "
              f"commit {env['git_commit']}, {env['date']}", f"command: {env['command']}", "",
              "cell/reference: tokens/s per GPU of the pipeline's cell over the reference loop's (bare: "
-             "bench/bare_loop.py, goal >= 0.98; minimal: bench/minimal_loop.py, goal >= 1.0), mean of the "
-             "rounds with its 95% t-interval",
+             "bench/bare_loop.py, goal >= 0.98; minimal: validation/scripts/minimal_loop.py, goal >= 1.0), "
+             "mean of the rounds with its 95% t-interval",
              f"{'cell':<58} {'ref. tok/s':>11} {'cell tok/s':>11} {'cell MFU':>8} {'cell/reference':>17}"
              "  rounds"]
     for item in report["cells"]:
@@ -259,7 +259,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--reference", choices=["bare", "minimal"], default="bare",
                         help="the loop the cell is set against: bench/bare_loop.py (trainbench's model, the "
-                             "harness's cost) or bench/minimal_loop.py (written apart: one-GPU GPT-2 cells)")
+                             "harness's cost) or validation/scripts/minimal_loop.py (written apart: one-GPU "
+                             "GPT-2 cells)")
     parser.add_argument("--ablation", action="store_true",
                         help="also the in-process ablation of the one-GPU cells")
     parser.add_argument("--ablation-only", action="store_true", help="only the ablation")

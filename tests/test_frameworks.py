@@ -237,3 +237,98 @@ def test_trainbench_strategies_lists_each_best_practice_setting_with_its_reason(
     assert line.startswith("torch") and '"after_step" (fsdp; 2+ ranks; grad_accum > 1)' in line
     gc_lines = [line for line in out.splitlines() if "tuning best: gc_every: 50 (every strategy)" in line]
     assert len(gc_lines) == len(REGISTRY)
+
+
+# --- only a runner imports its framework ---------------------------------------------------------
+
+# The frameworks' own packages. torch is every stage's substrate, and transformers the models' library:
+# of it, the Trainer is the framework (its modules and names below), and only its runner imports it.
+FRAMEWORK_PACKAGES = ("deepspeed", "lightning", "pytorch_lightning", "accelerate")
+TRAINER_MODULES = ("transformers.trainer", "transformers.training_args")
+TRAINER_NAMES = {"Trainer", "TrainingArguments", "TrainerCallback", "Seq2SeqTrainer"}
+# A framework's module named outside the runners for another reason than importing it, and why.
+NOT_AN_IMPORT = {
+    ("execute/launch.py", "deepspeed.launcher.runner"): "the DeepSpeed launcher, run as `python -m`",
+}
+
+
+def framework_imports_outside_the_runners() -> dict[tuple[str, str], int]:
+    """Imports of a framework outside training/runners/, by statement or by a module name in a string
+    (importlib), by (module, what)."""
+    found: dict[tuple[str, str], int] = {}
+
+    def framework(name: str) -> bool:
+        return name.split(".")[0] in FRAMEWORK_PACKAGES or name.startswith(TRAINER_MODULES)
+
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = path.relative_to(PACKAGE).as_posix()
+        if module.startswith("training/runners/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            named = []
+            if isinstance(node, ast.Import):
+                named = [a.name for a in node.names if framework(a.name)]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                named = [node.module] if framework(node.module) else [
+                    f"{node.module}.{a.name}" for a in node.names
+                    if node.module == "transformers" and a.name in TRAINER_NAMES]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "." in node.value \
+                    and framework(node.value) and " " not in node.value:
+                named = [node.value]
+            for name in named:
+                if (module, name) not in NOT_AN_IMPORT:
+                    found[module, name] = found.get((module, name), 0) + 1
+    return found
+
+
+def test_only_a_runner_imports_its_framework():
+    """DeepSpeed's ops and its checks against rank 0 belong to the runners that use DeepSpeed
+    (Runner.prepare_process, deepspeed_engine.agree_with_rank0), not to the worker or emulation."""
+    assert framework_imports_outside_the_runners() == {}
+    found = [name for module, name in NOT_AN_IMPORT if name not in (PACKAGE / module).read_text()]
+    assert not found, f"allowed names no longer there (update NOT_AN_IMPORT): {found}"
+
+
+def strategy_names_compared_outside_the_registry() -> list[str]:
+    """Comparisons of a cell's strategy with a name (`p.strategy != "fsdp"`) outside the registry and
+    the runners: a fact about strategies the registry should answer (frameworks.STRATEGY_SETTINGS)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = path.relative_to(PACKAGE).as_posix()
+        if module.startswith(NAMES_FRAMEWORKS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            strategy = any((isinstance(s, ast.Attribute) and s.attr == "strategy")
+                           or (isinstance(s, ast.Name) and s.id == "strategy")
+                           or (isinstance(s, ast.Subscript) and isinstance(s.slice, ast.Constant)
+                               and s.slice.value == "strategy") for s in sides)
+            names = any((isinstance(s, ast.Constant) and isinstance(s.value, str))
+                        or (isinstance(s, (ast.Tuple, ast.List, ast.Set)) and s.elts
+                            and all(isinstance(e, ast.Constant) for e in s.elts)) for s in sides)
+            if strategy and names:
+                found.append(f"{module}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_outside_the_registry_compares_strategy_names():
+    assert strategy_names_compared_outside_the_registry() == []
+
+
+@pytest.mark.parametrize("params, refused", [
+    ({"strategy": "ddp", "fsdp_reshard": "after_step"}, "fsdp_reshard"),
+    ({"strategy": "fsdp", "ddp_bucket_cap_mb": 25}, "ddp_bucket_cap_mb"),
+    ({"strategy": "fsdp", "fsdp_reshard": "after_step"}, None),
+    ({"strategy": "ddp", "ddp_bucket_cap_mb": 25}, None),
+    ({"framework": "deepspeed", "strategy": "zero1", "prefetch_bucket_size": 1000}, "prefetch_bucket_size"),
+    ({"framework": "deepspeed", "strategy": "zero3", "prefetch_bucket_size": 1000}, None),
+])
+def test_a_setting_of_another_strategy_is_refused_by_the_registrys_word(params, refused):
+    from trainbench.study.grid import check_cell
+    from trainbench.study.params import CellParams
+
+    errors, _ = check_cell(CellParams.resolve({"model": "gpt2-tiny", "gpus": 2, "tuning": "framework",
+                                                **params}))
+    assert [key for key, _ in errors] == ([refused] if refused else [])

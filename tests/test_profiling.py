@@ -202,7 +202,8 @@ def test_a_memory_snapshot_is_read_at_its_peak_by_category():
 def test_a_runner_names_its_parameters_gradients_and_optimizer_states(tmp_path):
     import torch
 
-    from trainbench.training.runners import RunContext, make_runner
+    from trainbench.training.runners import RunContext
+    from trainbench.training.runners.load import make_runner
 
     cell = make_cell(strategy="single", gpus=1)
     runner = make_runner(RunContext(cell.params, 0, 1, 0, torch.device("cpu"), tmp_path))
@@ -223,7 +224,8 @@ FSDP_RANK = """
 import torch
 from trainbench.study.params import CellParams
 from trainbench.training import emulation
-from trainbench.training.runners import RunContext, make_runner
+from trainbench.training.runners import RunContext
+from trainbench.training.runners.load import make_runner
 
 params = CellParams.resolve({"model": "gpt2-tiny", "device": "cpu", "seq_len": 16, "micro_batch": 2,
                              "gpus": 2, "strategy": "fsdp", "framework": "torch"})

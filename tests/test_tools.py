@@ -1,15 +1,18 @@
 """Tools around the pipeline: the offline wheelhouse (built where an index is reachable, installed
-where none is); and the published results, current for the configs that define them (results/ for the
-benchmarks, validation/results/ for the validation workspace)."""
+where none is), the GPU host's run of a targets file; and the published results, current for the
+configs that define them (results/ for the benchmarks, validation/results/ for the validation workspace)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+import tarfile
 
 import pytest
 
-from conftest import REPO
+from conftest import CPU_MACHINE, REPO, Workflow, project_files, shell_environment, tiny_study
 
 
 def test_a_wheelhouse_installs_without_an_index_including_source_only_packages(tmp_path):
@@ -27,6 +30,40 @@ def test_a_wheelhouse_installs_without_an_index_including_source_only_packages(t
                     str(house), "-r", str(requirements)], check=True, timeout=300,
                    env={"PATH": "/usr/bin:/bin", "PIP_CONFIG_FILE": "/dev/null"})
     subprocess.run([str(venv / "bin/python"), "-c", "import connection_pool, hjson"], check=True)
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (REPO / "tools").glob("*.sh")))
+def test_every_tool_script_parses(script):
+    subprocess.run(["bash", "-n", str(REPO / "tools" / script)], check=True)
+
+
+def test_gpu_host_run_runs_a_targets_file_on_cpu_from_an_empty_wheelhouse(tmp_path):
+    """tools/gpu-host-run.sh end to end on a machine without GPUs, in a copy of the checkout: an empty
+    wheelhouse adds nothing (the environment has the stack, trainbench imports from the checkout),
+    the targets file's cell runs through Snakemake, and the tarball holds its result."""
+    from trainbench.study.config import load_config
+
+    flow = Workflow(tmp_path / "host")
+    for name in [*project_files("tools"), *project_files("src"), "pyproject.toml"]:
+        (flow.root / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, flow.root / name)
+    flow.write_config({"studies": {"t": {**tiny_study(strategy="single"), "include": [{}]}}})
+    target = load_config(flow.path("config.yaml")).study("t").cells[0].target
+    (tmp_path / "targets.txt").write_text(f"# the one cell\n{target}\n")
+    (tmp_path / "wheels").mkdir()
+    tarball = tmp_path / "out.tgz"
+    env = {**shell_environment(), **CPU_MACHINE, "PYTHONPATH": str(flow.path("src"))}
+    done = subprocess.run(["bash", str(flow.path("tools/gpu-host-run.sh")), str(tmp_path / "wheels"), "300",
+                           str(tarball), str(tmp_path / "targets.txt")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600, env=env)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert "nothing to add" in out and "imports from this checkout already" in out, out[-4000:]
+    assert "no GPUs found" in out and "1 targets" in out, out[-4000:]
+    with tarfile.open(tarball) as packed:
+        assert target in packed.getnames(), packed.getnames()
+    assert "packed 1 metrics.json files" in out
+    assert not os.path.exists(flow.path("src/trainbench.egg-info"))  # nothing was installed
 
 
 @pytest.mark.parametrize("workspace", [".", "validation"])

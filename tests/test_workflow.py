@@ -338,7 +338,7 @@ def test_reruns_follow_the_config_in_a_fresh_clone_without_snakemake_metadata(re
 
 def test_a_refit_of_the_models_reruns_what_shows_their_predictions_and_no_cell(workflow):
     """Tables, plots and the dataset show the current models' predictions, read when they run: a change
-    of the time model's constants (bench/time_model.py --write) reruns them, through their
+    of the time model's constants (trainbench check-models time --write) reruns them, through their
     prediction_models param (Workflow.prediction_models), though no input of theirs changed."""
     # a trainbench of the copy's own, first on the path of Snakemake and its jobs: its models can change
     # without touching the repository's

@@ -233,3 +233,63 @@ def test_the_results_of_a_study_in_a_git_ignored_file_are_git_ignored_too(here):
     Workflow(load_checked("config.yaml"))
     shown = set(_git("status", "--porcelain", "--untracked-files=all").split())
     assert {str(p) for p in made["mine"]} <= shown
+
+
+# --- what common.smk does, and when -------------------------------------------------------------------
+
+COMMON_SMK = REPO / "workflow" / "rules" / "common.smk"
+
+
+def test_common_smk_stays_small_and_changes_no_environment_while_parsed():
+    """Logic that grows belongs in the package; the process's environment changes in onstart alone."""
+    lines = COMMON_SMK.read_text().splitlines()
+    assert len(lines) <= 170, f"common.smk: {len(lines)} lines; move logic into trainbench.workflow"
+    changes = [line for line in lines if re.search(r"os\.environ|mimetypes|signal\.|putenv", line)]
+    assert changes == []
+    assert "on_start(workflow)" in COMMON_SMK.read_text().split("onstart:")[1].split("\n\n")[0]
+
+
+def test_the_jobs_search_path_puts_this_python_first_once():
+    from trainbench.workflow import jobs_search_path
+
+    python = "/venvs/tb/bin/python"
+    assert jobs_search_path("/usr/bin:/bin", python) == "/venvs/tb/bin:/usr/bin:/bin"
+    assert jobs_search_path("/venvs/tb/bin:/usr/bin", python) == "/venvs/tb/bin:/usr/bin"
+
+
+def test_on_start_sets_the_jobs_path_and_leaves_other_executors_alone(monkeypatch):
+    import signal
+    import sys
+
+    from trainbench.workflow import on_start
+
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        on_start(SimpleNamespace(executor_plugin=None, executor_settings=None))
+        assert os.environ["PATH"] == f"{Path(sys.executable).parent}:/usr/bin:/bin"
+        assert signal.getsignal(signal.SIGTERM) is not before  # cells stop with Snakemake
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_opening_the_workflow_names_a_stale_lock_and_exits_on_a_config_error(here, capsys):
+    import mimetypes
+
+    from trainbench.workflow import open_workflow
+
+    (here / ".snakemake" / "locks").mkdir(parents=True)
+    (here / ".snakemake" / "locks" / "0.input.lock").write_text("")
+    flow = open_workflow(two_studies(), remote=False, argv=["snakemake", "-n"])
+    assert isinstance(flow, Workflow) and "--unlock" in capsys.readouterr().err
+    open_workflow(two_studies(), remote=False, argv=["snakemake", "--unlock"])
+    assert capsys.readouterr().err == ""
+    assert mimetypes.guess_type("cells.parquet")[0] == "application/vnd.apache.parquet"
+    broken = two_studies()
+    broken["studies"]["cpu"]["report"] = ["tokens_per_sec"]
+    with pytest.raises(SystemExit, match="(?s)^error: .*tokens_per_sec"):
+        open_workflow(broken, remote=False, argv=[])
+    with pytest.raises(SystemExit, match="(?s)^error: target names .*nope"):
+        flow.target_study("nope")
+    with pytest.raises(SystemExit, match="^error: target names"):
+        flow.target_cell("cpu", "nope")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run pipeline targets on a GPU host that reaches no package index, within a fixed time, and pack
-# what they wrote. This is how the published results under results/runs/ were made on the
-# H200 hosts (a copy of the working tree, no .git, a few minutes per command).
+# what they wrote: how the published results were made (a copy of the working tree, no .git).
+# results/provenance/gpu-runs/README.md says how to build the wheelhouse and bring the results back.
 #
 #   tools/gpu-host-run.sh WHEELHOUSE SECONDS TARBALL TARGETS_FILE...
 #
@@ -24,11 +24,12 @@ deadline=$(( $(date +%s) + seconds ))
 bash tools/install_offline.sh "$house" || exit 1
 # DeepSpeed's CPU Adam compiles once per host, not once per cell
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch-extensions}
-gpus=$(nvidia-smi -L | wc -l)
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 # a wheelhouse built --leave-out pulp (Snakemake's ILP scheduler) schedules greedily
 scheduler=()
 python3 -c "import pulp" 2>/dev/null || scheduler=(--scheduler greedy)
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null \
+  || echo "no GPUs found: CPU cells only"
 
 for file in "$@"; do
   left=$(( deadline - $(date +%s) ))

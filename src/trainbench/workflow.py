@@ -1,16 +1,13 @@
 """The Snakefile's side of the package: config.yaml as the workflow loads it, and every decision its
 input functions make (which cells run, which must rerun, what a table waits for, what a job asks the
 scheduler for). workflow/rules/common.smk only hands these to Snakemake; tests/test_workflow_layer.py
-checks them without Snakemake.
-
-Nothing here reaches into Snakemake's internals. (Handing Snakemake the input functions' signatures
-once did, through snakemake.common and Resource.evaluate; bench/snakemake_tuning.py measured it saving
-about 1% of a 10,000-cell plan, validation/results/bench/snakemake_tuning/, and it went.)
+checks them without Snakemake. Nothing here reaches into Snakemake's internals.
 """
 
 from __future__ import annotations
 
 import hashlib
+import mimetypes
 import os
 import re
 import subprocess
@@ -21,8 +18,10 @@ from typing import Any
 
 from trainbench import paths, predict, registry
 from trainbench.errors import ConfigError
-from trainbench.execute.gpus import short_of_gpus
+from trainbench.execute.gpus import local_gpu_count, short_of_gpus
 from trainbench.execute.results import read_json, write_text_atomic
+from trainbench.execute.slurm import StatusCommandError, ensure_status_command
+from trainbench.execute.watch import stale_lock_hint, stop_cells_on_sigterm
 from trainbench.predict import communication
 from trainbench.predict.batch_search import bounds_for, walk
 from trainbench.reporting import findings, references
@@ -169,6 +168,49 @@ def load_checked(source: dict[str, Any] | str | Path) -> Config:
     return config
 
 
+# What the report offers for download, by suffix, that Python's table of types lacks
+REPORT_TYPES = {".parquet": "application/vnd.apache.parquet"}
+
+
+def open_workflow(config: dict[str, Any], *, remote: bool, argv: list[str]) -> Workflow:
+    """The Workflow of config.yaml as Snakemake parses the Snakefile (common.smk), or an exit naming what
+    is wrong (each line names its file: config.yaml, or the study file that defines the study or model).
+    Before Snakemake goes on: a run killed by a signal it cannot catch leaves its lock, so say how to go
+    on before Snakemake's own "cannot be locked" (not while unlocking, nor while another run here holds
+    the lock); and the report's file types, which `snakemake --report` reads in this process."""
+    if "--unlock" not in argv and (hint := stale_lock_hint()):
+        print(f"trainbench: {hint}", file=sys.stderr)
+    for suffix, kind in REPORT_TYPES.items():
+        mimetypes.add_type(kind, suffix)
+    try:
+        return Workflow(load_checked(config), remote=remote, gpus_here=local_gpu_count())
+    except ConfigError as error:
+        sys.exit(f"error: {error}")
+
+
+def jobs_search_path(path: str, python: str = sys.executable) -> str:
+    """PATH for the jobs: this Python's environment first, so that a job's `trainbench` is the one that
+    runs Snakemake (a venv need not be activated; under --sdm conda Snakemake puts a rule's environment
+    in front). Through PATH rather than a path in the rules, so that neither a rule's text nor its
+    params depend on where the clone is."""
+    here = str(Path(python).parent)
+    return path if path.split(os.pathsep)[0] == here else os.pathsep.join([here, path])
+
+
+def on_start(workflow: Any) -> None:
+    """Snakemake's onstart: what changes this process once it runs jobs, and not while it parses, plans
+    a dry run or writes a report. The jobs' PATH (jobs_search_path; a SLURM job gets it through the
+    Snakefile's `envvars`); SIGTERM stopping the running cells too, not only Snakemake (watch.py); and
+    under the SLURM executor, a status command that sees jobs finish, checked before any is submitted
+    (sacct on a cluster without accounting would leave Snakemake waiting without a word)."""
+    os.environ["PATH"] = jobs_search_path(os.environ["PATH"])
+    stop_cells_on_sigterm()
+    try:
+        ensure_status_command(workflow)
+    except StatusCommandError as error:
+        sys.exit(f"error: {error}")
+
+
 class Workflow:
     """The loaded config, and what the rules ask of it.
 
@@ -205,6 +247,20 @@ class Workflow:
 
     def cell(self, study: str, cell: str) -> Cell:
         return self.study(study).cell(cell)
+
+    def target_study(self, name: str) -> Study:
+        """The study a target names, or an exit saying that it names none (an input function's)."""
+        try:
+            return self.study(name)
+        except ConfigError as error:
+            sys.exit(f"error: target names {error}")
+
+    def target_cell(self, study: str, cell: str) -> Cell:
+        """The cell a target names, or an exit saying that it names none (an input function's)."""
+        try:
+            return self.cell(study, cell)
+        except ConfigError as error:
+            sys.exit(f"error: target names {error}")
 
     def cell_resource_names(self) -> dict[str, str]:
         """The resources of a cell's job (CELL_RESOURCES), the SLURM placement ones only where a cell

@@ -1,58 +1,30 @@
 # The workflow's only Python layer: load config.yaml and hand Snakemake what trainbench.workflow
 # decides (which cells run and rerun, what a table waits for, what a job asks for), as input functions.
-import mimetypes
-import os
+# What changes the process (the jobs' PATH, signal handling) runs in onstart, not while Snakemake parses.
 import sys
-from pathlib import Path
 
 try:
     from trainbench import paths
-    from trainbench.errors import ConfigError
     from trainbench.execute.gpus import local_gpu_count
-    from trainbench.execute.watch import stale_lock_hint, stop_cells_on_sigterm
-    from trainbench.execute.slurm import StatusCommandError, ensure_status_command
     from trainbench.reporting.report import page_labels
     from trainbench.reporting.tables import made_with
-    from trainbench.workflow import STUDY_NAME, Workflow, load_checked
+    from trainbench.workflow import STUDY_NAME, on_start, open_workflow
 except ImportError as error:
     sys.exit(f"error: cannot import trainbench ({error}); set up the environment first: make setup")
 
 
-# A run killed by a signal it cannot catch leaves its lock: say how to go on, before Snakemake's own
-# "cannot be locked" (not while unlocking, nor while another run here holds the lock).
-if "--unlock" not in sys.argv and (hint := stale_lock_hint()):
-    print(f"trainbench: {hint}", file=sys.stderr)
-
-# the report offers the dataset for download as what it is (Python's table has no parquet)
-mimetypes.add_type("application/vnd.apache.parquet", ".parquet")
-
-try:
-    WORKFLOW = Workflow(load_checked(config), remote=workflow.remote_exec, gpus_here=local_gpu_count())
-except ConfigError as error:
-    # each line names its file: config.yaml, or the study file that defines the study or model
-    sys.exit(f"error: {error}")
+WORKFLOW = open_workflow(config, remote=workflow.remote_exec, argv=sys.argv)
 
 
 onstart:
-    # SIGTERM to Snakemake stops the running cells too, instead of waiting for them (watch.py)
-    stop_cells_on_sigterm()
-    # Under the SLURM executor: a status command that cannot see jobs finish makes Snakemake wait
-    # forever without a word (sacct on a cluster without accounting); check it before submitting.
-    try:
-        ensure_status_command(workflow)
-    except StatusCommandError as error:
-        sys.exit(f"error: {error}")
+    # the jobs' PATH, cells stopped with Snakemake, the SLURM status command (trainbench.workflow.on_start)
+    on_start(workflow)
 
 
-# Jobs call `trainbench` from the environment running Snakemake (a venv need not be activated);
-# under --sdm conda, Snakemake puts the rule's environment in front of this. Done through PATH rather
-# than a path in the rule, so neither the rule's text nor its params depend on where the clone is.
+# Jobs call `trainbench` from the environment running Snakemake (on_start puts it first on PATH); a
+# SLURM job's PATH is the submitting Snakemake's.
 envvars:
     "PATH",
-
-
-search_path = os.environ["PATH"]
-os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), search_path])
 
 
 wildcard_constraints:
@@ -62,17 +34,11 @@ wildcard_constraints:
 
 
 def get_study(wildcards):
-    try:
-        return WORKFLOW.study(wildcards.study)
-    except ConfigError as error:
-        sys.exit(f"error: target names {error}")
+    return WORKFLOW.target_study(wildcards.study)
 
 
 def get_cell(wildcards):
-    try:
-        return get_study(wildcards).cell(wildcards.cell)
-    except ConfigError as error:
-        sys.exit(f"error: target names {error}")
+    return WORKFLOW.target_cell(wildcards.study, wildcards.cell)
 
 
 def get_cell_params(wildcards):

@@ -3,8 +3,8 @@ emulation`. The memory model against every measured cell and max-batch probe, in
 (`memory`, `memory_out_of_sample`, `memory_snapshots`); the time model leave-one-out and on thread
 curves it never fits (`step_time`, `thread_curves`); predictions committed before their cells ran,
 against the cells' results (`predictions`); emulated ranks against the real ranks of their number
-(`emulation`). `inputs` says which published results they read by default; `commands` is their
-command line.
+(`emulation`); the causal LMs of transformers it counts (`architectures`). `inputs` says which
+published results they read by default; `commands` is their command line.
 
 May import: every stage below it (`registry`, `study`, `predict`, `training`, `execute`,
 `reporting`); nothing imports it but the command line (`trainbench.cli`).

@@ -131,8 +131,7 @@ def cache_environment(base: Mapping[str, str]) -> dict[str, str]:
       TORCHINDUCTOR_CACHE_DIR the caller set is left alone.
     - Python's bytecode, where the environment says not to write it (PYTHONDONTWRITEBYTECODE, as
       the GPU hosts' images do, whose torch has no .pyc files): every rank then compiles torch's
-      sources again, 6-7 s of each GPT-2 cell's set-up on an H200
-      (validation/results/bench/startup/bytecode-1.log).
+      sources again, 6-7 s of each GPT-2 cell's set-up on an H200 (trainbench/calibration.yaml).
       The bytecode goes to the cache folder (PYTHONPYCACHEPREFIX), not into the environment, which
       is what not writing it was for; Python writes each file atomically. A PYTHONPYCACHEPREFIX the
       caller set is left alone.

@@ -55,7 +55,7 @@ MEANINGS = {
     "idle": "the device waiting for the host: launches, Python, synchronisation",
 }
 
-# GPU kernels by name, first match wins (bench/mfu.py's profiles use the same list).
+# GPU kernels by name, first match wins (validation/scripts/mfu.py's profiles use the same list).
 KERNEL_CLASSES = [
     ("attention", re.compile(r"flash|fmha|sdpa|attention|attn", re.I)),
     ("matmul", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|wgmma|sm90_|sm80_", re.I)),

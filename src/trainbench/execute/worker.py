@@ -24,7 +24,6 @@ import torch
 import torch.distributed as dist
 
 from trainbench.training import emulation
-from trainbench.registry.frameworks import deepspeed_ops
 from trainbench.training.gpt import hold_attention_kernel
 from trainbench.execute.cellrun import register_user_model
 from trainbench.execute.gpus import EnergyCounter
@@ -36,8 +35,8 @@ from trainbench.execute.metrics import process_peak_rss_mib, tensors_held_bytes
 from trainbench.execute.profiling import PROFILE_DIR, MemoryRecorder, StepProfiler
 from trainbench.execute.results import write_json_atomic
 from trainbench.study.params import CellParams
-from trainbench.training.runners import (LoopRunner, RunContext, Runner, StepRunner, make_runner,
-                                         params_per_module)
+from trainbench.training.runners import LoopRunner, RunContext, Runner, StepRunner, params_per_module
+from trainbench.training.runners.load import runner_class
 from trainbench.study.timing import TimingSettings, fixed_step_count, steps_per_window, summarize_windows
 
 # Test hook: TRAINBENCH_FAIL_AT_STEP=k makes every rank raise an ordinary error at step k (0 = init),
@@ -50,15 +49,14 @@ HANG_AT_STEP_ENV = "TRAINBENCH_HANG_AT_STEP"
 # (0 = while initialising), through the same real allocation as inject_oom_at_step.
 OOM_ABOVE_BATCH_ENV = "TRAINBENCH_OOM_ABOVE_MICRO_BATCH"
 # "fast" (the default): a rank that finished leaves without the interpreter's shutdown; "interpreter":
-# the usual exit, to measure the difference (results/provenance/gpu-runs/startup-1.sh)
+# the usual exit, to measure the difference
 WORKER_EXIT_ENV = "TRAINBENCH_WORKER_EXIT"
 # fp16 loss scaling settles in warm-up (DeepSpeed's and torch's scales start at 2^16 and halve at each
 # overflow, skipping that step): where the worker owns the loop, warm-up goes on until its last
 # WARMUP_SETTLED_STEPS steps trained, this many steps more at most, so that the timed steps are steps
 # that train. One step that trained is not enough: DeepSpeed's scaler halves only at the second
 # overflow in a row (its hysteresis), and early gradients grow, so a scale skips again after a step
-# that trained (megatron's GPT-345M ZeRO-1/2 cells in fp16: 2-3 timed steps skipped after a warm-up
-# whose last step trained; results/provenance/gpu-runs/megatron-not-sane-1.log).
+# that trained (trainbench/calibration.yaml has the cells that showed it).
 EXTRA_WARMUP_MAX = 30
 WARMUP_SETTLED_STEPS = 3
 OOM_EXIT_CODE = 75  # distinct from Python's 1 so a reader of the launcher's log can tell
@@ -143,28 +141,21 @@ class Worker:
         if self.reporting:
             print(f"[{self.label}] {text}", flush=True)
 
-    def _load_deepspeed_ops(self) -> None:
-        """Compile or load the DeepSpeed ops the cell steps with (frameworks.deepspeed_ops) before
-        anything else, so that the cost report tells this work apart from the cell's set-up (the
-        `builds` phase): compiled once per environment into TORCH_EXTENSIONS_DIR (CPU Adam: 55-80 s on
-        a freshly started H200 host), loaded from there by every cell after. DeepSpeed keeps what it
-        loaded, so the optimizer's own load later is free. Concurrent ranks share one build (torch
-        locks the extension's folder while one of them compiles)."""
-        ops = deepspeed_ops(self.params)
-        if ops:
-            from deepspeed.ops.op_builder import CPUAdamBuilder
-
-            builders = {"cpu_adam": CPUAdamBuilder}
-            for op in ops:
-                builders[op]().load()
+    def _prepare_framework(self) -> type[Runner]:
+        """The cell's runner class, after what its framework does once per process (compiling or
+        loading its ops) before anything else, so that the cost report tells that work apart from the
+        cell's set-up (the `builds` phase)."""
+        runner = runner_class(self.params)
+        runner.prepare_process(self.params)
         self.marks["ops_loaded"] = time.time()
+        return runner
 
     def run(self) -> None:
         torch.manual_seed(self.params.seed)
         if self.params.tf32:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
-        self._load_deepspeed_ops()
+        runner_type = self._prepare_framework()
         device = self._device()
         if self.params.gpu_mem_limit_gib is not None:
             self.device_limit = emulation.device_limit(self.params.gpu_mem_limit_gib,
@@ -192,7 +183,7 @@ class Worker:
         self._say(f"building {self.params.model} with {self.params.framework} "
                   f"{self.params.strategy} {on} ({device.type})")
         self._inject_faults(device)
-        runner = self.runner = make_runner(context)
+        runner = self.runner = runner_type(context)
         runner.setup()
         self.marks["built"] = time.time()
 

@@ -251,6 +251,34 @@ def zero_overlaps_comm(params: CellParams) -> bool:
     return strategy_of(params).zero_stage == 3 or framework_of(params).time.zero_overlaps_comm
 
 
+# Settings that configure one strategy's wrapper, by that strategy's name: another strategy would ignore them
+STRATEGY_SETTINGS = {"fsdp_reshard": "fsdp", "float8_all_gather": "fsdp", **dict.fromkeys(
+    ("ddp_compile", "ddp_bucket_cap_mb", "ddp_bucket_view", "ddp_static_graph"), "ddp")}
+# DeepSpeed's ZeRO settings, and the stages whose optimizer reads each (stage 0 reduces gradients in
+# the engine, not in a ZeRO optimizer)
+ZERO_SETTING_STAGES = {"contiguous_gradients": (1, 2, 3), "reduce_bucket_size": (1, 2, 3),
+                       "allgather_bucket_size": (1, 2), "prefetch_bucket_size": (3,)}
+
+
+def configures_another_strategy(params: CellParams, key: str) -> str | None:
+    """The strategy a setting the cell gives configures (STRATEGY_SETTINGS), where the cell's strategy is
+    another; None where the setting is unset or the cell's strategy is the one."""
+    owner = STRATEGY_SETTINGS[key]
+    return owner if getattr(params, key) and params.strategy != owner else None
+
+
+def zero_settings_unread(params: CellParams) -> tuple[int | None, dict[str, tuple[int, ...]]]:
+    """The cell's ZeRO stage (None: not a ZeRO strategy), and the ZeRO settings it gives that its stage
+    never reads, each with the stages that do: DeepSpeed would accept them and ignore them."""
+    framework = registry().get(params.framework)
+    strategy = framework and framework.strategy(params.strategy)
+    stage = getattr(strategy, "zero_stage", None)
+    if stage is None:  # not a ZeRO strategy: check() refuses what its runner does not honour
+        return None, {}
+    return stage, {key: stages for key, stages in ZERO_SETTING_STAGES.items()
+                   if getattr(params, key) is not None and stage not in stages}
+
+
 def deepspeed_ops(params: CellParams) -> tuple[str, ...]:
     """The DeepSpeed ops a cell's ranks compile or load: CPU Adam, with which every framework here steps
     an optimizer offloaded from a GPU (ZeRO-Offload takes no other; a CPU cell steps torch's Adam)."""

@@ -72,11 +72,9 @@ FIGURE_NAMES = [f.name for f in FIGURES]
 # at 5-7 ms (2.5 ms as usual) ran the host-bound gpt2_zero and Lightning cells 1.1-2.3 times slower
 SLOWER_HOST = 1.5
 # A host-bound cell's step moves from one process to the next on the same host by more than one run's
-# interval says: the lightning study's one-GPU cell took 42.6-52.3 ms over 14 fresh processes on one
-# H200 host (11 with its published parameters, 3 with Python's collector automatic, which changed
-# nothing), each run's interval 2-18% wide, following neither host_pace_ms nor the pace sampled through
-# its timed windows (results/provenance/gpu-runs/host-profiles-2.log, pace-during-runs-1.log): its
-# slowest 1.23 times its fastest. A timed change of such a cell counts from this far apart.
+# interval says, following neither host_pace_ms nor the pace sampled while it ran: the lightning
+# study's one-GPU cell's slowest of 14 fresh processes was 1.23 times its fastest
+# (trainbench/calibration.yaml). A timed change of such a cell counts from this far apart.
 HOST_BOUND_SPREAD = 0.23
 # the share of a cell's predicted step on the host (time_model.TimePrediction.host_s) that makes it
 # host-bound

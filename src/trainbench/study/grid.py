@@ -309,15 +309,16 @@ def check_cell(p: CellParams) -> tuple[list[tuple[str, str]], str | None]:
                                   "of several ranks"))
     if p.float8 and p.precision != "bf16":
         errors.append(("float8", "float8 training runs what is not a matmul in bf16; set precision: bf16"))
-    if p.float8_all_gather and (p.float8 != "tensorwise" or p.strategy != "fsdp"):
+    if p.float8_all_gather and (p.float8 != "tensorwise"
+                                or frameworks.configures_another_strategy(p, "float8_all_gather")):
         errors.append(("float8_all_gather", "all-gathers FSDP2's tensorwise float8 weights in float8 "
                                             "(torchao has none for rowwise scales); set float8: tensorwise "
                                             "and strategy: fsdp, or leave it off"))
-    if p.fsdp_reshard and p.strategy != "fsdp":
+    if frameworks.configures_another_strategy(p, "fsdp_reshard"):
         errors.append(("fsdp_reshard", f"chooses when FSDP2 frees gathered parameters; strategy "
                                        f"{p.strategy!r} gathers none: set strategy: fsdp, or leave it unset"))
     for key in ("ddp_compile", "ddp_bucket_cap_mb", "ddp_bucket_view", "ddp_static_graph"):
-        if getattr(p, key) and p.strategy != "ddp":
+        if frameworks.configures_another_strategy(p, key):
             errors.append((key, f"sets up torch DDP; strategy {p.strategy!r} is not DDP: set strategy: ddp, "
                                 "or leave it unset"))
     if p.ddp_static_graph and p.grad_accum > 1:
@@ -342,23 +343,11 @@ def check_cell(p: CellParams) -> tuple[list[tuple[str, str]], str | None]:
     return errors + strategy_errors, unsupported
 
 
-# DeepSpeed's ZeRO settings, and the stages whose optimizer reads each (stage 0 reduces gradients in
-# the engine, not in a ZeRO optimizer)
-ZERO_SETTING_STAGES = {"contiguous_gradients": (1, 2, 3), "reduce_bucket_size": (1, 2, 3),
-                       "allgather_bucket_size": (1, 2), "prefetch_bucket_size": (3,)}
-
-
 def _zero_setting_errors(p: CellParams) -> list[tuple[str, str]]:
     """A ZeRO setting on a stage that never reads it, by key: DeepSpeed would accept it and ignore it."""
-    strategy = frameworks.registry().get(p.framework)
-    strategy = strategy and strategy.strategy(p.strategy)
-    stage = getattr(strategy, "zero_stage", None)
-    if stage is None:  # not a ZeRO strategy: the framework check refuses what its runner does not honour
-        return []
+    stage, unread = frameworks.zero_settings_unread(p)
     return [(key, f"is read by ZeRO stage {' and '.join(map(str, stages))}, and strategy {p.strategy!r} is "
-                  f"stage {stage}: leave it unset")
-            for key, stages in ZERO_SETTING_STAGES.items()
-            if getattr(p, key) is not None and stage not in stages]
+                  f"stage {stage}: leave it unset") for key, stages in unread.items()]
 
 
 def _matches(params: CellParams, pattern: dict[str, Any]) -> bool:

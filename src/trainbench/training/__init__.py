@@ -1,9 +1,10 @@
-"""How one rank trains: trainbench's GPT (`gpt`) and its tensor-parallel plan (`tensor_parallel`), the
-data (`data`, `sentiment`), one runner per framework (`runners`), and emulated ranks (`emulation`).
+"""How one rank trains: trainbench's GPT (`gpt`) and its tensor-parallel plan (`tensor_parallel`), a
+user's own models (`user_models`), the data (`data`, `sentiment`), one runner per framework
+(`runners`, each loaded by `runners.load`), and emulated ranks (`emulation`).
 
 May import: `registry`, `study`, `predict` (emulation asks the memory model for the heaviest rank), and
-`trainbench.errors` / `trainbench.paths`. Framework libraries (torch, deepspeed, lightning,
-transformers) are imported here and in `execute.worker` only.
+`trainbench.errors` / `trainbench.paths`. A framework (DeepSpeed, Lightning, the Trainer) is imported
+by its runner alone (tests/test_frameworks.py); torch and transformers' models by the model code too.
 """
 
 # The profiler range a runner puts around its framework's optimizer step (execute/profiling.py reads

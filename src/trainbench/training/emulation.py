@@ -215,35 +215,6 @@ def _fill_outputs(emulated: EmulatedRank, *, always: bool = False) -> list[str]:
     return list(_filled)
 
 
-# --- frameworks' checks against rank 0 --------------------------------------------------------------
-
-# DeepSpeed ZeRO-3 checks that every rank traced the same modules and parameters in the same order:
-# rank 0 broadcasts its list and each rank compares. A fake broadcast leaves a rank r > 0 with its
-# placeholder, never rank 0's list, so the check would fail however alike the ranks are. The modules
-# that import the check, each by its own name:
-_DEEPSPEED_RANK0_CHECKS = ("deepspeed.runtime.zero.utils", "deepspeed.runtime.zero.stage3",
-                           "deepspeed.runtime.zero.partition_parameters",
-                           "deepspeed.runtime.zero.partitioned_param_coordinator")
-
-
-def prepare_deepspeed() -> None:
-    """In an emulated rank other than rank 0, DeepSpeed's checks against rank 0 pass (they compare;
-    they allocate nothing a real rank keeps). Called by the adapters that use DeepSpeed before they
-    build."""
-    import importlib
-
-    if not in_this_process() or int(os.environ.get("RANK", "0")) == 0:
-        return
-    for name in _DEEPSPEED_RANK0_CHECKS:
-        module = importlib.import_module(name)
-        if getattr(module, "assert_ints_same_as_other_ranks", None) is not None:
-            module.assert_ints_same_as_other_ranks = _agrees_with_rank0
-
-
-def _agrees_with_rank0(_ints) -> None:
-    """DeepSpeed's assert_ints_same_as_other_ranks on an emulated rank r > 0: rank 0 is this rank's twin."""
-
-
 # --- holding a process to a smaller GPU ------------------------------------------------------------
 
 @dataclass(frozen=True)

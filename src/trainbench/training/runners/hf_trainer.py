@@ -31,6 +31,7 @@ from trainbench.registry.frameworks import offloads, strategy_of
 from trainbench.registry.models import ModelSpec
 from trainbench.study.models import definition_of
 from trainbench.training.runners import LoopRunner, RunContext
+from trainbench.training.runners.deepspeed_engine import agree_with_rank0, load_ops
 
 
 def llama_config(spec: ModelSpec, attention: str = "sdpa"):
@@ -218,6 +219,10 @@ class HfTrainerRunner(LoopRunner):
     def __init__(self, context: RunContext):
         super().__init__(context)
 
+    @classmethod
+    def prepare_process(cls, params: CellParams) -> None:
+        load_ops(params)  # its ZeRO-3 strategy's ops
+
     def setup(self) -> None:
         from transformers import TrainingArguments
 
@@ -229,7 +234,7 @@ class HfTrainerRunner(LoopRunner):
         if self.deepspeed_config is not None:
             import deepspeed
 
-            emulation.prepare_deepspeed()
+            agree_with_rank0()
 
             # Wrap the process group the worker made: left alone, DeepSpeed's own view of the world
             # would be a single rank and its batch-size check fails.

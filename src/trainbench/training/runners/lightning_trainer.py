@@ -21,6 +21,7 @@ from trainbench.study.params import CellParams
 from trainbench.training import sentiment
 from trainbench.registry.frameworks import offloads, strategy_of
 from trainbench.training.runners import LoopRunner, RunContext
+from trainbench.training.runners.deepspeed_engine import load_ops
 
 # a cell's settings, as the keyword each Lightning strategy takes them by: DDPStrategy passes its extra
 # keywords to DistributedDataParallel; DeepSpeedStrategy takes ZeRO's own
@@ -183,6 +184,10 @@ def _wrapping_recorder():
 class LightningRunner(LoopRunner):
     def __init__(self, context: RunContext):
         super().__init__(context)
+
+    @classmethod
+    def prepare_process(cls, params: CellParams) -> None:
+        load_ops(params)  # its DeepSpeed strategies' ops
 
     def setup(self) -> None:
         p = self.p
