@@ -156,6 +156,9 @@ class ModelSpec:
     # a user's model (config.yaml's `models`): its definition as canonical JSON (what the cells'
     # `model_definition` holds), and its facts counted from the model (None until counted)
     definition: str = field(default="", compare=False)
+    # the folder a factory's module is imported from: that of the file defining the model (not part of
+    # the definition, which must not depend on where a clone sits); "" for the working directory
+    source_dir: str = field(default="", compare=False)
     facts: ModelFacts | None = field(default=None, compare=False, hash=False)
 
     @property

@@ -22,6 +22,7 @@ trainbench.training.user_models's, which the workflow calls once the config has 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -133,6 +134,7 @@ def parse_models(raw: dict[str, Any] | None, base: Path) -> dict[str, ModelSpec]
             continue
         if kinds[0] == "factory":
             spec = _factory_spec(name, entry, problems)
+            spec = spec and dataclasses.replace(spec, source_dir=str(Path(base).resolve()))
         else:
             spec = _hf_spec(name, entry, base, problems)
         if spec is not None:

@@ -83,8 +83,9 @@ def _factory(spec: ModelSpec) -> nn.Module:
     definition = definition_of(spec)
     module_name, function_name = definition["factory"].split(":")
     where = f"models.{spec.name}.factory"
-    if os.getcwd() not in sys.path:  # the factory's module is found from the folder of config.yaml
-        sys.path.insert(0, os.getcwd())
+    folder = spec.source_dir or os.getcwd()  # the factory's module is found from the folder defining it
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     try:
         module = importlib.import_module(module_name)
     except Exception as error:  # noqa: BLE001 (whatever the user's module raises while importing)
