@@ -428,7 +428,7 @@ def cmd_history(args) -> int:
 
 def cmd_cost(args) -> int:
     """Device hours of a study's results on disk and the timed steps' share of them."""
-    from trainbench.reporting.cost import efficiency_report, newest_efficiency_report, report, study_cost
+    from trainbench.reporting.progress import efficiency_report, newest_efficiency_report, report, study_cost
 
     config = _config(args.config)
     studies = [config.study(name) for name in args.studies or list(config.studies)]  # unknown ones: an error
