@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from trainbench.study.config import load_config
-from trainbench.reporting.cost import study_cost
+from trainbench.reporting.progress import study_cost
 from trainbench.execute.results import PHASES
 
 from conftest import REPO
@@ -90,7 +90,7 @@ def test_cost_command_reports_every_study_and_refuses_unknown_ones(tmp_path):
 def test_deepspeed_op_builds_are_told_apart_as_paid_once_per_environment():
     # the first offloaded cell of a fresh environment compiles DeepSpeed's CPU Adam: its own phase, and
     # the timed share without it is what the study costs run again there
-    from trainbench.reporting.cost import Cost, StudyCost, report
+    from trainbench.reporting.progress import Cost, StudyCost, report
 
     [first, second] = [json.loads(json.dumps(d)) for d in published("baseline") if d["params"]["gpus"] == 1]
     for doc in (first, second):  # no builds recorded, then 60 s of them in the first
@@ -118,7 +118,7 @@ def test_the_slurm_plugins_efficiency_report_is_summarised_by_study(tmp_path, ca
     from snakemake_executor_plugin_slurm.efficiency_report import parse_sacct_data
 
     from trainbench.cli import main
-    from trainbench.reporting.cost import EFFICIENCY_DIR
+    from trainbench.reporting.progress import EFFICIENCY_DIR
 
     config = load_config(REPO / "validation/config.yaml")
     validation = ("--config", str(REPO / "validation/config.yaml"))  # the workspace's studies

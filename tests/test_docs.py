@@ -17,7 +17,7 @@ from conftest import REPO
 
 DOCS = sorted((REPO / "docs").glob("*.md"))
 # tables a command writes, held to what it finds by their own tests: read as reference, not as prose
-GENERATED = ("architectures.md",)
+GENERATED = ("architectures.md", "columns.md")
 RENDERED = [REPO / "README.md", *DOCS, REPO / "results" / "README.md", REPO / "validation" / "README.md"]
 DOCS_BUDGET = 162_000  # bytes, every page of docs/ together
 PAGE_BUDGET = 25_000  # bytes, one page
@@ -223,3 +223,25 @@ def test_the_bandwidth_table_of_the_communication_page_is_the_published_one():
     for collective, *figures in shown:
         for column, figure in zip(columns, figures):
             assert figure == f"{published[collective, sizes[column]]:.1f}", (collective, column)
+
+
+# --- docs/columns.md: what the tables' columns mean, said once, as the column registry has it -----------
+
+def test_the_columns_page_is_what_trainbench_columns_writes():
+    from trainbench.reporting.tables import glossary_markdown
+
+    assert (REPO / "docs" / "columns.md").read_text() == glossary_markdown(), (
+        "docs/columns.md is stale: write it again with `trainbench columns --markdown`")
+
+
+def test_each_columns_meaning_and_the_time_models_fit_are_stated_once_in_the_documentation():
+    from trainbench.reporting.columns import COLUMNS, SUMMARY_COLUMNS
+
+    pages = {page.name: page.read_text() for page in DOCS}
+    meanings = [c.description for c in COLUMNS.values() if len(c.description) > 40]
+    for meaning in meanings + list(SUMMARY_COLUMNS.values()):
+        assert [name for name, text in pages.items() if meaning in text] == ["columns.md"], meaning
+    # the cells the time model was fitted on: its page's "The constants", which the columns page links to
+    assert "[The time model](time-model.md#the-constants)" in pages["columns.md"]
+    assert "## The constants" in pages["time-model.md"] and "every real cell measured on H200" in pages[
+        "time-model.md"]

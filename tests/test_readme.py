@@ -121,6 +121,11 @@ HOW: dict[str, How] = {
     "trainbench strategies": How("run"),
     "trainbench models": How("run"),
     "trainbench columns": How("run"),
+    "trainbench columns --markdown": How("run",
+                                         "prints docs/columns.md; tests/test_docs.py holds the page to it"),
+    "trainbench headline --write README.md": How(
+        "run", "writes the README's results again from the published ones: the same text "
+               "(tests/test_answer.py holds the README to it)"),
     "python3 tools/build_wheelhouse.py .whl --python 3.12 --skip envs/gpu-host-image.txt":
         How("elsewhere",
             "downloads 28 MiB; tests/test_tools.py builds a wheelhouse and installs from it offline"),

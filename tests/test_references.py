@@ -37,8 +37,7 @@ def test_each_referenced_cell_is_within_outside_or_not_measured():
     assert check(references[:1], [oom])[0].verdict == NOT_MEASURED
     text = "\n".join(markdown([first, second]))
     assert "## References" in text and "1 within, 1 outside" in text
-    page = study_markdown("baseline", "d", docs, id_keys=["model"], report=["samples_per_s"],
-                          references=references)
+    page = study_markdown("baseline", "d", docs, id_keys=["model"], references=references)
     assert "## References" in page and "outside" in page
 
 

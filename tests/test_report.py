@@ -1,8 +1,8 @@
 """The report: each study's page (trainbench.reporting.report) made from published results, and `snakemake
 --report report.html` of a fresh clone and of the smoke study, opened in a real headless Chromium
 (Selenium) at 1920 x 1080: the front page fits the screen and lists the campaigns' verdicts, each
-study's page leads with its findings and its measured cells, each plot is stored once and loads, and the
-whole report stays small."""
+study's page leads with its answer and the summary of its measured cells, each plot is stored once and
+loads, and the whole report stays small."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import pytest
 from trainbench.execute.results import read_cells, read_search
 from trainbench.reporting.report import (NOT_LAUNCHED, markdown_html, page_labels, provenance_rows,
                                          study_page, verdict_tally)
+from trainbench.reporting.plots import with_scaling
 from trainbench.reporting.tables import short_of_gpus, with_planned, with_searches, write_tables
 from trainbench.study.config import load_config
 from trainbench.workflow import Workflow as Flow
@@ -47,11 +48,14 @@ def _tables_of(study: str, where: Path) -> dict[str, Path]:
     docs = with_planned(read_cells([REPO / t for t in present]), spec,
                         short_of_gpus=short_of_gpus(spec, present))
     docs = with_searches(docs, [read_search(REPO / p) for p in spec.search_targets if (REPO / p).exists()])
-    files = {suffix: where / f"{study}{suffix}" for suffix in (".md", ".csv", ".plan.csv", ".findings.csv")}
+    docs = with_scaling(docs, layout["id_keys"])
+    files = {suffix: where / f"{study}{suffix}"
+             for suffix in (".md", ".all.md", ".csv", ".plan.csv", ".findings.csv")}
     write_tables(docs, study=study, description=layout["description"], id_keys=layout["id_keys"],
                  report=layout["report"], csv_path=files[".csv"], md_path=files[".md"],
                  plan_path=files[".plan.csv"], plan_for=spec.plan_for, findings=layout["findings"],
-                 references=layout["references"], findings_path=files[".findings.csv"])
+                 references=layout["references"], findings_path=files[".findings.csv"],
+                 all_path=files[".all.md"])
     return files
 
 
@@ -100,22 +104,28 @@ def test_provenance_has_one_row_per_set_up_and_counts_every_cell_that_ran(study)
             == {d["provenance"]["gpu_count"] for d in ran})
 
 
-def test_the_page_leads_with_the_findings_then_the_measured_cells_and_names_its_plots(tmp_path):
+def test_the_page_leads_with_the_answer_then_the_measured_cells_and_names_its_plots(tmp_path):
     study = "llama"
     files = _tables_of(study, tmp_path)
     table = files[".md"].read_text() + "\n## Notes\n\n- <script>alert(1)</script> DDP scales | not at all\n"
     plots = [(f"results/plots/llama/{kind}.png", kind) for kind in ("memory", "throughput")]
-    page = study_page(study, table, plots, _published(study))
+    page = study_page(study, table, plots, _published(study), files[".all.md"].read_text())
     section = page.split('<section class="study-table">')[1].split("</section>")[0]
-    # title, description, then the findings and the measured cells, before anything else
-    assert section.startswith(f"<h1>{study}</h1>\n<p>")
-    assert re.findall(r"<h2>(.*?)</h2>", section)[:2] == ["Findings", "Measured cells"]
-    findings, measured = (part.split("</table>")[0] for part in section.split("<table>")[1:3])
+    # title, the answer, the summary of the measured cells, what the study is, then its findings
+    assert section.startswith(f"<h1>{study}</h1>\n<h2>Answer</h2>\n<ul>\n<li><strong>llama-7b</strong>")
+    assert re.findall(r"<h2>(.*?)</h2>", section)[:4] == ["Answer", "Measured cells", "The study", "Findings"]
+    measured, findings = (part.split("</table>")[0] for part in section.split("<table>")[1:3])
     assert findings.count("<tr>") == len(load_config(REPO / "config.yaml").study(study).findings) + 1
     csv = pandas.read_csv(files[".csv"])
     assert measured.count("<tr>") == len(csv) + 1  # a row per cell with a result, and the header
-    value, half = re.search(r"\| ([\d.,]+) ± ([\d.,]+) \|", table).groups()  # the first figure with one
-    assert f"{value}\u00a0±\u00a0{half}" in measured  # kept on one line
+    assert measured.split("</tr>")[0].count("<th>") <= 9  # narrow: the summary's columns
+    # every column, folded under its own heading after the study's markdown, figures kept on one line
+    every = page.split('<section class="all-columns">')[1].split("</section>")[0]
+    assert every.startswith("<h2>All columns</h2><details><summary>")
+    assert every.count("<tr>") == len(csv) + 1 and "predicted step (ms)" in every
+    value, half = re.search(r"\| ([\d.,]+) ± ([\d.,]+) \|", files[".all.md"].read_text()).groups()
+    assert f"{value}\u00a0±\u00a0{half}" in every
+    assert page.index('<section class="all-columns">') > page.index("<h2>Planned and not run</h2>")
     # the planned cells as a count, not as rows
     assert "<h2>Planned and not run</h2>" in section and "llama.plan.csv" in section
     # what the markdown file has reaches the page, its markup escaped
@@ -123,7 +133,7 @@ def test_the_page_leads_with_the_findings_then_the_measured_cells_and_names_its_
     # the plots named, not embedded: each is the report's item beside the page
     assert "data:image" not in page and "<img" not in page
     assert all(f"<code>{file}</code>" in page for file, _ in plots)
-    assert page.index('<section class="plots">') > page.index("<h2>Measured cells</h2>")
+    assert page.index('<section class="plots">') > page.index('<section class="all-columns">')
     # where the cells ran, after the results
     assert page.index('<table class="provenance">') > page.index('<section class="plots">')
 
@@ -152,8 +162,8 @@ def test_markdown_tables_render_with_their_rows():
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 REQUIRED = os.environ.get("TRAINBENCH_REQUIRE_BROWSER") == "1"  # CI: a missing browser is a failure
-PAGE = "the study page: findings, measured cells, provenance"
-MARKDOWN = "findings and measured cells (markdown)"
+PAGE = "the study page: answer, measured cells, findings, provenance"
+MARKDOWN = "the answer, measured cells and findings (markdown)"
 
 
 def _browser_missing() -> str | None:
@@ -324,9 +334,9 @@ def _study_page(driver, report: Path, study: str) -> dict[str, list[str]]:
         headings = [h.text for h in driver.find_elements(By.CSS_SELECTOR, "section.study-table h2")]
         tables = driver.find_elements(By.CSS_SELECTOR, "section.study-table table")
         rows = [[r.text for r in t.find_elements(By.CSS_SELECTOR, "tbody tr")] for t in tables]
-        measured = rows[headings.index("Measured cells") if "Findings" in headings else 0] if rows else []
-        return {"headings": headings, "findings": rows[0] if "Findings" in headings else [],
-                "measured": measured}
+        # the summary of the measured cells is the page's first table, the findings' the next
+        return {"headings": headings, "findings": rows[1] if "Findings" in headings else [],
+                "measured": rows[0] if rows else []}
     finally:
         driver.switch_to.default_content()
 
@@ -372,7 +382,8 @@ def test_the_report_of_the_smoke_study_renders_its_page_table_plots_and_provenan
         assert "smoke" in _front_page(browser)
         page = _study_page(browser, report, "smoke")
         # no findings: the page opens on its measured cells, every one of them ok
-        assert page["headings"][0] == "Measured cells" and len(page["measured"]) == len(smoke.cells)
+        assert page["headings"][:3] == ["Answer", "Measured cells", "The study"]
+        assert len(page["measured"]) == len(smoke.cells)
         assert all(" ok" in f" {row}" for row in page["measured"])
         browser.switch_to.frame(browser.find_element(By.TAG_NAME, "iframe"))
         named = browser.find_elements(By.CSS_SELECTOR, "section.plots li")
@@ -409,8 +420,8 @@ def test_the_report_of_the_smoke_study_renders_its_page_table_plots_and_provenan
 def test_a_fresh_clone_reports_the_published_studies_with_nothing_run_first(browser, tmp_path):
     """`snakemake --report` on a clone where nothing ran (no smoke table): the report of what is
     published. Its front page fits one screen and gives each campaign's verdicts; each study's page
-    leads with its findings and measured cells; each plot is stored once and loads; the info panel
-    says what a table was made with in words; the whole is at most LARGEST_REPORT."""
+    leads with its answer and the summary of its measured cells; each plot is stored once and loads; the
+    info panel says what a table was made with in words; the whole is at most LARGEST_REPORT."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -433,11 +444,11 @@ def test_a_fresh_clone_reports_the_published_studies_with_nothing_run_first(brow
         tally = verdict_tally(clone.path(f"results/tables/{study}.findings.csv"))
         assert (f"{study}: {tally}" if findings else study) in front, study
         page = _study_page(browser, report, study)
-        if findings:  # the verdicts first, then what was measured
-            assert page["headings"][:2] == ["Findings", "Measured cells"], study
+        if findings:  # the answer and what was measured first, then the findings' verdicts
+            assert page["headings"][:4] == ["Answer", "Measured cells", "The study", "Findings"], study
             assert len(page["findings"]) == len(findings), study
         else:
-            assert page["headings"][0] == "Measured cells", study
+            assert page["headings"][:3] == ["Answer", "Measured cells", "The study"], study
         measured = pandas.read_csv(clone.path(f"results/tables/{study}.csv"))
         assert len(page["measured"]) == len(measured), study
     # a plot of its own, loaded

@@ -115,8 +115,7 @@ def test_planned_rows_give_the_memory_models_verdict_in_grid_order():
                                                study.cell("model~llama-7b__device~cpu__gpus~2").unsupported),
     }
     assert docs[2]["predicted"]["gpu_mem_mib"] > 140.4 * 1024
-    text = study_markdown("s", "d", docs, id_keys=["model", "gpus"], report=["gpu_mem_max_gib"],
-                          plan_for=plan_for)
+    text = study_markdown("s", "d", docs, id_keys=["model", "gpus"], plan_for=plan_for)
     # the measured cell is the table's row; the others are counted by outcome (their rows: the plan)
     assert "1 cell with a result of the study's 5: 1 ok." in text and "4 of the study's 5 cells" in text
     assert "| planned: predicted not to fit: GPU memory | 1 |" in text

@@ -1,6 +1,7 @@
-"""Published tables: every column comes from one computation, so each study's CSV and markdown agree; each
-markdown reads findings first, then the measured cells, and stays small; every cell of a study is in its
-CSV or its plan."""
+"""Published tables: every column comes from one computation, so each study's CSV, its summary and its
+every-column markdown agree; each markdown opens with its answer and a narrow summary, says what its columns
+mean and how the time model was fitted only by pointing at the documentation, and stays small; every cell
+of a study is in its CSV or its plan."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pandas
 import pytest
 
 from trainbench.study.config import load_config
+from trainbench.execute.results import read_result
+from trainbench.reporting.answer import SUMMARY, summary_order
 from trainbench.reporting.columns import COLUMNS, COMPUTE_ONLY, expand_sets
 from trainbench.reporting.tables import cell_text, scalar_columns, with_planned, write_tables
 
@@ -34,18 +37,49 @@ def table(study: str, suffix: str) -> Path:
     return TABLES[study][0] / f"{study}{suffix}"
 
 
-def markdown_rows(text: str) -> list[list[str]]:
-    """The table of measured cells of a study's markdown: its header and rows, cell by cell."""
-    section = text.split(MEASURED, 1)[1]
-    table_text = next(block for block in section.split("\n\n") if block.startswith("| "))
+def table_rows(text: str) -> list[list[str]]:
+    """The first table of a markdown text: its header and rows, cell by cell."""
+    table_text = next(block for block in text.split("\n\n") if block.startswith("| "))
     return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in table_text.splitlines()
             if not line.startswith("|---") and not line.startswith("| ---")]
 
 
+def markdown_rows(text: str) -> list[list[str]]:
+    """The summary table of a study's markdown (its measured cells): its header and rows, cell by cell."""
+    return table_rows(text.split(MEASURED, 1)[1])
+
+
+def in_summary_order(study: str, csv: pandas.DataFrame) -> pandas.DataFrame:
+    """The CSV's rows (the grid's order) in the order of the markdown tables: model, GPUs, throughput."""
+    runs = TABLES[study][0].parent / "runs" / study
+    docs = [read_result(runs / cell / "metrics.json") for cell in csv.cell_id]
+    position = {id(d): i for i, d in enumerate(docs)}
+    return csv.iloc[[position[id(d)] for d in summary_order(docs)]].reset_index(drop=True)
+
+
 @pytest.mark.parametrize("study", PUBLISHED)
-def test_each_published_tables_csv_and_markdown_agree_column_by_column(study):
-    md = markdown_rows(table(study, ".md").read_text())
-    csv = pandas.read_csv(table(study, ".csv"))
+def test_each_published_summary_is_narrow_and_gives_each_cells_own_figures(study):
+    rows = markdown_rows(table(study, ".md").read_text())
+    assert rows[0] == list(SUMMARY) and len(rows[0]) <= 9
+    csv = in_summary_order(study, pandas.read_csv(table(study, ".csv")))
+    runs = TABLES[study][0].parent / "runs" / study
+    assert len(rows) - 1 == len(csv)
+    for row, cell in zip(rows[1:], csv.cell_id):
+        doc = read_result(runs / cell / "metrics.json")
+        assert row[2].startswith("ok") == (doc["status"] == "ok"), (study, cell, row[2])
+        tokens, used = doc["metrics"].get("tokens_per_s"), doc["metrics"].get("gpu_mem_used_mib")
+        if doc["status"] == "ok" and tokens:
+            assert row[3].startswith(f"{tokens / doc['params']['gpus']:,.0f}"), (study, cell, row[3])
+        if used:
+            assert row[5] == f"{max(used) / 1024:,.2f}", (study, cell, row[5])
+        assert row[1].split(" ")[0].rstrip(",") == str(doc["params"]["gpus"])
+        assert (", emulated" in row[1]) == bool(doc.get("emulation")), (study, cell)
+
+
+@pytest.mark.parametrize("study", PUBLISHED)
+def test_each_published_tables_csv_and_every_column_markdown_agree_column_by_column(study):
+    md = table_rows(table(study, ".all.md").read_text())
+    csv = in_summary_order(study, pandas.read_csv(table(study, ".csv")))
     spec = TABLES[study][1]
     header, rows = md[0], md[1:]
     assert len(rows) == len(csv), "the markdown and the CSV hold different cells"
@@ -70,7 +104,8 @@ def test_each_published_tables_csv_and_markdown_agree_column_by_column(study):
 
 def test_tables_show_intervals_and_say_which_cells_are_noisy():
     baseline = (REPO / "results" / "tables" / "baseline.md").read_text()
-    assert " ± " in baseline and "medians over timed windows ± half their 95% interval" in baseline
+    assert " ± " in baseline and "Timed figures are medians ± half their 95% interval" in baseline
+    assert " ± " in (REPO / "results" / "tables" / "baseline.all.md").read_text()
     emulated = (REPO / "results" / "tables" / "zero3_pipeline.md").read_text()
     assert "ok, noisy (2 windows: no interval)" in emulated  # two timed steps give no 95% interval
     megatron = (REPO / "results" / "tables" / "megatron.md").read_text()
@@ -100,8 +135,9 @@ def test_tables_give_the_time_model_for_planned_cells_and_its_error_for_measured
     assert emulated["table.step_time_error_pct"].isna().all()
     assert ((measured["table.predicted_step_time_ms"] - 1e3 * measured["predicted_time.step_time_s"]).abs()
             < 1e-3).all()
-    md = (REPO / "results" / "tables" / "llama.md").read_text()
-    assert "predicted step (ms)" in md and "time model error" in md and "in sample" in md
+    every = (REPO / "results" / "tables" / "llama.all.md").read_text()
+    assert "predicted step (ms)" in every and "time model error" in every
+    assert "in sample" in (REPO / "results" / "tables" / "llama.md").read_text()
 
 
 def test_a_table_names_a_commit_once_whether_its_runs_were_given_the_full_or_the_short_hash():
@@ -157,17 +193,39 @@ def test_every_cell_of_a_published_study_is_in_its_csv_or_its_plan_once(study):
 
 
 @pytest.mark.parametrize("study", PUBLISHED)
-def test_a_published_markdown_leads_with_its_findings_and_stays_small(study):
+def test_a_published_markdown_opens_with_its_answer_and_stays_small(study):
     text = table(study, ".md").read_text()
-    assert len(text.encode()) <= LARGEST_MARKDOWN, f"{study}.md: {len(text.encode()):,} bytes"
+    for suffix in (".md", ".all.md"):
+        size = len(table(study, suffix).read_bytes())
+        assert size <= LARGEST_MARKDOWN, f"{study}{suffix}: {size:,} bytes"
     headings = re.findall(r"^## (.+)$", text, flags=re.M)
-    assert text.startswith(f"# {study}\n\n")
-    if TABLES[study][1].findings:  # title, description, then the findings and their verdicts
-        assert headings[:2] == ["Findings", "Measured cells"]
-        assert text.index("## Findings") < 3_000
-        assert re.search(r"\d+ (reproduced|partly|not reproduced|not yet measured)", text.split(MEASURED)[0])
-    else:
-        assert headings[0] == "Measured cells"
+    # title, the answer, the summary of the measured cells, then what the study is
+    assert text.startswith(f"# {study}\n\n## Answer\n\n- ")
+    assert headings[:3] == ["Answer", "Measured cells", "The study"]
+    if TABLES[study][1].findings:  # then the findings, whose verdicts the answer already counted
+        assert headings[3] == "Findings"
+        assert re.search(r"^- Findings: \d+ (reproduced|partly|not reproduced|not yet measured)",
+                         text.split(MEASURED)[0], flags=re.M)
+
+
+# What the tables used to repeat under every table, and now say once in the documentation: the glossary of
+# their columns (docs/columns.md) and the studies the time model's constants were fitted on
+# (docs/time-model.md, "The constants")
+REPEATED = ("Columns: ", "Its constants were fitted on measured cells", "by trainbench check-models time")
+
+
+@pytest.mark.parametrize("study", PUBLISHED)
+def test_a_published_table_points_at_the_documentation_instead_of_repeating_it(study):
+    for suffix in (".md", ".all.md"):
+        text = table(study, suffix).read_text()
+        assert not [r for r in REPEATED if r in text], (study, suffix)
+        # no column's meaning is spelt out in a table: every one is on the documentation's page of columns
+        assert not [c.description for c in COLUMNS.values()
+                    if len(c.description) > 40 and c.description in text]
+        assert "docs/columns.md" in text
+    text = table(study, ".md").read_text()
+    if "Predicted step times" in text:  # which GPU, whether in sample; the fit itself: the documentation's
+        assert "(docs/time-model.md)" in text and ("in sample" in text or "out of sample" in text)
 
 
 @pytest.mark.parametrize("study", PUBLISHED)
@@ -208,8 +266,12 @@ def test_planned_cells_go_to_the_plan_and_the_markdown_counts_them(tmp_path):
                  csv_path=files[".csv"], md_path=files[".md"], plan_path=files[".plan.csv"],
                  plan_for=plan_for)
     text = files[".md"].read_text()
-    assert markdown_rows(text)[1][:3] == ["llama-7b", "4", "OOM at step 1 (warm-up)"]
+    assert markdown_rows(text)[1][:3] == ["hf_trainer fsdp, llama-7b, fp32, 1 x 8", "4",
+                                          "OOM at step 1 (warm-up)"]
     assert len(markdown_rows(text)) == 2 and "| planned" not in text.split(NOT_RUN)[0]
+    every = table_rows((tmp_path / "s.all.md").read_text())  # beside the markdown, the same cells
+    assert every[1][:3] == ["llama-7b", "4", "OOM at step 1 (warm-up)"] and len(every) == 2
+    assert "- No cell of the 1 with a result trained: 1 ran out of memory: OOM at step 1 (warm-up)." in text
     assert "1 cell with a result of the study's 4: 1 oom." in text
     assert "3 of the study's 4 cells have no result" in text and "results/tables/s.plan.csv" in text
     assert "| planned: predicted not to fit: GPUs, GPU memory | 1 |" in text

@@ -21,6 +21,7 @@ from conftest import CPU_MACHINE, REPO, Workflow, parse_dry_run, tiny_study
 
 TABLE_FINDINGS = "results/tables/t.findings.csv"
 TABLE_PLAN = "results/tables/t.plan.csv"
+TABLE_ALL = "results/tables/t.all.md"
 
 
 def test_a_tests_workspace_leaves_out_what_a_user_keeps_in_studies_local(tmp_path):
@@ -127,8 +128,9 @@ def test_each_study_dry_runs_listing_its_cells_and_resources(every_table_planned
     for job in planned:
         jobs.setdefault(job["rule"], set()).update(job["output"])
     assert len(jobs["train_cell"]) == len(expected.cells)
-    assert jobs["study_table"] == {f"results/tables/{study}.md", f"results/tables/{study}.csv",
-                                   f"results/tables/{study}.plan.csv", f"results/tables/{study}.findings.csv"}
+    assert jobs["study_table"] == {f"results/tables/{study}.md", f"results/tables/{study}.all.md",
+                                   f"results/tables/{study}.csv", f"results/tables/{study}.plan.csv",
+                                   f"results/tables/{study}.findings.csv"}
     resources = [job["resources"] for job in planned if job["resources"]]
     for cell in expected.cells:
         r = cell.resources()
@@ -245,7 +247,8 @@ def test_only_missing_or_changed_cells_rerun(rerun_workflow):
     workflow.write_config(changed)
     jobs = workflow.ran()
     assert cells_planned(jobs) == {"micro_batch~4"}
-    assert jobs["study_table"] == {"results/tables/t.md", "results/tables/t.csv", TABLE_PLAN, TABLE_FINDINGS}
+    assert jobs["study_table"] == {"results/tables/t.md", TABLE_ALL, "results/tables/t.csv", TABLE_PLAN,
+                                   TABLE_FINDINGS}
     assert jobs["study_plots"] == {"results/plots/t"}
 
     # editing one axis value (2 -> 3) runs exactly the cell with the new value
@@ -269,7 +272,7 @@ def test_only_missing_or_changed_cells_rerun(rerun_workflow):
     workflow.write_config(changed)
     jobs = workflow.planned()
     assert "train_cell" not in jobs and jobs["study_table"] == {"results/tables/t.md", "results/tables/t.csv",
-                                                                TABLE_PLAN, TABLE_FINDINGS}
+                                                                TABLE_ALL, TABLE_PLAN, TABLE_FINDINGS}
     assert "study_plots" not in jobs
     # and so does a change of the findings it judges
     changed["studies"]["t"]["findings"] = [{"claim": "steps take longer with larger batches",
@@ -294,9 +297,9 @@ def test_only_missing_or_changed_cells_rerun(rerun_workflow):
     jobs = workflow.planned("--force", cell)
     assert cells_planned(jobs) == {"micro_batch~2"} and "study_table" not in jobs
     jobs = workflow.planned("results/tables/t.md", "--forcerun", cell)
-    assert cells_planned(jobs) == {"micro_batch~2"} and jobs["study_table"] == {"results/tables/t.md",
-                                                                                 "results/tables/t.csv",
-                                                                                 TABLE_PLAN, TABLE_FINDINGS}
+    assert cells_planned(jobs) == {"micro_batch~2"}
+    assert jobs["study_table"] == {"results/tables/t.md", "results/tables/t.csv", TABLE_ALL, TABLE_PLAN,
+                                   TABLE_FINDINGS}
     # its plots with it: through a plot, or through the study's page (table, plots and page)
     jobs = workflow.planned("results/plots/t", "--forcerun", cell)
     assert cells_planned(jobs) == {"micro_batch~2"} and set(jobs) == {"train_cell", "study_plots"}
@@ -332,7 +335,7 @@ def test_reruns_follow_the_config_in_a_fresh_clone_without_snakemake_metadata(re
     workflow.path("results/runs/u/seed~1/metrics.json").unlink()
     jobs = workflow.planned()
     assert cells_planned(jobs) == {"seed~1"} and jobs["study_table"] == {
-        "results/tables/u.md", "results/tables/u.csv", "results/tables/u.plan.csv",
+        "results/tables/u.md", "results/tables/u.all.md", "results/tables/u.csv", "results/tables/u.plan.csv",
         "results/tables/u.findings.csv"}
 
 
@@ -365,7 +368,8 @@ def test_a_refit_of_the_models_reruns_what_shows_their_predictions_and_no_cell(w
     for fitted in refit.values():
         fitted["eta_matmul"] *= 0.9
     constants.write_text(json.dumps(refit, indent=1))
-    shown = {"study_table": {"results/tables/t.md", "results/tables/t.csv", TABLE_PLAN, TABLE_FINDINGS},
+    shown = {"study_table": {"results/tables/t.md", TABLE_ALL, "results/tables/t.csv", TABLE_PLAN,
+                             TABLE_FINDINGS},
              "study_plots": {"results/plots/t"}, "dataset": {"results/dataset/cells.parquet"}}
     assert planned() == shown
     # and where Snakemake has no record of their params, as in a fresh clone: the models' stamp
@@ -406,10 +410,13 @@ def test_an_oom_cell_is_a_row_of_the_table(workflow):
     workflow.write_config({"default_studies": {"without_gpus": ["t"], "with_gpus": ["t"]},
                            "studies": {"t": t}})
     workflow.snakemake()
-    table = workflow.path("results/tables/t.md").read_text()
+    table = workflow.path("results/tables/t.all.md").read_text()  # every column, by the keys it varies
     assert "| ddp | 2 | 2 | OOM at step 2 (timed) |" in table
     # ok, or ok and noisy: six windows of milliseconds on a machine busy with other tests can spread
     assert re.search(r"\| single \| 1 \|  \| ok(, noisy \(±[\d.]+%\))? \|", table), table
+    summary = workflow.path("results/tables/t.md").read_text()  # the answer says so first, then the row
+    assert "ran out of memory: OOM at step 2 (timed)" in summary.split("## Measured cells")[0]
+    assert "| 2 | OOM at step 2 (timed) |" in summary
     csv_text = workflow.path("results/tables/t.csv").read_text().replace('"', "")
     # whichever rank failed first is named; the launcher may stop the other before its own OOM
     assert re.search(r"inject_oom_at_step~2,oom,OOM at step 2 \(timed\) on rank [01]", csv_text)
@@ -557,7 +564,7 @@ def test_a_result_that_is_not_one_is_listed_unreadable_rerun_and_never_reaches_a
     assert "is not a valid result" in dry.stderr and target.with_name("metrics.json.invalid").exists()
     workflow.snakemake("results/tables/t.md")
     assert json.loads(target.read_text())["status"] == "ok"  # ran again, and the table was made from it
-    assert "| 1 | ok" in workflow.path("results/tables/t.md").read_text()
+    assert "| 1 | ok" in workflow.path("results/tables/t.all.md").read_text()
 
 
 def test_a_job_run_remotely_runs_its_cell_and_reads_no_other_result(workflow):
@@ -603,7 +610,7 @@ def test_the_default_study_runs_on_a_cpu_machine_and_a_second_run_does_nothing(s
             ddp = json.loads(workflow.path(cell.target).with_name("torch_config.json").read_text())
             assert ddp["DistributedDataParallel"]["bucket_cap_mb"] == 100
             assert ddp["DistributedDataParallel"]["gradient_as_bucket_view"] is True
-    for name in ("tables/smoke.md", "tables/smoke.csv", "plots/smoke/memory.png",
+    for name in ("tables/smoke.md", "tables/smoke.all.md", "tables/smoke.csv", "plots/smoke/memory.png",
                  "plots/smoke/throughput.png"):
         assert workflow.path(f"results/{name}").stat().st_size > 0
     table = workflow.path("results/tables/smoke.md").read_text()

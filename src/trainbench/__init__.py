@@ -8,7 +8,7 @@ it (tests/test_layers.py holds them to it, and to no import cycle):
     predict    memory and time models, the largest-batch search, the set-up search (advise)
     training   trainbench's GPT, data, one runner per framework, emulated ranks
     execute    running one cell: launch, worker, memory sampling, metrics, results
-    reporting  tables, findings, plots, report, compare, cost, progress, freshness
+    reporting  answer, tables, findings, plots, report, compare, progress (and cost), freshness
     checks     how good the memory and time models are on the published results (`check-models`)
 
 `errors` and `paths` are shared by all; `cli`, `fit`, `commbench` and `workflow` (the Snakefile's side)

@@ -573,7 +573,7 @@ def cmd_history(args) -> int:
 
 def cmd_cost(args) -> int:
     """Device hours of a study's results on disk and the timed steps' share of them."""
-    from trainbench.reporting.cost import efficiency_report, newest_efficiency_report, report, study_cost
+    from trainbench.reporting.progress import efficiency_report, newest_efficiency_report, report, study_cost
 
     config = _config(args.config)
     studies = [config.study(name) for name in args.studies or list(config.studies)]  # unknown ones: an error
@@ -585,6 +585,24 @@ def cmd_cost(args) -> int:
         except (OSError, ValueError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 1
+    return 0
+
+
+def cmd_headline(args) -> int:
+    """The README's results, read from the published metrics.json files: printed, or written into a page's
+    headline section."""
+    from trainbench.reporting.answer import headline_markdown, with_headline
+
+    headline = headline_markdown(args.root, _config(str(Path(args.root) / args.config)))
+    if not args.write:
+        print(headline)
+        return 0
+    page = Path(args.write)
+    try:
+        page.write_text(with_headline(page.read_text(), headline))
+    except (OSError, ValueError) as error:
+        print(f"error: {page}: {error}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -638,6 +656,10 @@ def cmd_vocabulary(args) -> int:
             mine = f" [defined in {origins.get(m.name, 'the config')}]" if m.user_defined else ""
             size = f"{m.param_count() / 1e6:>10,.1f}M" if not m.user_defined or m.facts else f"{'?':>11}"
             print(f"{m.name:<16} {size}  {summary(m)}{built}{mine}")
+    elif args.command == "columns" and args.markdown:
+        from trainbench.reporting.tables import glossary_markdown
+
+        print(glossary_markdown(), end="")
     elif args.command == "columns":
         from trainbench.reporting.findings import metrics
         from trainbench.reporting.columns import COLUMN_SETS, COLUMNS
@@ -937,6 +959,16 @@ def parser() -> argparse.ArgumentParser:
                            ".snakemake/slurm_efficiency, which profiles/slurm has it write after each run)")
     cost.set_defaults(func=cmd_cost)
 
+    headline = sub.add_parser("headline", help="the README's results, from the published metrics.json files",
+                              description="The headline figures (the baseline's one-GPU cells, its scaling, "
+                                          "the campaigns' verdicts) and its scaling plot, each linked to its "
+                                          "table, read from results/.")
+    headline.add_argument("--write", metavar="PAGE",
+                          help="replace PAGE's headline section (README.md) with it")
+    headline.add_argument("--config", default="config.yaml")
+    headline.add_argument("--root", default=".", help="the directory results/ lives in")
+    headline.set_defaults(func=cmd_headline)
+
     add_check_models(sub).set_defaults(func=cmd_check_models)
 
     schema = sub.add_parser("schema", help="print, write or check workflow/schemas/config.schema.yaml")
@@ -953,6 +985,9 @@ def parser() -> argparse.ArgumentParser:
         if name == "models":
             vocabulary.add_argument("--config", default="config.yaml",
                                     help="whose `models` to list too (where the file exists)")
+        if name == "columns":
+            vocabulary.add_argument("--markdown", action="store_true",
+                                    help="as the documentation's page of columns (docs/columns.md)")
     return p
 
 

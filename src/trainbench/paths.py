@@ -24,7 +24,8 @@ PROBE = "results/search/{study}/{cell}/mb~{micro_batch}/metrics.json"
 PROBE_LOG = "results/search/{study}/{cell}/mb~{micro_batch}/log"
 SEARCH = "results/search/{study}/{cell}/max_batch.json"
 SEARCH_LOG = "results/search/{study}/{cell}/max_batch.log"
-TABLE_MD = "results/tables/{study}.md"  # findings, the cells with a result, a count of the others
+TABLE_MD = "results/tables/{study}.md"  # the answer, the cells with a result, findings, a count of the others
+TABLE_ALL = "results/tables/{study}.all.md"  # the cells with a result, every column the study reports
 TABLE_CSV = "results/tables/{study}.csv"  # the cells with a result, one row each
 TABLE_PLAN = "results/tables/{study}.plan.csv"  # the cells without one (planned, not run), one row each
 TABLE_FINDINGS = "results/tables/{study}.findings.csv"
@@ -63,10 +64,10 @@ def path(pattern: str, **wildcards) -> str:
 
 
 def study_outputs(study: str) -> list[str]:
-    """What a study's `rule all` target is made of: its table (markdown, CSV, plan and findings), its
-    plots' folder (where the study profiles its cells, where their time went, too) and its page (the
-    report's)."""
-    patterns = (TABLE_MD, TABLE_CSV, TABLE_PLAN, TABLE_FINDINGS, PLOTS_DIR, STUDY_PAGE)
+    """What a study's `rule all` target is made of: its table (markdown, every column, CSV, plan and
+    findings), its plots' folder (where the study profiles its cells, where their time went, too) and its
+    page (the report's)."""
+    patterns = (TABLE_MD, TABLE_ALL, TABLE_CSV, TABLE_PLAN, TABLE_FINDINGS, PLOTS_DIR, STUDY_PAGE)
     return [path(pattern, study=study) for pattern in patterns]
 
 

@@ -1,5 +1,6 @@
-# A study's table: the markdown (findings, the cells with a result, a count of the others), the CSV of
-# the cells with a result, the plan (the cells without one) and the findings judged pair by pair.
+# A study's table: the markdown (its answer, the cells with a result, findings, a count of the others),
+# every column of the cells with a result (markdown), the CSV of the cells with a result, the plan (the
+# cells without one) and the findings judged pair by pair.
 
 
 rule study_table:
@@ -14,7 +15,14 @@ rule study_table:
             caption="../report/table_md.rst",
             category="{study}",
             subcategory="tables",
-            labels={"shows": "findings and measured cells (markdown)"},
+            labels={"shows": "the answer, measured cells and findings (markdown)"},
+        ),
+        every_column=report(
+            paths.TABLE_ALL,
+            caption="../report/table_all.rst",
+            category="{study}",
+            subcategory="tables",
+            labels={"shows": "every column of the measured cells (markdown)"},
         ),
         csv=report(
             paths.TABLE_CSV,

@@ -8,6 +8,7 @@ rule study_page:
         # the page shows the table as it is and names the plots: asking for it brings the whole study
         # up to date
         table=paths.TABLE_MD,
+        every_column=paths.TABLE_ALL,
         findings=paths.TABLE_FINDINGS,
         plots=paths.PLOTS_DIR,
         metrics=get_study_metrics,

@@ -10,4 +10,5 @@ with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
     sys.stderr = log
     write_study_page(snakemake.output[0], study=snakemake.wildcards.study,  # noqa: F821
                      table_path=snakemake.input.table, plots_dir=snakemake.input.plots,  # noqa: F821
+                     every_column_path=snakemake.input.every_column,  # noqa: F821
                      docs=read_cells(snakemake.input.metrics))  # noqa: F821

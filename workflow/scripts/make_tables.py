@@ -1,5 +1,6 @@
-"""Adapter for rule study_table: read the study's metrics.json files, write its markdown, CSV and plan,
-and its findings judged (findings CSV, and a section of the markdown)."""
+"""Adapter for rule study_table: read the study's metrics.json files, write its markdown (its answer
+first), its every-column markdown, CSV and plan, and its findings judged (findings CSV, and a section of
+the markdown)."""
 
 import sys
 
@@ -21,6 +22,7 @@ with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
     docs = with_scaling(docs, layout["id_keys"])  # a study that scales a strategy: its efficiency
     output = snakemake.output  # noqa: F821
     write_tables(docs, study=study.name, description=layout["description"], id_keys=layout["id_keys"],
-                 report=layout["report"], csv_path=output.csv, md_path=output.md, plan_path=output.plan,
+                 report=layout["report"], csv_path=output.csv, md_path=output.md,
+                 all_path=output.every_column, plan_path=output.plan,
                  plan_for=study.plan_for, findings=layout["findings"], references=layout["references"],
                  findings_path=output.findings)

@@ -1,6 +1,7 @@
 """The table columns a study can report, one registry (COLUMNS): each column's header, how its value and
-interval are read from a cell's metrics.json, how it is shown, and what it means; and a cell's outcome
-as the table's result column says it. Every number comes from a metrics.json or from the models'
+interval are read from a cell's metrics.json, how it is shown, and what it means; a cell's outcome as
+the table's result column says it, and its parameters in short words (plots' labels, the summary's
+set-up). Every number comes from a metrics.json or from the models'
 predictions beside it (reporting.predictions); nothing here invents one.
 """
 
@@ -324,6 +325,26 @@ COLUMNS.update(ENERGY_COLUMNS)
 COLUMN_SETS = {"breakdown": list(BREAKDOWN_COLUMNS), "energy": list(ENERGY_COLUMNS)}
 
 
+# The summary table every study's markdown opens with (reporting.answer): its columns and what each means
+SUMMARY_COLUMNS = {
+    "set-up": "framework and strategy, the settings the study varies, model, precision, micro batch x "
+              "gradient accumulation",
+    "GPUs": "the cell's ranks (GPUs), and its nodes where more than one; emulated: one rank of that world "
+            "measured alone on one GPU, with the cap its GPU memory was held to",
+    "result": "ok; noisy where its interval stayed wider than the study's target; OOM at init or at step k; "
+              "unsupported, infeasible, failed or timeout with the reason (a long one numbered under the "
+              "table)",
+    "tokens/s per GPU": "tokens per second over the cell's GPUs (CPU ranks: per rank), ± half its 95% "
+                        "interval; (compute): an emulated rank's compute alone",
+    "MFU": "model FLOPs utilisation against the GPU's dense peak at the cell's precision (bf16 for float8 "
+           "cells)",
+    "GPU mem, peak (GiB)": "peak NVML 'used' memory of the busiest GPU, as nvidia-smi shows it; an OOM's "
+                           "at the OOM",
+    "step, ms (predicted)": "median optimizer-step time, and the time model's for the GPU it ran on; "
+                            "compute: an emulated rank's compute alone, beside the model's whole step",
+}
+
+
 def expand_sets(report: list[str]) -> list[str]:
     """A study's report columns with every set (COLUMN_SETS) replaced by its columns."""
     return [name for entry in report for name in COLUMN_SETS.get(entry, [entry])]
@@ -364,11 +385,13 @@ def result_text(doc: Doc, notes: list[str] | None = None) -> str:
     """A cell's outcome for the table: "ok", "OOM at step 23 (timed)", "unsupported: why"; an emulated
     cell's starts with "emulated rank r of N: ". With a notes list, a long reason becomes a numbered
     footnote there (shared by every cell that gives it)."""
-    text = _outcome_text(doc, notes)
+    text = outcome_text(doc, notes)
     return f"{emulated(doc)}: {text}" if emulated(doc) else text
 
 
-def _outcome_text(doc: Doc, notes: list[str] | None) -> str:
+def outcome_text(doc: Doc, notes: list[str] | None = None, footnote_after: int = FOOTNOTE_AFTER) -> str:
+    """The outcome alone, without the emulated rank it ran as (the summary says that in its GPUs); with a
+    notes list, a reason longer than `footnote_after` characters becomes a numbered footnote."""
     status, reason = doc["status"], doc.get("reason")
     insane = sanity_problems(doc)
     if status == "ok" and insane:  # it ran, but what it timed was not sane training: no figure of it counts
@@ -380,11 +403,73 @@ def _outcome_text(doc: Doc, notes: list[str] | None) -> str:
         return reason.split(" on rank")[0] if reason else "OOM"
     if not reason:
         return status
-    if notes is not None and len(reason) > FOOTNOTE_AFTER:
+    if notes is not None and len(reason) > footnote_after:
         if reason not in notes:
             notes.append(reason)
         return f"{status} [{notes.index(reason) + 1}]"
     return f"{status}: {reason}"
+
+
+# --- cells in words -----------------------------------------------------------------------------------
+
+# a flag by what it turns on; absent when off
+FLAG_WORDS = {"offload_optimizer": "optim. offload", "offload_param": "param offload",
+              "activation_checkpointing": "act. ckpt", "checkpoint_in_cpu": "checkpoints in CPU",
+              "emulate": "emulated", "ort": "ORT", "tf32": "TF32", "compile": "compiled",
+              "overlap_comm": "comm overlap", "float8_all_gather": "float8 all-gather",
+              "deterministic": "deterministic", "pin_memory": "pinned memory"}
+# a number by what it counts
+COUNTED = {"gpus": ("GPU", "GPUs"), "nodes": ("node", "nodes"), "num_classes": ("class", "classes"),
+           "warmup_steps": ("warm-up step", "warm-up steps"), "timed_steps": ("timed step", "timed steps")}
+# a value by what it is
+NAMED = {"micro_batch": "micro-batch {}", "global_batch": "batch {}", "grad_accum": "accum. {}",
+         "tp": "TP {}", "pp": "PP {}", "seq_len": "seq. {}", "gpu_mem_limit_gib": "{:g} GiB cap",
+         "emulate_rank": "as rank {}", "vocab_multiple": "vocab ×{}", "lr": "lr {:g}",
+         "weight_decay": "w. decay {:g}", "float8": "float8 {}", "head": "{} head"}
+# a flag off, where "no <what it turns on>" reads wrong
+OFF_WORDS = {"emulate": "not emulated", "compile": "not compiled", "deterministic": "not deterministic"}
+# an option left unset, where a neighbour sets it
+UNSET_WORDS = {"gpu_mem_limit_gib": "whole GPU", "float8": "no float8", "overlap_comm": "",
+               "emulate_rank": ""}
+
+
+def value_label(key: str, value: Any) -> str:
+    """A cell's value of one key in short words: names as they are (zero2), numbers with what they
+    count (4 GPUs, TP 2), flags by what they turn on when set and not at all when not, unset options
+    not at all."""
+    if value is None or value is False:
+        return ""
+    if value is True:
+        return FLAG_WORDS.get(key, key.replace("_", " "))
+    if key in COUNTED:
+        return f"{value:g} {COUNTED[key][value != 1]}"
+    if key in NAMED:
+        return NAMED[key].format(value)
+    if isinstance(value, str):
+        return value
+    number = f"{value:g}" if isinstance(value, float) else str(value)
+    return f"{key.replace('_', ' ')} {number}"
+
+
+def unset_label(key: str, value: Any) -> str:
+    """What a flag off, or an option unset, means, for a cell whose label would say nothing else."""
+    if value is None:
+        return UNSET_WORDS.get(key, f"no {key.replace('_', ' ')}")
+    if value is False:
+        return OFF_WORDS.get(key, f"no {FLAG_WORDS.get(key, key.replace('_', ' '))}")
+    return ""
+
+
+def words(doc: Doc, keys: list[str]) -> list[str]:
+    """The cell's values of `keys` in words; where every one is off or unset, what that means."""
+    params = doc["params"]
+    said = [value_label(k, params.get(k)) for k in keys]
+    return [w for w in said if w] or [w for w in (unset_label(k, params.get(k)) for k in keys) if w]
+
+
+def said(doc: Doc, keys: list[str]) -> list[str]:
+    """The cell's values of `keys` that say something (flags set, options set), in words."""
+    return [w for w in (value_label(k, doc["params"].get(k)) for k in keys) if w]
 
 
 def cell_value(value: Any) -> str:

@@ -1,12 +1,13 @@
 """A study's page: one HTML file a reviewer reads first, and the study page of the Snakemake report
 (`snakemake --report report.html`).
 
-The page shows the study's markdown table file as it is (its title and description, its findings and
-their verdicts, the table of the cells with a result with every timed figure's 95% interval and the
-notes under it, a count of the cells without one), names its plots, and says where the cells ran:
-one row per distinct set-up (hardware, driver and CUDA/NCCL, package versions, commit), read from the
-cells' metrics.json files. Nothing on it is computed or stored twice: the table is the markdown file
-rendered, and the plots, items of the report beside the page, are not embedded in it again.
+The page shows the study's markdown table file as it is (its title, its answer, the summary table of
+the cells with a result and the notes under it, its description, its findings and their verdicts, a
+count of the cells without a result), then its every-column file (each timed figure with its 95%
+interval), folded; names its plots, and says where the cells ran: one row per distinct set-up
+(hardware, driver and CUDA/NCCL, package versions, commit), read from the cells' metrics.json files.
+Nothing on it is computed or stored twice: the tables are the markdown files rendered, and the plots,
+items of the report beside the page, are not embedded in it again.
 """
 
 from __future__ import annotations
@@ -153,9 +154,11 @@ code { background: #f1f5f9; padding: 0 .2rem; }
 """
 
 
-def study_page(study: str, table_markdown: str, plots: list[tuple[str, str]], docs: list[Doc]) -> str:
-    """The study's page as one HTML document: its markdown table file rendered (title, description,
-    findings, the measured cells, a count of the others), its plots named (`plots`: each file and what
+def study_page(study: str, table_markdown: str, plots: list[tuple[str, str]], docs: list[Doc],
+               every_column: str = "") -> str:
+    """The study's page as one HTML document: its markdown table file rendered (title, answer, the
+    summary of the measured cells, description, findings, a count of the others), its every-column
+    markdown (`every_column`) folded under "All columns", its plots named (`plots`: each file and what
     it shows), and where its cells ran. The plots are not embedded: in the report each is an item of
     the study's "plots" beside the page, stored once; on disk they are the files named."""
     rows = provenance_rows(docs)
@@ -170,6 +173,7 @@ def study_page(study: str, table_markdown: str, plots: list[tuple[str, str]], do
         f'<html lang="en"><head><meta charset="utf-8"><title>trainbench: {html.escape(study)}</title>',
         f"<style>{STYLE}</style></head><body><main>",
         f'<section class="study-table">{markdown_html(table_markdown)}</section>',
+        _every_column_section(every_column),
         f'<section class="plots"><h2>Plots</h2>{figures}</section>',
         '<section class="provenance"><h2>Where and with what the cells ran</h2>',
         "<p>One row per set-up, read from the cells' metrics.json files (each has the rest: every installed "
@@ -180,6 +184,15 @@ def study_page(study: str, table_markdown: str, plots: list[tuple[str, str]], do
     ])
 
 
+def _every_column_section(every_column: str) -> str:
+    """The every-column file, folded under its own heading (its title line left out: the page has one)."""
+    if not every_column:
+        return ""
+    body = every_column.split("\n", 1)[1] if every_column.startswith("# ") else every_column
+    return ('<section class="all-columns"><h2>All columns</h2><details><summary>every column the study '
+            f"reports, for each cell with a result</summary>{markdown_html(body)}</details></section>")
+
+
 def plots_of(directory: Path | str) -> list[tuple[str, str]]:
     """A study's plots (its plot folder's index, paths.plot_files): each file, and what it shows ("memory:
     gpt-345m, 8 GPUs")."""
@@ -188,8 +201,9 @@ def plots_of(directory: Path | str) -> list[tuple[str, str]]:
 
 
 def write_study_page(path: Path, *, study: str, table_path: Path, plots_dir: Path | str,
-                     docs: list[Doc]) -> None:
-    page = study_page(study, Path(table_path).read_text(), plots_of(plots_dir), docs)
+                     docs: list[Doc], every_column_path: Path | None = None) -> None:
+    every_column = Path(every_column_path).read_text() if every_column_path else ""
+    page = study_page(study, Path(table_path).read_text(), plots_of(plots_dir), docs, every_column)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(page)
 
@@ -211,5 +225,5 @@ def verdict_tally(findings_csv: Path | str) -> str:
 def page_labels(findings_csv: Path | str) -> dict[str, str]:
     """The labels of a study's page in the report: what it is, and its findings' verdicts (the front
     page lists them beside each study)."""
-    return {"shows": "the study page: findings, measured cells, provenance",
+    return {"shows": "the study page: answer, measured cells, findings, provenance",
             "findings": verdict_tally(findings_csv) or "none declared"}

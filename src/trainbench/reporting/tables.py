@@ -1,14 +1,17 @@
-"""Aggregate a study's metrics.json files into its markdown table, its CSV and its plan.
+"""Aggregate a study's metrics.json files into its markdown, its every-column markdown, its CSV and its
+plan.
 
-The markdown reads top down: the study's title and description, its findings (the verdict of each,
-reporting.findings), then one row per cell that has a result, whatever its status: the cell's varying
-parameters, its result ("ok", "OOM at step 23 (timed)", "unsupported: why"), then the study's report
-columns (reporting.columns) in the units its origin used; then the cells without one (planned, or
-needing more GPUs than the machine that made the table), counted by reason. Their rows, with the memory
-and time models' figures, are the plan (`<study>.plan.csv`); the CSV has the measured rows. Both CSVs
-are one row per cell and one scalar per column: series (a loss curve, a figure per rank or per step)
-stay in each cell's metrics.json. Every number comes from a metrics.json or the models; nothing here
-invents one.
+The markdown reads top down: the study's title, its answer (reporting.answer), the summary table (one
+narrow row per cell that has a result, whatever its status) with the notes that say how to read it,
+the study's description, its findings (the verdict of each, reporting.findings), the largest-batch
+searches and reference figures, then the cells without a result (planned, or needing more GPUs than the
+machine that made the table), counted by reason. The every-column markdown (`<study>.all.md`) has the
+same cells with the study's report columns (reporting.columns) in the units its origin used; what each
+column means is said once, in the documentation's page of columns (glossary_markdown). The rows of the
+cells without a result, with the memory and time models' figures, are the plan (`<study>.plan.csv`);
+the CSV has the measured rows. Both CSVs are one row per cell and one scalar per column: series (a loss
+curve, a figure per rank or per step) stay in each cell's metrics.json. Every number comes from a
+metrics.json or the models; nothing here invents one.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ import pandas
 
 from trainbench import paths
 from trainbench.execute.results import PER_STEP_METHOD, with_intervals
-from trainbench.reporting.columns import (COLUMNS, COMPUTE_ONLY, cell_value, escape, metric, result_text,
-                                          column_values, with_predictions)
+from trainbench.reporting.columns import (COLUMN_SETS, COLUMNS, COMPUTE_ONLY, SUMMARY_COLUMNS, cell_value,
+                                          escape, metric, result_text, column_values, with_predictions)
 from trainbench.reporting.predictions import Doc, planned_document, with_current_predictions
 from trainbench.study.grid import Study
 from trainbench.study.params import CellParams
@@ -191,17 +194,12 @@ def _emulation_note(docs: list[Doc]) -> list[str]:
     nccl = sorted({round(((d["emulation"].get("modelled") or {}).get("nccl_buffers_mib")) or 0) for d in rows}
                   - {0})
     limits = sorted({d["params"]["gpu_mem_limit_gib"] for d in rows if d["params"].get("gpu_mem_limit_gib")})
-    held = (f" Where gpu_mem_limit_gib is set ({', '.join(f'{g:g}' for g in limits)} GiB), the rank was held "
-            "to a GPU of that size: its allocator could reserve what such a GPU leaves after the CUDA "
-            "context and NCCL's buffers, and an OOM is that GPU's." if limits else "")
-    return [f"Rows marked \"emulated rank r of N\" ({len(rows)} here) ran one rank of the cell's world "
-            "alone on one GPU through PyTorch's fake process group (docs/emulation.md): the framework "
-            "built, sharded and stepped as that rank, and no collective moved data. Their memory is the "
-            "rank's, measured, with NCCL's buffers modelled (" + (", ".join(f"{n:,}" for n in nccl) or "no")
-            + " MiB added to the GPU's, by the layout's communicators) and "
-            "the node's host memory derived (the rank's times the ranks per node); their timed figures, "
-            "marked (compute), are the rank's compute alone, beside the time model's whole step; a whole "
-            "step column adds to the measured step what the time model says its world waits." + held, ""]
+    held = (f" A GiB cap ({', '.join(f'{g:g}' for g in limits)} GiB) held the rank to a GPU of that size: an "
+            "OOM is that GPU's." if limits else "")
+    return [f"Emulated rows ({len(rows)} here) ran one rank of the cell's world alone on one GPU "
+            "(docs/emulation.md): their memory is the rank's, measured, with NCCL's buffers modelled ("
+            + (", ".join(f"{n:,}" for n in nccl) or "no") + " MiB added); their timed figures, marked "
+            "compute, are that rank's compute alone." + held, ""]
 
 
 def _timing_note(docs: list[Doc]) -> list[str]:
@@ -210,10 +208,8 @@ def _timing_note(docs: list[Doc]) -> list[str]:
         return []
     per_step = sum(1 for d in ran if (metric(d, "timing") or {}).get("method") == PER_STEP_METHOD)
     noisy = sum(1 for d in ran if metric(d, "noisy"))
-    text = ("Timed figures are medians over timed windows ± half their 95% interval (docs/measurement.md, "
-            "\"How a cell is measured\"); a cell whose interval stayed wider than its study's target is "
-            "marked noisy"
-            f" ({noisy} of {len(ran)} here).")
+    text = (f"Timed figures are medians ± half their 95% interval (docs/measurement.md); {noisy} of "
+            f"{len(ran)} cells here are noisy: their interval stayed wider than the study's target.")
     if per_step:
         text += (f" {per_step} of them ran before timing windows: each of their steps was synchronised and "
                  f"timed alone, and their intervals come from those step times.")
@@ -221,81 +217,107 @@ def _timing_note(docs: list[Doc]) -> list[str]:
 
 
 def _time_model_note(docs: list[Doc], study: str) -> list[str]:
+    """Which GPU the time model predicts for, and whether its constants saw these cells (the cells they
+    were fitted on: docs/time-model.md, "The constants", once for every table)."""
     predicted = [d for d in docs if d.get("predicted_time")]
     if not predicted:
         return []
     from trainbench.predict.time_model import load_constants
 
-    constants = load_constants()
-    fitted = {gpu: c.fitted_on for gpu, c in constants.items()}
     gpus = sorted({d["predicted_time"]["gpu"] for d in predicted})
-    text = (f"Predicted step times and samples/s are the time model's (docs/time-model.md) on "
-            f"{', '.join(gpus)}: measured cells on the GPU they ran on, planned ones on the planning hardware"
-            f" (or the GPU the study's measured cells ran on).")
+    text = f"Predicted step times are the time model's on {', '.join(gpus)} (docs/time-model.md)"
     borrowed = sorted({d["predicted_time"]["note"] for d in predicted if d["predicted_time"].get("note")})
-    text += "".join(f" {note[0].upper()}{note[1:]}." for note in borrowed)
-    listed = f" ({'; '.join(f'{g}: {w}' for g, w in fitted.items())})" if fitted else ""
+    text += "".join(f"; {note}" for note in borrowed)
     if any(d["status"] == "ok" for d in predicted):
-        if any(study in c.fitted_studies() for c in constants.values()):
-            text += (f" Its constants were fitted on measured cells, these among them{listed}, so a measured "
-                     "cell's error here is in sample; predicted from fits that did not see them, the error "
-                     "is in validation/results/bench/time_model/time_model.txt.")
-        else:
-            text += (f" Its constants were fitted on measured cells of other studies{listed}, not these: a "
-                     "measured cell's error here is out of sample.")
-    return [text, ""]
+        seen = any(study in c.fitted_studies() for c in load_constants().values())
+        text += ("; its constants were fitted on cells of this study among others, so a measured cell's "
+                 "error here is in sample" if seen else
+                 "; its constants were fitted on other studies' cells, so a measured cell's error here is "
+                 "out of sample")
+    return [text + ".", ""]
 
 
-def study_markdown(study: str, description: str, docs: list[Doc], *, id_keys: list[str], report: list[str],
+def study_markdown(study: str, description: str, docs: list[Doc], *, id_keys: list[str],
                    plan_for: dict[str, Any] | None = None, judged: list | None = None,
                    references: list[dict[str, Any]] | None = None) -> str:
-    """The study's markdown: its title and description, its findings as `judged` (findings.evaluate),
-    the table of the cells that have a result with its notes, the largest-batch searches, its cells
-    against its references, and the cells without a result counted by reason (their rows: the plan)."""
+    """The study's markdown: its answer (reporting.answer), the summary table of the cells that have a
+    result with its notes, the study's description, its findings as `judged` (findings.evaluate), the
+    largest-batch searches, its cells against its references, and the cells without a result counted
+    by reason (their rows: the plan). Every column the study reports is in all_columns_markdown."""
     from trainbench.reporting import references as referenced
+    from trainbench.reporting.answer import answer_markdown
     from trainbench.reporting.findings import markdown as findings_markdown
 
-    report = with_predictions(report, docs)
     docs = with_current_predictions(docs)
     measured, not_run = split_not_run(docs)
-    statuses = Counter(d["status"] for d in measured)
-    commits = sorted({_short_commit((d.get("provenance") or {}).get("git_commit") or "unknown")
-                      for d in measured})
-    made = (f"Generated {dt.date.today().isoformat()} by "
-            f"`snakemake {paths.path(paths.TABLE_MD, study=study)}` from "
-            f"{paths.path(paths.RUN, study=study, cell='*')}.")
-    if measured:
-        table = [
-            markdown_table(measured, id_keys=id_keys, report=report),
-            "",
-            f"{_count(len(measured), 'cell')} with a result"
-            + (f" of the study's {len(docs)}" if not_run else "") + ": "
-            + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) + ".",
-            f"Ran on: {_hardware_summary(measured)}.",
-            f"Code: {', '.join(commits)}. {made}",
-            "",
-            *_emulation_note(measured),
-            *_timing_note(measured),
-            *_time_model_note(measured, study),
-            "Columns: " + "; ".join(f"{COLUMNS[c].header}: {COLUMNS[c].description}" for c in report) + ".",
-            "",
-        ]
-    else:
-        table = ["No cell of this study has a result yet.", made, ""]
     parts = [
         f"# {study}",
+        "",
+        *answer_markdown(docs, id_keys, judged, plan_for),
+        "## Measured cells",
+        "",
+        *_measured_section(study, measured, len(docs), id_keys),
+        "## The study",
         "",
         description.strip(),
         "",
         *findings_markdown(judged or []),
-        "## Measured cells",
-        "",
-        *table,
         *search_markdown(measured, id_keys=id_keys),
         *referenced.markdown(referenced.check(references or [], measured)),
         *not_run_markdown(study, not_run, len(docs), plan_for),
     ]
     return "\n".join(parts)
+
+
+def _made(study: str) -> str:
+    target = paths.path(paths.TABLE_MD, study=study)
+    return (f"Generated {dt.date.today().isoformat()} by `snakemake {target}` from "
+            f"{paths.path(paths.RUN, study=study, cell='*')}.")
+
+
+def _measured_section(study: str, measured: list[Doc], cells: int, id_keys: list[str]) -> list[str]:
+    """The summary table of the cells with a result, what they are and where they ran, and the notes
+    that say how to read their figures; where the rest of their columns are."""
+    from trainbench.reporting.answer import summary_markdown
+
+    if not measured:
+        return ["No cell of this study has a result yet.", _made(study), ""]
+    statuses = Counter(d["status"] for d in measured)
+    commits = sorted({_short_commit((d.get("provenance") or {}).get("git_commit") or "unknown")
+                      for d in measured})
+    every = paths.path(paths.TABLE_ALL, study=study).rsplit("/", 1)[1]
+    return [
+        *summary_markdown(measured, id_keys),
+        "",
+        f"{_count(len(measured), 'cell')} with a result"
+        + (f" of the study's {cells}" if cells > len(measured) else "") + ": "
+        + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) + ".",
+        f"Ran on: {_hardware_summary(measured)}.",
+        f"Code: {', '.join(commits)}. {_made(study)}",
+        "",
+        *_emulation_note(measured),
+        *_timing_note(measured),
+        *_time_model_note(measured, study),
+        f"Every column the study reports, each timed figure with its interval: [{every}]({every}); every "
+        f"figure of every cell: [{study}.csv]({study}.csv); what each column means: docs/columns.md.",
+        "",
+    ]
+
+
+def all_columns_markdown(study: str, docs: list[Doc], *, id_keys: list[str], report: list[str]) -> str:
+    """The cells with a result, with every column the study reports (and the models' predictions beside
+    them), in the summary's order: the wide table a reviewer reads beside the study's markdown."""
+    from trainbench.reporting.answer import summary_order
+
+    docs = with_current_predictions(docs)
+    measured, _ = split_not_run(docs)
+    columns = with_predictions(report, docs)
+    intro = (f"The cells of [{study}.md]({study}.md) that have a result, with every column the study reports "
+             "and the models' predictions beside them; timed figures ± half their 95% interval. How to read "
+             f"them: the notes under {study}.md's summary; what each column means: docs/columns.md.")
+    table = (markdown_table(summary_order(measured), id_keys=id_keys, report=columns) if measured
+             else "No cell of this study has a result yet.")
+    return "\n".join([f"# {study}: every column", "", intro, "", table, ""])
 
 
 def _count(n: int, unit: str) -> str:
@@ -418,9 +440,11 @@ def short_of_gpus(study: Study, results: list[str]) -> dict[str, str]:
 def write_tables(docs: list[Doc], *, study: str, description: str, id_keys: list[str], report: list[str],
                  csv_path: Path, md_path: Path, plan_path: Path | None = None,
                  plan_for: dict[str, Any] | None = None, findings: list[dict[str, Any]] | None = None,
-                 findings_path: Path | None = None, references: list[dict[str, Any]] | None = None) -> None:
-    """The study's markdown, its CSV (the cells with a result) and plan (those without), and its
-    findings judged once for both the markdown and their CSV."""
+                 findings_path: Path | None = None, references: list[dict[str, Any]] | None = None,
+                 all_path: Path | None = None) -> None:
+    """The study's markdown, its every-column markdown (`all_path`, beside the markdown by default), its
+    CSV (the cells with a result) and plan (those without), and its findings judged once for the
+    markdown, its answer and their CSV."""
     from trainbench.reporting import findings as judging
 
     current = with_current_predictions(docs)
@@ -430,8 +454,10 @@ def write_tables(docs: list[Doc], *, study: str, description: str, id_keys: list
     write_csv(csv_rows(measured, id_keys=id_keys, report=columns), Path(csv_path))
     if plan_path is not None:
         write_csv(csv_rows(not_run, id_keys=id_keys, report=columns), Path(plan_path), drop_empty=True)
-    Path(md_path).write_text(study_markdown(study, description, docs, id_keys=id_keys, report=report,
-                                            plan_for=plan_for, judged=judged, references=references))
+    Path(md_path).write_text(study_markdown(study, description, current, id_keys=id_keys, plan_for=plan_for,
+                                            judged=judged, references=references))
+    all_path = all_path or Path(md_path).with_suffix(".all.md")
+    Path(all_path).write_text(all_columns_markdown(study, current, id_keys=id_keys, report=report))
     if findings_path is not None:
         judging.write_csv(judged, Path(findings_path))
 
@@ -459,3 +485,45 @@ def made_with(layout: dict[str, Any], planning: dict[str, Any], missing: list[st
         f"digest {digest}",
     ]
     return "; ".join(facts)
+
+
+GLOSSARY_INTRO = """\
+# Columns of the tables
+
+What each column of a study's tables means, once for every table. A study's markdown
+(`results/tables/<study>.md`) opens with its answer and the summary table below;
+`results/tables/<study>.all.md` has every column the study reports, and `<study>.csv` every figure of
+every cell. Written by `trainbench columns --markdown` from the column registry
+(`src/trainbench/reporting/columns.py`).
+
+**Reading the figures.** A timed figure is the median over timed windows ± half its 95% interval
+([How a cell is measured](measurement.md)); a cell whose interval stayed wider than its study's target
+is *noisy*, and one timed in fewer than 6 windows has no interval. *(compute)* marks an emulated rank's
+timed figure: one rank of a larger world measured alone, its compute without the world's collectives;
+its memory is the rank's, measured, with NCCL's buffers modelled ([Emulated ranks](emulation.md)).
+*Predicted* figures are the [memory](memory-model.md) and [time](time-model.md) models' as they are now:
+for a measured cell on the GPU it ran on, for a planned one on the study's planning hardware. Which cells
+the time model's constants were fitted on, and so whether a table's errors are in sample:
+[The time model](time-model.md#the-constants).
+"""
+
+
+def glossary_markdown() -> str:
+    """The documentation's page of columns (docs/columns.md): the summary table's, every column a study
+    can report, the column sets, and what findings compare besides."""
+    from trainbench.reporting.findings import metrics
+
+    cell = escape
+    lines = [GLOSSARY_INTRO, "## The summary table", "", "| column | meaning |", "| --- | --- |"]
+    lines += [f"| {name} | {cell(meaning)} |" for name, meaning in SUMMARY_COLUMNS.items()]
+    lines += ["", "## Every column", "",
+              "A study's `report` names these (`trainbench columns`); every table adds the models' "
+              "predictions beside what was measured.", "",
+              "| name | header | meaning |", "| --- | --- | --- |"]
+    lines += [f"| `{name}` | {cell(c.header)} | {cell(c.description)} |" for name, c in COLUMNS.items()]
+    lines += [f"| `{name}` | (a set) | {', '.join(f'`{m}`' for m in members)} |"
+              for name, members in COLUMN_SETS.items()]
+    searched = [m for name, m in metrics().items() if name not in COLUMNS]
+    lines += ["", "Findings also compare " + ", ".join(f"`{m.name}` ({m.header})" for m in searched) + "."]
+    return "\n".join(lines) + "\n"
+
