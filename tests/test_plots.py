@@ -1,11 +1,15 @@
 """Per-study plots: panels by the study's plot_panels keys, studies too large for one figure split into
-files, labels in words, GiB, log axes, the scaling plot; and every figure of the published studies
-within the size a reader sees at 100% zoom."""
+files, labels and legends in words, GiB under the GPU's memory, log axes named, measured apart from
+predicted, no plot of nothing, CPU ranks called so, the scaling plot on an axis fitted to its data; and
+every figure of the published studies within the size a reader sees at 100% zoom, none taller than a
+report shows."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+import shutil
 import struct
 from pathlib import Path
 
@@ -15,14 +19,20 @@ import matplotlib.pyplot as plt
 import pytest
 
 from trainbench import paths
-from trainbench.reporting.plots import (DPI, MAX_CELLS, MAX_FLATNESS, MAX_PANELS, MAX_WIDTH_IN, cell_label,
-                                        memory_figures, panels, parts, save, scalings, study_figures,
-                                        throughput_figures, write_plots)
+from trainbench.reporting.plots import (DPI, MAX_CELLS, MAX_FLATNESS, MAX_HEIGHT_IN, MAX_PANELS, MAX_WIDTH_IN,
+                                        cell_label, memory_figures, panels, parts, save, scalings,
+                                        study_figures, throughput_figures, write_plots)
+from trainbench.study.params import CellParams, DERIVED
 
 from conftest import published_results
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_PIXELS_WIDE = int(MAX_WIDTH_IN * DPI)
+MAX_PIXELS_TALL = 1000  # a report viewer cuts a taller plot off
+PARAMETER_NAMES = [f.name for f in dataclasses.fields(CellParams)] + list(DERIVED)
+# a parameter's name as code spells it, or as a label that knew no words for it would ("ddp bucket cap mb 1")
+RAW_NAME = re.compile("|".join(rf"\b{name}\b|\b{name.replace('_', ' ')} \S" for name in PARAMETER_NAMES
+                               if "_" in name))
 
 
 def doc(precision: str, strategy: str, gpus: int, used_mib: float, **params) -> dict:
@@ -68,26 +78,35 @@ def test_panels_group_cells_by_their_values_in_the_order_cells_come():
     assert [title for title, _ in panels(DOCS, ["gpus", "precision"])] == [
         "2 GPUs, fp32", "2 GPUs, bf16", "4 GPUs, fp32", "4 GPUs, bf16"]
     assert panels(DOCS, []) == [("", DOCS)]
-    # a study with no measured cell still gets its (empty) plots
     assert panels([], ["precision"]) == [("", [])]
 
 
-def test_each_panel_is_a_row_of_the_figure(tmp_path):
-    def heights(panel_keys):
-        written = write_plots(DOCS, study="s", id_keys=["precision", "strategy", "gpus"],
-                              directory=tmp_path / str(panel_keys), panel_keys=panel_keys)
-        assert [p.name for p in written] == ["memory.png", "throughput.png"]
-        return [matplotlib.image.imread(path).shape[0] for path in written]
+def test_narrow_panels_stand_side_by_side_and_wide_ones_in_rows():
+    def grid(cells):
+        [figure] = memory_figures(cells, ["precision", "strategy", "gpus"], "s", ["precision"])
+        places = [(ax.get_subplotspec().rowspan.start, ax.get_subplotspec().colspan.start)
+                  for ax in bar_axes(figure.figure)]
+        plt.close(figure.figure)
+        return places
 
-    one, two = heights([]), heights(["precision"])
-    assert all(h2 > 1.5 * h1 for h1, h2 in zip(one, two))
+    # two panels of two cells: side by side; of 14 cells each: one above the other
+    assert grid(DOCS) == [(0, 0), (0, 1)]
+    wide = [doc(precision, f"zero{i}", 2, 100 + i) for precision in ("fp32", "bf16") for i in range(14)]
+    assert grid(wide) == [(0, 0), (1, 0)]
 
 
-def test_a_study_with_no_measured_cell_gets_empty_plots(tmp_path):
+def test_a_study_with_nothing_to_plot_gets_no_plot(tmp_path):
+    # no placeholder: no cell, or no profiled cell in a study that profiles, makes no figure
     written = write_plots([], study="s", id_keys=["strategy"], directory=tmp_path, panel_keys=["strategy"],
                           profiled=True)
-    assert [p.name for p in written] == ["memory.png", "throughput.png", "breakdown.png"]
-    assert all(p.stat().st_size > 0 for p in written)
+    assert written == [] and paths.plot_files(tmp_path) == []
+    written = write_plots(DOCS, study="s", id_keys=["precision", "strategy", "gpus"], directory=tmp_path,
+                          profiled=True)
+    assert [p.name for p in written] == ["memory.png", "throughput.png"]
+    assert sorted(os.listdir(tmp_path)) == sorted(["memory.png", "throughput.png", paths.PLOTS_INDEX])
+    # cells the stack refused, with nothing measured nor predicted: statuses alone make no plot either
+    refused = [dict(doc("bf16", "colossalai", 2, 0), status="unsupported", metrics={})]
+    assert write_plots(refused, study="s", id_keys=["strategy"], directory=tmp_path / "refused") == []
 
 
 def test_the_folder_lists_its_plots_in_reading_order(tmp_path):
@@ -139,7 +158,7 @@ def test_labels_say_what_a_cell_is_in_words_never_none_nor_its_id(tmp_path):
             assert "None" not in text and not re.search(r"\w=", text) and "bf16-fsdp" not in text, text
     memory = found[0].figure
     # the keys every cell shares are in the title once, not under the bars
-    assert "(fsdp, 8 GPUs)" in memory.get_suptitle()
+    assert "(FSDP2, 8 GPUs)" in memory.get_suptitle()
     assert [t.get_text() for t in memory.axes[0].get_xticklabels()] == [
         "whole GPU\nnot emulated\nno optim. offload", "optim. offload", "80 GiB cap\nemulated",
         "80 GiB cap\nemulated\noptim. offload"]
@@ -176,7 +195,7 @@ def test_a_study_of_more_cells_than_a_figure_holds_is_split_into_files_that_read
         axes = bar_axes(figure.figure)
         assert len(axes) <= MAX_PANELS and sum(len(ax.get_xticks()) for ax in axes) <= MAX_CELLS
         width, height = figure.figure.get_size_inches() * DPI
-        assert width <= MAX_PIXELS_WIDE and width / height <= MAX_FLATNESS
+        assert width <= MAX_PIXELS_WIDE and height <= MAX_PIXELS_TALL and width / height <= MAX_FLATNESS
     close(found)
 
 
@@ -212,15 +231,15 @@ def test_a_study_that_scales_strategies_from_one_gpu_has_a_scaling_plot():
              scaled("ddp", 2, 50.0, model="n"), scaled("ddp", 4, 90.0, model="n")]
     id_keys = ["strategy", "model", "gpus"]
     [found] = scalings(cells, id_keys)
-    assert found.reference["cell_id"] == "single-1-m" and list(found.series) == ["ddp", "fsdp"]
+    assert found.reference["cell_id"] == "single-1-m" and list(found.series) == ["DDP", "FSDP2"]
     figure = next(f for f in figures(cells, id_keys=id_keys) if f.kind == "scaling")
     assert figure.name == "scaling.png"
     ax = figure.figure.axes[0]
     measured = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()
                 if line.get_linestyle() == "-"}
     # samples/s per GPU over the one GPU's: 180 / (2 x 100), 320 / (4 x 100); each line starts at 100%
-    assert measured["ddp"] == pytest.approx([100, 90, 80])
-    assert measured["fsdp"] == pytest.approx([100, 75, 50])
+    assert measured["DDP"] == pytest.approx([100, 90, 80])
+    assert measured["FSDP2"] == pytest.approx([100, 75, 50])
     assert any(list(line.get_ydata()) == [100, 100] for line in ax.get_lines())  # the ideal
     plt.close(figure.figure)
 
@@ -234,19 +253,162 @@ def test_a_strategy_has_one_colour_in_every_panel_of_a_scaling_plot():
     figure = next(f for f in figures(cells, id_keys=["strategy", "model", "gpus"]) if f.kind == "scaling")
     colours = [{line.get_label(): line.get_color() for line in ax.get_lines() if line.get_linestyle() == "-"}
                for ax in figure.figure.axes if ax.get_visible() and ax.get_lines()]
-    assert [sorted(c) for c in colours] == [["ddp", "fsdp"], ["fsdp"]]
-    assert colours[1]["fsdp"] == colours[0]["fsdp"] != colours[0]["ddp"]
+    assert [sorted(c) for c in colours] == [["DDP", "FSDP2"], ["FSDP2"]]
+    assert colours[1]["FSDP2"] == colours[0]["FSDP2"] != colours[0]["DDP"]
     plt.close(figure.figure)
 
 
-def test_no_scaling_plot_where_no_strategy_is_run_at_two_gpu_counts_beside_one_gpu():
+def test_a_study_that_varies_gpus_beside_one_gpu_has_a_scaling_plot_and_one_without_none():
     one_count = [scaled("single", 1, 100.0), scaled("ddp", 4, 320.0), scaled("fsdp", 4, 300.0)]
+    found = figures(one_count, id_keys=["strategy", "gpus"])
+    assert [f.kind for f in found] == ["memory", "throughput", "scaling"]
+    # its title says its point: each strategy's efficiency at the most GPUs it ran on
+    assert found[2].figure.get_suptitle().replace("\n", " ") == (
+        "s: at 4 GPUs, DDP keeps 80% and FSDP2 75% of one GPU's throughput per GPU")
+    close(found)
     no_reference = [scaled("ddp", 2, 180.0), scaled("ddp", 4, 320.0)]
-    for cells in (one_count, no_reference):
-        assert scalings(cells, ["strategy", "gpus"]) == []
-        found = figures(cells, id_keys=["strategy", "gpus"])
-        assert [f.kind for f in found] == ["memory", "throughput"]
-        close(found)
+    assert scalings(no_reference, ["strategy", "gpus"]) == []
+    found = figures(no_reference, id_keys=["strategy", "gpus"])
+    assert [f.kind for f in found] == ["memory", "throughput"]
+    close(found)
+
+
+def test_a_one_gpu_cell_of_another_gpu_model_is_no_reference():
+    cells = [scaled("single", 1, 100.0), scaled("ddp", 2, 180.0), scaled("ddp", 4, 320.0)]
+    for cell, gpu in zip(cells, ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA H200")):
+        cell["provenance"] = {"gpu_name": gpu}
+    assert scalings(cells, ["strategy", "gpus"]) == []
+    cells[0]["provenance"] = {"gpu_name": "NVIDIA H200"}
+    assert len(scalings(cells, ["strategy", "gpus"])) == 1
+
+
+def scaling_axis(cells: list[dict], id_keys: list[str]):
+    figure = next(f for f in figures(cells, id_keys=id_keys) if f.kind == "scaling")
+    return figure, [ax for ax in figure.figure.axes if ax.get_visible()]
+
+
+def test_the_scaling_axis_fits_its_data():
+    # 90% to 107% of one GPU's throughput per GPU, measured and predicted: an axis about them, not 0-110%
+    cells = [scaled("single", 1, 100.0), scaled("ddp", 2, 180.0), scaled("ddp", 4, 428.0)]
+    figure, [ax] = scaling_axis(cells, ["strategy", "gpus"])
+    low, high = ax.get_ylim()
+    assert 80 <= low <= 90 and 107 <= high <= 115, (low, high)
+    assert all(text.get_text().endswith("%") for text in ax.get_yticklabels() if text.get_text())
+    plt.close(figure.figure)
+    # a strategy that keeps a quarter: the axis reaches down to it
+    cells = [scaled("single", 1, 100.0), scaled("zero3", 2, 100.0), scaled("zero3", 4, 100.0)]
+    figure, [ax] = scaling_axis(cells, ["strategy", "gpus"])
+    assert 15 <= ax.get_ylim()[0] <= 25
+    plt.close(figure.figure)
+
+
+def test_legends_say_strategies_and_their_settings_in_words():
+    cells = [scaled("single", 1, 100.0)]
+    for gpus, samples in ((2, 190.0), (4, 370.0)):
+        ddp = scaled("ddp", gpus, samples)
+        ddp["params"].update(ddp_bucket_cap_mb=100, ddp_bucket_view=True)
+        fsdp = scaled("fsdp", gpus, samples * 0.9)
+        fsdp["params"].update(fsdp_reshard="after_step")
+        cells += [ddp, fsdp]
+    figure, [ax] = scaling_axis(cells, ["strategy", "gpus"])
+    said = legend_texts(figure.figure)
+    assert {"DDP (buckets of 100 MiB, gradients as bucket views)",
+            "FSDP2 (weights kept across micro batches)", "measured", "the time model's prediction"} <= said
+    assert not [text for text in said if RAW_NAME.search(text)], said
+    plt.close(figure.figure)
+
+
+def test_every_parameter_reads_in_words():
+    from trainbench.study.words import WORDS
+
+    # one place says how each parameter's values read: a new parameter adds its words there
+    assert set(PARAMETER_NAMES) <= set(WORDS)
+
+
+def legend_texts(figure) -> set[str]:
+    return {text.get_text() for legend in figure.legends for text in legend.get_texts()}
+
+
+def cpu(strategy: str, gpus: int, samples_per_s: float) -> dict:
+    """A cell of CPU ranks, as a CPU study's metrics.json has it: resident memory per rank, no GPU."""
+    cell = doc("fp32", strategy, gpus, 0, device="cpu", model="gpt2-tiny")
+    cell["metrics"] = {"host_rss_peak_mib_per_rank": [900.0] * gpus, "samples_per_s": samples_per_s}
+    return dict(cell, cell_id=f"{strategy}-{gpus}")
+
+
+def test_a_cpu_study_calls_its_ranks_cpu_ranks():
+    cells = [cpu("single", 1, 100.0), cpu("ddp", 2, 150.0), cpu("fsdp", 2, 120.0)]
+    found = figures(cells, id_keys=["strategy", "gpus"])
+    assert [f.kind for f in found] == ["memory", "throughput", "scaling"]
+    for figure in found:
+        said = " ".join(texts(figure.figure))
+        assert "GPU" not in said.replace("CPU", ""), (figure.kind, said)
+    memory, throughput, scaling = (bar_axes(f.figure) for f in found)
+    assert memory[0].get_ylabel() == "GiB per CPU rank"
+    assert tick_labels(memory[0]) == ["single\n1 CPU rank", "DDP\n2 CPU ranks", "FSDP2\n2 CPU ranks"]
+    assert scaling[0].get_xlabel() == "CPU ranks"
+    assert "one CPU rank's" in found[2].figure.get_suptitle()
+    close(found)
+
+
+def on_h200(*used_gib: float) -> list[dict]:
+    cells = [doc("bf16", f"s{i}", 2, gib * 1024) for i, gib in enumerate(used_gib)]
+    for cell in cells:
+        cell["metrics"]["gpu_mem_total_mib"] = [143771.0] * 2
+        cell["provenance"] = {"gpu_name": "NVIDIA H200"}
+    return cells
+
+
+def test_the_memory_plot_holds_the_gpus_memory():
+    [figure] = memory_figures(on_h200(60, 90), ["strategy"], "s")
+    ax = figure.figure.axes[0]
+    [line] = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert line.get_ydata()[0] == pytest.approx(143771.0 / 1024) and ax.get_ylim()[1] > 140
+    assert "H200 memory (140 GiB)" in legend_texts(figure.figure)
+    assert "2 set-ups peak at 60-90 GiB per GPU of the H200's 140 GiB" in figure.figure.get_suptitle()
+    # a GPU many times what the cells use: written at the axis' top, the bars left their height
+    [figure] = memory_figures(on_h200(5, 6), ["strategy"], "s")
+    ax = figure.figure.axes[0]
+    assert ax.get_ylim()[1] < 10 and not [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert "↑ H200 memory (140 GiB), above the axis" in texts(figure.figure)
+    plt.close("all")
+
+
+def planned(strategy: str, gpus: int, predicted_gib: float, samples_per_s: float) -> dict:
+    """A cell not measured, at the models' predictions."""
+    cell = dict(doc("bf16", strategy, gpus, 0), status="planned", metrics={}, cell_id=f"{strategy}-{gpus}-p")
+    return dict(cell, predicted={"gpu_mem_mib": predicted_gib * 1024},
+                predicted_time={"samples_per_s": samples_per_s})
+
+
+def test_predictions_stand_apart_and_never_alone_unless_the_title_says_predicted():
+    measured = [doc("bf16", "ddp", 2, 10 * 1024), doc("bf16", "ddp", 4, 12 * 1024)]
+    unmeasured = [planned("ddp", 8, 60, 4000.0), planned("fsdp", 8, 50, 3000.0)]
+    # beside measured cells: hatched outlines, the axis fitted to the measured, the tallest cut and written
+    found = figures(measured + unmeasured[:1], id_keys=["strategy", "gpus"])
+    memory, throughput = (bar_axes(f.figure)[0] for f in found[:2])
+    hatched = [bar for bar in memory.patches if bar.get_hatch()]
+    assert len(hatched) == 1 and not hatched[0].get_fill()
+    assert memory.get_ylim()[1] < 60 and any("↑" in text for text in texts(found[0].figure))
+    assert "predicted (not measured)" in legend_texts(found[1].figure)
+    close(found)
+    # a figure (here a panel key's) of predictions alone, in a study that measured cells, is not made
+    found = figures(measured + unmeasured, id_keys=["strategy", "gpus"], panel_keys=["strategy"])
+    assert [len(bar_axes(f.figure)) for f in found if f.kind != "scaling"] == [1, 1]
+    close(found)
+    # a study that measured nothing yet: its plots of predictions say so
+    found = figures(unmeasured, id_keys=["strategy", "gpus"])
+    assert [f.kind for f in found] == ["memory", "throughput"]
+    assert all("predicted" in f.figure.get_suptitle() for f in found)
+    close(found)
+
+
+def test_a_log_axis_says_so():
+    far = [doc("bf16", "a", 1, 1000), doc("bf16", "b", 1, 40_000)]
+    found = [*memory_figures(far, ["strategy"], "s"), *throughput_figures(far, ["strategy"], "s")]
+    assert [f.figure.axes[0].get_ylabel() for f in found] == ["GiB per GPU (log scale)",
+                                                             "samples / s (all ranks) (log scale)"]
+    close(found)
 
 
 # --- the published studies --------------------------------------------------------------------------------
@@ -288,6 +450,32 @@ def published_docs(workspace: Path, name: str):
 PUBLISHED = published_studies()
 
 
+def held_to_what_a_reader_sees(figure, ids: list[str]) -> None:
+    """What every figure of a study must be: few enough panels and cells, text in words (no None, no
+    key=value, no cell id, no parameter's name in a legend or under a bar), GiB on memory axes, a log
+    axis named, and predictions alone only under a title that says "predicted"."""
+    axes = bar_axes(figure.figure)
+    assert len(axes) <= MAX_PANELS, figure.name
+    if figure.kind != "scaling":
+        assert sum(len(ax.get_xticks()) for ax in axes) <= MAX_CELLS, figure.name
+    for text in texts(figure.figure):
+        assert "None" not in text and not re.search(r"\w=", text), (figure.name, text)
+        assert not any(cell_id in text for cell_id in ids), (figure.name, text)
+    for text in legend_texts(figure.figure) | {label for ax in axes for label in tick_labels(ax)}:
+        assert not RAW_NAME.search(text), (figure.name, text)
+    for ax in axes:
+        assert (ax.get_yscale() == "log") == ("log scale" in ax.get_ylabel()), (figure.name, ax.get_ylabel())
+        if figure.kind == "memory":
+            assert "GiB" in ax.get_ylabel(), figure.name
+    if figure.kind == "scaling":  # one axis about the panels' data, not from 0 to 110% whatever they are
+        drawn = [y for ax in axes for line in ax.get_lines() for y in line.get_ydata()]
+        for ax in axes:
+            assert ax.get_ylim()[0] >= min(drawn) - 15 and ax.get_ylim()[1] <= max(drawn) + 15, figure.name
+    measured = any(bar.get_fill() for ax in axes for bar in ax.patches)
+    if figure.kind in ("memory", "throughput") and not measured:
+        assert "predicted" in figure.figure.get_suptitle(), figure.name
+
+
 @pytest.mark.skipif(not PUBLISHED, reason="no published results in this checkout")
 @pytest.mark.parametrize("workspace,name", PUBLISHED, ids=[name for _, name in PUBLISHED])
 def test_every_figure_of_a_published_study_reads_at_full_size(workspace, name, tmp_path, monkeypatch):
@@ -298,21 +486,46 @@ def test_every_figure_of_a_published_study_reads_at_full_size(workspace, name, t
     for figure in study_figures(docs, study=name, id_keys=study.id_keys, panel_keys=list(study.plot_panels),
                                 profiled=study.profiled):
         kinds.append(figure.kind)
-        axes = bar_axes(figure.figure)
-        assert len(axes) <= MAX_PANELS, figure.name
-        if figure.kind != "scaling":
-            assert sum(len(ax.get_xticks()) for ax in axes) <= MAX_CELLS, figure.name
-        for text in texts(figure.figure):
-            assert "None" not in text and not re.search(r"\w=", text), (figure.name, text)
-            assert not any(cell_id in text for cell_id in ids), (figure.name, text)
-        if figure.kind == "memory":
-            assert all("GiB" in ax.get_ylabel() for ax in axes), figure.name
+        held_to_what_a_reader_sees(figure, ids)
         save(figure.figure, tmp_path / figure.name)
         sizes[figure.name] = png_size(tmp_path / figure.name)
     assert len(sizes) == len(kinds)  # no two figures of one name
-    assert all(width <= MAX_PIXELS_WIDE and width / height <= MAX_FLATNESS
+    assert all(width <= MAX_PIXELS_WIDE and height <= MAX_PIXELS_TALL and width / height <= MAX_FLATNESS
                for width, height in sizes.values()), sizes
+    assert MAX_HEIGHT_IN * DPI <= MAX_PIXELS_TALL
     assert kinds.count("scaling") == (1 if scalings(docs, study.id_keys) else 0)
-    assert ("breakdown" in kinds) == study.profiled
+    assert ("breakdown" in kinds) == (study.profiled and any(d["metrics"].get("breakdown") for d in docs
+                                                             if d["status"] == "ok"))
     if name == "baseline":  # one GPU, then DDP and FSDP2 on 2, 4 and 8
         assert "scaling" in kinds
+
+
+def test_a_published_study_copied_elsewhere_plots_as_the_rule_does(tmp_path, monkeypatch):
+    """The baseline study's published metrics.json, copied to a folder of their own, through the rule's
+    own script (workflow/scripts/make_plots.py): every PNG it writes within what a report shows, in
+    reading order, its scaling plot among them."""
+    import runpy
+    import types
+
+    import yaml
+
+    shutil.copy(REPO / "config.yaml", tmp_path / "config.yaml")
+    published = (REPO / "results/runs/baseline").glob("*/metrics.json")
+    metrics = sorted(str(p.relative_to(REPO)) for p in published)
+    for path in metrics:
+        (tmp_path / path).parent.mkdir(parents=True)
+        shutil.copy(REPO / path, tmp_path / path)
+    monkeypatch.chdir(tmp_path)
+    snakemake = types.SimpleNamespace(
+        config=yaml.safe_load((tmp_path / "config.yaml").read_text()),
+        wildcards=types.SimpleNamespace(study="baseline"),
+        input=types.SimpleNamespace(metrics=metrics, searches=[]), output=["results/plots/baseline"],
+        log=[str(tmp_path / "plots.log")])
+    runpy.run_path(str(REPO / "workflow/scripts/make_plots.py"), init_globals={"snakemake": snakemake})
+    listed = paths.plot_files("results/plots/baseline")
+    assert [p["kind"] for p in listed] == ["memory", "throughput", "scaling", "breakdown"]
+    for plot in listed:
+        width, height = png_size(plot["path"])
+        assert width <= MAX_PIXELS_WIDE and height <= MAX_PIXELS_TALL, (plot["path"].name, width, height)
+    assert sorted(os.listdir("results/plots/baseline")) == sorted([p["path"].name for p in listed]
+                                                                  + [paths.PLOTS_INDEX])

@@ -167,9 +167,15 @@ def test_a_study_that_profiles_has_a_breakdown_plot_in_its_plots_folder(tmp_path
     assert {"results/plots/p", "results/plots/q"} <= set(outputs)
     # rule study_plots draws the breakdown of a study that profiles (make_plots.py: study.profiled)
     for name in ("p", "q"):
-        written = write_plots([], study=name, id_keys=["micro_batch"], directory=tmp_path / name,
-                              profiled=workflow.config.study(name).profiled)
+        written = write_plots([profiled_doc()], study=name, id_keys=["micro_batch"],
+                              directory=tmp_path / name, profiled=workflow.config.study(name).profiled)
         assert ("breakdown.png" in [path.name for path in written]) == (name == "p")
+    # once a cell has a profile: a study none of whose cells has one yet gets no placeholder plot
+    unprofiled = {**profiled_doc(), "metrics": {k: v for k, v in profiled_doc()["metrics"].items()
+                                                if k != "breakdown"}}
+    written = write_plots([unprofiled], study="p", id_keys=["micro_batch"], directory=tmp_path / "none",
+                          profiled=True)
+    assert [path.name for path in written] == ["memory.png", "throughput.png"]
 
 
 

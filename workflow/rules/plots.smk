@@ -1,8 +1,10 @@
 # Per-study plots, one folder a study (paths.PLOTS_DIR; src/trainbench/reporting/plots.py): peak memory of
 # every GPU (CPU rank on CPU studies) and throughput by cell, split into several files where a study has
-# more cells than a figure holds; scaling efficiency where the study scales strategies over GPU counts
-# from one GPU; where each profiled cell's step went, where the study profiles. Each PNG is one item of
-# the report, labelled with its file's name; plots.json in the folder lists them in reading order.
+# more cells than a figure holds; scaling efficiency where the study varies GPU counts from one GPU;
+# where each profiled cell's step went, once a cell has a profile. A plot that would show nothing
+# measured is not made (a study that measured nothing yet gets its predictions, titled so). Each PNG is
+# one item of the report, labelled with its file's name; plots.json in the folder lists them in reading
+# order (none, for a study with nothing to plot).
 
 
 rule study_plots:

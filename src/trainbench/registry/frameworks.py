@@ -97,6 +97,7 @@ class Strategy:
     unsupported: str | None = None  # the stack cannot run it at all
     needs_cuda: str | None = None  # why it cannot run on CPU ranks, if it cannot
     wrapper: str | None = None  # the class a framework that owns its loop must wrap the model in
+    label: str = ""  # how plots and legends name it ("ZeRO-3", "FSDP2"); "": its name
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,7 @@ class Framework:
     # what `tuning: best` gives a cell that leaves these keys out (`tuning: framework`: the framework's
     # own defaults); every key is one the runner honours
     best_practice: tuple[Practice, ...] = ()
+    label: str = ""  # how plots name it ("DeepSpeed"); "": its name
 
     def strategy(self, name: str) -> Strategy | None:
         return next((s for s in self.strategies if s.name == name), None)
@@ -221,6 +223,20 @@ def best_practice(framework: str, strategy: str, gpus: int, grad_accum: int) -> 
     if chosen is None or chosen.unsupported:
         return {}
     return {p.key: p.value for p in known.best_practice if p.applies(strategy, gpus, grad_accum)}
+
+
+def framework_label(framework: str) -> str:
+    """How plots name a framework ("DeepSpeed"): its registry label, or its name."""
+    found = registry().get(framework)
+    return (found.label if found else "") or framework
+
+
+def strategy_label(framework: str, strategy: str) -> str:
+    """How plots name a framework's strategy ("FSDP2", "ZeRO-3"): its registry label, or its name where
+    the registry has none or knows no such framework or strategy."""
+    found = registry().get(framework)
+    known = found.strategy(strategy) if found else None
+    return (known.label if known else "") or strategy
 
 
 def framework_of(params: CellParams) -> Framework:
@@ -308,24 +324,26 @@ def _lightning_zero(stage: int, offload: bool) -> Strategy:
     name = f"deepspeed_stage_{stage}" + ("_offload" if offload else "")
     return Strategy(name, f"Trainer(strategy={name!r})", layout="zero", zero_stage=stage,
                     offload_optimizer=ALWAYS if offload else NO,
-                    offload_param=ALWAYS if offload and stage == 3 else NO, needs_cuda=_LIGHTNING_CUDA_ONLY)
+                    offload_param=ALWAYS if offload and stage == 3 else NO, needs_cuda=_LIGHTNING_CUDA_ONLY,
+                    label=f"ZeRO-{stage}" + (" offloaded" if offload else ""))
 
 
 register(Framework(
     "torch", "plain torch: one process, DistributedDataParallel, or FSDP2 (fully_shard)",
     "trainbench.training.runners.torch_native:TorchRunner", ("gpt", "custom"), (
-        Strategy("single", "one process, no distributed wrapper", single_rank=True),
-        Strategy("ddp", "torch DistributedDataParallel"),
+        Strategy("single", "one process, no distributed wrapper", single_rank=True, label="single"),
+        Strategy("ddp", "torch DistributedDataParallel", label="DDP"),
         Strategy("fsdp", "torch FSDP2 (fully_shard) of every transformer block, then the root; with tp > 1 "
                  "on a 2-D mesh (data x tensor parallel), the blocks and the vocabulary split by DTensor "
-                 "tensor parallel", layout="fsdp", offload_param=OPTIONAL, tensor_parallel=SHARDED_TP),
+                 "tensor parallel", layout="fsdp", offload_param=OPTIONAL, tensor_parallel=SHARDED_TP,
+                 label="FSDP2"),
     ),
     MemoryFacts(fsdp_casts_parameters=True, replicated_gradients_freed=True, fsdp_reduce_bytes=4,
                 fsdp_accumulates_unsharded=True),
     honours=("checkpoint_in_cpu", "float8", "float8_all_gather", "fsdp_reshard", "ddp_compile",
              "ddp_bucket_cap_mb", "ddp_bucket_view", "ddp_static_graph"),
     time=TimeFacts(loop_step_s=0.005),
-    compiles=("gpt",),
+    compiles=("gpt",), label="torch",
     best_practice=(
         GC_EVERY, DDP_BUCKETS, DDP_BUCKET_VIEW,
         Practice("fsdp_reshard", "after_step", "torchtitan's way with accumulation: each block gathered "
@@ -338,31 +356,33 @@ register(Framework(
     "deepspeed", "the DeepSpeed engine: ZeRO stages 0-3, offload, AutoTP tensor and pipeline parallelism",
     "trainbench.training.runners.deepspeed_engine:DeepSpeedRunner", ("gpt", "custom"), (
         Strategy("zero0", "DeepSpeed engine, ZeRO disabled (data parallel)", layout="zero", zero_stage=0,
-                 tensor_parallel=AUTOTP, pipeline_parallel=True),
+                 tensor_parallel=AUTOTP, pipeline_parallel=True, label="ZeRO-0"),
         Strategy("zero1", "DeepSpeed ZeRO stage 1: optimizer states partitioned", layout="zero", zero_stage=1,
-                 offload_optimizer=OPTIONAL, tensor_parallel=AUTOTP, pipeline_parallel=True),
+                 offload_optimizer=OPTIONAL, tensor_parallel=AUTOTP, pipeline_parallel=True, label="ZeRO-1"),
         Strategy("zero2", "DeepSpeed ZeRO stage 2: optimizer states and gradients partitioned", layout="zero",
-                 zero_stage=2, offload_optimizer=OPTIONAL, tensor_parallel=AUTOTP, pipeline_parallel=True),
+                 zero_stage=2, offload_optimizer=OPTIONAL, tensor_parallel=AUTOTP, pipeline_parallel=True,
+                 label="ZeRO-2"),
         Strategy("zero3", "DeepSpeed ZeRO stage 3: optimizer states, gradients and parameters partitioned",
                  layout="zero", zero_stage=3, offload_optimizer=OPTIONAL, offload_param=OPTIONAL,
-                 tensor_parallel=AUTOTP, pipeline_parallel=True),
+                 tensor_parallel=AUTOTP, pipeline_parallel=True, label="ZeRO-3"),
     ),
     honours=("overlap_comm", "contiguous_gradients", "reduce_bucket_size", "allgather_bucket_size",
              "prefetch_bucket_size", "checkpoint_in_cpu"),
     launchers=("python", "torchrun", "deepspeed"), time=TimeFacts(loop_step_s=None),
     # DeepSpeed's own defaults are its guidance, and the best measured: overlap_comm on at ZeRO-1/2 gave
     # 2-5% fewer tokens/s on 2 H200s
-    best_practice=(GC_EVERY,)))
+    best_practice=(GC_EVERY,), label="DeepSpeed"))
 
 register(Framework(
     "lightning", "Lightning's Trainer with its own strategies (a DistilBERT-sized classifier)",
     "trainbench.training.runners.lightning_trainer:LightningRunner", ("distilbert",), (
-        Strategy("single", "Trainer(devices=1)", single_rank=True),
-        Strategy("ddp", "Trainer(strategy='ddp')"),
-        Strategy("fsdp", "Trainer(strategy='fsdp')", layout="fsdp", needs_cuda=_LIGHTNING_CUDA_ONLY),
+        Strategy("single", "Trainer(devices=1)", single_rank=True, label="single"),
+        Strategy("ddp", "Trainer(strategy='ddp')", label="DDP"),
+        Strategy("fsdp", "Trainer(strategy='fsdp')", layout="fsdp", needs_cuda=_LIGHTNING_CUDA_ONLY,
+                 label="FSDP"),
         _lightning_zero(2, False), _lightning_zero(2, True), _lightning_zero(3, False),
         _lightning_zero(3, True),
-        Strategy("colossalai", "Trainer(strategy='colossalai')", unsupported=_COLOSSALAI),
+        Strategy("colossalai", "Trainer(strategy='colossalai')", unsupported=_COLOSSALAI, label="ColossalAI"),
     ),
     # measured on H200 (900 MiB per rank beyond torch's); 250 on CPU ranks is a guess
     MemoryFacts(host_extra_mib={"cpu": 250.0, "cuda": 900.0},
@@ -373,16 +393,19 @@ register(Framework(
              "deterministic"),
     time=TimeFacts(loop_step_s=0.02, zero_overlaps_comm=True,
                    window_holds="what Lightning's loop does between steps"),
-    best_practice=(GC_EVERY, DDP_BUCKETS, DDP_BUCKET_VIEW)))
+    best_practice=(GC_EVERY, DDP_BUCKETS, DDP_BUCKET_VIEW), label="Lightning"))
 
 register(Framework(
     "hf_trainer", "the Hugging Face Trainer (the Alpaca-style LLaMA fine-tuning recipe)",
     "trainbench.training.runners.hf_trainer:HfTrainerRunner", ("llama", "custom"), (
-        Strategy("ddp", "Hugging Face Trainer, plain data parallel", wrapper="DistributedDataParallel"),
+        Strategy("ddp", "Hugging Face Trainer, plain data parallel", wrapper="DistributedDataParallel",
+                 label="DDP"),
         Strategy("fsdp", "Trainer fsdp='full_shard auto_wrap' (offload_param adds 'offload')", layout="fsdp",
-                 offload_param=OPTIONAL, needs_cuda=_HF_FSDP_CUDA_ONLY, wrapper="FullyShardedDataParallel"),
+                 offload_param=OPTIONAL, needs_cuda=_HF_FSDP_CUDA_ONLY, wrapper="FullyShardedDataParallel",
+                 label="FSDP"),
         Strategy("zero3", "Trainer with a DeepSpeed ZeRO-3 config", layout="zero", zero_stage=3,
-                 offload_optimizer=OPTIONAL, offload_param=OPTIONAL, wrapper="DeepSpeedEngine"),
+                 offload_optimizer=OPTIONAL, offload_param=OPTIONAL, wrapper="DeepSpeedEngine",
+                 label="ZeRO-3"),
     ),
     # measured in tests on CPU ranks (70 MiB); on GPUs taken from Lightning's
     MemoryFacts(host_extra_mib={"cpu": 70.0, "cuda": 900.0},
@@ -399,7 +422,7 @@ register(Framework(
                  strategies=("zero3",)),
         Practice("prefetch_bucket_size", 50_000_000, "DeepSpeed's default in place of the Trainer's \"auto\" "
                  "(0.9 x width squared)", strategies=("zero3",)),
-    )))
+    ), label="HF Trainer"))
 
 
 # --- what the registry says about a cell ---------------------------------------------------------

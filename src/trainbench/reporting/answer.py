@@ -35,9 +35,17 @@ from typing import Any, Iterable
 
 from trainbench.execute.results import sanity_problems
 from trainbench.registry.hardware import gpu_label
-from trainbench.reporting.columns import (COLUMNS, SUMMARY_COLUMNS, emulated, escape, metric, noisy_text,
-                                          outcome_text, value_label)
+from trainbench.reporting.columns import (
+    COLUMNS,
+    SUMMARY_COLUMNS,
+    emulated,
+    escape,
+    metric,
+    noisy_text,
+    outcome_text,
+)
 from trainbench.reporting.predictions import Doc, prediction, time_prediction
+from trainbench.study.words import value_label
 
 NOT_MEASURED = ("planned", "not run")
 # what every set-up says (framework and strategy, model, precision, micro batch x accumulation) or the

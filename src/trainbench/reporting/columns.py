@@ -410,68 +410,6 @@ def outcome_text(doc: Doc, notes: list[str] | None = None, footnote_after: int =
     return f"{status}: {reason}"
 
 
-# --- cells in words -----------------------------------------------------------------------------------
-
-# a flag by what it turns on; absent when off
-FLAG_WORDS = {"offload_optimizer": "optim. offload", "offload_param": "param offload",
-              "activation_checkpointing": "act. ckpt", "checkpoint_in_cpu": "checkpoints in CPU",
-              "emulate": "emulated", "ort": "ORT", "tf32": "TF32", "compile": "compiled",
-              "overlap_comm": "comm overlap", "float8_all_gather": "float8 all-gather",
-              "deterministic": "deterministic", "pin_memory": "pinned memory"}
-# a number by what it counts
-COUNTED = {"gpus": ("GPU", "GPUs"), "nodes": ("node", "nodes"), "num_classes": ("class", "classes"),
-           "warmup_steps": ("warm-up step", "warm-up steps"), "timed_steps": ("timed step", "timed steps")}
-# a value by what it is
-NAMED = {"micro_batch": "micro-batch {}", "global_batch": "batch {}", "grad_accum": "accum. {}",
-         "tp": "TP {}", "pp": "PP {}", "seq_len": "seq. {}", "gpu_mem_limit_gib": "{:g} GiB cap",
-         "emulate_rank": "as rank {}", "vocab_multiple": "vocab ×{}", "lr": "lr {:g}",
-         "weight_decay": "w. decay {:g}", "float8": "float8 {}", "head": "{} head"}
-# a flag off, where "no <what it turns on>" reads wrong
-OFF_WORDS = {"emulate": "not emulated", "compile": "not compiled", "deterministic": "not deterministic"}
-# an option left unset, where a neighbour sets it
-UNSET_WORDS = {"gpu_mem_limit_gib": "whole GPU", "float8": "no float8", "overlap_comm": "",
-               "emulate_rank": ""}
-
-
-def value_label(key: str, value: Any) -> str:
-    """A cell's value of one key in short words: names as they are (zero2), numbers with what they
-    count (4 GPUs, TP 2), flags by what they turn on when set and not at all when not, unset options
-    not at all."""
-    if value is None or value is False:
-        return ""
-    if value is True:
-        return FLAG_WORDS.get(key, key.replace("_", " "))
-    if key in COUNTED:
-        return f"{value:g} {COUNTED[key][value != 1]}"
-    if key in NAMED:
-        return NAMED[key].format(value)
-    if isinstance(value, str):
-        return value
-    number = f"{value:g}" if isinstance(value, float) else str(value)
-    return f"{key.replace('_', ' ')} {number}"
-
-
-def unset_label(key: str, value: Any) -> str:
-    """What a flag off, or an option unset, means, for a cell whose label would say nothing else."""
-    if value is None:
-        return UNSET_WORDS.get(key, f"no {key.replace('_', ' ')}")
-    if value is False:
-        return OFF_WORDS.get(key, f"no {FLAG_WORDS.get(key, key.replace('_', ' '))}")
-    return ""
-
-
-def words(doc: Doc, keys: list[str]) -> list[str]:
-    """The cell's values of `keys` in words; where every one is off or unset, what that means."""
-    params = doc["params"]
-    said = [value_label(k, params.get(k)) for k in keys]
-    return [w for w in said if w] or [w for w in (unset_label(k, params.get(k)) for k in keys) if w]
-
-
-def said(doc: Doc, keys: list[str]) -> list[str]:
-    """The cell's values of `keys` that say something (flags set, options set), in words."""
-    return [w for w in (value_label(k, doc["params"].get(k)) for k in keys) if w]
-
-
 def cell_value(value: Any) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
