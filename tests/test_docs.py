@@ -19,7 +19,7 @@ DOCS = sorted((REPO / "docs").glob("*.md"))
 # tables a command writes, held to what it finds by their own tests: read as reference, not as prose
 GENERATED = ("architectures.md", "columns.md")
 RENDERED = [REPO / "README.md", *DOCS, REPO / "results" / "README.md", REPO / "validation" / "README.md"]
-DOCS_BUDGET = 162_000  # bytes, every page of docs/ together
+DOCS_BUDGET = 163_000  # bytes, every page of docs/ together
 PAGE_BUDGET = 25_000  # bytes, one page
 CAMPAIGNS = ("gpt2_zero", "lightning", "llama", "megatron", "zero3_pipeline")
 VERDICTS = ("reproduced", "partly", "not reproduced", "not yet measured")
