@@ -257,7 +257,7 @@ def _parent_of(root: nn.Module, child: nn.Module) -> tuple[nn.Module, str]:
 # --- counting and tracing on fake tensors ------------------------------------------------------------
 
 # what a facts file was counted by: a change to the counting makes every model count again
-COUNTING = "step-flops/tp-plan/gpu-attention/experts/fetches"
+COUNTING = "step-flops/tp-plan/gpu-attention-autocast/experts/fetches"
 
 
 def _hash(spec: ModelSpec) -> str:
@@ -327,6 +327,11 @@ def _sdpa_as_on_gpu(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
     from torch._subclasses.fake_tensor import FakeTensor
 
     aten = torch.ops.aten
+    if torch.is_autocast_enabled("cpu"):
+        # autocast casts attention's operands to its 16-bit type (on a GPU too: SDPA is on its list), so the
+        # kernel keeps 16-bit copies; called by its aten name, the kernel would not be cast
+        half = torch.get_autocast_dtype("cpu")
+        query, key, value = (t.to(half) if t.is_floating_point() else t for t in (query, key, value))
     if key.size(-3) != query.size(-3):  # grouped-query attention: the kernels take one key per query head
         repeat = query.size(-3) // key.size(-3)
         key, value = key.repeat_interleave(repeat, dim=-3), value.repeat_interleave(repeat, dim=-3)
