@@ -111,8 +111,6 @@ HOW: dict[str, How] = {
         "elsewhere", "qwen-1b is the reader's model; tests/test_advise.py advises a model of the config's "
                      "and one from a config.json"),
     "snakemake -c all results/tables/advise-<model>.md": How(
-        "name", "the command's form, a model's name in place of <model>; its llama-7b form is above"),
-    "snakemake -c all results/tables/advise-llama-7b.md": How(
         "elsewhere", "measures 32-GPU set-ups (emulated on a GPU); tests/test_advise.py loads the study "
                      "advise writes and judges its findings on measured figures"),
     "trainbench predict megatron --gpu a100-80g --gpus-per-node 8 --host-mem-gib 1024": How("run"),
