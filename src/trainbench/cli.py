@@ -745,10 +745,7 @@ def _add_advise(sub) -> None:
     advise.set_defaults(func=cmd_advise)
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="trainbench", description="Benchmark distributed training set-ups.")
-    sub = p.add_subparsers(dest="command", required=True)
-
+def _add_cells(sub) -> None:
     cells = sub.add_parser("cells",
                            help="list cells with their status, ranks (on GPUs or CPU), nodes and target")
     cells.add_argument("studies", nargs="*", help="studies to list (default: all)")
@@ -757,6 +754,8 @@ def parser() -> argparse.ArgumentParser:
     cells.add_argument("--tsv", action="store_true", help="tab-separated, for scripts")
     cells.set_defaults(func=cmd_cells)
 
+
+def _add_progress(sub) -> None:
     progress = sub.add_parser("progress", help="a study's grid while it runs: cells done, running, failed, "
                                                 "waiting, and the time left",
                               description="Show where a study's measured cells stand (done, running, failed, "
@@ -773,6 +772,8 @@ def parser() -> argparse.ArgumentParser:
                           help="cells run through SLURM: none waits for this machine's GPUs")
     progress.set_defaults(func=cmd_progress)
 
+
+def _add_run_cell(sub) -> None:
     run = sub.add_parser("run-cell", help="run one cell and write its metrics.json (the train_cell rule)")
     run.add_argument("--study", required=True)
     run.add_argument("--cell", required=True)
@@ -789,6 +790,8 @@ def parser() -> argparse.ArgumentParser:
                           "(the search measures it)")
     run.set_defaults(func=cmd_run_cell)
 
+
+def _add_predict(sub) -> None:
     predict = sub.add_parser("predict",
                              help="predict every cell's memory and step time on given hardware (CSV)",
                              description="Predict per-GPU and per-node host memory of every cell of the "
@@ -806,8 +809,8 @@ def parser() -> argparse.ArgumentParser:
                          help="host memory per node in GiB")
     predict.set_defaults(func=cmd_predict)
 
-    _add_advise(sub)
 
+def _add_profile(sub) -> None:
     profile = sub.add_parser("profile", help="run one cell again with its steps profiled (torch.profiler)",
                              description="Run a cell of config.yaml on this machine with PROFILE steps "
                                          "profiled after its timed ones (timing's profile_steps): its "
@@ -823,6 +826,8 @@ def parser() -> argparse.ArgumentParser:
     profile.add_argument("--config", default="config.yaml")
     profile.set_defaults(func=cmd_profile)
 
+
+def _add_query(sub) -> None:
     query = sub.add_parser("query", help="rows of the dataset of every cell matching a pandas query",
                            description="Select rows of results/dataset/cells.parquet (every cell of every "
                                        "study, one row per figure; docs/dataset.md) with a pandas query, "
@@ -833,6 +838,8 @@ def parser() -> argparse.ArgumentParser:
     query.add_argument("--dataset", default="results/dataset/cells.parquet")
     query.set_defaults(func=cmd_query)
 
+
+def _add_breakdown(sub) -> None:
     reread = sub.add_parser("breakdown", help="read profiled results' breakdowns again from their traces",
                             description="Recompute metrics.breakdown of each result from the traces kept "
                                         "beside it (docs/profiles.md): after a change to how traces are "
@@ -840,6 +847,8 @@ def parser() -> argparse.ArgumentParser:
     reread.add_argument("results", nargs="+", help="metrics.json files of profiled cells")
     reread.set_defaults(func=cmd_breakdown)
 
+
+def _add_fit(sub) -> None:
     fit = sub.add_parser("fit", help="run one rank of a cell's world on this machine's GPU: does it fit, "
                                      "and at what micro batch?",
                          description="Run a cell of config.yaml as one emulated rank of its world on this "
@@ -862,6 +871,8 @@ def parser() -> argparse.ArgumentParser:
     fit.add_argument("--runtime-min", type=positive(float), default=60, help="each run's time limit")
     fit.set_defaults(func=cmd_fit)
 
+
+def _add_commbench(sub) -> None:
     comm = sub.add_parser("commbench", help="bus bandwidth and latency of each collective on this host",
                           description="Time all-reduce, all-gather, reduce-scatter, broadcast, send/recv and "
                                       "all-to-all through torch.distributed on --ranks GPUs of this host (or "
@@ -893,6 +904,8 @@ def parser() -> argparse.ArgumentParser:
                                        "table's provenance)")
     comm.set_defaults(func=cmd_commbench)
 
+
+def _add_search_summary(sub) -> None:
     search = sub.add_parser("search-summary", help="write a max-batch search's result from its probes")
     search.add_argument("--output", required=True)
     search.add_argument("--tolerance", type=float, default=0.0,
@@ -902,6 +915,8 @@ def parser() -> argparse.ArgumentParser:
     search.add_argument("probes", nargs="+", help="the probes' metrics.json files")
     search.set_defaults(func=cmd_search_summary)
 
+
+def _add_compare(sub) -> None:
     compare = sub.add_parser("compare", help="compare two result trees cell by cell (did a rerun reproduce?)",
                              description="Match the metrics.json files of two results/runs folders by "
                                          "study and cell, and print the relative change of step time, "
@@ -929,6 +944,8 @@ def parser() -> argparse.ArgumentParser:
     compare.add_argument("--json", action="store_true", help="machine-readable output")
     compare.set_defaults(func=cmd_compare)
 
+
+def _add_references(sub) -> None:
     refs = sub.add_parser("references", help="a study's cells against its reference figures (exit 1: one "
                                              "outside its tolerance)",
                           description="Check a study's measured cells against the reference figures it "
@@ -938,6 +955,8 @@ def parser() -> argparse.ArgumentParser:
     refs.add_argument("--config", default="config.yaml")
     refs.set_defaults(func=cmd_references)
 
+
+def _add_history(sub) -> None:
     history = sub.add_parser("history", help="a study's runs, cell by cell (results/history/)",
                              description="List every run of each cell of a study, as its history keeps it "
                                          "(commit, host, GPU, when, status, step time); --seed adds results "
@@ -947,6 +966,8 @@ def parser() -> argparse.ArgumentParser:
     history.add_argument("--seed", action="store_true", help="add every result not yet in its history")
     history.set_defaults(func=cmd_history)
 
+
+def _add_cost(sub) -> None:
     cost = sub.add_parser("cost", help="device hours of each study's results and the timed steps' share",
                           description="For the results on disk of each study (default: all): runs, device "
                                       "hours (wall time x GPUs, or CPU ranks), the timed windows' share of "
@@ -959,6 +980,8 @@ def parser() -> argparse.ArgumentParser:
                            ".snakemake/slurm_efficiency, which profiles/slurm has it write after each run)")
     cost.set_defaults(func=cmd_cost)
 
+
+def _add_headline(sub) -> None:
     headline = sub.add_parser("headline", help="the README's results, from the published metrics.json files",
                               description="The headline figures (the baseline's one-GPU cells, its scaling, "
                                           "the campaigns' verdicts) and its scaling plot, each linked to its "
@@ -969,14 +992,20 @@ def parser() -> argparse.ArgumentParser:
     headline.add_argument("--root", default=".", help="the directory results/ lives in")
     headline.set_defaults(func=cmd_headline)
 
+
+def _add_check_models(sub) -> None:
     add_check_models(sub).set_defaults(func=cmd_check_models)
 
+
+def _add_schema(sub) -> None:
     schema = sub.add_parser("schema", help="print, write or check workflow/schemas/config.schema.yaml")
     group = schema.add_mutually_exclusive_group()
     group.add_argument("--write", metavar="PATH")
     group.add_argument("--check", metavar="PATH")
     schema.set_defaults(func=cmd_schema)
 
+
+def _add_vocabularies(sub) -> None:
     for name, text in (("strategies", "strategies by framework"),
                        ("models", "models: the registry's, and your own from the config's `models`"),
                        ("columns", "report columns a study can put in its table")):
@@ -988,6 +1017,17 @@ def parser() -> argparse.ArgumentParser:
         if name == "columns":
             vocabulary.add_argument("--markdown", action="store_true",
                                     help="as the documentation's page of columns (docs/columns.md)")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="trainbench", description="Benchmark distributed training set-ups.")
+    sub = p.add_subparsers(dest="command", required=True)
+    # in the order --help lists them
+    for add in (_add_cells, _add_progress, _add_run_cell,
+                _add_predict, _add_advise, _add_profile, _add_query, _add_breakdown, _add_fit,
+                _add_commbench, _add_search_summary, _add_compare, _add_references, _add_history,
+                _add_cost, _add_headline, _add_check_models, _add_schema, _add_vocabularies):
+        add(sub)
     return p
 
 
