@@ -189,10 +189,94 @@ def _findings() -> dict[str, Any]:
     }
 
 
-def build_schema() -> dict[str, Any]:
+def _overrides(param_object: dict, settings: dict, settings_text: str, description: str) -> dict:
+    return {
+        "type": "array", "default": [], "description": description,
+        "items": {"type": "object", "additionalProperties": False, "required": ["when", "set"],
+                  "properties": {
+                      "when": {**param_object, "description": "Parameters a cell must match.", "default": {}},
+                      "set": {**settings, "description": settings_text, "default": {}}}},
+    }
+
+
+def _search() -> dict:
+    return {
+        "type": "object", "additionalProperties": False, "default": {},
+        "description": "The largest micro batch search "
+                       "(`results/search/<study>/<cell>/max_batch.json`): probes double then "
+                       "bisect the cell's micro batch, each a cached run.",
+        "properties": {
+            **SEARCH,
+            "cells": {"type": ["array", "null"], "minItems": 1, "items": CELL_PATTERN,
+                      "default": None,
+                      "description": "The measured cells whose search the study table reports "
+                                     "(patterns as in measure.cells); null: every measured cell."},
+        },
+    }
+
+
+def _measure() -> dict:
+    return {
+        "type": "object", "additionalProperties": False, "required": ["cells"], "default": None,
+        "description": "Which cells are measured; the others are planned: their table rows give the "
+                       "memory model's verdict for `plan_for` and no run. Absent: every cell is "
+                       "measured.",
+        "properties": {
+            "cells": {"type": "array", "items": CELL_PATTERN, "default": [],
+                      "description": "Patterns: a cell is measured when it matches every key of one "
+                                     "(a list matches any of its values); none: every cell is "
+                                     "planned (a round whose predictions come before its run)."},
+            "plan_for": {
+                "type": "object", "additionalProperties": False,
+                "required": ["gpu_mem_gib", "gpus_per_node", "host_mem_gib"], "default": None,
+                "description": "The hardware planned cells are judged against.",
+                "properties": {
+                    "gpu_mem_gib": {"type": "number", "exclusiveMinimum": 0, "default": None,
+                                    "description": "Memory of one GPU, GiB."},
+                    "gpus_per_node": {"type": "integer", "minimum": 1, "default": None,
+                                      "description": "GPUs per node."},
+                    "host_mem_gib": {"type": "number", "exclusiveMinimum": 0, "default": None,
+                                     "description": "Host memory per node, GiB."},
+                    "name": {"type": "string", "default": "",
+                             "description": "What the hardware is, for the table."},
+                },
+            },
+        },
+    }
+
+
+def _references() -> dict:
+    return {
+        "type": "array", "default": [],
+        "description": "Reference figures the study's measured cells are checked against on every "
+                       "table build, with tolerances (reporting/references.py).",
+        "items": {
+            "type": "object", "additionalProperties": False, "required": ["metric", "value"],
+            "properties": {
+                "cells": _cells("The cells the reference is for (all: none)."),
+                "metric": {"type": "string", "default": None,
+                           "description": "A measured table column (`trainbench columns`)."},
+                "value": {"type": "number", "default": None, "description": "The reference figure."},
+                "tolerance": {"type": "number", "minimum": 0, "default": 0.05,
+                              "description": "Within ± this fraction of the reference."},
+                "lower": {"type": "number", "default": None,
+                          "description": "Instead of -tolerance: the lowest deviation allowed "
+                                         "(-0.02: 2% below)."},
+                "upper": {"type": "number", "default": None,
+                          "description": "Instead of +tolerance: the highest deviation allowed."},
+                "gpu": {"enum": list(GPUS), "default": None,
+                        "description": "The GPU type the figure holds for (`trainbench predict "
+                                       "--gpu`'s names); a cell run on another GPU is reported as "
+                                       "having no reference for its GPU; null: any GPU."},
+            },
+        },
+    }
+
+
+def _study() -> dict:
     param_object = _param_object()
     execution = {"type": "object", "additionalProperties": False, "properties": EXECUTION}
-    study = {
+    return {
         "type": "object",
         "additionalProperties": False,
         "required": ["description"],
@@ -226,102 +310,30 @@ def build_schema() -> dict[str, Any]:
                        "description": "How long the study's cells time their steps: windows, the interval "
                                       "to reach, a cap (src/trainbench/study/timing.py); changing these "
                                       "reruns nothing."},
-            "execution_overrides": {
-                "type": "array", "default": [],
-                "description": "Per-cell execution settings: `set` applies to the cells matching `when`.",
-                "items": {"type": "object", "additionalProperties": False, "required": ["when", "set"],
-                          "properties": {
-                              "when": {**param_object, "description": "Parameters a cell must match.",
-                                       "default": {}},
-                              "set": {**execution, "description": "Execution settings for those cells.",
-                                      "default": {}}}},
-            },
-            "timing_overrides": {
-                "type": "array", "default": [],
-                "description": "Per-cell timing: `set` applies to the cells matching `when` (an emulated "
-                               "rank of a large model whose steps take a minute needs fewer windows).",
-                "items": {"type": "object", "additionalProperties": False, "required": ["when", "set"],
-                          "properties": {
-                              "when": {**param_object, "description": "Parameters a cell must match.",
-                                       "default": {}},
-                              "set": {**TimingSettings.json_schema(),
-                                      "description": "Timing settings for those cells.", "default": {}}}},
-            },
-            "search": {
-                "type": "object", "additionalProperties": False, "default": {},
-                "description": "The largest micro batch search "
-                               "(`results/search/<study>/<cell>/max_batch.json`): probes double then "
-                               "bisect the cell's micro batch, each a cached run.",
-                "properties": {
-                    **SEARCH,
-                    "cells": {"type": ["array", "null"], "minItems": 1, "items": CELL_PATTERN,
-                              "default": None,
-                              "description": "The measured cells whose search the study table reports "
-                                             "(patterns as in measure.cells); null: every measured cell."},
-                },
-            },
-            "measure": {
-                "type": "object", "additionalProperties": False, "required": ["cells"], "default": None,
-                "description": "Which cells are measured; the others are planned: their table rows give the "
-                               "memory model's verdict for `plan_for` and no run. Absent: every cell is "
-                               "measured.",
-                "properties": {
-                    "cells": {"type": "array", "items": CELL_PATTERN, "default": [],
-                              "description": "Patterns: a cell is measured when it matches every key of one "
-                                             "(a list matches any of its values); none: every cell is "
-                                             "planned (a round whose predictions come before its run)."},
-                    "plan_for": {
-                        "type": "object", "additionalProperties": False,
-                        "required": ["gpu_mem_gib", "gpus_per_node", "host_mem_gib"], "default": None,
-                        "description": "The hardware planned cells are judged against.",
-                        "properties": {
-                            "gpu_mem_gib": {"type": "number", "exclusiveMinimum": 0, "default": None,
-                                            "description": "Memory of one GPU, GiB."},
-                            "gpus_per_node": {"type": "integer", "minimum": 1, "default": None,
-                                              "description": "GPUs per node."},
-                            "host_mem_gib": {"type": "number", "exclusiveMinimum": 0, "default": None,
-                                             "description": "Host memory per node, GiB."},
-                            "name": {"type": "string", "default": "",
-                                     "description": "What the hardware is, for the table."},
-                        },
-                    },
-                },
-            },
+            "execution_overrides": _overrides(
+                param_object, execution, "Execution settings for those cells.",
+                "Per-cell execution settings: `set` applies to the cells matching `when`."),
+            "timing_overrides": _overrides(
+                param_object, TimingSettings.json_schema(), "Timing settings for those cells.",
+                "Per-cell timing: `set` applies to the cells matching `when` (an emulated rank of a large "
+                "model whose steps take a minute needs fewer windows)."),
+            "search": _search(),
+            "measure": _measure(),
             "plot_panels": {"type": "array", "items": {"type": "string"}, "default": [],
                             "description": "Cell keys that split the study's plots into panels, one per "
                                            "combination of their values with its own y axis (the other keys "
                                            "label the bars); empty: one panel."},
             "findings": _findings(),
-            "references": {
-                "type": "array", "default": [],
-                "description": "Reference figures the study's measured cells are checked against on every "
-                               "table build, with tolerances (reporting/references.py).",
-                "items": {
-                    "type": "object", "additionalProperties": False, "required": ["metric", "value"],
-                    "properties": {
-                        "cells": _cells("The cells the reference is for (all: none)."),
-                        "metric": {"type": "string", "default": None,
-                                   "description": "A measured table column (`trainbench columns`)."},
-                        "value": {"type": "number", "default": None, "description": "The reference figure."},
-                        "tolerance": {"type": "number", "minimum": 0, "default": 0.05,
-                                      "description": "Within ± this fraction of the reference."},
-                        "lower": {"type": "number", "default": None,
-                                  "description": "Instead of -tolerance: the lowest deviation allowed "
-                                                 "(-0.02: 2% below)."},
-                        "upper": {"type": "number", "default": None,
-                                  "description": "Instead of +tolerance: the highest deviation allowed."},
-                        "gpu": {"enum": list(GPUS), "default": None,
-                                "description": "The GPU type the figure holds for (`trainbench predict "
-                                               "--gpu`'s names); a cell run on another GPU is reported as "
-                                               "having no reference for its GPU; null: any GPU."},
-                    },
-                },
-            },
+            "references": _references(),
             "report": {"type": "array", "items": {"type": "string"}, "default": REPORT_COLUMNS_DEFAULT,
                        "description": "Metric columns of the study's markdown table, in order "
                                       "(`trainbench columns` lists them)."},
         },
     }
+
+
+def build_schema() -> dict[str, Any]:
+    study = _study()
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$defs": {"cell_pattern": _param_selector()},
