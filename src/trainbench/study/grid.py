@@ -387,22 +387,19 @@ def _timing(study_spec: dict[str, Any], params: CellParams, base: TimingSettings
     return TimingSettings(**settings)
 
 
-def expand_study(name: str, spec: dict[str, Any]) -> Study:
-    """All cells of one schema-valid study, in a stable order; ConfigError lists every problem."""
+def _key_conflicts(name: str, spec: dict[str, Any]) -> list[str]:
+    """A key repeated within an axis, or set in two places (settings, axes, variants)."""
     settings = spec.get("settings") or {}
     axes: dict[str, list[Any]] = spec.get("axes") or {}
     problems: list[str] = []
-
     for key, values in axes.items():
         seen = [canonical_json({"v": v}) for v in values]
         if len(set(seen)) != len(seen):
             problems.append(f"studies.{name}.axes.{key}: repeated value in {values!r}")
         if key in settings:
             problems.append(f"studies.{name}: {key!r} is both a setting and an axis; keep one")
-
-    variants: dict[str, list[dict[str, Any]]] = spec.get("variants") or {}
     owners: dict[str, str] = {}
-    for variant, values in variants.items():
+    for variant, values in (spec.get("variants") or {}).items():
         for key in sorted({k for value in values for k in value}):
             if key in settings or key in axes or key in owners:
                 other = ("settings" if key in settings else "axes" if key in axes
@@ -410,70 +407,114 @@ def expand_study(name: str, spec: dict[str, Any]) -> Study:
                 problems.append(f"studies.{name}.variants.{variant}: {key!r} is also set in {other}; "
                                 "keep one")
             owners[key] = variant
+    return problems
 
+
+Entry = tuple[dict[str, Any], tuple[str, ...]]  # a cell's parameters beyond settings, and its id keys
+
+
+def _grid_entries(name: str, spec: dict[str, Any], problems: list[str]) -> list[Entry]:
+    """The product of the axes and variants, less what `exclude` removes."""
+    settings = spec.get("settings") or {}
     # Each dimension is a list of (parameters, id keys) choices: one per axis value or variant value.
+    axes, variants = spec.get("axes") or {}, spec.get("variants") or {}
     dimensions = [[({key: value}, (key,)) for value in values] for key, values in axes.items()]
     dimensions += [[(value, tuple(value)) for value in values] for values in variants.values()]
-    entries: list[tuple[dict[str, Any], tuple[str, ...]]] = []
-    if dimensions:
-        product = []
-        for choice in itertools.product(*dimensions):
-            combo = {k: v for part, _ in choice for k, v in part.items()}
-            product.append((combo, tuple(k for _, keys in choice for k in keys)))
-        excludes = spec.get("exclude") or []
-        # each combination resolved once, and only where there is something to exclude
-        resolved = [CellParams.resolve({**settings, **combo}) for combo, _ in product] if excludes else []
-        for i, pattern in enumerate(excludes):
-            if not any(_matches(full, pattern) for full in resolved):
-                problems.append(f"studies.{name}.exclude[{i}]: {pattern!r} matches no cell of the axes")
-        for index, (combo, keys) in enumerate(product):
-            if not (excludes and any(_matches(resolved[index], pattern) for pattern in excludes)):
-                entries.append((combo, keys))
-    elif spec.get("exclude"):
-        problems.append(f"studies.{name}.exclude: there are no axes to exclude combinations from")
+    excludes = spec.get("exclude") or []
+    if not dimensions:
+        if excludes:
+            problems.append(f"studies.{name}.exclude: there are no axes to exclude combinations from")
+        return []
+    product = []
+    for choice in itertools.product(*dimensions):
+        combo = {k: v for part, _ in choice for k, v in part.items()}
+        product.append((combo, tuple(k for _, keys in choice for k in keys)))
+    # each combination resolved once, and only where there is something to exclude
+    resolved = [CellParams.resolve({**settings, **combo}) for combo, _ in product] if excludes else []
+    for i, pattern in enumerate(excludes):
+        if not any(_matches(full, pattern) for full in resolved):
+            problems.append(f"studies.{name}.exclude[{i}]: {pattern!r} matches no cell of the axes")
+    return [entry for index, entry in enumerate(product)
+            if not (excludes and any(_matches(resolved[index], pattern) for pattern in excludes))]
+
+
+def _included_entries(spec: dict[str, Any]) -> list[Entry]:
+    entries: list[Entry] = []
     for entry in spec.get("include") or []:
         # an entry with list values is a small grid of its own: one cell per combination of them
         listed = [key for key, value in entry.items() if isinstance(value, list)]
         for values in itertools.product(*(entry[key] for key in listed)):
             entries.append(({**entry, **dict(zip(listed, values))}, tuple(entry)))
-    if not entries and not problems:
-        problems.append(f"studies.{name}: no cells; give it axes, variants or include entries")
+    return entries
 
+
+def _cell_id_problems(name: str, params: CellParams, id_keys: list[str],
+                      cell_id: str) -> tuple[list[str], bool]:
+    """What is wrong with the cell's name, and whether it is too long to be a file's name."""
+    problems = [f"studies.{name}: value {params.get(key)!r} of {key} cannot name a cell; "
+                "use letters, digits, '.', '_', '+' and '-'"
+                for key in id_keys if not ID_VALUE.match(format_value(params.get(key)))]
+    # every name made of it must fit a file name: its folder, its history `<cell>.jsonl` and the
+    # SLURM plugin's log folder `<study>_<cell>`
+    longest = max(f"{name}_{cell_id}", f"{cell_id}{paths.HISTORY_SUFFIX}", key=len)
+    too_long = len(longest.encode()) > paths.NAME_MAX
+    if too_long:
+        problems.append(f"studies.{name}: cell {cell_id!r} is {len(cell_id.encode())} characters long: "
+                        f"as {longest[-12:]!r} more than a file's name may be ({paths.NAME_MAX}); "
+                        "vary fewer keys between its entries (keys every entry shares belong in "
+                        "settings; a key at its default value need not be given)")
+    return problems, too_long
+
+
+def _cells(name: str, spec: dict[str, Any], entries: list[Entry], problems: list[str]) -> list[Cell]:
+    settings = spec.get("settings") or {}
     timing = TimingSettings(**(spec.get("timing") or {}))
     cells: list[Cell] = []
-    seen_ids: dict[str, int] = {}
+    seen_ids: set[str] = set()
     grouped: dict[tuple[str, str], list[str]] = {}
-    for index, (entry, id_keys) in enumerate(entries):
+    for entry, entry_keys in entries:
         params = CellParams.resolve({**settings, **entry})
-        id_keys = named_keys(params, id_keys)
-        for key in id_keys:
-            if not ID_VALUE.match(format_value(params.get(key))):
-                problems.append(f"studies.{name}: value {params.get(key)!r} of {key} cannot name a cell; "
-                                "use letters, digits, '.', '_', '+' and '-'")
+        id_keys = named_keys(params, entry_keys)
         cell_id = make_cell_id(params, id_keys) if id_keys else "default"
-        # every name made of it must fit a file name: its folder, its history `<cell>.jsonl` and the
-        # SLURM plugin's log folder `<study>_<cell>`
-        longest = max(f"{name}_{cell_id}", f"{cell_id}{paths.HISTORY_SUFFIX}", key=len)
-        if len(longest.encode()) > paths.NAME_MAX:
-            problems.append(f"studies.{name}: cell {cell_id!r} is {len(cell_id.encode())} characters long: "
-                            f"as {longest[-12:]!r} more than a file's name may be ({paths.NAME_MAX}); "
-                            "vary fewer keys between its entries (keys every entry shares belong in "
-                            "settings; a key at its default value need not be given)")
+        naming, too_long = _cell_id_problems(name, params, id_keys, cell_id)
+        problems += naming
+        if too_long:
             continue
         if cell_id in seen_ids:
             problems.append(f"studies.{name}: two entries make the same cell {cell_id!r}; "
                             "an include entry repeats another cell")
             continue
-        seen_ids[cell_id] = index
+        seen_ids.add(cell_id)
         errors, unsupported = check_cell(params)
         for key, message in errors:
             grouped.setdefault((key, message), []).append(cell_id)
         cells.append(Cell(name, cell_id, params, tuple(sort_keys(id_keys)), _execution(spec, params),
                           _timing(spec, params, timing), unsupported))
-
     for (key, message), ids in grouped.items():
         shown = ", ".join(repr(i) for i in ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
         problems.append(f"study {name!r}, cell {shown}: {key}: {message}")
+    return cells
+
+
+def _searched(name: str, spec: dict[str, Any], cells: list[Cell]) -> tuple[dict[str, Any], list[str]]:
+    """The study's search settings, and the cells whose search its table reports."""
+    search = {**{key: value["default"] for key, value in SEARCH.items()}, "cells": None,
+              **(spec.get("search") or {})}
+    if not spec.get("search"):
+        return search, []
+    # a study that declares a search reports it for the cells it names
+    measured = [c for c in cells if c.measured]
+    chosen = _selected(measured, search["cells"] or [{}], f"studies.{name}.search.cells", "measured cell")
+    return search, [c.cell_id for c in chosen if not c.unsupported]
+
+
+def expand_study(name: str, spec: dict[str, Any]) -> Study:
+    """All cells of one schema-valid study, in a stable order; ConfigError lists every problem."""
+    problems = _key_conflicts(name, spec)
+    entries = _grid_entries(name, spec, problems) + _included_entries(spec)
+    if not entries and not problems:
+        problems.append(f"studies.{name}: no cells; give it axes, variants or include entries")
+    cells = _cells(name, spec, entries, problems)
     problems += array_problems(name, cells)
     if problems:
         raise ConfigError(problems)
@@ -484,13 +525,7 @@ def expand_study(name: str, spec: dict[str, Any]) -> Study:
                                                "cell")}
         cells = [replace(c, measured=c.cell_id in chosen) for c in cells]
     id_keys = sort_keys({k for c in cells for k in c.id_keys})
-    search = {**{key: value["default"] for key, value in SEARCH.items()}, "cells": None,
-              **(spec.get("search") or {})}
-    searched: list[str] = []
-    if spec.get("search"):  # a study that declares a search reports it for the cells it names
-        measured = [c for c in cells if c.measured]
-        chosen = _selected(measured, search["cells"] or [{}], f"studies.{name}.search.cells", "measured cell")
-        searched = [c.cell_id for c in chosen if not c.unsupported]
+    search, searched = _searched(name, spec, cells)
     plot_panels = tuple(spec.get("plot_panels") or ())
     unknown = [key for key in plot_panels if key not in id_keys]
     if unknown:
@@ -500,7 +535,6 @@ def expand_study(name: str, spec: dict[str, Any]) -> Study:
                  list(spec.get("report") or REPORT_COLUMNS_DEFAULT), search,
                  (measure or {}).get("plan_for"), tuple(searched), plot_panels,
                  list(spec.get("findings") or []), list(spec.get("references") or []))
-
 
 def no_runner_problems(study: Study) -> list[str]:
     """The study's measured cells this version can plan and predict but not run
