@@ -161,24 +161,15 @@ def _nodes_spanned(group: int, stride: int, params: CellParams) -> int:
     return min(params.nodes, group, math.ceil(group * stride / params.gpus_per_node))
 
 
-def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREADS,
-         alone: bool = False, links: Interconnect | None = None) -> Work:
-    """The physical work of one step of a cell on the busiest of `gpu`s; `alone`: of that rank run by
-    itself, as an emulated rank runs (no collective waits, no bubble, its host its own)."""
-    spec: ModelSpec = get_model(params.model)
-    framework, strategy = framework_of(params), strategy_of(params)
-    layout, stage = strategy.layout, strategy.zero_stage
-    offload_optimizer, offload_param = offloads(params)
-    tp, pp, dp, ga, mb = params.tp, params.pp, params.dp, params.grad_accum, params.micro_batch
+def _compute(params: CellParams, spec: ModelSpec, gpu: GpuType, layers: int) -> dict[str, float]:
+    """The step's matmuls, elementwise traffic, FP8 casts and layer passes: Work's compute fields."""
+    tp, ga, mb = params.tp, params.grad_accum, params.micro_batch
     seq = params.seq_len or spec.max_seq
     ac = bool(params.activation_checkpointing)
-    mixed = params.precision != "fp32"
     peak = peak_flops(gpu, params.precision, params.tf32)
     if peak is None:
         raise ValueError(f"{gpu.key} has no {params.precision} peak")
-    hbm, pcie = gpu.hbm_gb_s * 1e9, gpu.pcie_gb_s * 1e9
-
-    layers = math.ceil(spec.n_layer / pp)
+    hbm = gpu.hbm_gb_s * 1e9
     d = spec.d_model
     block = spec.block_matmul_params()
     head = spec.matmul_params(params.head, params.num_classes) - spec.n_layer * block
@@ -213,19 +204,26 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
         cast = tokens * layers * (2 * inputs + output_grads) * 5 / hbm
     passes = 3 + ac
     saved = block_bytes_per_token(params, spec, traffic=True) + eager_score_bytes_per_token(params, spec)
-    elementwise = tokens * layers * saved * passes
+    return {"matmul_s": tokens * per_token / peak,
+            "unaligned_head_s": tokens * 6 * head / peak if unaligned else 0.0,
+            "elementwise_s": tokens * layers * saved * passes / hbm, "cast_s": cast,
+            "layer_passes": ga * layers * passes}
 
-    links = interconnect_of(gpu) if links is None else links
-    weight_bytes = 2 if mixed else 4
-    psi = shard_params(params, spec)
+
+def _communication(params: CellParams, spec: ModelSpec, gpu: GpuType, layers: int,
+                   links: Interconnect) -> dict[str, float]:
+    """The step's collectives: on its critical path, overlapped with backward, or synchronous, and the
+    calls that launch them (Work's link fields and calls)."""
+    strategy = strategy_of(params)
+    layout, stage = strategy.layout, strategy.zero_stage
+    tp, pp, dp, ga = params.tp, params.pp, params.dp, params.grad_accum
     sent = step_collectives(params)
 
     def link_s(group: str, ranks: int, nodes: int) -> float:
         return links.seconds([c for c in sent if c.group == group], link_gb_s(gpu, ranks, nodes), nodes > 1,
                              nodes)
 
-    calls = 0.0
-    micro_link = 0.0
+    calls = micro_link = 0.0
     if tp > 1:
         calls += tp_all_reduces(params, layers)
         micro_link += link_s("tp", tp, _nodes_spanned(tp, 1, params))
@@ -242,65 +240,87 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
         overlapped = traffic
         calls += (fsdp_gathers(params) + 1) * spec.n_layer
     elif layout == "zero":
-        hides = zero_overlaps_comm(params)
         if stage == 3:
             # a fetch is a call of bookkeeping, and of an all-gather where the weights are partitioned
+            ac = bool(params.activation_checkpointing)
             fetches = ga * (2 + ac) * (spec.n_layer * spec.fetched_modules_per_block() + 1)
             calls += fetches * (1 + (dp > 1))
-        if hides:
+        if zero_overlaps_comm(params):
             overlapped = traffic
             budget = 1.0 if stage == 3 else 2 / 3 / ga
         else:
             sync = traffic
-    if alone:
-        micro_link = overlapped = sync = 0.0
+    return {"calls": calls, "micro_link_s": micro_link, "overlapped_link_s": overlapped,
+            "overlap_budget": budget, "sync_link_s": sync}
 
+
+def _optimizer(params: CellParams, spec: ModelSpec, gpu: GpuType, cpu_threads: int,
+               alone: bool) -> dict[str, float]:
+    """The optimizer step, on the GPU or offloaded, and the copies offloading adds (Work's optimizer,
+    PCIe and host fields)."""
+    strategy = strategy_of(params)
+    layout, stage = strategy.layout, strategy.zero_stage
+    offload_optimizer, offload_param = offloads(params)
+    ga, ac = params.grad_accum, bool(params.activation_checkpointing)
+    hbm, pcie = gpu.hbm_gb_s * 1e9, gpu.pcie_gb_s * 1e9
+    weight_bytes = 2 if params.precision != "fp32" else 4
+    psi = shard_params(params, spec)
     sharded = layout == "fsdp" or (layout == "zero" and stage >= 1)
-    stepped = psi / dp if sharded else psi
-    optimizer_hbm = torch_optimizer_hbm = offload_pcie = overlapped_pcie = 0.0
-    cpu_adam = cpu_torch = cpu_unscale = cpu_host = 0.0
+    stepped = psi / params.dp if sharded else psi
+    on_gpu = {"optimizer_hbm_s": 0.0, "torch_optimizer_hbm_s": 0.0, "offload_pcie_s": 0.0,
+              "overlapped_pcie_s": 0.0}
+    host = {"cpu_adam_params": 0.0, "cpu_torch_params": 0.0, "cpu_unscale_params": 0.0,
+            "cpu_host_params": 0.0}
+    per_thread = stepped / cpu_threads ** CPU_THREAD_EXPONENT
     # the node's ranks step their partitions at once, through one host's memory
     on_host = stepped * (1 if alone else params.gpus_per_node)
     if layout == "fsdp" and offload_param:
         # fp32 shards copied in for every gather, gradients out once a step, torch's Adam on the host
-        overlapped_pcie = 2 * ga * 4 * stepped / pcie
-        offload_pcie = 4 * stepped / pcie
-        cpu_torch = stepped / cpu_threads ** CPU_THREAD_EXPONENT
-        cpu_host = on_host
+        on_gpu["overlapped_pcie_s"] = 2 * ga * 4 * stepped / pcie
+        on_gpu["offload_pcie_s"] = 4 * stepped / pcie
+        host.update(cpu_torch_params=per_thread, cpu_host_params=on_host)
     elif offload_optimizer:
         reductions = ga if stage in (2, 3) else 1
-        offload_pcie = (reductions * weight_bytes + weight_bytes) * stepped / pcie
-        cpu_adam = stepped / cpu_threads ** CPU_THREAD_EXPONENT
-        cpu_host = on_host
+        on_gpu["offload_pcie_s"] = (reductions * weight_bytes + weight_bytes) * stepped / pcie
+        host.update(cpu_adam_params=per_thread, cpu_host_params=on_host)
         if stage == 3 and params.precision == "fp16":
             # ZeRO-3 unscales and checks offloaded fp16 gradients on the host (stages 1-2: on the GPU)
-            cpu_unscale = stepped / cpu_threads ** CPU_THREAD_EXPONENT
+            host["cpu_unscale_params"] = per_thread
     elif layout == "zero":  # DeepSpeed's engine steps flat fp32 partitions, with its casts and checks
-        optimizer_hbm = OPTIMIZER_BYTES * stepped / hbm
+        on_gpu["optimizer_hbm_s"] = OPTIMIZER_BYTES * stepped / hbm
     else:
-        torch_optimizer_hbm = OPTIMIZER_BYTES * stepped / hbm
+        on_gpu["torch_optimizer_hbm_s"] = OPTIMIZER_BYTES * stepped / hbm
     if layout == "zero" and offload_param:
         # ZeRO-Infinity copies a module's partition in just before gathering it: on the critical path,
         # whether the optimizer is offloaded too or steps on the GPU
-        offload_pcie += ga * (2 + ac) * weight_bytes * stepped / pcie
+        on_gpu["offload_pcie_s"] += ga * (2 + ac) * weight_bytes * stepped / pcie
+    return {**on_gpu, **host}
 
+
+def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREADS,
+         alone: bool = False, links: Interconnect | None = None) -> Work:
+    """The physical work of one step of a cell on the busiest of `gpu`s; `alone`: of that rank run by
+    itself, as an emulated rank runs (no collective waits, no bubble, its host its own)."""
+    spec: ModelSpec = get_model(params.model)
+    framework, strategy = framework_of(params), strategy_of(params)
+    layout, stage = strategy.layout, strategy.zero_stage
+    ga, pp = params.grad_accum, params.pp
+    layers = math.ceil(spec.n_layer / pp)
+    compute = _compute(params, spec, gpu, layers)
+    communication = _communication(params, spec, gpu, layers,
+                                   interconnect_of(gpu) if links is None else links)
+    if alone:
+        communication.update(micro_link_s=0.0, overlapped_link_s=0.0, sync_link_s=0.0)
+    passes = compute["layer_passes"]
     return Work(
         loop="" if framework.time.loop_step_s is None else framework.name,
         loop_repeats=ga if framework.time.loop_per_micro_batch else 1,
         engine="" if layout != "zero" else f"ZeRO-{'1/2' if stage in (1, 2) else stage}",
-        matmul_s=tokens * per_token / peak, unaligned_head_s=tokens * 6 * head / peak if unaligned else 0.0,
-        elementwise_s=elementwise / hbm, cast_s=cast,
-        layer_passes=ga * layers * passes, calls=calls,
-        dtensor_passes=ga * layers * passes if tp > 1 and strategy.tensor_parallel is SHARDED_TP else 0,
-        deterministic_passes=ga * layers * passes if params.deterministic else 0,
-        micro_link_s=micro_link,
-        overlapped_link_s=overlapped, overlapped_pcie_s=overlapped_pcie, overlap_budget=budget,
-        sync_link_s=sync, optimizer_hbm_s=optimizer_hbm, torch_optimizer_hbm_s=torch_optimizer_hbm,
-        offload_pcie_s=offload_pcie,
-        cpu_adam_params=cpu_adam, cpu_torch_params=cpu_torch, cpu_unscale_params=cpu_unscale,
-        cpu_host_params=cpu_host, pipeline_factor=1.0 if alone else (ga + pp - 1) / ga,
+        **compute, **communication, **_optimizer(params, spec, gpu, cpu_threads, alone),
+        dtensor_passes=passes if params.tp > 1 and strategy.tensor_parallel is SHARDED_TP else 0,
+        deterministic_passes=passes if params.deterministic else 0,
+        pipeline_factor=1.0 if alone else (ga + pp - 1) / ga,
         ranks=1.0 if alone else float(params.gpus))
-
 
 FIELDS = [f for f in Work.__dataclass_fields__ if f not in ("loop", "engine")]
 
