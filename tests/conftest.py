@@ -98,7 +98,7 @@ def tiny_study(**settings) -> dict:
 def timed_three_steps(doc: dict) -> dict:
     """`doc`, a result, as if timed as the campaigns did (edited in place, and returned): its first 3
     steps, each alone, so no interval, and no timing of its host's Python."""
-    from trainbench.execute.results import INTERVAL_KEYS
+    from trainbench.contract.result import INTERVAL_KEYS
 
     metrics = doc["metrics"]
     metrics["step_times_s"] = metrics["step_times_s"][:3]

@@ -11,7 +11,7 @@ import pytest
 
 from trainbench.study.config import load_config
 from trainbench.reporting.progress import study_cost
-from trainbench.execute.results import PHASES
+from trainbench.contract.result import PHASES
 
 from conftest import REPO
 

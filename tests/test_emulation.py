@@ -14,6 +14,7 @@ import math
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,8 @@ from trainbench.study.grid import Cell, expand_study
 from trainbench.study.params import CellParams
 from trainbench.predict.memory_model import heaviest_rank, predict
 from trainbench.registry.models import get_model
-from trainbench.execute.results import read_json, read_result, schema_problems
+from trainbench.contract.result import read_json, schema_problems
+from trainbench.execute.results import read_result
 
 from conftest import REPO, TINY, make_cell, tiny_study
 
@@ -214,24 +216,33 @@ def test_an_emulated_result_completes_what_one_rank_cannot_see_and_says_so():
     assert "communication time" in section["not_measured"]
 
 
-def test_a_stored_emulated_result_is_read_with_the_models_nccl_figure_of_now():
-    """A result written when the model added 550 MiB for every layout reads with today's figure for its
-    own layout: tables, findings and benches set every emulated rank against the same model."""
-    from trainbench.execute.results import with_current_emulation
-    from trainbench.predict.memory_model import emulated_rank_shortfall_mib
+def test_a_stored_emulated_result_keeps_its_figure_and_the_models_completion_of_now_is_named():
+    """A result written when the model added 550 MiB for every layout keeps that figure in its metrics;
+    today's figure for its own layout is the memory model's completion, named as such, and the documents
+    tables, findings and benches read carry it: they set every emulated rank against the same model."""
+    from trainbench.contract.result import METRICS, PREDICTED, PROVENANCE, Emulation, Result, Section
+    from trainbench.execute.results import reported
+    from trainbench.predict.memory_model import completed_gpu_mem_used_mib, emulated_rank_shortfall_mib
 
     params = resolve({**TINY, "device": "cuda", "gpus": 4, "framework": "deepspeed", "strategy": "zero1",
                       "pp": 2, "emulate": True})
-    doc = {"params": params.as_dict(), "metrics": {"gpu_mem_used_mib": [1550.0]},
-           "emulation": {"measured": {"gpu_mem_used_mib": [1000.0]}, "modelled": {"nccl_buffers_mib": 550.0}}}
-    now = with_current_emulation(doc)
+    result = Result(study="t", cell_id="c", status="ok", reason=None, params=params.as_dict(),
+                    params_hash="0" * 12, metrics=Section("metrics", METRICS, {"gpu_mem_used_mib": [1550.0]}),
+                    predicted=Section("predicted", PREDICTED, {}),
+                    provenance=Section("provenance", PROVENANCE, {}),
+                    emulation=Emulation(rank=0, world_size=4, ranks_per_node=4, not_measured="time",
+                                        measured={"gpu_mem_used_mib": [1000.0]},
+                                        modelled={"nccl_buffers_mib": 550.0}))
     added = emulated_rank_shortfall_mib(params)
     assert added > 550.0  # a pipeline's ranks open more communicators than the old constant allowed
-    assert now["metrics"]["gpu_mem_used_mib"] == [1000.0 + added]
-    assert now["emulation"]["modelled"]["nccl_buffers_mib"] == added
-    assert doc["metrics"]["gpu_mem_used_mib"] == [1550.0]  # the stored document is left as it was
-    real = {"params": params.replace(emulate=False).as_dict(), "metrics": {"gpu_mem_used_mib": [9.0]}}
-    assert with_current_emulation(real) is real
+    assert completed_gpu_mem_used_mib(result) == ([1000.0 + added], added)
+    assert result.metrics.gpu_mem_used_mib == [1550.0]  # the result holds what the file holds
+    doc = reported(result)
+    assert doc["metrics"]["gpu_mem_used_mib"] == [1000.0 + added]
+    assert doc["emulation"]["modelled"]["nccl_buffers_mib"] == added
+    real = replace(result, params=params.replace(emulate=False).as_dict(), emulation=None)
+    assert completed_gpu_mem_used_mib(real) is None
+    assert reported(real)["metrics"]["gpu_mem_used_mib"] == [1550.0]
 
 
 def _emulated_doc(status="ok", **metrics) -> dict:

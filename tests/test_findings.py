@@ -12,7 +12,8 @@ import pytest
 
 from trainbench.study.config import load_config
 from trainbench.reporting.findings import Finding, evaluate, judge, pairs
-from trainbench.execute.results import current, read_result, read_search
+from trainbench.contract.result import read_search
+from trainbench.execute.results import current, read_result
 from trainbench.reporting.tables import write_tables
 
 from conftest import REPO, timed_three_steps

@@ -48,7 +48,7 @@ def search_status(root: Path, study: str, cell_id: str) -> str:
     """Where a cell's max-batch search stands: its answer, or how many probes have run."""
     from trainbench.study.grid import search_target
     from trainbench.paths import probe_glob
-    from trainbench.execute.results import InvalidResult, read_search
+    from trainbench.contract.result import InvalidResult, read_search
 
     result = root / search_target(study, cell_id)
     if result.exists():

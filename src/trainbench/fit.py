@@ -112,7 +112,8 @@ def run(cell: Cell, *, root: str = FIT_ROOT, force: bool = False, runtime_min: f
         say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run (or read, unless forced) one emulated cell's result under `root`."""
     from trainbench.execute.cellrun import run_cell
-    from trainbench.execute.results import read_result, result_problem
+    from trainbench.contract.result import result_problem
+    from trainbench.execute.results import read_result
 
     output = target(cell, root)
     if output.exists() and not force and result_problem(output) is None:

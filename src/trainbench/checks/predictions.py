@@ -27,7 +27,8 @@ from pathlib import Path
 
 from trainbench.checks.inputs import published
 from trainbench.errors import UsageError
-from trainbench.execute.results import InvalidResult, read_result
+from trainbench.contract.result import InvalidResult
+from trainbench.execute.results import read_result
 from trainbench.registry.hardware import MIB
 from trainbench.reporting.predictions import MODEL_PARTS, profiled_parts
 

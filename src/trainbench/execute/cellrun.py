@@ -36,8 +36,8 @@ from trainbench.execute.launch import (WORKER_MODULE, Rendezvous, free_port, lau
                               node_command, srun_command, worker_args)
 from trainbench.registry.hardware import gpu_type_of, host_memory_mib
 from trainbench.execute.profiling import PROFILE_DIR
-from trainbench.execute.results import (SCHEMA_VERSION, empty_metrics, empty_predicted, node_memory,
-                                       partial_metrics, sanity_problems, summarize, write_json_atomic)
+from trainbench.contract.result import SCHEMA_VERSION, empty_metrics, empty_predicted, sanity_problems
+from trainbench.execute.results import node_memory, partial_metrics, summarize, write_json_atomic
 
 TERMINATE_GRACE_S = 15
 PEER_EXIT_GRACE_S = 30  # after one node's launcher fails, how long the others get to notice

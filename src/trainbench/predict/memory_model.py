@@ -12,6 +12,7 @@ from trainbench.registry.frameworks import framework_of, offloads, strategy_of, 
 from trainbench.registry.hardware import GPUS, GpuType, gpu_type, gpu_type_named_in, gpu_type_of
 from trainbench.registry.hardware import MIB
 from trainbench.registry.models import ActivationTrace, ModelSpec, get_model
+from trainbench.contract.result import Result
 
 
 # DeepSpeed's default stage3_max_live_parameters; reduction buckets are each framework's (MemoryFacts).
@@ -86,6 +87,19 @@ def emulated_rank_shortfall_mib(params: CellParams) -> float:
     """What a real GPU rank of the cell's world shows beyond its emulated twin."""
     nccl = nccl_buffers_mib(params)
     return nccl + EMULATED_CONTEXT_SHORTFALL_MIB if nccl else 0.0
+
+
+
+def completed_gpu_mem_used_mib(result: Result) -> tuple[list[float], float] | None:
+    """An emulated result's GPU 'used' as the memory model completes it now, and what it adds: its
+    measured figure (kept in its `emulation` section) plus what a real rank shows beyond it. A result
+    written under an older model holds that model's completion in its metrics; None for one that is
+    not emulated or measured none."""
+    measured = result.emulation.measured.get("gpu_mem_used_mib") if result.emulation else None
+    if not measured or not result.metrics.gpu_mem_used_mib:
+        return None
+    added = emulated_rank_shortfall_mib(result.cell)
+    return [round(u + added, 1) for u in measured], added
 
 
 def _r(value):

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from trainbench.execute.results import sanity_problems
+from trainbench.contract.result import sanity_problems
 from trainbench.registry.hardware import gpu_label
 from trainbench.reporting.columns import (
     COLUMNS,

@@ -42,7 +42,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trainbench.errors import UsageError
-from trainbench.execute.results import InvalidResult, read_result
+from trainbench.contract.result import InvalidResult
+from trainbench.execute.results import read_result
 from trainbench.registry.hardware import gpu_label, gpu_model_of, gpu_type_of
 
 

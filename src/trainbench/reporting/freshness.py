@@ -38,8 +38,9 @@ from pathlib import Path
 
 from trainbench.study.grid import Cell, Study
 from trainbench.paths import GRID_STAMP, MODELS_STAMP, RESULTS_CHECKED, RUNS, TABLE_MD, path
-from trainbench.execute.results import (SCHEMA_VERSION, InvalidResult, metrics_json_schema, read_result,
-                                result_problem, why_invalid, write_json_atomic, write_text_atomic)
+from trainbench.contract.result import (SCHEMA_VERSION, InvalidResult, metrics_json_schema, result_problem,
+                                        why_invalid)
+from trainbench.execute.results import read_result, write_json_atomic, write_text_atomic
 
 def stamp_path(study: str) -> str:
     return path(GRID_STAMP, study=study)

@@ -33,7 +33,8 @@ from typing import Any
 
 from trainbench.paths import probe_glob
 from trainbench.study.grid import Cell, Study
-from trainbench.execute.results import PHASES, InvalidResult, read_result
+from trainbench.contract.result import PHASES, InvalidResult
+from trainbench.execute.results import read_result
 from trainbench.execute.gpus import short_of_gpus
 from trainbench.reporting import freshness
 

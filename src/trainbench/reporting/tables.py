@@ -26,7 +26,7 @@ from typing import Any
 import pandas
 
 from trainbench import paths
-from trainbench.execute.results import PER_STEP_METHOD, with_intervals
+from trainbench.contract.result import PER_STEP_METHOD, with_intervals
 from trainbench.reporting.columns import (COLUMN_SETS, COLUMNS, COMPUTE_ONLY, SUMMARY_COLUMNS, cell_value,
                                           escape, metric, result_text, column_values, with_predictions)
 from trainbench.reporting.predictions import Doc, planned_document, with_current_predictions
