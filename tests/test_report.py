@@ -20,7 +20,7 @@ import pandas
 import pytest
 
 from trainbench.contract.result import read_search
-from trainbench.execute.results import read_cells
+from trainbench.reporting.documents import read_cells
 from trainbench.reporting.report import (NOT_LAUNCHED, markdown_html, page_labels, provenance_rows,
                                          study_page, verdict_tally)
 from trainbench.reporting.plots import with_scaling

@@ -11,7 +11,8 @@ from trainbench.contract import result as results
 from trainbench.study.params import CellParams
 from trainbench.contract.figures import timed_metrics
 from trainbench.contract.result import schema_problems
-from trainbench.execute.results import read_cells, write_json_atomic
+from trainbench.reporting.documents import read_cells
+from trainbench.contract.result import write_json_atomic
 
 resolve = CellParams.resolve  # a study's settings for one cell, as its typed parameters
 

@@ -16,7 +16,8 @@ The device memory a real rank uses beyond what its emulated twin measured is wha
 does not have: NCCL's buffers and communicators, mostly. Its median for each layout (the communicators
 its ranks open: memory_model.nccl_layout) is printed against what the memory model adds to an emulated
 rank's measured figure (memory_model.emulated_rank_shortfall_mib; the measured figure stays in the
-result's `emulation` section, and read_result completes it as the model does now). Goal: each emulated
+result's `emulation` section, and memory_model.completed_gpu_mem_used_mib completes it as the model
+does now: reporting.documents puts that in the documents the checks read). Goal: each emulated
 rank's device memory within 5% of the real rank's. A rank whose outcome differs (one fits, the other
 runs out of memory) is listed with both statuses.
 """
@@ -33,7 +34,7 @@ from trainbench.checks.inputs import counted_params
 from trainbench.checks.inputs import first_present, metrics_files, published
 from trainbench.predict import time_model
 from trainbench.registry.hardware import gpu_type_of
-from trainbench.execute.results import read_result
+from trainbench.reporting.documents import read_reported
 from trainbench.predict.memory_model import emulated_rank_shortfall_mib, nccl_layout
 from trainbench.reporting.compare import shorten
 
@@ -75,7 +76,7 @@ def pairs(paths: list[Path]) -> tuple[list[dict], list[str]]:
     """(one row per emulated rank whose real twin ran, whatever either's outcome; the emulated results
     whose twin has no result). A rank that fits emulated and not for real, or the reverse, is a row
     with both statuses: what the comparison exists to find."""
-    docs = [read_result(p) for p in paths]
+    docs = [read_reported(p) for p in paths]
     real = {twin_key(d): d for d in docs if not d.get("emulation")}
     rows, alone = [], []
     for doc in docs:

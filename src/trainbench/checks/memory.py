@@ -30,7 +30,7 @@ from trainbench.checks.inputs import counted_params
 from trainbench.checks.inputs import metrics_files, published
 from trainbench.checks.memory_out_of_sample import error_pct, linear_terms, print_out_of_sample
 from trainbench.checks.memory_snapshots import print_snapshots
-from trainbench.execute.results import read_result
+from trainbench.reporting.documents import read_reported
 from trainbench.predict.memory_model import ALLOCATOR_SLACK, allocated_mib, engine, hardware_of_run, predict
 from trainbench.reporting.compare import shorten
 
@@ -45,7 +45,7 @@ def measured_rows(paths: list[Path]) -> list[dict]:
     """One row per cell that ran or ran out of memory: its predictions beside its measurements."""
     rows = []
     for path in paths:
-        doc = read_result(path)  # checked, in the current shape (optional parameters filled in)
+        doc = read_reported(path)  # checked, in the current shape (optional parameters filled in)
         if doc["status"] not in ("ok", "oom"):
             continue
         m = doc["metrics"]

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from trainbench.checks.inputs import counted_params
-from trainbench.execute.results import read_result
+from trainbench.reporting.documents import read_reported
 from trainbench.predict.memory_model import ALLOCATOR_SLACK, allocated_mib, hardware_of_run, predict
 
 # The model's parts as a snapshot sorts the allocator's blocks (trainbench.execute.profiling): by the
@@ -23,7 +23,7 @@ def print_snapshots(paths: list[Path]) -> int:
     """Each kept snapshot's peak by category (MiB) against the memory model's parts in the same categories."""
     found = 0
     for path in paths:
-        doc = read_result(path)
+        doc = read_reported(path)
         snapshot = doc["metrics"].get("memory_snapshot") if doc["status"] in ("ok", "oom") else None
         if not snapshot:
             continue

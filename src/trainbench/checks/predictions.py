@@ -28,7 +28,7 @@ from pathlib import Path
 from trainbench.checks.inputs import published
 from trainbench.errors import UsageError
 from trainbench.contract.result import InvalidResult
-from trainbench.execute.results import read_result
+from trainbench.reporting.documents import read_reported
 from trainbench.registry.hardware import MIB
 from trainbench.reporting.predictions import MODEL_PARTS, profiled_parts
 
@@ -39,7 +39,7 @@ def _outcome(path: Path) -> tuple[str, dict | None]:
     if not path.exists():
         return "no result", None
     try:
-        doc = read_result(path)
+        doc = read_reported(path)
     except InvalidResult as error:
         return f"unreadable ({error})", None
     return doc["status"], doc

@@ -33,7 +33,7 @@ import numpy as np
 
 from trainbench.checks.inputs import counted_params
 from trainbench.checks.inputs import metrics_files, published
-from trainbench.execute.results import read_result
+from trainbench.reporting.documents import read_reported
 from trainbench.predict import time_model
 from trainbench.registry.frameworks import registry
 from trainbench.registry.hardware import gpu_type_of
@@ -49,7 +49,7 @@ def measured_cells(folders: list[Path]) -> list[dict]:
     steps time one rank's compute alone, training.emulation)."""
     cells = []
     for path in metrics_files(folders):
-        doc = read_result(path)  # checked, in the current shape (optional parameters filled in)
+        doc = read_reported(path)  # checked, in the current shape (optional parameters filled in)
         gpu = gpu_type_of((doc.get("provenance") or {}).get("gpu_name"))
         step = (doc.get("metrics") or {}).get("step_time_s")
         if doc["status"] != "ok" or doc["params"].get("device") != "cuda" or gpu is None or not step:

@@ -10,12 +10,18 @@ The schema's version has stayed 1 since metrics.json was first published: its sh
 (parameters and interval keys added), and `MIGRATIONS` bring such a file up to the current shape,
 each step named, and `Result.migrated` says which a file took. A file of another version is not a
 result this code can read.
+
+A cell's metrics.json is written once, at the end, by renaming a finished temporary file over the
+target (write_json_atomic): readers see the old file or the new one, never half of one, and a run
+killed before the rename leaves no metrics.json at all.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -265,6 +271,29 @@ def schema_problems(doc: Any) -> list[str]:
         problems.append(f"{where}: {error.message}")
     return problems
 
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """`text` to `path` whole or not at all: written beside it, then moved over it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+# --- filling the metrics section from the ranks' reports (worker.py writes them) -------------------
+
+
 def read_json(path: str | Path) -> Any:
     with open(path) as f:
         return json.load(f)
@@ -437,6 +466,7 @@ class Result:
     sanity: tuple[str, ...] | None = None  # what the run found of its training (absent: older files)
     attempts: int | None = None  # the runs it took (a retried launch: more than one; absent: older files)
     model: dict[str, Any] | None = None  # a config's own model's facts and its token file (cellrun)
+    failure: str | None = None  # "infrastructure": the machine failed, not the cell (run it again)
     migrated: tuple[str, ...] = ()
     per_step_figures: dict[str, Any] | None = None
     schema: int = SCHEMA_VERSION
@@ -453,7 +483,7 @@ class Result:
             predicted=Section("predicted", PREDICTED, doc["predicted"]), provenance=provenance,
             emulation=Emulation.from_dict(doc["emulation"]) if doc.get("emulation") else None,
             device_limit=doc.get("device_limit"), sanity=None if sanity is None else tuple(sanity),
-            attempts=doc.get("attempts"), model=doc.get("model"),
+            attempts=doc.get("attempts"), model=doc.get("model"), failure=doc.get("failure"),
             migrated=migrated, schema=doc["schema"],
             per_step_figures=per_step_figures(doc["params"], doc["metrics"], provenance.gpu_name))
 
@@ -468,7 +498,7 @@ class Result:
         if self.device_limit is not None:
             doc["device_limit"] = self.device_limit
         for name, value in (("sanity", None if self.sanity is None else list(self.sanity)),
-                            ("attempts", self.attempts), ("model", self.model)):
+                            ("attempts", self.attempts), ("model", self.model), ("failure", self.failure)):
             if value is not None:
                 doc[name] = value
         return doc

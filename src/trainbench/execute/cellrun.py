@@ -36,8 +36,9 @@ from trainbench.execute.launch import (WORKER_MODULE, Rendezvous, free_port, lau
                               node_command, srun_command, worker_args)
 from trainbench.registry.hardware import gpu_type_of, host_memory_mib
 from trainbench.execute.profiling import PROFILE_DIR
-from trainbench.contract.result import SCHEMA_VERSION, empty_metrics, empty_predicted, sanity_problems
-from trainbench.execute.results import node_memory, partial_metrics, summarize, write_json_atomic
+from trainbench.contract.result import Result, SCHEMA_VERSION, empty_metrics, empty_predicted, sanity_problems
+from trainbench.execute.results import node_memory, partial_metrics, summarize
+from trainbench.contract.result import write_json_atomic
 
 TERMINATE_GRACE_S = 15
 PEER_EXIT_GRACE_S = 30  # after one node's launcher fails, how long the others get to notice
@@ -333,7 +334,8 @@ class CellRun:
             self._keep_profile()
             write_json_atomic(self.output, doc)
             try:
-                history.append(doc, self.output)  # kept when a rerun replaces it (history.py)
+                # kept when a rerun replaces it (history.py)
+                history.append(Result.from_document(doc), self.output)
             except OSError as error:  # the result stands without its history line: say so, lose nothing
                 self._say(f"could not add the result to its history ({error}); "
                           "`trainbench history --seed` adds it later")

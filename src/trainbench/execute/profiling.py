@@ -365,7 +365,7 @@ def reread(result: Path) -> dict[str, Any]:
     """A result's breakdowns read again from the traces kept beside it (after a change to `breakdown`:
     the traces are the measurement, the parts a reading of them); the metrics.json rewritten."""
     from trainbench.contract.result import read_json
-    from trainbench.execute.results import write_json_atomic
+    from trainbench.contract.result import write_json_atomic
 
     doc = read_json(result)
     metrics = doc["metrics"]

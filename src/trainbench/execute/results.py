@@ -1,49 +1,18 @@
-"""Writing a cell's metrics.json: the code that fills its metrics section from the ranks' reports, and
-atomic writing. What the document holds, its schema and its reading are the contract's
+"""Filling a cell's metrics.json from the ranks' reports: its metrics section, its phases, its energy.
+What the document holds, its schema, its atomic writing and its reading are the contract's
 (contract.result).
-
-A cell's metrics.json is written once, at the end, by renaming a finished temporary file over the
-target: readers see the old file or the new one, never half of one, and a run killed before the
-rename leaves no metrics.json at all.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from trainbench.contract.figures import timed_metrics
-from trainbench.contract.result import (PHASES, InvalidResult, Result, empty_metrics, migrate)
-from trainbench.contract.result import read_result as read_typed_result
+from trainbench.contract.result import PHASES, empty_metrics
 from trainbench.study.params import CellParams
 from trainbench.study.timing import TimingSettings
 
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """`text` to `path` whole or not at all: written beside it, then moved over it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_json_atomic(path: str | Path, data: Any) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
-
-
-# --- filling the metrics section from the ranks' reports (worker.py writes them) -------------------
 
 def node_memory(entries: list[dict[str, Any] | None]) -> dict[str, list]:
     """Concatenate per-node sampler peaks (in rank order) into per-GPU lists."""
@@ -182,40 +151,3 @@ def partial_metrics(rank_records: list[dict[str, Any]], wall_time_s: float) -> d
     if snapshots:  # the GPU allocator at the OOM, on the first rank that ran out
         metrics["memory_snapshot"] = {"rank": min(snapshots), **snapshots[min(snapshots)]}
     return metrics
-
-
-def reported(result: Result) -> dict[str, Any]:
-    """A result as a document the way the stages that read documents rather than `Result` take it: the
-    intervals of a result from before timing windows (Result.per_step_figures) in its metrics, and an
-    emulated result's GPU 'used' completed as the memory model completes it now (see
-    memory_model.completed_gpu_mem_used_mib)."""
-    from trainbench.predict.memory_model import completed_gpu_mem_used_mib
-
-    doc = result.as_document()
-    metrics = {**result.metrics, **(result.per_step_figures or {})}
-    completed = completed_gpu_mem_used_mib(result)
-    if completed is not None:
-        metrics["gpu_mem_used_mib"], added = completed
-        doc.update(emulation={**result.emulation.as_dict(),
-                              "modelled": {**result.emulation.modelled, "nccl_buffers_mib": added}})
-    return {**doc, "metrics": metrics}
-
-
-def current(doc: dict[str, Any]) -> dict[str, Any]:
-    """A metrics.json document (checked) as `reported` gives it."""
-    doc, migrated = migrate(doc)
-    return reported(Result.from_document(doc, migrated))
-
-
-def read_result(path: str | Path) -> dict[str, Any]:
-    """One metrics.json, checked, as `reported` gives it; InvalidResult says why it is not one."""
-    result = read_typed_result(path)
-    try:
-        return reported(result)
-    except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:  # figures that make no sense
-        raise InvalidResult(f"{path}: {type(error).__name__}: {error}") from None
-
-
-def read_cells(paths) -> list[dict[str, Any]]:
-    """metrics.json documents in the order given; a missing or malformed file is an error, not a gap."""
-    return [read_result(path) for path in paths]

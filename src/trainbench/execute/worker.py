@@ -33,7 +33,7 @@ from trainbench.execute.memory_sampler import MemorySampler
 from trainbench.registry.hardware import MIB
 from trainbench.execute.metrics import process_peak_rss_mib, tensors_held_bytes
 from trainbench.execute.profiling import PROFILE_DIR, MemoryRecorder, StepProfiler
-from trainbench.execute.results import write_json_atomic
+from trainbench.contract.result import write_json_atomic
 from trainbench.study.params import CellParams
 from trainbench.training.runners import LoopRunner, RunContext, Runner, StepRunner, params_per_module
 from trainbench.training.runners.load import runner_class
