@@ -152,84 +152,104 @@ def float8_linear_params(params: CellParams, spec: ModelSpec) -> float:
 def model_states(params: CellParams, spec: ModelSpec) -> tuple[dict[str, float], dict[str, float]]:
     """Bytes of weights, gradients, optimizer states and buffers: (on the device, on the host) per rank."""
     psi = shard_params(params, spec)
-    n = params.dp
-    mixed = params.precision != "fp32"
     kind, stage = engine(params)
-    offload_optimizer, offload_param = offloads(params)
-    memory = framework_of(params).memory
     device: dict[str, float] = {}
     host: dict[str, float] = {}
     if kind == "replicated":
-        device["weights"] = 4 * psi
-        device["gradients"] = 4 * psi
-        device["optimizer"] = 8 * psi
-        if params.gpus > 1 and not params.ddp_bucket_view:
-            device["buffers"] = 4 * psi  # DDP's gradient buckets (with ddp_bucket_view, the gradients)
-        if mixed:
-            # autocast's cached half weights; torchao casts float8 layers' weights at each use, keeping none
-            cached = psi - float8_linear_params(params, spec)
-            device["buffers"] = device.get("buffers", 0) + 2 * cached
+        _replicated_states(params, spec, psi, device)
     elif kind == "fsdp":
-        block = block_shard_params(params, spec)
-        compute = 2 if mixed else 4
-        if memory.fsdp_reduce_bytes and mixed:
-            # the current and prefetched unit's weights; the current one's gradient and its reduction copy
-            gathered = block * compute
-            if params.float8_all_gather:
-                gathered -= (compute - 1) * float8_linear_params(params, spec) / spec.n_layer
-            in_flight = 2 * gathered + block * (compute + memory.fsdp_reduce_bytes)
-        else:
-            in_flight = 2 * block * (compute + compute)
-        states = {"weights": 4 * psi / n, "gradients": 4 * psi / n, "optimizer": 8 * psi / n}
-        (host if offload_param else device).update(states)
-        device["buffers"] = in_flight
-        if params.fsdp_reshard in ("after_backward", "after_step"):
-            # every block's gathered weights kept to backward: beyond the two in flight, all of them
-            device["unsharded_weights"] = max(0, spec.n_layer - 2) * block * compute
-        if params.grad_accum > 1 and memory.fsdp_accumulates_unsharded:
-            # accumulating without synchronising keeps every unit's unsharded gradient, whatever N
-            device.pop("gradients", None)
-            device["unsharded_gradients"] = ((memory.fsdp_reduce_bytes if mixed else 0) or compute) * psi
-            if not memory.fsdp_reduce_bytes:
-                device["allocator_gradient_shards"] = 4 * psi / n
+        _fsdp_states(params, spec, psi, device, host)
     else:
-        weight = 2 if mixed else 4
-        master = 4  # the optimizer's fp32 copy (a separate partition even in fp32 for stages 1-3)
-        bucket_elements = params.reduce_bucket_size or memory.reduce_bucket_elements(spec)
-        if params.device == "cpu":
-            # host pages of an untouched torch.empty are not resident: only what reduction writes counts
-            bucket_elements = min(bucket_elements, psi)
-        # with overlap_comm, stages 1 and 2 fill one bucket while the other is reduced
-        overlaps = zero_overlaps_comm(params) and params.contiguous_gradients is not False
-        buffers = 2 if stage in (1, 2) and overlaps else 1
-        bucket = buffers * bucket_elements * weight
-        if stage == 0:
-            device["weights"] = weight * psi
-            device["gradients"] = weight * psi + (4 * psi if mixed else 0)
-            device["optimizer"] = (master * psi if mixed else 0) + 8 * psi
-        else:
-            shard = 1 if stage < 3 else n
-            weights = weight * psi / shard
-            optimizer = (master + 8) * psi / n
-            gradients = weight * psi / n
-            if offload_param and stage == 3:
-                host["weights"] = weights
-            else:
-                device["weights"] = weights
-            if offload_optimizer:
-                host["optimizer"] = optimizer
-                host["gradients"] = 4 * psi / n  # the fp32 gradient partition the CPU optimizer steps on
-                host["offload_staging"] = OFFLOAD_STAGING_BYTES * psi / n
-                if stage < 3:
-                    device["gradients"] = gradients
-            else:
-                device["optimizer"] = optimizer
-                device["gradients"] = gradients
-            device["buffers"] = bucket
-            if stage == 3:
-                # gathered weights of the layers in use, capped by stage3_max_live_parameters
-                device["buffers"] += min(DS_MAX_LIVE_PARAMETERS, psi) * weight
+        _zero_states(params, spec, psi, stage, device, host)
     return device, host
+
+
+def _replicated_states(params: CellParams, spec: ModelSpec, psi: float, device: dict[str, float]) -> None:
+    """A replicated model's (DDP, one GPU) states, `psi` parameters on every rank."""
+    mixed = params.precision != "fp32"
+    device["weights"] = 4 * psi
+    device["gradients"] = 4 * psi
+    device["optimizer"] = 8 * psi
+    if params.gpus > 1 and not params.ddp_bucket_view:
+        device["buffers"] = 4 * psi  # DDP's gradient buckets (with ddp_bucket_view, the gradients)
+    if mixed:
+        # autocast's cached half weights; torchao casts float8 layers' weights at each use, keeping none
+        cached = psi - float8_linear_params(params, spec)
+        device["buffers"] = device.get("buffers", 0) + 2 * cached
+
+
+def _fsdp_states(params: CellParams, spec: ModelSpec, psi: float, device: dict[str, float],
+                 host: dict[str, float]) -> None:
+    """FSDP's states: sharded over the data-parallel ranks, a unit or two gathered in flight."""
+    n, mixed = params.dp, params.precision != "fp32"
+    _, offload_param = offloads(params)
+    memory = framework_of(params).memory
+    block = block_shard_params(params, spec)
+    compute = 2 if mixed else 4
+    if memory.fsdp_reduce_bytes and mixed:
+        # the current and prefetched unit's weights; the current one's gradient and its reduction copy
+        gathered = block * compute
+        if params.float8_all_gather:
+            gathered -= (compute - 1) * float8_linear_params(params, spec) / spec.n_layer
+        in_flight = 2 * gathered + block * (compute + memory.fsdp_reduce_bytes)
+    else:
+        in_flight = 2 * block * (compute + compute)
+    states = {"weights": 4 * psi / n, "gradients": 4 * psi / n, "optimizer": 8 * psi / n}
+    (host if offload_param else device).update(states)
+    device["buffers"] = in_flight
+    if params.fsdp_reshard in ("after_backward", "after_step"):
+        # every block's gathered weights kept to backward: beyond the two in flight, all of them
+        device["unsharded_weights"] = max(0, spec.n_layer - 2) * block * compute
+    if params.grad_accum > 1 and memory.fsdp_accumulates_unsharded:
+        # accumulating without synchronising keeps every unit's unsharded gradient, whatever N
+        device.pop("gradients", None)
+        device["unsharded_gradients"] = ((memory.fsdp_reduce_bytes if mixed else 0) or compute) * psi
+        if not memory.fsdp_reduce_bytes:
+            device["allocator_gradient_shards"] = 4 * psi / n
+
+
+def _zero_states(params: CellParams, spec: ModelSpec, psi: float, stage: int, device: dict[str, float],
+                 host: dict[str, float]) -> None:
+    """ZeRO's states at `stage` (0-3): what each stage partitions, offloads, and its reduction buckets."""
+    n, mixed = params.dp, params.precision != "fp32"
+    offload_optimizer, offload_param = offloads(params)
+    memory = framework_of(params).memory
+    weight = 2 if mixed else 4
+    master = 4  # the optimizer's fp32 copy (a separate partition even in fp32 for stages 1-3)
+    bucket_elements = params.reduce_bucket_size or memory.reduce_bucket_elements(spec)
+    if params.device == "cpu":
+        # host pages of an untouched torch.empty are not resident: only what reduction writes counts
+        bucket_elements = min(bucket_elements, psi)
+    # with overlap_comm, stages 1 and 2 fill one bucket while the other is reduced
+    overlaps = zero_overlaps_comm(params) and params.contiguous_gradients is not False
+    buffers = 2 if stage in (1, 2) and overlaps else 1
+    bucket = buffers * bucket_elements * weight
+    if stage == 0:
+        device["weights"] = weight * psi
+        device["gradients"] = weight * psi + (4 * psi if mixed else 0)
+        device["optimizer"] = (master * psi if mixed else 0) + 8 * psi
+    else:
+        shard = 1 if stage < 3 else n
+        weights = weight * psi / shard
+        optimizer = (master + 8) * psi / n
+        gradients = weight * psi / n
+        if offload_param and stage == 3:
+            host["weights"] = weights
+        else:
+            device["weights"] = weights
+        if offload_optimizer:
+            host["optimizer"] = optimizer
+            host["gradients"] = 4 * psi / n  # the fp32 gradient partition the CPU optimizer steps on
+            host["offload_staging"] = OFFLOAD_STAGING_BYTES * psi / n
+            if stage < 3:
+                device["gradients"] = gradients
+        else:
+            device["optimizer"] = optimizer
+            device["gradients"] = gradients
+        device["buffers"] = bucket
+        if stage == 3:
+            # gathered weights of the layers in use, capped by stage3_max_live_parameters
+            device["buffers"] += min(DS_MAX_LIVE_PARAMETERS, psi) * weight
 
 
 def _compiled(params: CellParams, spec: ModelSpec) -> bool:
