@@ -227,6 +227,24 @@ def report(cells: list[dict], gpu: str) -> tuple[time_model.Constants, dict]:
                                  f"{apart[names == study].max():.0f}%" for study in studies))
         summary["leave_study_out"] = {"median_abs_error_pct": float(np.median(apart)),
                                       "worst_abs_error_pct": float(apart.max())}
+    summary.update(print_rankings(docs, measured, predicted))
+    summary["collective_wait_share"] = print_collective_waits(cells, constants)
+    print()
+    print(f"constants fitted on all {len(cells)} {gpu} cells (time_model.Constants; docs/time-model.md):")
+    for name, value in zip(constants.names(), constants.vector()):
+        print(f"  {name:<24} {value:.4g}")
+    summary["constants"] = constants.as_dict()
+    summary["per_cell"] = [{"study": c["doc"]["study"], "cell": c["doc"]["cell_id"], "search": c["search"],
+                            "measured_s": float(m), "predicted_loo_s": float(p), "error_pct": float(e),
+                            "predicted_all_fit_s": float(f)}
+                           for c, m, p, e, f in zip(cells, measured, predicted, errors, fitted)]
+    return constants, summary
+
+
+def print_rankings(docs: list[dict], measured: np.ndarray, predicted: np.ndarray) -> dict:
+    """How often the model orders right the cells that differ only in strategy (and its offloads):
+    printed, and as the summary's entries."""
+    summary = {}
     print()
     for keys, what in ((("strategy",), "differ only in strategy"),
                        (("strategy", "offload_optimizer", "offload_param"),
@@ -247,6 +265,12 @@ def report(cells: list[dict], gpu: str) -> tuple[time_model.Constants, dict]:
                 print(f"  wrong: {docs[i]['study']}: {label(docs[i])} {measured[i] * 1e3:.0f} ms vs "
                       f"{docs[j]['params']['strategy']} {measured[j] * 1e3:.0f} ms; predicted "
                       f"{predicted[i] * 1e3:.0f} vs {predicted[j] * 1e3:.0f} ms")
+    return summary
+
+
+def print_collective_waits(cells: list[dict], constants: time_model.Constants) -> dict:
+    """The share of the slowest rank's host part that ranks wait in collectives, by ranks, fitted on the
+    profiled real cells (set in `constants`): printed, and as the summary's entry."""
     waits = collective_wait_shares(cells, constants)
     constants.collective_wait_share = {ranks: share for ranks, (share, *_) in waits.items()}
     print()
@@ -255,19 +279,9 @@ def report(cells: list[dict], gpu: str) -> tuple[time_model.Constants, dict]:
     for ranks, (share, count, before, after) in waits.items():
         print(f"  {ranks} ranks: {share:.2f} ({count} cells; the model's exposed communication off the "
               f"profiles' by a median {before * 1e3:.1f} ms without it, {after * 1e3:.1f} ms with it)")
-    summary["collective_wait_share"] = {
-        ranks: {"share": share, "cells": count, "median_off_s_without": before, "median_off_s_with": after}
-        for ranks, (share, count, before, after) in waits.items()}
-    print()
-    print(f"constants fitted on all {len(cells)} {gpu} cells (time_model.Constants; docs/time-model.md):")
-    for name, value in zip(constants.names(), constants.vector()):
-        print(f"  {name:<24} {value:.4g}")
-    summary["constants"] = constants.as_dict()
-    summary["per_cell"] = [{"study": c["doc"]["study"], "cell": c["doc"]["cell_id"], "search": c["search"],
-                            "measured_s": float(m), "predicted_loo_s": float(p), "error_pct": float(e),
-                            "predicted_all_fit_s": float(f)}
-                           for c, m, p, e, f in zip(cells, measured, predicted, errors, fitted)]
-    return constants, summary
+    return {ranks: {"share": share, "cells": count, "median_off_s_without": before,
+                    "median_off_s_with": after}
+            for ranks, (share, count, before, after) in waits.items()}
 
 
 def held_out_report(cells: list[dict], constants: time_model.Constants) -> None:
