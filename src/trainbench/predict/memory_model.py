@@ -102,6 +102,14 @@ def completed_gpu_mem_used_mib(result: Result) -> tuple[list[float], float] | No
     return [round(u + added, 1) for u in measured], added
 
 
+
+def gpu_mem_used_now_mib(result: Result) -> list[float] | None:
+    """The GPU 'used' figures a prediction is set against: a real rank's as measured, an emulated rank's
+    as the model completes it now (completed_gpu_mem_used_mib)."""
+    completed = completed_gpu_mem_used_mib(result)
+    return completed[0] if completed is not None else result.metrics.gpu_mem_used_mib
+
+
 def _r(value):
     return None if value is None else round(value, 1)
 
