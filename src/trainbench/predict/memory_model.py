@@ -5,6 +5,7 @@ beyond torch. docs/memory-model.md states the model; trainbench/calibration.yaml
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 from trainbench.study.params import CellParams
@@ -491,9 +492,20 @@ def predict(params: CellParams, hardware: Hardware | None = None) -> Prediction:
 
 
 def hardware_of_run(doc: dict[str, Any]) -> Hardware | None:
-    """The machine a cell ran on, as far as its metrics.json says."""
-    provenance = doc.get("provenance") or {}
-    totals = (doc.get("metrics") or {}).get("gpu_mem_total_mib")
+    """The machine a cell ran on, as far as its metrics.json document says (see hardware_of)."""
+    return hardware_of(doc.get("params") or {}, doc.get("provenance") or {},
+                       (doc.get("metrics") or {}).get("gpu_mem_total_mib"), bool(doc.get("emulation")))
+
+
+def hardware_of_result(result: Result) -> Hardware | None:
+    """The machine a cell ran on, as far as its result says (see hardware_of)."""
+    return hardware_of(result.params, result.provenance, result.metrics.gpu_mem_total_mib, result.emulated)
+
+
+def hardware_of(params_dict: dict[str, Any], provenance: Mapping[str, Any], totals: list[float] | None,
+                emulated: bool) -> Hardware | None:
+    """The machine a cell ran on: its GPUs' memory (NVML's totals, else the provenance's), its node's
+    memory, its GPU type, as an emulated rank's node where it was one."""
     if not totals and provenance.get("gpu_memory_mib") and provenance.get("gpu_count"):
         # a run that died before NVML sampled (an OOM in the first step): the GPUs it was given
         totals = [provenance["gpu_memory_mib"]] * provenance["gpu_count"]
@@ -502,11 +514,11 @@ def hardware_of_run(doc: dict[str, Any]) -> Hardware | None:
         return None
     kind = gpu_type_of(provenance.get("gpu_name"))
     try:
-        params = CellParams.from_dict(doc.get("params") or {})
+        params = CellParams.from_dict(params_dict)
     except (TypeError, ValueError):  # not a whole cell's parameters (a hand-made document): as recorded
         return Hardware(min(totals) if totals else None, host, len(totals or []), gpu=kind)
     gpu_mib = held_gpu_mib(min(totals) if totals else None, params)
-    if doc.get("emulation") or params.emulate:
+    if emulated or params.emulate:
         return emulated_node(gpu_mib, host, params, gpu=kind)
     return Hardware(gpu_mib, host, len(totals or []), gpu=kind)
 
