@@ -159,7 +159,7 @@ def test_leave_one_study_out_predicts_a_study_from_the_others_alone():
                             VALIDATION_RUNS / "holdout_5b"])
     works = time_model.stack([c["work"] for c in cells])
     measured = np.array([c["measured_s"] for c in cells])
-    studies = [c["doc"]["study"] for c in cells]
+    studies = [c["result"].study for c in cells]
     mix = np.array(studies) == "holdout_mix"
     before = leave_study_out(works, measured, studies)
     after = leave_study_out(works, np.where(mix, 2 * measured, measured), studies)

@@ -145,7 +145,7 @@ def add_whole_steps(rows: list[dict], waits: dict[str, float] | None = None) -> 
         key = (row["gpu"].key, row["study"])
         if key not in constants:
             gpu, study = key
-            constants[key] = fit_cells([c for c in fitted if c["gpu"] == gpu and c["doc"]["study"] != study])
+            constants[key] = fit_cells([c for c in fitted if c["gpu"] == gpu and c["result"].study != study])
         waiting = time_model.waiting_s(row["params"], row["gpu"], constants[key], row["threads"])
         row["whole_s"] = None if waiting is None else row["step_emulated_s"] + waiting
 
