@@ -17,7 +17,7 @@ does not have: NCCL's buffers and communicators, mostly. Its median for each lay
 its ranks open: memory_model.nccl_layout) is printed against what the memory model adds to an emulated
 rank's measured figure (memory_model.emulated_rank_shortfall_mib; the measured figure stays in the
 result's `emulation` section, and memory_model.completed_gpu_mem_used_mib completes it as the model
-does now: reporting.documents puts that in the documents the checks read). Goal: each emulated
+does now: that is what the real rank's is set against). Goal: each emulated
 rank's device memory within 5% of the real rank's. A rank whose outcome differs (one fits, the other
 runs out of memory) is listed with both statuses.
 """
