@@ -421,7 +421,8 @@ class Section(Mapping[str, Any]):
 class Emulation:
     """An emulated cell's section (training.emulation): which rank of which world it ran, and what was
     measured, modelled and derived rather than measured. `measured` keeps the rank's own figures where
-    the metrics hold them completed (its GPU memory, plus what a real rank shows beyond it)."""
+    the metrics hold them completed (its GPU memory, plus what a real rank shows beyond it); older
+    results say none of the three (empty here, and left out of the document)."""
 
     rank: int
     world_size: int
@@ -442,9 +443,10 @@ class Emulation:
                    others={k: v for k, v in section.items() if k not in typed})
 
     def as_dict(self) -> dict[str, Any]:
+        said = {name: section for name, section in (("measured", self.measured), ("modelled", self.modelled),
+                                                     ("derived", self.derived)) if section}
         return {"rank": self.rank, "world_size": self.world_size, "ranks_per_node": self.ranks_per_node,
-                **self.others, "measured": self.measured, "modelled": self.modelled, "derived": self.derived,
-                "not_measured": self.not_measured}
+                **self.others, **said, "not_measured": self.not_measured}
 
 
 @dataclass(frozen=True)
