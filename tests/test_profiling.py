@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from trainbench.execute.profiling import MEMORY_CATEGORIES, PARTS, breakdown, read_trace, summarise_memory
+from trainbench.contract.result import PARTS
+from trainbench.execute.profiling import MEMORY_CATEGORIES, breakdown, read_trace, summarise_memory
 from trainbench.reporting.columns import expand_sets, report_problems
 from trainbench.reporting.plots import write_plots
 from trainbench.reporting.predictions import MODEL_PARTS, parts_compared

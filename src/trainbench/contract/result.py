@@ -56,6 +56,22 @@ PHASES = (
 )
 
 
+# The parts of a profiled step (metrics.breakdown.parts_s), in the order they win an instant
+# (execute/profiling.py says how a trace is split into them).
+PARTS = ("matmul", "attention", "other_kernels", "optimizer_kernels", "exposed_communication",
+         "exposed_copies", "optimizer_host", "idle")
+MEANINGS = {
+    "matmul": "matrix multiplies of forward and backward",
+    "attention": "attention kernels (flash, memory-efficient, cuDNN; a CPU rank's SDPA)",
+    "other_kernels": "every other kernel of forward and backward: norms, activations, the loss, casts",
+    "optimizer_kernels": "kernels the optimizer step launched (a CPU rank: its ops)",
+    "exposed_communication": "collectives that no compute overlapped",
+    "exposed_copies": "host-device copies that nothing overlapped",
+    "optimizer_host": "the host stepping the optimizer while the device had nothing to do (CPU Adam)",
+    "idle": "the device waiting for the host: launches, Python, synchronisation",
+}
+
+
 @dataclass(frozen=True)
 class Key:
     """One key of metrics.json: its JSON-schema type, what it means, and whether every result has it
