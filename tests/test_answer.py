@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainbench.execute.results import read_cells
+from trainbench.reporting.documents import read_cells
 from trainbench.reporting.answer import (HEADLINE_END, HEADLINE_START, SUMMARY, answer_lines,
                                          headline_markdown, headline_of, summary_markdown, summary_order,
                                          tokens_per_gpu, with_headline)

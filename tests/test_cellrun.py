@@ -19,7 +19,7 @@ from trainbench.execute.cellrun import CellRun, classify, run_cell
 from trainbench.study.grid import Cell
 from trainbench.study.params import CellParams
 from trainbench.registry.models import get_model
-from trainbench.execute.results import PHASES, read_json, schema_problems
+from trainbench.contract.result import PHASES, read_json, schema_problems
 from trainbench.execute.worker import FAIL_AT_STEP_ENV
 
 from conftest import TINY, make_cell

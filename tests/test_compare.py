@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trainbench.cli import main
-from trainbench.execute.metrics import timed_metrics
+from trainbench.contract.figures import timed_metrics
 from trainbench.reporting.compare import compare
 from trainbench.study.params import CellParams, with_optional_defaults
 

@@ -11,7 +11,7 @@ import pytest
 
 from trainbench.study.config import load_config
 from trainbench.reporting.progress import study_cost
-from trainbench.execute.results import PHASES
+from trainbench.contract.result import PHASES
 
 from conftest import REPO
 
@@ -90,6 +90,7 @@ def test_cost_command_reports_every_study_and_refuses_unknown_ones(tmp_path):
 def test_deepspeed_op_builds_are_told_apart_as_paid_once_per_environment():
     # the first offloaded cell of a fresh environment compiles DeepSpeed's CPU Adam: its own phase, and
     # the timed share without it is what the study costs run again there
+    from trainbench.contract.result import Result
     from trainbench.reporting.progress import Cost, StudyCost, report
 
     [first, second] = [json.loads(json.dumps(d)) for d in published("baseline") if d["params"]["gpus"] == 1]
@@ -99,7 +100,7 @@ def test_deepspeed_op_builds_are_told_apart_as_paid_once_per_environment():
     first["metrics"]["wall_time_s"] += 60.0
     cost = Cost()
     for doc in (first, second):
-        cost.add(doc)
+        cost.add(Result.from_document(doc))
     timed = sum(d["metrics"]["phases_s"]["timed"] for d in (first, second))
     assert cost.timed_share == pytest.approx(timed / cost.device_s)
     assert cost.timed_share_ops_built == pytest.approx(timed / (cost.device_s - 60.0))

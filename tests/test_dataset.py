@@ -9,7 +9,7 @@ import pyarrow.parquet
 import pytest
 
 from trainbench.cli import main
-from trainbench.execute.results import read_cells
+from trainbench.reporting.documents import read_cells
 from trainbench.reporting import dataset
 
 from conftest import REPO, Workflow, published_results

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from trainbench.execute.cellrun import run_cell
-from trainbench.execute.results import read_json, schema_problems
+from trainbench.contract.result import read_json, schema_problems
 from trainbench.predict.memory_model import ALLOCATOR_SLACK, predict
 from trainbench.study.grid import check_cell
 from trainbench.study.params import CellParams

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from trainbench.execute.cellrun import run_cell
-from trainbench.execute.results import read_json, schema_problems
+from trainbench.contract.result import read_json, schema_problems
 from trainbench.predict.communication import step_collectives
 from trainbench.predict.memory_model import ALLOCATOR_SLACK, predict
 from trainbench.study.grid import check_cell

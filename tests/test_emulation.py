@@ -14,6 +14,7 @@ import math
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,8 @@ from trainbench.study.grid import Cell, expand_study
 from trainbench.study.params import CellParams
 from trainbench.predict.memory_model import heaviest_rank, predict
 from trainbench.registry.models import get_model
-from trainbench.execute.results import read_json, read_result, schema_problems
+from trainbench.contract.result import read_json, schema_problems
+from trainbench.reporting.documents import read_reported
 
 from conftest import REPO, TINY, make_cell, tiny_study
 
@@ -116,7 +118,7 @@ def test_cells_lists_an_emulated_cell_as_one_rank_of_its_world(capsys):
                                   "strategy~zero1__model~bert-180b-l4__nodes~1__gpus~4__pp~2__micro_batch~1__"
                                   "grad_accum~8__offload_optimizer~false__offload_param~false"])
 def test_the_heaviest_rank_of_a_pipeline_is_on_the_stage_that_held_the_most(cell):
-    doc = read_result(REPO / "results/runs/zero3_pipeline" / cell / "metrics.json")
+    doc = read_reported(REPO / "results/runs/zero3_pipeline" / cell / "metrics.json")
     allocated, params = doc["metrics"]["torch_peak_allocated_mib"], CellParams.from_dict(doc["params"])
     per_stage = params.dp
     stages = [max(allocated[s * per_stage:(s + 1) * per_stage]) for s in range(params.pp)]
@@ -214,24 +216,33 @@ def test_an_emulated_result_completes_what_one_rank_cannot_see_and_says_so():
     assert "communication time" in section["not_measured"]
 
 
-def test_a_stored_emulated_result_is_read_with_the_models_nccl_figure_of_now():
-    """A result written when the model added 550 MiB for every layout reads with today's figure for its
-    own layout: tables, findings and benches set every emulated rank against the same model."""
-    from trainbench.execute.results import with_current_emulation
-    from trainbench.predict.memory_model import emulated_rank_shortfall_mib
+def test_a_stored_emulated_result_keeps_its_figure_and_the_models_completion_of_now_is_named():
+    """A result written when the model added 550 MiB for every layout keeps that figure in its metrics;
+    today's figure for its own layout is the memory model's completion, named as such, and the documents
+    tables, findings and benches read carry it: they set every emulated rank against the same model."""
+    from trainbench.contract.result import METRICS, PREDICTED, PROVENANCE, Emulation, Result, Section
+    from trainbench.reporting.documents import reported
+    from trainbench.predict.memory_model import completed_gpu_mem_used_mib, emulated_rank_shortfall_mib
 
     params = resolve({**TINY, "device": "cuda", "gpus": 4, "framework": "deepspeed", "strategy": "zero1",
                       "pp": 2, "emulate": True})
-    doc = {"params": params.as_dict(), "metrics": {"gpu_mem_used_mib": [1550.0]},
-           "emulation": {"measured": {"gpu_mem_used_mib": [1000.0]}, "modelled": {"nccl_buffers_mib": 550.0}}}
-    now = with_current_emulation(doc)
+    result = Result(study="t", cell_id="c", status="ok", reason=None, params=params.as_dict(),
+                    params_hash="0" * 12, metrics=Section("metrics", METRICS, {"gpu_mem_used_mib": [1550.0]}),
+                    predicted=Section("predicted", PREDICTED, {}),
+                    provenance=Section("provenance", PROVENANCE, {}),
+                    emulation=Emulation(rank=0, world_size=4, ranks_per_node=4, not_measured="time",
+                                        measured={"gpu_mem_used_mib": [1000.0]},
+                                        modelled={"nccl_buffers_mib": 550.0}))
     added = emulated_rank_shortfall_mib(params)
     assert added > 550.0  # a pipeline's ranks open more communicators than the old constant allowed
-    assert now["metrics"]["gpu_mem_used_mib"] == [1000.0 + added]
-    assert now["emulation"]["modelled"]["nccl_buffers_mib"] == added
-    assert doc["metrics"]["gpu_mem_used_mib"] == [1550.0]  # the stored document is left as it was
-    real = {"params": params.replace(emulate=False).as_dict(), "metrics": {"gpu_mem_used_mib": [9.0]}}
-    assert with_current_emulation(real) is real
+    assert completed_gpu_mem_used_mib(result) == ([1000.0 + added], added)
+    assert result.metrics.gpu_mem_used_mib == [1550.0]  # the result holds what the file holds
+    doc = reported(result)
+    assert doc["metrics"]["gpu_mem_used_mib"] == [1000.0 + added]
+    assert doc["emulation"]["modelled"]["nccl_buffers_mib"] == added
+    real = replace(result, params=params.replace(emulate=False).as_dict(), emulation=None)
+    assert completed_gpu_mem_used_mib(real) is None
+    assert reported(real)["metrics"]["gpu_mem_used_mib"] == [1550.0]
 
 
 def _emulated_doc(status="ok", **metrics) -> dict:
@@ -297,7 +308,7 @@ def test_the_memory_model_judges_an_emulated_run_on_the_node_it_stands_for():
 
     path = next((REPO / "results/runs/llama").glob(
         "strategy~fsdp__model~llama-13b__gpus~8*gpu_mem_limit_gib~80"))
-    doc = read_result(path / "metrics.json")
+    doc = read_reported(path / "metrics.json")
     hardware = hardware_of_run(doc)
     assert hardware.gpu_mem_mib == 80 * 1024 and hardware.gpus_per_node == 8
     assert hardware.host_mem_mib == pytest.approx(8 * doc["provenance"]["host_mem_total_mib"])
@@ -457,7 +468,7 @@ def test_fit_runs_one_rank_of_a_configured_cell_and_says_whether_it_fits(workflo
 
 
 def test_the_published_emulated_cells_say_what_they_are():
-    docs = [read_result(p) for p in REPO.glob("results/runs/*/*emulate~true*/metrics.json")]
+    docs = [read_reported(p) for p in REPO.glob("results/runs/*/*emulate~true*/metrics.json")]
     ran = [d for d in docs if d["status"] in ("ok", "oom")]
     assert len(docs) >= 40 and {"llama", "megatron", "zero3_pipeline"} <= {d["study"] for d in docs}
     for doc in ran:

@@ -12,7 +12,8 @@ import pytest
 
 from trainbench.study.config import load_config
 from trainbench.reporting.findings import Finding, evaluate, judge, pairs
-from trainbench.execute.results import current, read_result, read_search
+from trainbench.contract.result import read_search
+from trainbench.reporting.documents import current, read_reported
 from trainbench.reporting.tables import write_tables
 
 from conftest import REPO, timed_three_steps
@@ -21,7 +22,7 @@ GPT2 = "results/runs/gpt2_zero/strategy~{s}__precision~{p}__offload_optimizer~{o
 
 
 def gpt2_cell(strategy: str, precision: str = "fp16", offload: str = "false") -> dict:
-    return read_result(REPO / GPT2.format(s=strategy, p=precision, o=offload))
+    return read_reported(REPO / GPT2.format(s=strategy, p=precision, o=offload))
 
 
 ID_KEYS = ["strategy", "precision", "offload_optimizer", "ort"]
@@ -47,7 +48,7 @@ def test_which_ranks_memory_a_finding_reads_decides_its_verdict_in_the_published
 
 
 def test_timed_figures_are_judged_with_their_intervals_or_said_to_be_medians():
-    lightning = {s: read_result(REPO / f"results/runs/lightning/strategy~{s}/metrics.json")
+    lightning = {s: read_reported(REPO / f"results/runs/lightning/strategy~{s}/metrics.json")
                  for s in ("deepspeed_stage_2", "deepspeed_stage_2_offload")}
     spec = {"claim": "offload costs about 3x", "compare": {
         "metric": "step_time_ms", "more": {"strategy": "deepspeed_stage_2_offload"},
@@ -73,7 +74,7 @@ def test_timed_figures_are_judged_with_their_intervals_or_said_to_be_medians():
 
 def test_a_searched_largest_batch_is_a_range_and_a_claim_it_contradicts_is_not_reproduced():
     cell = "strategy~{s}__model~gpt-2.5b__gpus~2__tp~2__offload_optimizer~false"
-    docs = [{**read_result(REPO / f"results/runs/megatron/{cell.format(s=s)}/metrics.json"),
+    docs = [{**read_reported(REPO / f"results/runs/megatron/{cell.format(s=s)}/metrics.json"),
              "search": read_search(REPO / f"results/search/megatron/{cell.format(s=s)}/max_batch.json")}
             for s in ("zero0", "zero3")]
     spec = {"claim": "ZeRO-3 raises tensor parallel's largest batch", "compare": {

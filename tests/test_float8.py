@@ -11,8 +11,8 @@ import pytest
 
 from trainbench.errors import ConfigError
 from trainbench.execute.cellrun import no_float8_here, run_cell
-from trainbench.execute.metrics import timed_metrics
-from trainbench.execute.results import read_json, schema_problems
+from trainbench.contract.figures import timed_metrics
+from trainbench.contract.result import read_json, schema_problems
 from trainbench.predict import memory_model, time_model
 from trainbench.registry import frameworks
 from trainbench.registry.hardware import GPUS

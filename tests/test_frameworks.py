@@ -146,9 +146,9 @@ NOT_A_FRAMEWORK_FACT = {
     ("execute/provenance.py", "torch"): (2, "Python packages whose versions a run records"),
     ("execute/provenance.py", "deepspeed"): (2, "Python packages whose versions a run records"),
     ("execute/provenance.py", "lightning"): (2, "Python packages whose versions a run records"),
-    ("execute/results.py", "torch"): (1, "a package version a result records"),
-    ("execute/results.py", "deepspeed"): (1, "a package version a result records"),
-    ("execute/results.py", "lightning"): (1, "a package version a result records"),
+    ("contract/result.py", "torch"): (1, "a package version a result records"),
+    ("contract/result.py", "deepspeed"): (1, "a package version a result records"),
+    ("contract/result.py", "lightning"): (1, "a package version a result records"),
     ("reporting/tables.py", "torch"): (1, "torch's version, in the table's hardware line"),
 }
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from trainbench.execute.cellrun import run_cell
-from trainbench.execute.results import read_json, schema_problems
+from trainbench.contract.result import read_json, schema_problems
 from trainbench.predict.communication import Interconnect
 from trainbench.predict.memory_model import predict, shard_params
 from trainbench.predict.time_model import work

@@ -435,7 +435,7 @@ def test_a_cell_jobs_lookups_scan_no_cells_and_compute_each_string_once(monkeypa
 
 def test_freshness_reads_only_the_results_that_exist(tmp_path, monkeypatch):
     from trainbench.reporting import freshness
-    from trainbench.execute import results
+    from trainbench.contract import result as results
 
     grid = large_grid()
     stale, invalid = grid.cells[5], grid.cells[7]

@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 from trainbench.cli import main
+from trainbench.contract.result import Result, read_json, read_result
 from trainbench.execute import history
-from trainbench.execute.results import read_result
 from trainbench.reporting.compare import compare_with_history
 
 from conftest import REPO, published_results
@@ -36,10 +36,10 @@ def test_each_run_of_a_cell_is_kept_and_a_rerun_is_set_against_the_last(tmp_path
 
 def test_a_record_keeps_the_runs_energy_and_its_hosts_pace():
     """A rerun kept out of its table lives on in its history only: its energy and host pace with it."""
-    doc = {"study": "s", "cell_id": "c", "status": "ok",
-           "metrics": {"step_time_s": 0.03, "energy_j_per_step": 48.2, "energy_j_per_token": 0.00196},
-           "provenance": {"git_commit": "a0f10be", "host_pace_ms": 2.56}}
-    kept = history.record(doc)
+    doc = read_json(published_results()[0])
+    doc["metrics"].update(step_time_s=0.03, energy_j_per_step=48.2, energy_j_per_token=0.00196)
+    doc["provenance"].update(git_commit="a0f10be", host_pace_ms=2.56)
+    kept = history.record(Result.from_document(doc))
     assert kept["metrics"]["energy_j_per_step"] == 48.2 and kept["metrics"]["energy_j_per_token"] == 0.00196
     assert kept["provenance"]["host_pace_ms"] == 2.56
 
@@ -50,8 +50,10 @@ def test_only_a_run_with_the_same_parameters_on_the_same_gpu_model_is_comparable
     runs = tmp_path / "results/runs/holdout_frameworks"
     shutil.copytree(published / cell, runs / cell)
     result = runs / cell / "metrics.json"
-    doc = read_result(result)
-    assert history.last_comparable(doc, result) is None  # no history yet
+    doc = read_json(result)
+    mine = (doc["params_hash"], doc["provenance"]["gpu_name"], doc["provenance"]["started"], result)
+    assert doc["provenance"]["gpu_name"] == "NVIDIA H200"
+    assert history.last_comparable(*mine) is None  # no history yet
     for gpu, started, params_hash in (("NVIDIA H100 80GB HBM3", "2026-01-01", doc["params_hash"]),
                                       ("NVIDIA H200", "2026-01-02", "0" * 12),
                                       ("NVIDIA H200", "2026-01-03", doc["params_hash"]),
@@ -59,8 +61,8 @@ def test_only_a_run_with_the_same_parameters_on_the_same_gpu_model_is_comparable
         earlier = json.loads(json.dumps(doc))
         earlier["provenance"].update(gpu_name=gpu, started=started)
         earlier["params_hash"] = params_hash
-        history.append(earlier, result)
-    assert history.last_comparable(doc, result)["provenance"]["started"] == "2026-01-03"
+        history.append(Result.from_document(earlier), result)
+    assert history.last_comparable(*mine)["provenance"]["started"] == "2026-01-03"
     # a line a crash cut short is skipped, not fatal
     with open(history.history_file(result), "a") as f:
         f.write('{"study": "holdout_frame')
@@ -78,7 +80,7 @@ def test_results_made_before_histories_are_added_once(tmp_path):
 
 def test_every_published_result_is_in_its_history():
     for result in published_results() + published_results(REPO / "validation"):
-        started = read_result(result)["provenance"]["started"]
+        started = read_result(result).provenance.started
         kept = history.runs(history.history_file(result))
         assert started in {r["provenance"]["started"] for r in kept}, result
 

@@ -288,7 +288,7 @@ def test_compiled_gpt_cells_save_less_and_keep_no_fp32_logits_at_a_padded_vocabu
     cells, measured on an H200, within 3% of torch's peak (-2.1% and -1.3%)."""
     from trainbench.study.config import load_config
     from trainbench.predict.memory_model import allocated_mib
-    from trainbench.execute.results import read_result
+    from trainbench.reporting.documents import read_reported
 
     eager = resolve({"model": "gpt2-124m", "precision": "bf16", "micro_batch": 8, "seq_len": 1024})
     compiled = eager.replace(compile=True)
@@ -302,7 +302,7 @@ def test_compiled_gpt_cells_save_less_and_keep_no_fp32_logits_at_a_padded_vocabu
     for cell in load_config(repo / "config.yaml").study("baseline").cells:
         path = repo / cell.target
         if path.exists() and cell.params.strategy == "single":  # FSDP2's compiled cells: docs/results.md
-            doc = read_result(path)
+            doc = read_reported(path)
             predicted = allocated_mib(predict(CellParams.from_dict(doc["params"])).parts_mib)
             assert predicted == pytest.approx(doc["metrics"]["torch_peak_allocated_mib"][0], rel=0.03)
             measured += 1

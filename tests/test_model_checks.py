@@ -114,17 +114,17 @@ def test_the_time_model_fit_leaves_out_float8_cells_it_does_not_describe():
     assert f"left out {eager}: float8 without torch.compile" in run.stderr
     assert "held out (never fitted)" not in run.stdout  # --held-out alone: none
     # and its prediction says so wherever it is shown
-    from trainbench.execute.results import read_result
+    from trainbench.reporting.documents import read_reported
     from trainbench.predict import time_model
     from trainbench.registry.hardware import GPUS
     from trainbench.study.params import CellParams
 
-    eager_cell = CellParams.from_dict(read_result(REPO / "results/runs" / eager / "metrics.json")["params"])
+    eager_cell = CellParams.from_dict(read_reported(REPO / "results/runs" / eager / "metrics.json")["params"])
     assert "float8 without torch.compile" in time_model.predict(eager_cell, GPUS["h200"]).note
     compiled_cell = eager_cell.replace(compile=True)
     assert time_model.predict(compiled_cell, GPUS["h200"]).note is None
     # every published real GPU cell that trained is fitted but the eager float8 one
-    trained = [d for d in (read_result(p) for p in (REPO / "results/runs/float8").glob("*/metrics.json"))
+    trained = [d for d in (read_reported(p) for p in (REPO / "results/runs/float8").glob("*/metrics.json"))
                if d["status"] == "ok" and d["params"].get("device") == "cuda" and not d.get("emulation")]
     assert f"h200: {len(trained) - 1} cells, leave-one-out" in run.stdout
 
@@ -159,7 +159,7 @@ def test_leave_one_study_out_predicts_a_study_from_the_others_alone():
                             VALIDATION_RUNS / "holdout_5b"])
     works = time_model.stack([c["work"] for c in cells])
     measured = np.array([c["measured_s"] for c in cells])
-    studies = [c["doc"]["study"] for c in cells]
+    studies = [c["result"].study for c in cells]
     mix = np.array(studies) == "holdout_mix"
     before = leave_study_out(works, measured, studies)
     after = leave_study_out(works, np.where(mix, 2 * measured, measured), studies)

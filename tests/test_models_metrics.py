@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trainbench.training.gpt import GPT
-from trainbench.execute.metrics import peak_flops, throughput
+from trainbench.contract.figures import peak_flops, throughput
 from trainbench.registry.models import MODELS, get_model
 from trainbench.reporting.columns import hms, si
 

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from trainbench.execute.profiling import MEMORY_CATEGORIES, PARTS, breakdown, read_trace, summarise_memory
+from trainbench.contract.result import PARTS
+from trainbench.execute.profiling import MEMORY_CATEGORIES, breakdown, read_trace, summarise_memory
 from trainbench.reporting.columns import expand_sets, report_problems
 from trainbench.reporting.plots import write_plots
 from trainbench.reporting.predictions import MODEL_PARTS, parts_compared
@@ -20,7 +21,7 @@ from trainbench.training import OPTIMIZER_RANGE
 from trainbench.workflow import Workflow
 
 from trainbench.cli import main
-from trainbench.execute.results import read_result
+from trainbench.reporting.documents import read_reported
 
 from conftest import REPO, tiny_study
 from test_cellrun import make_cell, run
@@ -101,7 +102,7 @@ def test_a_ddp_cell_on_cpu_ranks_profiles_steps_after_its_timed_ones(tmp_path):
     # the traces are the measurement: read again (`trainbench breakdown`), they give the same parts
     result = tmp_path / "results/runs/t/c/metrics.json"
     assert main(["breakdown", str(result)]) == 0
-    assert read_result(result)["metrics"]["breakdown_per_rank"] == m["breakdown_per_rank"]
+    assert read_reported(result)["metrics"]["breakdown_per_rank"] == m["breakdown_per_rank"]
 
     # a rerun without profiling leaves no profile of the earlier run beside the new result
     cell = dataclasses.replace(cell, timing=dataclasses.replace(cell.timing, profile_steps=0))
@@ -123,7 +124,7 @@ def test_a_framework_that_owns_its_loop_runs_the_profiled_steps_too(tmp_path):
 
 def profiled_doc() -> dict:
     """A published H200 result, given the breakdown of a profile whose steps took half its timed step."""
-    doc = read_result(REPO / "results/runs/baseline"
+    doc = read_reported(REPO / "results/runs/baseline"
                       / "strategy~single__model~gpt2-124m__gpus~1__micro_batch~32/metrics.json")
     step = doc["metrics"]["step_time_s"]
     parts = dict.fromkeys(PARTS, 0.0) | {"matmul": 0.3 * step, "other_kernels": 0.1 * step,
@@ -270,7 +271,7 @@ def test_trainbench_profile_runs_one_cell_again_with_its_steps_profiled(tmp_path
     (tmp_path / "config.yaml").write_text(json.dumps({"studies": {"t": study},
                                                       "default_studies": {"without_gpus": ["t"]}}))
     assert main(["profile", "t", "micro_batch~2", "--steps", "2"]) == 0
-    doc = read_result(tmp_path / "results/runs/t/micro_batch~2/metrics.json")
+    doc = read_reported(tmp_path / "results/runs/t/micro_batch~2/metrics.json")
     assert doc["status"] == "ok" and doc["metrics"]["breakdown"]["steps"] == 2
     assert doc["metrics"]["timing"]["profile_steps"] == 2
     assert (tmp_path / "results/runs/t/micro_batch~2/profile/rank0.json.gz").exists()

@@ -11,7 +11,7 @@ import yaml
 
 from trainbench.cli import main
 from trainbench.errors import ConfigError
-from trainbench.execute.results import read_cells
+from trainbench.reporting.documents import read_cells
 from trainbench.reporting.references import NOT_MEASURED, OTHER_GPU, OUTSIDE, WITHIN, check, markdown
 from trainbench.reporting.tables import study_markdown
 from trainbench.workflow import load_checked

@@ -19,7 +19,8 @@ from pathlib import Path
 import pandas
 import pytest
 
-from trainbench.execute.results import read_cells, read_search
+from trainbench.contract.result import read_search
+from trainbench.reporting.documents import read_cells
 from trainbench.reporting.report import (NOT_LAUNCHED, markdown_html, page_labels, provenance_rows,
                                          study_page, verdict_tally)
 from trainbench.reporting.plots import with_scaling

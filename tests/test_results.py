@@ -7,10 +7,12 @@ import os
 
 import pytest
 
-from trainbench.execute import results
+from trainbench.contract import result as results
 from trainbench.study.params import CellParams
-from trainbench.execute.metrics import timed_metrics
-from trainbench.execute.results import read_cells, schema_problems, write_json_atomic
+from trainbench.contract.figures import timed_metrics
+from trainbench.contract.result import schema_problems
+from trainbench.reporting.documents import read_cells
+from trainbench.contract.result import write_json_atomic
 
 resolve = CellParams.resolve  # a study's settings for one cell, as its typed parameters
 

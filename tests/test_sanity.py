@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from trainbench.execute.results import sanity_problems
+from trainbench.contract.result import sanity_problems
 from trainbench.reporting.columns import result_text
 from trainbench.reporting.findings import evaluate
 

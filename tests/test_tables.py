@@ -13,7 +13,7 @@ import pandas
 import pytest
 
 from trainbench.study.config import load_config
-from trainbench.execute.results import read_result
+from trainbench.reporting.documents import read_reported
 from trainbench.reporting.answer import SUMMARY, summary_order
 from trainbench.reporting.columns import COLUMNS, COMPUTE_ONLY, expand_sets
 from trainbench.reporting.tables import cell_text, scalar_columns, with_planned, write_tables
@@ -52,7 +52,7 @@ def markdown_rows(text: str) -> list[list[str]]:
 def in_summary_order(study: str, csv: pandas.DataFrame) -> pandas.DataFrame:
     """The CSV's rows (the grid's order) in the order of the markdown tables: model, GPUs, throughput."""
     runs = TABLES[study][0].parent / "runs" / study
-    docs = [read_result(runs / cell / "metrics.json") for cell in csv.cell_id]
+    docs = [read_reported(runs / cell / "metrics.json") for cell in csv.cell_id]
     position = {id(d): i for i, d in enumerate(docs)}
     return csv.iloc[[position[id(d)] for d in summary_order(docs)]].reset_index(drop=True)
 
@@ -65,7 +65,7 @@ def test_each_published_summary_is_narrow_and_gives_each_cells_own_figures(study
     runs = TABLES[study][0].parent / "runs" / study
     assert len(rows) - 1 == len(csv)
     for row, cell in zip(rows[1:], csv.cell_id):
-        doc = read_result(runs / cell / "metrics.json")
+        doc = read_reported(runs / cell / "metrics.json")
         assert row[2].startswith("ok") == (doc["status"] == "ok"), (study, cell, row[2])
         tokens, used = doc["metrics"].get("tokens_per_s"), doc["metrics"].get("gpu_mem_used_mib")
         if doc["status"] == "ok" and tokens:
@@ -152,7 +152,7 @@ def test_a_table_names_a_commit_once_whether_its_runs_were_given_the_full_or_the
 def test_published_tables_predict_with_the_committed_time_model(study):
     # a refit changes every table's predicted columns: a table made before it (the refit committed,
     # the tables not made again) would show the old fit's figures beside the new fit's docs
-    from trainbench.execute.results import read_result
+    from trainbench.reporting.documents import read_reported
     from trainbench.reporting.predictions import time_prediction
 
     csv = pandas.read_csv(table(study, ".csv"))
@@ -164,7 +164,7 @@ def test_published_tables_predict_with_the_committed_time_model(study):
         result = TABLES[study][0].parent / "runs" / study / cell_id / "metrics.json"
         if status != "ok" or math.isnan(shown) or not result.exists():
             continue
-        doc = read_result(result)
+        doc = read_reported(result)
         if doc.get("emulation"):  # an emulated row shows the whole step beside the rank's compute
             continue
         predicted = time_prediction(doc)

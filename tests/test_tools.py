@@ -93,7 +93,7 @@ def test_published_searches_are_complete_and_current(study):
     from trainbench.predict.batch_search import bounds_for, walk
     from trainbench.study.config import load_config
     from trainbench.study.grid import probe_cell
-    from trainbench.execute.results import read_json
+    from trainbench.contract.result import read_json
     from trainbench.workflow import Workflow
 
     config = load_config(REPO / "config.yaml").study(study)

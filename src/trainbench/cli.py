@@ -38,7 +38,7 @@ def cell_status(cell: Cell, target: Path) -> str:
         return "missing"
     if state.kind == INVALID:
         return f"unreadable ({state.why[:120]})"
-    status = state.result["status"]
+    status = state.result.status
     if state.kind == RETRY:
         return f"{status} (runs again: the infrastructure failed it)"
     return f"{status} (stale: parameters changed)" if state.kind == STALE else status
@@ -48,7 +48,7 @@ def search_status(root: Path, study: str, cell_id: str) -> str:
     """Where a cell's max-batch search stands: its answer, or how many probes have run."""
     from trainbench.study.grid import search_target
     from trainbench.paths import probe_glob
-    from trainbench.execute.results import InvalidResult, read_search
+    from trainbench.contract.result import InvalidResult, read_search
 
     result = root / search_target(study, cell_id)
     if result.exists():
@@ -492,7 +492,8 @@ def cmd_commbench(args) -> int:
 def cmd_search_summary(args) -> int:
     """The max-batch search's result from its probes (the search_result rule)."""
     from trainbench.predict.batch_search import summary
-    from trainbench.execute.results import read_cells, write_json_atomic
+    from trainbench.reporting.documents import read_cells
+    from trainbench.contract.result import write_json_atomic
 
     docs = read_cells(args.probes)
     write_json_atomic(args.output, summary({doc["params"]["micro_batch"]: doc for doc in docs},
@@ -535,7 +536,7 @@ def cmd_compare(args) -> int:
 
 def cmd_references(args) -> int:
     """A study's measured cells against its reference figures; exit 1 where one is outside its band."""
-    from trainbench.execute.results import read_cells
+    from trainbench.reporting.documents import read_cells
     from trainbench.reporting.references import OUTSIDE, check, markdown
 
     study = _config(args.config).study(args.study)

@@ -112,18 +112,19 @@ def run(cell: Cell, *, root: str = FIT_ROOT, force: bool = False, runtime_min: f
         say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run (or read, unless forced) one emulated cell's result under `root`."""
     from trainbench.execute.cellrun import run_cell
-    from trainbench.execute.results import read_result, result_problem
+    from trainbench.contract.result import result_problem
+    from trainbench.reporting.documents import read_reported
 
     output = target(cell, root)
     if output.exists() and not force and result_problem(output) is None:
-        doc = read_result(output)
+        doc = read_reported(output)
         if doc["params_hash"] == cell.params_hash:
             say(f"(already measured: {output}; --force runs it again)")
             return doc
     code = run_cell(cell, output, runtime_min=runtime_min, retries=0)
     if code != 0:
         raise UsageError(f"{cell.study}/{cell.cell_id} could not run here (see above)")
-    return read_result(output)
+    return read_reported(output)
 
 
 def search(cell: Cell, *, max_micro_batch: int, tolerance: float, root: str = FIT_ROOT, force: bool = False,

@@ -2,7 +2,7 @@
 
 import sys
 
-from trainbench.execute.results import read_cells
+from trainbench.reporting.documents import read_cells
 from trainbench.reporting.dataset import write
 
 with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake

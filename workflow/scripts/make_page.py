@@ -3,7 +3,7 @@ metrics.json files."""
 
 import sys
 
-from trainbench.execute.results import read_cells
+from trainbench.reporting.documents import read_cells
 from trainbench.reporting.report import write_study_page
 
 with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake

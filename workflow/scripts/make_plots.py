@@ -5,7 +5,8 @@ import sys
 
 from trainbench.study.config import load_config
 from trainbench.reporting.plots import write_plots
-from trainbench.execute.results import read_cells, read_search
+from trainbench.contract.result import read_search
+from trainbench.reporting.documents import read_cells
 from trainbench.reporting.tables import short_of_gpus, with_planned, with_searches
 from trainbench.workflow import Workflow
 

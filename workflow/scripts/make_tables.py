@@ -4,7 +4,8 @@ the markdown)."""
 
 import sys
 
-from trainbench.execute.results import read_cells, read_search
+from trainbench.contract.result import read_search
+from trainbench.reporting.documents import read_cells
 from trainbench.reporting.plots import with_scaling
 from trainbench.reporting.tables import short_of_gpus, with_planned, with_searches, write_tables
 from trainbench.study.config import load_config

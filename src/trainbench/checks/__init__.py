@@ -6,6 +6,6 @@ against the cells' results (`predictions`); emulated ranks against the real rank
 (`emulation`); the causal LMs of transformers it counts (`architectures`). `inputs` says which
 published results they read by default; `commands` is their command line.
 
-May import: every stage below it (`registry`, `study`, `predict`, `training`, `execute`,
+May import: every stage below it (`registry`, `study`, `contract`, `predict`, `training`, `execute`,
 `reporting`); nothing imports it but the command line (`trainbench.cli`).
 """

@@ -16,7 +16,8 @@ The device memory a real rank uses beyond what its emulated twin measured is wha
 does not have: NCCL's buffers and communicators, mostly. Its median for each layout (the communicators
 its ranks open: memory_model.nccl_layout) is printed against what the memory model adds to an emulated
 rank's measured figure (memory_model.emulated_rank_shortfall_mib; the measured figure stays in the
-result's `emulation` section, and read_result completes it as the model does now). Goal: each emulated
+result's `emulation` section, and memory_model.completed_gpu_mem_used_mib completes it as the model
+does now: that is what the real rank's is set against). Goal: each emulated
 rank's device memory within 5% of the real rank's. A rank whose outcome differs (one fits, the other
 runs out of memory) is listed with both statuses.
 """
@@ -33,8 +34,8 @@ from trainbench.checks.inputs import counted_params
 from trainbench.checks.inputs import first_present, metrics_files, published
 from trainbench.predict import time_model
 from trainbench.registry.hardware import gpu_type_of
-from trainbench.execute.results import read_result
-from trainbench.predict.memory_model import emulated_rank_shortfall_mib, nccl_layout
+from trainbench.contract.result import Result, read_result
+from trainbench.predict.memory_model import emulated_rank_shortfall_mib, gpu_mem_used_now_mib, nccl_layout
 from trainbench.reporting.compare import shorten
 
 EMULATION_KEYS = ("emulate", "emulate_rank")
@@ -45,9 +46,9 @@ GOAL_DEVICE_PCT = 5.0
 GOAL_WHOLE_PCT = 10.0
 
 
-def twin_key(doc: dict) -> str:
+def twin_key(result: Result) -> str:
     """What a cell is, emulated or not: its parameters without the emulation's."""
-    return json.dumps({k: v for k, v in doc["params"].items() if k not in EMULATION_KEYS}, sort_keys=True)
+    return json.dumps({k: v for k, v in result.params.items() if k not in EMULATION_KEYS}, sort_keys=True)
 
 
 def rank_figure(metrics: dict, key: str, index: int) -> float | None:
@@ -75,39 +76,41 @@ def pairs(paths: list[Path]) -> tuple[list[dict], list[str]]:
     """(one row per emulated rank whose real twin ran, whatever either's outcome; the emulated results
     whose twin has no result). A rank that fits emulated and not for real, or the reverse, is a row
     with both statuses: what the comparison exists to find."""
-    docs = [read_result(p) for p in paths]
-    real = {twin_key(d): d for d in docs if not d.get("emulation")}
+    results = [read_result(p) for p in paths]
+    real = {twin_key(r): r for r in results if not r.emulated}
     rows, alone = [], []
-    for doc in docs:
-        if not doc.get("emulation"):
+    for result in results:
+        if not result.emulated:
             continue
-        twin = real.get(twin_key(doc))
+        twin = real.get(twin_key(result))
         if twin is None:
-            alone.append(f"{doc['study']}/{doc['cell_id']}")
+            alone.append(f"{result.study}/{result.cell_id}")
             continue
-        rank, world = doc["emulation"]["rank"], doc["emulation"]["world_size"]
-        em, real_m = doc["metrics"], twin["metrics"]
-        row = {"cell": f"{twin['study']}/{twin['cell_id']}", "rank": rank, "world": world,
-               "status_real": twin["status"], "status_emulated": doc["status"]}
+        rank, world = result.emulation.rank, result.emulation.world_size
+        # the emulated rank's device memory as the memory model completes it now (its measured figure
+        # plus the NCCL buffers a real rank has beyond it): what the real rank's is set against
+        em = {**result.metrics, "gpu_mem_used_mib": gpu_mem_used_now_mib(result)}
+        real_m = twin.metrics
+        row = {"cell": f"{twin.study}/{twin.cell_id}", "rank": rank, "world": world,
+               "status_real": twin.status, "status_emulated": result.status}
         for label, key in MEMORY:
             row[f"{label}_real"] = rank_figure(real_m, key, rank)
             row[f"{label}_emulated"] = rank_figure(em, key, 0)
-        # the device memory the emulated rank itself used: its stored figure adds the memory model's
-        # NCCL buffers (emulation.account), which is what a real rank has beyond it
-        measured = (doc["emulation"].get("measured") or {}).get("gpu_mem_used_mib") or []
+        # the device memory the emulated rank itself used
+        measured = result.emulation.measured.get("gpu_mem_used_mib") or []
         row["device_emulated_measured"] = measured[0] if measured else None
-        params = counted_params(doc["params"])
+        params = counted_params(result.params)
         row["layout"], row["modelled_mib"] = nccl_layout(params), emulated_rank_shortfall_mib(params)
         row["held_real"], row["held_emulated"] = held_bytes(real_m, rank), held_bytes(em, 0)
         row["shard_real"] = rank_figure(real_m, "params_held_per_rank", rank)
         row["shard_emulated"] = rank_figure(em, "params_held_per_rank", 0)
-        row["step_real_s"], row["step_emulated_s"] = real_m.get("step_time_s"), em.get("step_time_s")
+        row["step_real_s"], row["step_emulated_s"] = real_m.step_time_s, result.metrics.step_time_s
         row["real_exposed_comm_share"] = exposed_share(real_m, rank)
         # what the time model needs for the rank's wait: the real cell's parameters, GPU and threads
-        row["study"], row["params"] = twin["study"], counted_params(twin["params"])
-        row["emulated_cell"] = f"{doc['study']}/{doc['cell_id']}"
-        row["gpu"] = gpu_type_of((twin.get("provenance") or {}).get("gpu_name"))
-        row["threads"] = time_model.threads_of_run(twin)
+        row["study"], row["params"] = twin.study, counted_params(twin.params)
+        row["emulated_cell"] = f"{result.study}/{result.cell_id}"
+        row["gpu"] = gpu_type_of(twin.gpu_name)
+        row["threads"] = time_model.threads_of_result(twin)
         rows.append(row)
     return rows, alone
 
@@ -142,7 +145,7 @@ def add_whole_steps(rows: list[dict], waits: dict[str, float] | None = None) -> 
         key = (row["gpu"].key, row["study"])
         if key not in constants:
             gpu, study = key
-            constants[key] = fit_cells([c for c in fitted if c["gpu"] == gpu and c["doc"]["study"] != study])
+            constants[key] = fit_cells([c for c in fitted if c["gpu"] == gpu and c["result"].study != study])
         waiting = time_model.waiting_s(row["params"], row["gpu"], constants[key], row["threads"])
         row["whole_s"] = None if waiting is None else row["step_emulated_s"] + waiting
 

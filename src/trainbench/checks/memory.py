@@ -30,8 +30,9 @@ from trainbench.checks.inputs import counted_params
 from trainbench.checks.inputs import metrics_files, published
 from trainbench.checks.memory_out_of_sample import error_pct, linear_terms, print_out_of_sample
 from trainbench.checks.memory_snapshots import print_snapshots
-from trainbench.execute.results import read_result
-from trainbench.predict.memory_model import ALLOCATOR_SLACK, allocated_mib, engine, hardware_of_run, predict
+from trainbench.contract.result import read_result
+from trainbench.predict.memory_model import (ALLOCATOR_SLACK, allocated_mib, engine, gpu_mem_used_now_mib,
+                                             hardware_of_result, predict)
 from trainbench.reporting.compare import shorten
 
 
@@ -45,26 +46,29 @@ def measured_rows(paths: list[Path]) -> list[dict]:
     """One row per cell that ran or ran out of memory: its predictions beside its measurements."""
     rows = []
     for path in paths:
-        doc = read_result(path)  # checked, in the current shape (optional parameters filled in)
-        if doc["status"] not in ("ok", "oom"):
+        result = read_result(path)  # checked, in the current shape (optional parameters filled in)
+        if result.status not in ("ok", "oom"):
             continue
-        m = doc["metrics"]
-        params = counted_params(doc["params"])
-        pred = predict(params, hardware_of_run(doc))
-        row = {"study": doc["study"], "cell": doc["cell_id"], "status": doc["status"],
-               "gpu_pred_mib": pred.gpu_mem_mib, "gpu_meas_mib": max(m["gpu_mem_used_mib"] or [0]) or None,
-               "host_pred_mib": pred.host_mem_mib, "host_meas_mib": m["host_mem_peak_mib"], "fits": pred.fits,
+        m = result.metrics
+        params = counted_params(result.params)
+        hardware = hardware_of_result(result)
+        pred = predict(params, hardware)
+        # an emulated rank's GPU memory as the model completes it now: what a real rank would show
+        used = gpu_mem_used_now_mib(result)
+        row = {"study": result.study, "cell": result.cell_id, "status": result.status,
+               "gpu_pred_mib": pred.gpu_mem_mib, "gpu_meas_mib": max(used or [0]) or None,
+               "host_pred_mib": pred.host_mem_mib, "host_meas_mib": m.host_mem_peak_mib, "fits": pred.fits,
                "engine": engine_label(params), "tensors_pred_mib": allocated_mib(pred.parts_mib),
-               "torch_alloc_mib": max(m.get("torch_peak_allocated_mib") or [0]) or None,
-               "torch_reserved_mib": max(m.get("torch_peak_reserved_mib") or [0]) or None,
-               "terms": linear_terms(doc), "hardware": hardware_of_run(doc)}
+               "torch_alloc_mib": max(m.torch_peak_allocated_mib or [0]) or None,
+               "torch_reserved_mib": max(m.torch_peak_reserved_mib or [0]) or None,
+               "terms": linear_terms(result.params), "hardware": hardware}
         for kind in ("gpu", "host"):
             p, x = row[f"{kind}_pred_mib"], row[f"{kind}_meas_mib"]
-            row[f"{kind}_err_pct"] = error_pct(p, x) if p and x and doc["status"] == "ok" else None
-        row["emulated"] = bool(doc.get("emulation"))
+            row[f"{kind}_err_pct"] = error_pct(p, x) if p and x and result.ok else None
+        row["emulated"] = result.emulated
         row["one_gpu"] = params.gpus == 1 and params.device == "cuda"
         row["allocated_err_pct"] = (error_pct(row["tensors_pred_mib"], row["torch_alloc_mib"])
-                                    if doc["status"] == "ok" and row["torch_alloc_mib"] else None)
+                                    if result.ok and row["torch_alloc_mib"] else None)
         rows.append(row)
     return rows
 

@@ -47,11 +47,11 @@ NOT_REFIT = (
     "import (75 MiB) and the CPU ranks' base (smoke)")
 
 
-def linear_terms(doc: dict) -> dict | None:
-    """A measured cell's predictions as linear functions of the fitted constants: GPU = slack x alloc +
-    context + nccl scale x the layout's NCCL figure; host = ranks x (base + rest + staging x offloaded)
-    (MiB)."""
-    params = counted_params(doc["params"])
+def linear_terms(params_dict: dict) -> dict | None:
+    """A measured cell's predictions (its parameters as its result holds them) as linear functions of
+    the fitted constants: GPU = slack x alloc + context + nccl scale x the layout's NCCL figure; host =
+    ranks x (base + rest + staging x offloaded) (MiB)."""
+    params = counted_params(params_dict)
     if params.device != "cuda":
         return None
     pred = predict(params)

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from trainbench.checks.inputs import counted_params
-from trainbench.execute.results import read_result
-from trainbench.predict.memory_model import ALLOCATOR_SLACK, allocated_mib, hardware_of_run, predict
+from trainbench.contract.result import read_result
+from trainbench.predict.memory_model import ALLOCATOR_SLACK, allocated_mib, hardware_of_result, predict
 
 # The model's parts as a snapshot sorts the allocator's blocks (trainbench.execute.profiling): by the
 # runner's parameters, gradients and optimizer states; all else is activations and other.
@@ -23,13 +23,13 @@ def print_snapshots(paths: list[Path]) -> int:
     """Each kept snapshot's peak by category (MiB) against the memory model's parts in the same categories."""
     found = 0
     for path in paths:
-        doc = read_result(path)
-        snapshot = doc["metrics"].get("memory_snapshot") if doc["status"] in ("ok", "oom") else None
+        result = read_result(path)
+        snapshot = result.metrics.memory_snapshot if result.status in ("ok", "oom") else None
         if not snapshot:
             continue
         found += 1
-        params = counted_params(doc["params"])
-        parts = predict(params, hardware_of_run(doc)).parts_mib
+        params = counted_params(result.params)
+        parts = predict(params, hardware_of_result(result)).parts_mib
         model: dict[str, float] = {}
         for part, mib in parts.items():
             # what allocated_mib counts (not the allocator's reserve or gradient shards it holds
@@ -38,7 +38,7 @@ def print_snapshots(paths: list[Path]) -> int:
                 category = SNAPSHOT_CATEGORY.get(part, "activations_and_other")
                 model[category] = model.get(category, 0.0) + mib
         measured = snapshot["peak_by_category_mib"]
-        print(f"{doc['study']}/{doc['cell_id']} ({doc['status']}, rank {snapshot['rank']}; {path})")
+        print(f"{result.study}/{result.cell_id} ({result.status}, rank {snapshot['rank']}; {path})")
         print(f"  {'category':<24} {'snapshot MiB':>13} {'model MiB':>10} {'model - snapshot':>17}")
         for category in ("parameters", "gradients", "optimizer_states", "activations_and_other"):
             got, want = measured.get(category, 0.0), model.get(category, 0.0)

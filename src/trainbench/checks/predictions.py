@@ -27,21 +27,22 @@ from pathlib import Path
 
 from trainbench.checks.inputs import published
 from trainbench.errors import UsageError
-from trainbench.execute.results import InvalidResult, read_result
+from trainbench.contract.result import InvalidResult, Result, read_result
+from trainbench.predict.memory_model import gpu_mem_used_now_mib
 from trainbench.registry.hardware import MIB
 from trainbench.reporting.predictions import MODEL_PARTS, profiled_parts
 
 GIB = 1024 * MIB
 
 
-def _outcome(path: Path) -> tuple[str, dict | None]:
+def _outcome(path: Path) -> tuple[str, Result | None]:
     if not path.exists():
         return "no result", None
     try:
-        doc = read_result(path)
+        result = read_result(path)
     except InvalidResult as error:
         return f"unreadable ({error})", None
-    return doc["status"], doc
+    return result.status, result
 
 
 def result_of(row: dict, runs: Path | list[Path]) -> Path:
@@ -54,7 +55,7 @@ def result_of(row: dict, runs: Path | list[Path]) -> Path:
 
 def compare_row(row: dict, runs: Path | list[Path]) -> dict:
     """One prediction against its cell's result."""
-    status, doc = _outcome(result_of(row, runs))
+    status, result = _outcome(result_of(row, runs))
     predicted_fit = row["fits"] == "True"
     entry = {"study": row["study"], "cell": row["cell"], "status": status,
              "predicted_gpu_gib": float(row["gpu_mem_gib"]), "predicted_fits": predicted_fit,
@@ -65,11 +66,11 @@ def compare_row(row: dict, runs: Path | list[Path]) -> dict:
         return entry
     entry["verdict_right"] = predicted_fit == (status == "ok")
     if status == "ok":
-        metrics = doc["metrics"]
-        entry["measured_gpu_gib"] = max(metrics["gpu_mem_used_mib"]) * MIB / GIB
-        entry["measured_step_s"] = metrics["step_time_s"]
+        metrics = result.metrics
+        entry["measured_gpu_gib"] = max(gpu_mem_used_now_mib(result)) * MIB / GIB
+        entry["measured_step_s"] = metrics.step_time_s
         entry["gpu_error"] = entry["predicted_gpu_gib"] / entry["measured_gpu_gib"] - 1
-        if doc.get("emulation") and entry["predicted_step_s"] and row.get("communication_s"):
+        if result.emulated and entry["predicted_step_s"] and row.get("communication_s"):
             # an emulated rank's step is its compute alone: set against the prediction less its
             # communication (compute, optimizer and the loop's own costs remain)
             entry["predicted_step_s"] -= float(row["communication_s"])

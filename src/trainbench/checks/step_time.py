@@ -33,7 +33,7 @@ import numpy as np
 
 from trainbench.checks.inputs import counted_params
 from trainbench.checks.inputs import metrics_files, published
-from trainbench.execute.results import read_result
+from trainbench.contract.result import Result, read_result
 from trainbench.predict import time_model
 from trainbench.registry.frameworks import registry
 from trainbench.registry.hardware import gpu_type_of
@@ -49,24 +49,25 @@ def measured_cells(folders: list[Path]) -> list[dict]:
     steps time one rank's compute alone, training.emulation)."""
     cells = []
     for path in metrics_files(folders):
-        doc = read_result(path)  # checked, in the current shape (optional parameters filled in)
-        gpu = gpu_type_of((doc.get("provenance") or {}).get("gpu_name"))
-        step = (doc.get("metrics") or {}).get("step_time_s")
-        if doc["status"] != "ok" or doc["params"].get("device") != "cuda" or gpu is None or not step:
+        result = read_result(path)  # checked, in the current shape (optional parameters filled in)
+        gpu = gpu_type_of(result.gpu_name)
+        step = result.metrics.step_time_s
+        if not result.ok or result.params.get("device") != "cuda" or gpu is None or not step:
             continue
-        if doc.get("emulation"):  # one rank of a world alone: its step holds no communication
+        if result.emulated:  # one rank of a world alone: its step holds no communication
             continue
-        params = counted_params(doc["params"])
+        params = counted_params(result.params)
         if (why := time_model.outside(params)) is not None:  # a step the model does not describe
-            print(f"left out {doc['study']}/{doc['cell_id']}: {why}", file=sys.stderr)
+            print(f"left out {result.study}/{result.cell_id}: {why}", file=sys.stderr)
             continue
+        threads = time_model.threads_of_result(result)
         try:
-            work = time_model.work(params, gpu, time_model.threads_of_run(doc))
+            work = time_model.work(params, gpu, threads)
         except (KeyError, ValueError) as error:
-            print(f"skipped {doc['study']}/{doc['cell_id']}: {error}", file=sys.stderr)
+            print(f"skipped {result.study}/{result.cell_id}: {error}", file=sys.stderr)
             continue
-        cells.append({"doc": doc, "gpu": gpu.key, "work": work, "measured_s": step,
-                      "search": "search" in path.parts, "threads": time_model.threads_of_run(doc),
+        cells.append({"result": result, "gpu": gpu.key, "work": work, "measured_s": step,
+                      "search": "search" in path.parts, "threads": threads,
                       "path": path})
     return cells
 
@@ -104,12 +105,12 @@ def leave_study_out(works: dict, measured: np.ndarray, studies: list[str],
     return predicted
 
 
-def strategy_groups(docs: list[dict], keys: tuple[str, ...]) -> list[list[int]]:
+def strategy_groups(results: list[Result], keys: tuple[str, ...]) -> list[list[int]]:
     """Indices of cells of one study whose parameters differ only in `keys`."""
     groups = collections.defaultdict(list)
-    for i, doc in enumerate(docs):
-        rest = {k: v for k, v in doc["params"].items() if k not in keys}
-        groups[(doc["study"], json.dumps(rest, sort_keys=True, default=str))].append(i)
+    for i, result in enumerate(results):
+        rest = {k: v for k, v in result.params.items() if k not in keys}
+        groups[(result.study, json.dumps(rest, sort_keys=True, default=str))].append(i)
     return [members for members in groups.values() if len(members) > 1]
 
 
@@ -118,9 +119,15 @@ def apart_by(min_gap: float):
     return lambda docs, measured, i, j: abs(measured[i] / measured[j] - 1) > min_gap
 
 
-def told_apart(docs, measured, i, j) -> bool:
+def step_interval(result: Result) -> list[float] | None:
+    """The step time's 95% interval: the timed windows', or for a result from before them, what its
+    per-step times give (Result.per_step_figures)."""
+    return result.metrics.step_time_s_ci or (result.per_step_figures or {}).get("step_time_s_ci")
+
+
+def told_apart(results, measured, i, j) -> bool:
     """Pairs the measurement itself tells apart: both have a 95% interval and the two do not overlap."""
-    a, b = (docs[k]["metrics"].get("step_time_s_ci") for k in (i, j))
+    a, b = (step_interval(results[k]) for k in (i, j))
     return bool(a and b) and (a[1] < b[0] or b[1] < a[0])
 
 
@@ -141,8 +148,8 @@ def ranking(docs, measured, predicted, keys, counts=apart_by(0.0)) -> tuple[int,
     return right, total, wrong
 
 
-def label(doc: dict) -> str:
-    p = doc["params"]
+def label(result: Result) -> str:
+    p = result.params
     parts = [p["model"], p["strategy"]]
     offload = "+".join(k.split("_")[1] for k in ("offload_optimizer", "offload_param") if p.get(k))
     if offload:
@@ -163,7 +170,7 @@ def collective_wait_shares(cells: list[dict], constants: time_model.Constants
     plain = replace(constants, collective_wait_share={})
     by_ranks: dict[int, list[tuple[float, float, float]]] = {}
     for c in cells:
-        breakdown = (c["doc"].get("metrics") or {}).get("breakdown") or {}
+        breakdown = c["result"].metrics.breakdown or {}
         exposed = (breakdown.get("parts_s") or {}).get("exposed_communication")
         if exposed is None or c["work"].ranks < 2:
             continue
@@ -181,7 +188,7 @@ def collective_wait_shares(cells: list[dict], constants: time_model.Constants
 
 
 def report(cells: list[dict], gpu: str) -> tuple[time_model.Constants, dict]:
-    docs = [c["doc"] for c in cells]
+    docs = [c["result"] for c in cells]
     works = time_model.stack([c["work"] for c in cells])
     measured = np.array([c["measured_s"] for c in cells])
     constants = time_model.fit(works, measured)
@@ -191,9 +198,9 @@ def report(cells: list[dict], gpu: str) -> tuple[time_model.Constants, dict]:
     errors = 100 * (predicted - measured) / measured
     print(f"{'study':<15} {'cell':<52} {'measured':>10} {'predicted':>10} {'error':>7} {'all-fit':>10}")
     for c, m, p, e, f in sorted(zip(cells, measured, predicted, errors, fitted),
-                                key=lambda t: (t[0]["doc"]["study"], t[0]["search"], label(t[0]["doc"]))):
-        study = c["doc"]["study"] + (" (search)" if c["search"] else "")
-        print(f"{study:<15} {shorten(label(c['doc']), 52):<52} {m * 1e3:>8.1f}ms {p * 1e3:>8.1f}ms "
+                                key=lambda t: (t[0]["result"].study, t[0]["search"], label(t[0]["result"]))):
+        study = c["result"].study + (" (search)" if c["search"] else "")
+        print(f"{study:<15} {shorten(label(c['result']), 52):<52} {m * 1e3:>8.1f}ms {p * 1e3:>8.1f}ms "
               f"{e:>+6.1f}% {f * 1e3:>8.1f}ms")
     absolute = np.abs(errors)
     print()
@@ -204,20 +211,20 @@ def report(cells: list[dict], gpu: str) -> tuple[time_model.Constants, dict]:
     in_sample = np.abs(100 * (fitted - measured) / measured)
     print(f"  the all-cells fit on the same cells (in sample): median {np.median(in_sample):.1f}%, worst "
           f"{in_sample.max():.1f}%")
-    studies = sorted({d["study"] for d in docs})
+    studies = sorted({d.study for d in docs})
     for study in studies:
-        chosen = np.array([d["study"] == study for d in docs])
+        chosen = np.array([d.study == study for d in docs])
         note = f"  [{CAVEATS[study]}]" if study in CAVEATS else ""
         print(f"  {study:<15} {int(chosen.sum()):>3} cells: median {np.median(absolute[chosen]):5.1f}%, "
               f"worst {absolute[chosen].max():5.1f}%{note}")
-    for framework in sorted({d["params"]["framework"] for d in docs}):
+    for framework in sorted({d.params["framework"] for d in docs}):
         holds = registry()[framework].time.window_holds if framework in registry() else ""
         if holds:
             print(f"  note: {framework}'s windows include {holds} (fitted: its loop's fixed cost)")
     summary = {"cells": len(cells), "median_abs_error_pct": float(np.median(absolute)),
                "worst_abs_error_pct": float(absolute.max())}
     if len(studies) > 1:  # with one study, its fit would see no cell at all
-        names = np.array([d["study"] for d in docs])
+        names = np.array([d.study for d in docs])
         by_study = leave_study_out(works, measured, list(names), constants)
         apart = np.abs(100 * (by_study - measured) / measured)
         print(f"  leave-one-study-out (each study predicted by a fit of the others): median "
@@ -227,6 +234,24 @@ def report(cells: list[dict], gpu: str) -> tuple[time_model.Constants, dict]:
                                  f"{apart[names == study].max():.0f}%" for study in studies))
         summary["leave_study_out"] = {"median_abs_error_pct": float(np.median(apart)),
                                       "worst_abs_error_pct": float(apart.max())}
+    summary.update(print_rankings(docs, measured, predicted))
+    summary["collective_wait_share"] = print_collective_waits(cells, constants)
+    print()
+    print(f"constants fitted on all {len(cells)} {gpu} cells (time_model.Constants; docs/time-model.md):")
+    for name, value in zip(constants.names(), constants.vector()):
+        print(f"  {name:<24} {value:.4g}")
+    summary["constants"] = constants.as_dict()
+    summary["per_cell"] = [{"study": c["result"].study, "cell": c["result"].cell_id, "search": c["search"],
+                            "measured_s": float(m), "predicted_loo_s": float(p), "error_pct": float(e),
+                            "predicted_all_fit_s": float(f)}
+                           for c, m, p, e, f in zip(cells, measured, predicted, errors, fitted)]
+    return constants, summary
+
+
+def print_rankings(docs: list[dict], measured: np.ndarray, predicted: np.ndarray) -> dict:
+    """How often the model orders right the cells that differ only in strategy (and its offloads):
+    printed, and as the summary's entries."""
+    summary = {}
     print()
     for keys, what in ((("strategy",), "differ only in strategy"),
                        (("strategy", "offload_optimizer", "offload_param"),
@@ -244,9 +269,15 @@ def report(cells: list[dict], gpu: str) -> tuple[time_model.Constants, dict]:
                                       "pairs_told_apart": sure_total}
         if keys == ("strategy",):
             for i, j in wrong:
-                print(f"  wrong: {docs[i]['study']}: {label(docs[i])} {measured[i] * 1e3:.0f} ms vs "
-                      f"{docs[j]['params']['strategy']} {measured[j] * 1e3:.0f} ms; predicted "
+                print(f"  wrong: {docs[i].study}: {label(docs[i])} {measured[i] * 1e3:.0f} ms vs "
+                      f"{docs[j].params['strategy']} {measured[j] * 1e3:.0f} ms; predicted "
                       f"{predicted[i] * 1e3:.0f} vs {predicted[j] * 1e3:.0f} ms")
+    return summary
+
+
+def print_collective_waits(cells: list[dict], constants: time_model.Constants) -> dict:
+    """The share of the slowest rank's host part that ranks wait in collectives, by ranks, fitted on the
+    profiled real cells (set in `constants`): printed, and as the summary's entry."""
     waits = collective_wait_shares(cells, constants)
     constants.collective_wait_share = {ranks: share for ranks, (share, *_) in waits.items()}
     print()
@@ -255,19 +286,9 @@ def report(cells: list[dict], gpu: str) -> tuple[time_model.Constants, dict]:
     for ranks, (share, count, before, after) in waits.items():
         print(f"  {ranks} ranks: {share:.2f} ({count} cells; the model's exposed communication off the "
               f"profiles' by a median {before * 1e3:.1f} ms without it, {after * 1e3:.1f} ms with it)")
-    summary["collective_wait_share"] = {
-        ranks: {"share": share, "cells": count, "median_off_s_without": before, "median_off_s_with": after}
-        for ranks, (share, count, before, after) in waits.items()}
-    print()
-    print(f"constants fitted on all {len(cells)} {gpu} cells (time_model.Constants; docs/time-model.md):")
-    for name, value in zip(constants.names(), constants.vector()):
-        print(f"  {name:<24} {value:.4g}")
-    summary["constants"] = constants.as_dict()
-    summary["per_cell"] = [{"study": c["doc"]["study"], "cell": c["doc"]["cell_id"], "search": c["search"],
-                            "measured_s": float(m), "predicted_loo_s": float(p), "error_pct": float(e),
-                            "predicted_all_fit_s": float(f)}
-                           for c, m, p, e, f in zip(cells, measured, predicted, errors, fitted)]
-    return constants, summary
+    return {ranks: {"share": share, "cells": count, "median_off_s_without": before,
+                    "median_off_s_with": after}
+            for ranks, (share, count, before, after) in waits.items()}
 
 
 def held_out_report(cells: list[dict], constants: time_model.Constants) -> None:
@@ -276,12 +297,12 @@ def held_out_report(cells: list[dict], constants: time_model.Constants) -> None:
     print(f"{'cell':<52} {'threads':>7} {'measured':>10} {'95% interval':>17} {'predicted':>10} "
           f"{'error':>7}  file")
     errors = []
-    for c in sorted(cells, key=lambda c: (label(c["doc"]), c["threads"], str(c["path"]))):
+    for c in sorted(cells, key=lambda c: (label(c["result"]), c["threads"], str(c["path"]))):
         predicted = float(time_model.step_time(c["work"], constants))
-        measured, interval = c["measured_s"], c["doc"]["metrics"].get("step_time_s_ci")
+        measured, interval = c["measured_s"], step_interval(c["result"])
         error = 100 * (predicted - measured) / measured
         shown = f"[{interval[0]:.3f}, {interval[1]:.3f}] s" if interval else "-"
-        print(f"{shorten(label(c['doc']), 52):<52} {c['threads']:>7} {measured:>8.3f} s {shown:>17} "
+        print(f"{shorten(label(c['result']), 52):<52} {c['threads']:>7} {measured:>8.3f} s {shown:>17} "
               f"{predicted:>8.3f} s {error:>+6.1f}%  {c['path']}")
         errors.append(abs(error))
     print(f"held out: {len(errors)} cells, |error| median {statistics.median(errors):.1f}%, "
@@ -302,7 +323,7 @@ def run(args) -> int:
         if any(c["gpu"] == gpu for c in held_out):
             held_out_report([c for c in held_out if c["gpu"] == gpu], constants)
         constants.fitted_on = (f"{len(chosen)} cells "
-                               f"({', '.join(sorted({c['doc']['study'] for c in chosen}))}), "
+                               f"({', '.join(sorted({c['result'].study for c in chosen}))}), "
                                "by trainbench check-models time")
         table[gpu] = constants.as_dict()
         rows += summary["per_cell"]

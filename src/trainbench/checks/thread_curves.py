@@ -20,14 +20,14 @@ from trainbench.reporting.compare import shorten
 
 def curve_of(cell: dict) -> str:
     """A thread curve's name: the cell run at several thread counts (its label, which names no threads)."""
-    return label(cell["doc"])
+    return label(cell["result"])
 
 
 def with_work_again(cells: list[dict]) -> list[dict]:
     """The cells with their work computed again from their parameters (after a change to the model's
     module constants), as measured_cells computed it."""
-    return [{**c, "work": time_model.work(counted_params(c["doc"]["params"]),
-                                          gpu_type_of(c["doc"]["provenance"]["gpu_name"]), c["threads"])}
+    return [{**c, "work": time_model.work(counted_params(c["result"].params),
+                                          gpu_type_of(c["result"].gpu_name), c["threads"])}
             for c in cells]
 
 

@@ -36,8 +36,9 @@ from trainbench.execute.launch import (WORKER_MODULE, Rendezvous, free_port, lau
                               node_command, srun_command, worker_args)
 from trainbench.registry.hardware import gpu_type_of, host_memory_mib
 from trainbench.execute.profiling import PROFILE_DIR
-from trainbench.execute.results import (SCHEMA_VERSION, empty_metrics, empty_predicted, node_memory,
-                                       partial_metrics, sanity_problems, summarize, write_json_atomic)
+from trainbench.contract.result import (SCHEMA_VERSION, Result, empty_metrics, empty_predicted,
+                                        sanity_problems, write_json_atomic)
+from trainbench.execute.results import node_memory, partial_metrics, summarize
 
 TERMINATE_GRACE_S = 15
 PEER_EXIT_GRACE_S = 30  # after one node's launcher fails, how long the others get to notice
@@ -164,6 +165,18 @@ class Outcome:
     rank_records: list[dict[str, Any]] = field(default_factory=list)
     # the infrastructure's failure (a rank lost to a signal, a freeze), not the cell's: it runs again
     infrastructure: bool = False
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """The cell's last launch: its outcome, its number, its commands, and when it ran (wall clock)."""
+
+    outcome: Outcome
+    number: int
+    commands: list[list[str]]
+    wall_time_s: float
+    launched: float
+    exited: float
 
 
 def _read_rank_records(work_dir: Path) -> list[dict[str, Any]]:
@@ -333,7 +346,8 @@ class CellRun:
             self._keep_profile()
             write_json_atomic(self.output, doc)
             try:
-                history.append(doc, self.output)  # kept when a rerun replaces it (history.py)
+                # kept when a rerun replaces it (history.py)
+                history.append(Result.from_document(doc), self.output)
             except OSError as error:  # the result stands without its history line: say so, lose nothing
                 self._say(f"could not add the result to its history ({error}); "
                           "`trainbench history --seed` adds it later")
@@ -391,6 +405,25 @@ class CellRun:
             self._say(f"unsupported: {without}")
             return self._write(self._base_document("unsupported", without), started=started, asked=asked,
                                devices=devices, gpu=gpu)
+        infeasible = self._memory_verdict(gpu)
+        if infeasible:
+            self._say(f"infeasible: {infeasible}")
+            return self._write(self._base_document("infeasible", infeasible), started=started, asked=asked,
+                               devices=devices, gpu=gpu)
+        run = self._attempt(devices)
+        outcome = run.outcome
+        return self._write(self._outcome_document(run), started=started, asked=asked, devices=devices,
+                           gpu=gpu, command=" & ".join(shlex.join(c) for c in run.commands),
+                           result=outcome.result,
+                           ranks=outcome.result["ranks"] if outcome.result else outcome.rank_records,
+                           # the GPUs it ran on: one for an emulated rank, whatever its world
+                           gpus_total=(1 if self.params.emulate else self.params.gpus)
+                           if self.params.device == "cuda" else 0)
+
+    def _memory_verdict(self, gpu: dict[str, Any]) -> str | None:
+        """The memory model's verdict on this cell here (kept in self.predicted): why it is not run
+        (infeasible), or None where it runs: it fits, it is an emulated rank that runs to measure
+        whether it fits, or it is forced (a max-batch probe, FORCE_ENV)."""
         hardware = hardware_here(gpu, self.params.device, self.params)
         prediction = memory_model.predict(self.params, hardware)
         self.predicted = {**prediction.as_dict(), "hardware": hardware.describe()}
@@ -412,12 +445,14 @@ class CellRun:
                               f"is more than this host's {hardware.host_mem_mib / per_node / 1024:.1f} GiB; "
                               f"the emulated rank needs a host with more memory (set {FORCE_ENV}=1 to run "
                               "it here anyway)")
-                self._say(f"infeasible: {reason}")
-                return self._write(self._base_document("infeasible", reason), started=started, asked=asked,
-                                   devices=devices, gpu=gpu)
+                return reason
             self.predicted["forced"] = True
             why = "a max-batch probe" if self.search_probe else f"{FORCE_ENV}=1"
             self._say(f"{prediction.why_not} ({hardware.describe()}); running anyway ({why})")
+        return None
+
+    def _attempt(self, devices: list[str] | None) -> Attempt:
+        """Launch the cell until an attempt ends other than `failed`, or its retries are spent."""
         attempts = self.retries + 1
         # One deadline for all attempts: the job's time limit (SLURM's) covers them all.
         deadline = time.monotonic() + self.timeout_s
@@ -428,7 +463,6 @@ class CellRun:
             attempt_start, launched = time.monotonic(), time.time()
             returncode, timed_out = self._launch(commands, devices, deadline)
             wall_time_s = time.monotonic() - attempt_start
-            exited = launched + wall_time_s
             outcome = classify(self.work_dir, returncode, timed_out, self.timeout_s,
                                self.params.warmup_steps, self.verdict, "".join(self.launcher_tail),
                                self.params.gpus_per_node or 0)
@@ -436,16 +470,21 @@ class CellRun:
                       + (f" ({outcome.reason})" if outcome.reason else ""))
             if outcome.status != "failed":
                 break
+        return Attempt(outcome, attempt, commands, wall_time_s, launched, launched + wall_time_s)
+
+    def _outcome_document(self, run: Attempt) -> dict[str, Any]:
+        """metrics.json of the last attempt, but for what _write adds (provenance)."""
+        outcome = run.outcome
         doc = self._base_document(outcome.status, outcome.reason)
         if outcome.status == "ok":
-            doc["metrics"] = summarize(self.params, outcome.result, wall_time_s, self.cell.timing,
-                                       launched=launched, exited=exited)
+            doc["metrics"] = summarize(self.params, outcome.result, run.wall_time_s, self.cell.timing,
+                                       launched=run.launched, exited=run.exited)
             doc["sanity"] = sanity_problems(doc)  # what the tables check too: sane training, or why not
             framework_config = outcome.result.get("framework_config")
             if framework_config:  # the framework's own config as it ran (DeepSpeed's JSON, FSDP's settings)
                 write_json_atomic(self.output.parent / framework_config["file"], framework_config["config"])
         else:
-            doc["metrics"] = partial_metrics(outcome.rank_records, wall_time_s)
+            doc["metrics"] = partial_metrics(outcome.rank_records, run.wall_time_s)
         # how the rank was measured (worker.Worker._measured_as): emulated, held to a smaller GPU
         reports = [outcome.result] if outcome.result else outcome.rank_records
         measured_as = next((r for r in reports if "emulated" in r or "device_limit" in r), {})
@@ -453,15 +492,10 @@ class CellRun:
             doc["emulation"] = emulation.account(doc["metrics"], measured_as["emulated"], self.params)
         if self.params.gpu_mem_limit_gib is not None:
             doc["device_limit"] = measured_as.get("device_limit")
-        doc["attempts"] = attempt
+        doc["attempts"] = run.number
         if outcome.infrastructure:
             doc["failure"] = "infrastructure"  # freshness.py: the next run runs the cell again
-        return self._write(doc, started=started, asked=asked, devices=devices, gpu=gpu,
-                           command=" & ".join(shlex.join(c) for c in commands), result=outcome.result,
-                           ranks=outcome.result["ranks"] if outcome.result else outcome.rank_records,
-                           # the GPUs it ran on: one for an emulated rank, whatever its world
-                           gpus_total=(1 if self.params.emulate else self.params.gpus)
-                           if self.params.device == "cuda" else 0)
+        return doc
 
     def _prepare_attempt(self, devices: list[str] | None, attempt: int) -> list[list[str]]:
         """The commands to start on this machine for one attempt: one per local launcher."""

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
+from trainbench.contract.result import Result, read_result
 from trainbench.paths import HISTORY_SUFFIX
 
 HISTORY = "history"  # beside runs/ under results/
@@ -29,15 +30,15 @@ KEPT = ("step_time_s", "step_time_s_ci", "samples_per_s", "samples_per_s_ci", "g
         "torch_peak_allocated_mib", "host_mem_peak_mib", "mfu", "energy_j_per_step", "energy_j_per_token")
 
 
-def record(doc: dict[str, Any]) -> dict[str, Any]:
-    """A result as its history keeps it: shaped like a result (compare reads either), smaller."""
-    prov = doc.get("provenance") or {}
-    metrics = doc.get("metrics") or {}
-    return {"study": doc["study"], "cell_id": doc["cell_id"], "status": doc["status"],
-            "params_hash": doc.get("params_hash"), "emulation": bool(doc.get("emulation")),
+def record(result: Result) -> dict[str, Any]:
+    """A result as its history keeps it: shaped like a result (compare reads either), smaller; its
+    figures as its file holds them."""
+    prov = result.provenance
+    return {"study": result.study, "cell_id": result.cell_id, "status": result.status,
+            "params_hash": result.params_hash, "emulation": result.emulated,
             "provenance": {**{k: prov.get(k) for k in PROVENANCE},
                            **{k: prov[k] for k in SLURM if prov.get(k) is not None}},
-            "metrics": {k: metrics.get(k) for k in KEPT}}
+            "metrics": {k: result.metrics.get(k) for k in KEPT}}
 
 
 def history_file(result: Path) -> Path | None:
@@ -49,13 +50,13 @@ def history_file(result: Path) -> Path | None:
     return runs.parent / HISTORY / study.name / f"{cell.name}{HISTORY_SUFFIX}"
 
 
-def append(doc: dict[str, Any], result: Path) -> None:
+def append(written: Result, result: Path) -> None:
     """Add a written result to its cell's history (one line, appended in one write)."""
     path = history_file(result)
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = (json.dumps(record(doc), sort_keys=True) + "\n").encode()
+    line = (json.dumps(record(written), sort_keys=True) + "\n").encode()
     with open(path, "ab") as f:
         f.write(line)
         f.flush()
@@ -75,31 +76,29 @@ def runs(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def last_comparable(doc: dict[str, Any], result: Path) -> dict[str, Any] | None:
-    """The last run before `doc` of the same cell, with the same parameters, on the same GPU model."""
+def last_comparable(params_hash: str | None, gpu_name: str | None, started: str | None,
+                    result: Path) -> dict[str, Any] | None:
+    """The last run of the cell whose result is `result` before `started`, with the same parameters
+    (`params_hash`), on the same GPU model."""
     path = history_file(result)
     if path is None:
         return None
-    mine = doc.get("provenance") or {}
-    earlier = [r for r in runs(path) if r.get("params_hash") == doc.get("params_hash")
-               and r["provenance"].get("gpu_name") == mine.get("gpu_name")
-               and (r["provenance"].get("started") or "") < (mine.get("started") or "")]
+    earlier = [r for r in runs(path) if r.get("params_hash") == params_hash
+               and r["provenance"].get("gpu_name") == gpu_name
+               and (r["provenance"].get("started") or "") < (started or "")]
     return earlier[-1] if earlier else None
 
 
 def seed(results: Iterable[Path]) -> int:
     """Add results not yet in their cells' history (a tree made before histories were kept); how many."""
-    from trainbench.execute.results import read_result
-
     added = 0
     for result in results:
         path = history_file(result)
         if path is None:
             continue
-        doc = read_result(result)
-        started = (doc.get("provenance") or {}).get("started")
-        if any(r["provenance"].get("started") == started for r in runs(path)):
+        written = read_result(result)
+        if any(r["provenance"].get("started") == written.provenance.started for r in runs(path)):
             continue
-        append(doc, result)
+        append(written, result)
         added += 1
     return added

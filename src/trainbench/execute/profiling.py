@@ -36,24 +36,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+from trainbench.contract.result import PARTS
 from trainbench.training import OPTIMIZER_RANGE
 
 PROFILE_DIR = "profile"  # beside metrics.json: every rank's trace, and the memory snapshots
 
-# The parts of a step, in the order they win an instant (see the module's docstring).
-PARTS = ("matmul", "attention", "other_kernels", "optimizer_kernels", "exposed_communication",
-         "exposed_copies", "optimizer_host", "idle")
-COMPUTE = PARTS[:4]
-MEANINGS = {
-    "matmul": "matrix multiplies of forward and backward",
-    "attention": "attention kernels (flash, memory-efficient, cuDNN; a CPU rank's SDPA)",
-    "other_kernels": "every other kernel of forward and backward: norms, activations, the loss, casts",
-    "optimizer_kernels": "kernels the optimizer step launched (a CPU rank: its ops)",
-    "exposed_communication": "collectives that no compute overlapped",
-    "exposed_copies": "host-device copies that nothing overlapped",
-    "optimizer_host": "the host stepping the optimizer while the device had nothing to do (CPU Adam)",
-    "idle": "the device waiting for the host: launches, Python, synchronisation",
-}
+# The parts of a step (PARTS, and what each means) are the result contract's: metrics.breakdown's keys.
 
 # GPU kernels by name, first match wins (validation/scripts/mfu.py's profiles use the same list).
 KERNEL_CLASSES = [
@@ -364,7 +352,8 @@ class MemoryRecorder:
 def reread(result: Path) -> dict[str, Any]:
     """A result's breakdowns read again from the traces kept beside it (after a change to `breakdown`:
     the traces are the measurement, the parts a reading of them); the metrics.json rewritten."""
-    from trainbench.execute.results import read_json, write_json_atomic
+    from trainbench.contract.result import read_json
+    from trainbench.contract.result import write_json_atomic
 
     doc = read_json(result)
     metrics = doc["metrics"]

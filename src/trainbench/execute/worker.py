@@ -33,7 +33,7 @@ from trainbench.execute.memory_sampler import MemorySampler
 from trainbench.registry.hardware import MIB
 from trainbench.execute.metrics import process_peak_rss_mib, tensors_held_bytes
 from trainbench.execute.profiling import PROFILE_DIR, MemoryRecorder, StepProfiler
-from trainbench.execute.results import write_json_atomic
+from trainbench.contract.result import write_json_atomic
 from trainbench.study.params import CellParams
 from trainbench.training.runners import LoopRunner, RunContext, Runner, StepRunner, params_per_module
 from trainbench.training.runners.load import runner_class
@@ -89,7 +89,7 @@ class Worker:
             os.environ.update(emulation.environment(self.emulated, free_port()))
             os.environ[emulation.EMULATED_ENV] = "1"
         _single_process_environment()
-        # When each phase of the run ended, in wall-clock seconds (results.PHASES names them): the
+        # When each phase of the run ended, in wall-clock seconds (contract.result.PHASES names them): the
         # cell's cost beyond its timed steps, read from rank 0's.
         self.marks = {"process_start": psutil.Process().create_time(), "imported": imported or time.time()}
         self.params = params
@@ -325,7 +325,7 @@ class StepRecorder:
         self.extra_warmup = 0  # steps warm-up went on while fp16 loss scaling still skipped
         self.last_skipped_step = 0  # the last warm-up step the optimizer skipped (0: none)
         # the optimizer's skipped steps by the last warm-up step (fp16 loss scaling settles in warm-up):
-        # those after are the timed steps' (the sanity check, results.sanity_problems)
+        # those after are the timed steps' (the sanity check, contract.result.sanity_problems)
         self.skipped_at_warmup = 0
         self.timed_steps = worker.params.timed_steps
         self.steps_per_window = steps_per_window(self.timed_steps, self.settings.min_windows, None,

@@ -2,5 +2,5 @@
 (`time_model`, with its fitted constants), the largest-batch search's bounds and walk
 (`batch_search`), and every set-up of a model on a cluster ranked by both models (`advise`).
 
-May import: `registry`, `study`, and `trainbench.errors` / `trainbench.paths`.
+May import: `registry`, `study`, `contract`, and `trainbench.errors` / `trainbench.paths`.
 """

@@ -5,6 +5,7 @@ beyond torch. docs/memory-model.md states the model; trainbench/calibration.yaml
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 from trainbench.study.params import CellParams
@@ -12,6 +13,7 @@ from trainbench.registry.frameworks import framework_of, offloads, strategy_of, 
 from trainbench.registry.hardware import GPUS, GpuType, gpu_type, gpu_type_named_in, gpu_type_of
 from trainbench.registry.hardware import MIB
 from trainbench.registry.models import ActivationTrace, ModelSpec, get_model
+from trainbench.contract.result import Result
 
 
 # DeepSpeed's default stage3_max_live_parameters; reduction buckets are each framework's (MemoryFacts).
@@ -88,6 +90,27 @@ def emulated_rank_shortfall_mib(params: CellParams) -> float:
     return nccl + EMULATED_CONTEXT_SHORTFALL_MIB if nccl else 0.0
 
 
+
+def completed_gpu_mem_used_mib(result: Result) -> tuple[list[float], float] | None:
+    """An emulated result's GPU 'used' as the memory model completes it now, and what it adds: its
+    measured figure (kept in its `emulation` section) plus what a real rank shows beyond it. A result
+    written under an older model holds that model's completion in its metrics; None for one that is
+    not emulated or measured none."""
+    measured = result.emulation.measured.get("gpu_mem_used_mib") if result.emulation else None
+    if not measured or not result.metrics.gpu_mem_used_mib:
+        return None
+    added = emulated_rank_shortfall_mib(result.cell)
+    return [round(u + added, 1) for u in measured], added
+
+
+
+def gpu_mem_used_now_mib(result: Result) -> list[float] | None:
+    """The GPU 'used' figures a prediction is set against: a real rank's as measured, an emulated rank's
+    as the model completes it now (completed_gpu_mem_used_mib)."""
+    completed = completed_gpu_mem_used_mib(result)
+    return completed[0] if completed is not None else result.metrics.gpu_mem_used_mib
+
+
 def _r(value):
     return None if value is None else round(value, 1)
 
@@ -138,84 +161,104 @@ def float8_linear_params(params: CellParams, spec: ModelSpec) -> float:
 def model_states(params: CellParams, spec: ModelSpec) -> tuple[dict[str, float], dict[str, float]]:
     """Bytes of weights, gradients, optimizer states and buffers: (on the device, on the host) per rank."""
     psi = shard_params(params, spec)
-    n = params.dp
-    mixed = params.precision != "fp32"
     kind, stage = engine(params)
-    offload_optimizer, offload_param = offloads(params)
-    memory = framework_of(params).memory
     device: dict[str, float] = {}
     host: dict[str, float] = {}
     if kind == "replicated":
-        device["weights"] = 4 * psi
-        device["gradients"] = 4 * psi
-        device["optimizer"] = 8 * psi
-        if params.gpus > 1 and not params.ddp_bucket_view:
-            device["buffers"] = 4 * psi  # DDP's gradient buckets (with ddp_bucket_view, the gradients)
-        if mixed:
-            # autocast's cached half weights; torchao casts float8 layers' weights at each use, keeping none
-            cached = psi - float8_linear_params(params, spec)
-            device["buffers"] = device.get("buffers", 0) + 2 * cached
+        _replicated_states(params, spec, psi, device)
     elif kind == "fsdp":
-        block = block_shard_params(params, spec)
-        compute = 2 if mixed else 4
-        if memory.fsdp_reduce_bytes and mixed:
-            # the current and prefetched unit's weights; the current one's gradient and its reduction copy
-            gathered = block * compute
-            if params.float8_all_gather:
-                gathered -= (compute - 1) * float8_linear_params(params, spec) / spec.n_layer
-            in_flight = 2 * gathered + block * (compute + memory.fsdp_reduce_bytes)
-        else:
-            in_flight = 2 * block * (compute + compute)
-        states = {"weights": 4 * psi / n, "gradients": 4 * psi / n, "optimizer": 8 * psi / n}
-        (host if offload_param else device).update(states)
-        device["buffers"] = in_flight
-        if params.fsdp_reshard in ("after_backward", "after_step"):
-            # every block's gathered weights kept to backward: beyond the two in flight, all of them
-            device["unsharded_weights"] = max(0, spec.n_layer - 2) * block * compute
-        if params.grad_accum > 1 and memory.fsdp_accumulates_unsharded:
-            # accumulating without synchronising keeps every unit's unsharded gradient, whatever N
-            device.pop("gradients", None)
-            device["unsharded_gradients"] = ((memory.fsdp_reduce_bytes if mixed else 0) or compute) * psi
-            if not memory.fsdp_reduce_bytes:
-                device["allocator_gradient_shards"] = 4 * psi / n
+        _fsdp_states(params, spec, psi, device, host)
     else:
-        weight = 2 if mixed else 4
-        master = 4  # the optimizer's fp32 copy (a separate partition even in fp32 for stages 1-3)
-        bucket_elements = params.reduce_bucket_size or memory.reduce_bucket_elements(spec)
-        if params.device == "cpu":
-            # host pages of an untouched torch.empty are not resident: only what reduction writes counts
-            bucket_elements = min(bucket_elements, psi)
-        # with overlap_comm, stages 1 and 2 fill one bucket while the other is reduced
-        overlaps = zero_overlaps_comm(params) and params.contiguous_gradients is not False
-        buffers = 2 if stage in (1, 2) and overlaps else 1
-        bucket = buffers * bucket_elements * weight
-        if stage == 0:
-            device["weights"] = weight * psi
-            device["gradients"] = weight * psi + (4 * psi if mixed else 0)
-            device["optimizer"] = (master * psi if mixed else 0) + 8 * psi
-        else:
-            shard = 1 if stage < 3 else n
-            weights = weight * psi / shard
-            optimizer = (master + 8) * psi / n
-            gradients = weight * psi / n
-            if offload_param and stage == 3:
-                host["weights"] = weights
-            else:
-                device["weights"] = weights
-            if offload_optimizer:
-                host["optimizer"] = optimizer
-                host["gradients"] = 4 * psi / n  # the fp32 gradient partition the CPU optimizer steps on
-                host["offload_staging"] = OFFLOAD_STAGING_BYTES * psi / n
-                if stage < 3:
-                    device["gradients"] = gradients
-            else:
-                device["optimizer"] = optimizer
-                device["gradients"] = gradients
-            device["buffers"] = bucket
-            if stage == 3:
-                # gathered weights of the layers in use, capped by stage3_max_live_parameters
-                device["buffers"] += min(DS_MAX_LIVE_PARAMETERS, psi) * weight
+        _zero_states(params, spec, psi, stage, device, host)
     return device, host
+
+
+def _replicated_states(params: CellParams, spec: ModelSpec, psi: float, device: dict[str, float]) -> None:
+    """A replicated model's (DDP, one GPU) states, `psi` parameters on every rank."""
+    mixed = params.precision != "fp32"
+    device["weights"] = 4 * psi
+    device["gradients"] = 4 * psi
+    device["optimizer"] = 8 * psi
+    if params.gpus > 1 and not params.ddp_bucket_view:
+        device["buffers"] = 4 * psi  # DDP's gradient buckets (with ddp_bucket_view, the gradients)
+    if mixed:
+        # autocast's cached half weights; torchao casts float8 layers' weights at each use, keeping none
+        cached = psi - float8_linear_params(params, spec)
+        device["buffers"] = device.get("buffers", 0) + 2 * cached
+
+
+def _fsdp_states(params: CellParams, spec: ModelSpec, psi: float, device: dict[str, float],
+                 host: dict[str, float]) -> None:
+    """FSDP's states: sharded over the data-parallel ranks, a unit or two gathered in flight."""
+    n, mixed = params.dp, params.precision != "fp32"
+    _, offload_param = offloads(params)
+    memory = framework_of(params).memory
+    block = block_shard_params(params, spec)
+    compute = 2 if mixed else 4
+    if memory.fsdp_reduce_bytes and mixed:
+        # the current and prefetched unit's weights; the current one's gradient and its reduction copy
+        gathered = block * compute
+        if params.float8_all_gather:
+            gathered -= (compute - 1) * float8_linear_params(params, spec) / spec.n_layer
+        in_flight = 2 * gathered + block * (compute + memory.fsdp_reduce_bytes)
+    else:
+        in_flight = 2 * block * (compute + compute)
+    states = {"weights": 4 * psi / n, "gradients": 4 * psi / n, "optimizer": 8 * psi / n}
+    (host if offload_param else device).update(states)
+    device["buffers"] = in_flight
+    if params.fsdp_reshard in ("after_backward", "after_step"):
+        # every block's gathered weights kept to backward: beyond the two in flight, all of them
+        device["unsharded_weights"] = max(0, spec.n_layer - 2) * block * compute
+    if params.grad_accum > 1 and memory.fsdp_accumulates_unsharded:
+        # accumulating without synchronising keeps every unit's unsharded gradient, whatever N
+        device.pop("gradients", None)
+        device["unsharded_gradients"] = ((memory.fsdp_reduce_bytes if mixed else 0) or compute) * psi
+        if not memory.fsdp_reduce_bytes:
+            device["allocator_gradient_shards"] = 4 * psi / n
+
+
+def _zero_states(params: CellParams, spec: ModelSpec, psi: float, stage: int, device: dict[str, float],
+                 host: dict[str, float]) -> None:
+    """ZeRO's states at `stage` (0-3): what each stage partitions, offloads, and its reduction buckets."""
+    n, mixed = params.dp, params.precision != "fp32"
+    offload_optimizer, offload_param = offloads(params)
+    memory = framework_of(params).memory
+    weight = 2 if mixed else 4
+    master = 4  # the optimizer's fp32 copy (a separate partition even in fp32 for stages 1-3)
+    bucket_elements = params.reduce_bucket_size or memory.reduce_bucket_elements(spec)
+    if params.device == "cpu":
+        # host pages of an untouched torch.empty are not resident: only what reduction writes counts
+        bucket_elements = min(bucket_elements, psi)
+    # with overlap_comm, stages 1 and 2 fill one bucket while the other is reduced
+    overlaps = zero_overlaps_comm(params) and params.contiguous_gradients is not False
+    buffers = 2 if stage in (1, 2) and overlaps else 1
+    bucket = buffers * bucket_elements * weight
+    if stage == 0:
+        device["weights"] = weight * psi
+        device["gradients"] = weight * psi + (4 * psi if mixed else 0)
+        device["optimizer"] = (master * psi if mixed else 0) + 8 * psi
+    else:
+        shard = 1 if stage < 3 else n
+        weights = weight * psi / shard
+        optimizer = (master + 8) * psi / n
+        gradients = weight * psi / n
+        if offload_param and stage == 3:
+            host["weights"] = weights
+        else:
+            device["weights"] = weights
+        if offload_optimizer:
+            host["optimizer"] = optimizer
+            host["gradients"] = 4 * psi / n  # the fp32 gradient partition the CPU optimizer steps on
+            host["offload_staging"] = OFFLOAD_STAGING_BYTES * psi / n
+            if stage < 3:
+                device["gradients"] = gradients
+        else:
+            device["optimizer"] = optimizer
+            device["gradients"] = gradients
+        device["buffers"] = bucket
+        if stage == 3:
+            # gathered weights of the layers in use, capped by stage3_max_live_parameters
+            device["buffers"] += min(DS_MAX_LIVE_PARAMETERS, psi) * weight
 
 
 def _compiled(params: CellParams, spec: ModelSpec) -> bool:
@@ -449,9 +492,20 @@ def predict(params: CellParams, hardware: Hardware | None = None) -> Prediction:
 
 
 def hardware_of_run(doc: dict[str, Any]) -> Hardware | None:
-    """The machine a cell ran on, as far as its metrics.json says."""
-    provenance = doc.get("provenance") or {}
-    totals = (doc.get("metrics") or {}).get("gpu_mem_total_mib")
+    """The machine a cell ran on, as far as its metrics.json document says (see hardware_of)."""
+    return hardware_of(doc.get("params") or {}, doc.get("provenance") or {},
+                       (doc.get("metrics") or {}).get("gpu_mem_total_mib"), bool(doc.get("emulation")))
+
+
+def hardware_of_result(result: Result) -> Hardware | None:
+    """The machine a cell ran on, as far as its result says (see hardware_of)."""
+    return hardware_of(result.params, result.provenance, result.metrics.gpu_mem_total_mib, result.emulated)
+
+
+def hardware_of(params_dict: dict[str, Any], provenance: Mapping[str, Any], totals: list[float] | None,
+                emulated: bool) -> Hardware | None:
+    """The machine a cell ran on: its GPUs' memory (NVML's totals, else the provenance's), its node's
+    memory, its GPU type, as an emulated rank's node where it was one."""
     if not totals and provenance.get("gpu_memory_mib") and provenance.get("gpu_count"):
         # a run that died before NVML sampled (an OOM in the first step): the GPUs it was given
         totals = [provenance["gpu_memory_mib"]] * provenance["gpu_count"]
@@ -460,11 +514,11 @@ def hardware_of_run(doc: dict[str, Any]) -> Hardware | None:
         return None
     kind = gpu_type_of(provenance.get("gpu_name"))
     try:
-        params = CellParams.from_dict(doc.get("params") or {})
+        params = CellParams.from_dict(params_dict)
     except (TypeError, ValueError):  # not a whole cell's parameters (a hand-made document): as recorded
         return Hardware(min(totals) if totals else None, host, len(totals or []), gpu=kind)
     gpu_mib = held_gpu_mib(min(totals) if totals else None, params)
-    if doc.get("emulation") or params.emulate:
+    if emulated or params.emulate:
         return emulated_node(gpu_mib, host, params, gpu=kind)
     return Hardware(gpu_mib, host, len(totals or []), gpu=kind)
 

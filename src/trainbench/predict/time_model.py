@@ -15,6 +15,7 @@ import numpy as np
 
 from trainbench.registry.frameworks import (SHARDED_TP, framework_of, offloads, registry, strategy_of,
                                            zero_overlaps_comm)
+from trainbench.contract.result import Result
 from trainbench.study.params import CellParams
 from trainbench.registry.hardware import GpuType, peak_flops, peak_flops_of
 from trainbench.predict.memory_model import (block_bytes_per_token, eager_score_bytes_per_token,
@@ -135,14 +136,26 @@ def load_constants(path: Path = CONSTANTS_FILE) -> dict[str, Constants]:
 
 
 def threads_of_run(doc: dict[str, Any]) -> int:
+    """The threads a measured rank's CPU optimizer had, from a result document or a history line (see
+    threads_of)."""
+    return threads_of((doc.get("provenance") or {}).get("environment"), doc.get("params"),
+                      f"{doc.get('study')}/{doc.get('cell_id')}")
+
+
+def threads_of_result(result: Result) -> int:
+    """The threads a measured rank's CPU optimizer had, from its result (see threads_of)."""
+    return threads_of(result.provenance.get("environment"), result.params,
+                      f"{result.study}/{result.cell_id}")
+
+
+def threads_of(environment: dict[str, str] | None, params: dict[str, Any] | None, run: str) -> int:
     """The threads a measured rank's CPU optimizer had: OMP_NUM_THREADS as it ran; for runs that did not
     record it, the job's threads (one per GPU rank of the node); a history line cannot say."""
-    environment = (doc.get("provenance") or {}).get("environment")
     if environment is None:
-        if "params" not in doc:
-            raise ValueError(f"{doc.get('study')}/{doc.get('cell_id')}: the run records neither its "
-                             "environment nor its parameters (a history line?): its threads are unknown")
-        return int(doc["params"].get("gpus_per_node") or DEFAULT_CPU_THREADS)
+        if params is None:
+            raise ValueError(f"{run}: the run records neither its environment nor its parameters (a "
+                             "history line?): its threads are unknown")
+        return int(params.get("gpus_per_node") or DEFAULT_CPU_THREADS)
     try:
         return int(environment.get("OMP_NUM_THREADS", DEFAULT_CPU_THREADS))
     except ValueError:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from trainbench.execute.results import sanity_problems
+from trainbench.contract.result import sanity_problems
 from trainbench.registry.hardware import gpu_label
 from trainbench.reporting.columns import (
     COLUMNS,
@@ -488,7 +488,7 @@ def headline_markdown(root: Path | str, loaded) -> str:
     campaigns' verdicts, and its scaling plot, each linked to its table; read from `root`'s published
     metrics.json files (and its findings CSVs, which the pipeline made from them). `loaded`: the
     workspace's config (study.config.Config)."""
-    from trainbench.execute.results import read_cells
+    from trainbench.reporting.documents import read_cells
     from trainbench.reporting.plots import with_scaling
 
     root = Path(root)

@@ -11,8 +11,8 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from trainbench.execute.profiling import MEANINGS, PARTS
-from trainbench.execute.results import sanity_problems
+from trainbench.contract.result import MEANINGS, PARTS
+from trainbench.contract.result import sanity_problems
 from trainbench.reporting.predictions import Doc, prediction, time_prediction
 
 def metric(doc: Doc, key: str):

@@ -42,7 +42,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trainbench.errors import UsageError
-from trainbench.execute.results import InvalidResult, read_result
+from trainbench.contract.result import InvalidResult
+from trainbench.reporting.documents import read_reported
 from trainbench.registry.hardware import gpu_label, gpu_model_of, gpu_type_of
 
 
@@ -205,7 +206,7 @@ def _results(root: Path, select: Selection) -> dict[str, tuple[dict, Path]]:
         key = f"{path.parent.parent.name}/{path.parent.name}"
         if key in select:
             try:
-                docs[key] = (read_result(path), path)
+                docs[key] = (read_reported(path), path)
             except InvalidResult as error:
                 raise UsageError(str(error)) from None
     return docs
@@ -259,7 +260,9 @@ def compare_with_history(tree: Path, *, min_change: float = 0.02, select: Select
     from trainbench.execute.history import last_comparable
 
     now = _results(tree, select)
-    before = {key: old for key, (doc, path) in now.items() if (old := last_comparable(doc, path)) is not None}
+    before = {key: old for key, (doc, path) in now.items()
+              if (old := last_comparable(doc.get("params_hash"), _provenance(doc).get("gpu_name"),
+                                         _provenance(doc).get("started"), path)) is not None}
     return compare_docs(before, {key: doc for key, (doc, _) in now.items()}, min_change)
 
 

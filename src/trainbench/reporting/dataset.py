@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from trainbench.execute.profiling import PARTS
-from trainbench.execute.results import VERSION_KEYS
+from trainbench.contract.result import PARTS
+from trainbench.contract.result import VERSION_KEYS
 from trainbench.reporting.predictions import Doc, prediction, time_prediction
 from trainbench.study.params import CHOOSERS, PARAMS
 

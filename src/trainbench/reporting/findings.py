@@ -42,7 +42,7 @@ from typing import Any
 
 import pandas
 
-from trainbench.execute.results import sanity_problems
+from trainbench.contract.result import sanity_problems
 from trainbench.reporting.columns import (COLUMNS, column_values, emulated, predicted_gib, predicted_time,
                                           result_text)
 from trainbench.reporting.predictions import prediction, time_prediction

@@ -38,8 +38,9 @@ from pathlib import Path
 
 from trainbench.study.grid import Cell, Study
 from trainbench.paths import GRID_STAMP, MODELS_STAMP, RESULTS_CHECKED, RUNS, TABLE_MD, path
-from trainbench.execute.results import (SCHEMA_VERSION, InvalidResult, metrics_json_schema, read_result,
-                                result_problem, why_invalid, write_json_atomic, write_text_atomic)
+from trainbench.contract.result import (SCHEMA_VERSION, InvalidResult, Result, metrics_json_schema,
+                                        read_result, result_problem, why_invalid)
+from trainbench.contract.result import write_json_atomic, write_text_atomic
 
 def stamp_path(study: str) -> str:
     return path(GRID_STAMP, study=study)
@@ -90,11 +91,11 @@ MISSING, INVALID, STALE, RETRY, CURRENT = "missing", "invalid", "stale", "retry"
 @dataclass(frozen=True)
 class State:
     """A cell's result as result_state finds it: MISSING (no file), INVALID (a file that is not a
-    result, `why`), STALE (a result made with other parameters) or CURRENT; `result` is the document
+    result, `why`), STALE (a result made with other parameters) or CURRENT; `result` is the result
     of a stale or current one, where it was read."""
     kind: str
     why: str = ""
-    result: dict | None = field(default=None, compare=False, repr=False)
+    result: Result | None = field(default=None, compare=False, repr=False)
 
 
 def result_state(cell: Cell, target: Path | str, checked: Checked | None = None) -> State:
@@ -114,7 +115,7 @@ def result_state(cell: Cell, target: Path | str, checked: Checked | None = None)
             result = read_result(target)
         except InvalidResult as error:
             return State(INVALID, why_invalid(error))
-        checked = Checked(None, result.get("params_hash"), result.get("failure") == "infrastructure")
+        checked = Checked(None, result.params_hash, result.failure == "infrastructure")
     if checked.problem:
         return State(INVALID, checked.problem)
     if checked.params_hash != cell.params_hash:
@@ -131,10 +132,10 @@ def checker_version() -> str:
 
 def check_result(target: Path) -> Checked:
     try:
-        doc = read_result(target)
+        result = read_result(target)
     except InvalidResult as error:
         return Checked(why_invalid(error), None)
-    return Checked(None, doc.get("params_hash"), doc.get("failure") == "infrastructure")
+    return Checked(None, result.params_hash, result.failure == "infrastructure")
 
 
 def checked_results(study: Study, root: Path | str = ".") -> dict[str, Checked]:
@@ -196,7 +197,7 @@ def prepare(study: Study, root: Path | str = ".", runs_here: Callable[[Cell], bo
     retried = [cell_id for cell_id, state in states.items() if state.kind == RETRY]
     for cell_id in retried:
         target = Path(root) / study.cell(cell_id).target
-        reason = read_result(target).get("reason")
+        reason = read_result(target).reason
         os.replace(target, target.with_name(target.name + ".retried"))
         say(f"trainbench: {study.name}/{cell_id} failed for a reason not its own ({reason}); it runs again "
             f"(the result is kept as {target.name}.retried and in its history)")

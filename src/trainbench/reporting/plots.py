@@ -48,8 +48,8 @@ from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import MaxNLocator, PercentFormatter  # noqa: E402
 
 from trainbench import paths  # noqa: E402
-from trainbench.execute.profiling import PARTS  # noqa: E402
-from trainbench.execute.results import with_intervals  # noqa: E402
+from trainbench.contract.result import PARTS  # noqa: E402
+from trainbench.contract.result import with_intervals  # noqa: E402
 from trainbench.registry.hardware import GPUS, gpu_label, gpu_model_of  # noqa: E402
 from trainbench.reporting.predictions import (MODEL_PARTS, parts_compared, prediction, time_prediction,  # noqa: E402
                                               with_current_predictions)

@@ -33,7 +33,7 @@ from typing import Any
 
 from trainbench.paths import probe_glob
 from trainbench.study.grid import Cell, Study
-from trainbench.execute.results import PHASES, InvalidResult, read_result
+from trainbench.contract.result import PHASES, InvalidResult, Result, read_result
 from trainbench.execute.gpus import short_of_gpus
 from trainbench.reporting import freshness
 
@@ -104,12 +104,11 @@ def survey(study: Study, root: Path, *, gpus_here: int, cluster: bool = False,
         verdict = freshness.result_state(cell, target)  # whether its result is current: decided there
         result = verdict.result
         if verdict.kind in (freshness.CURRENT, freshness.RETRY):
-            state = FAILED if result["status"] in FAILED_STATUSES else DONE
-            text = result["status"] + (f": {result['reason']}" if result.get("reason") else "")
+            state = FAILED if result.status in FAILED_STATUSES else DONE
+            text = result.status + (f": {result.reason}" if result.reason else "")
             if verdict.kind == freshness.RETRY:
                 text += " (the infrastructure's failure: the next run runs it again)"
-            progress = CellProgress(cell.cell_id, state, text,
-                                    wall_s=(result.get("metrics") or {}).get("wall_time_s"))
+            progress = CellProgress(cell.cell_id, state, text, wall_s=result.metrics.wall_time_s)
         elif work_dir.is_dir():
             progress = CellProgress(cell.cell_id, RUNNING, elapsed_s=max(0.0, now - _started(work_dir)))
         elif not cluster and not cell.unsupported and (short := short_of_gpus(cell.params, gpus_here)):
@@ -221,22 +220,22 @@ class Cost:
     with_phases: int = 0
     cell_shares: list[float] = field(default_factory=list)  # each finished run's timed share
 
-    def add(self, doc: dict[str, Any]) -> None:
-        metrics = doc["metrics"]
-        wall = metrics.get("wall_time_s")
+    def add(self, result: Result) -> None:
+        metrics = result.metrics
+        wall = metrics.wall_time_s
         if not wall:
             return  # never ran (unsupported, infeasible): it cost nothing
-        devices, _ = devices_of(doc["params"])
+        devices, _ = devices_of(result.params)
         self.runs += 1
         self.device_s += wall * devices
-        timed = timed_seconds(metrics) if doc["status"] == "ok" else 0.0
+        timed = timed_seconds(metrics) if result.ok else 0.0
         if timed is not None:
             self.timed_device_s += timed * devices
-            if doc["status"] == "ok":
+            if result.ok:
                 self.cell_shares.append(timed / wall)
-        if metrics.get("phases_s"):
+        if metrics.phases_s:
             self.with_phases += 1
-            for name, seconds in metrics["phases_s"].items():
+            for name, seconds in metrics.phases_s.items():
                 self.phase_device_s[name] = self.phase_device_s.get(name, 0.0) + seconds * devices
 
     def __add__(self, other: Cost) -> Cost:
@@ -288,12 +287,12 @@ def study_cost(study, root: Path | str = ".") -> StudyCost:
             if not path.exists():
                 continue
             try:
-                doc = read_result(path)
+                result = read_result(path)
             except InvalidResult as error:
                 unreadable.append(str(error))
                 continue
-            kinds.add(devices_of(doc["params"])[1])
-            cost.add(doc)
+            kinds.add(devices_of(result.params)[1])
+            cost.add(result)
     kind = "GPU" if "GPU" in kinds else "CPU rank" if kinds else "-"
     return StudyCost(study.name, kind, cells, probes, unreadable)
 
@@ -386,7 +385,7 @@ def efficiency_report(path: Path, studies, root: Path | str = ".") -> str:
             if not result.exists():
                 continue
             try:
-                prov = read_result(result).get("provenance") or {}
+                prov = read_result(result).provenance
             except InvalidResult:
                 continue
             job = (f"{prov['slurm_array_job_id']}_{prov.get('slurm_array_task_id')}"

@@ -21,7 +21,7 @@ from typing import Any
 from markdown_it import MarkdownIt
 
 from trainbench import paths
-from trainbench.execute.results import VERSION_KEYS
+from trainbench.contract.result import VERSION_KEYS
 
 Doc = dict[str, Any]
 

@@ -26,7 +26,7 @@ from typing import Any
 import pandas
 
 from trainbench import paths
-from trainbench.execute.results import PER_STEP_METHOD, with_intervals
+from trainbench.contract.result import PER_STEP_METHOD, with_intervals
 from trainbench.reporting.columns import (COLUMN_SETS, COLUMNS, COMPUTE_ONLY, SUMMARY_COLUMNS, cell_value,
                                           escape, metric, result_text, column_values, with_predictions)
 from trainbench.reporting.predictions import Doc, planned_document, with_current_predictions
@@ -190,7 +190,7 @@ def _emulation_note(docs: list[Doc]) -> list[str]:
     rows = [d for d in docs if d.get("emulation")]
     if not rows:
         return []
-    # what each result is completed with (its emulation section, as read_result brings it up to date)
+    # what each result is completed with (its emulation section, as reporting.documents brings it up to date)
     nccl = sorted({round(((d["emulation"].get("modelled") or {}).get("nccl_buffers_mib")) or 0) for d in rows}
                   - {0})
     limits = sorted({d["params"]["gpu_mem_limit_gib"] for d in rows if d["params"].get("gpu_mem_limit_gib")})
