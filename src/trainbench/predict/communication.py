@@ -50,9 +50,8 @@ from pathlib import Path
 from trainbench.paths import INTERCONNECT_NAME
 from trainbench.predict.memory_model import (block_shard_params, float8_linear_params, shard_params,
                                              vocab_parallel)
-from trainbench.registry.frameworks import framework_of, strategy_of
 from trainbench.registry.hardware import GpuType
-from trainbench.registry.models import get_model
+from trainbench.study.cell_view import CellView, as_view
 from trainbench.study.params import CellParams
 
 MIB = 1 << 20
@@ -101,46 +100,52 @@ def _buckets(what: str, kind: str, total_bytes: float, bucket_bytes: float, time
     return found
 
 
-def fsdp_gathers(params: CellParams) -> int:
+def fsdp_gathers(cell: CellParams | CellView) -> int:
     """How often FSDP2 all-gathers each block a step: for forward and again for backward of every micro
     batch (its default), kept to backward (after_backward), or kept for the whole step (after_step)."""
+    cell = as_view(cell)
+    params = cell.params
     ga = params.grad_accum
     return {"after_backward": ga, "after_step": 1}.get(params.fsdp_reshard or "", 2 * ga)
 
 
-def tp_all_reduces(params: CellParams, layers: float) -> float:
+def tp_all_reduces(cell: CellParams | CellView, layers: float) -> float:
     """Tensor parallelism's activation all-reduces a step on a rank holding `layers` blocks: per block 2
     forward and 2 backward in Megatron's layout (2 more recomputing), or one per layer a user's plan
     splits (ModelFacts.tp_collectives_per_block; half again recomputing); a vocabulary-parallel
     embedding all-reduces its output, and the LM head's input gradient is all-reduced."""
-    spec = get_model(params.model)
+    cell = as_view(cell)
+    params = cell.params
+    spec = cell.model
     per_block = spec.facts.tp_collectives_per_block if spec.user_defined else 4
     recomputing = 1 + bool(params.activation_checkpointing) / 2
-    return params.grad_accum * (layers * per_block * recomputing + 2 * vocab_parallel(params))
+    return params.grad_accum * (layers * per_block * recomputing + 2 * vocab_parallel(cell))
 
 
-def step_collectives(params: CellParams) -> list[Collective]:
+def step_collectives(cell: CellParams | CellView) -> list[Collective]:
     """The collectives of one optimizer step of the cell's busiest rank (see the module's notes)."""
-    spec = get_model(params.model)
-    strategy = strategy_of(params)
+    cell = as_view(cell)
+    params = cell.params
+    spec = cell.model
+    strategy = cell.strategy
     layout, stage = strategy.layout, strategy.zero_stage
     tp, pp, dp, ga = params.tp, params.pp, params.dp or 1, params.grad_accum
     mixed = params.precision != "fp32"
     weight_bytes = 2 if mixed else 4
-    psi = shard_params(params, spec)
+    psi = shard_params(cell, spec)
     layers = spec.n_layer / pp
-    block = block_shard_params(params, spec)
+    block = block_shard_params(cell, spec)
     found: list[Collective] = []
     if dp > 1 and layout == "replicated":
         bucket = (params.ddp_bucket_cap_mb or DDP_BUCKET_MIB) * MIB
         found += _buckets("DDP's gradient buckets", "all_reduce", 4 * psi, bucket, 1, dp)
     elif dp > 1 and layout == "fsdp":
-        gathers = fsdp_gathers(params)
-        reduce_bytes = framework_of(params).memory.fsdp_reduce_bytes or weight_bytes
+        gathers = fsdp_gathers(cell)
+        reduce_bytes = cell.framework.memory.fsdp_reduce_bytes or weight_bytes
         root = psi - layers * block
         gathered = block * weight_bytes
         if params.float8_all_gather:  # the float8 layers' weights gathered in float8, 1 byte each
-            gathered -= (weight_bytes - 1) * float8_linear_params(params, spec) / spec.n_layer
+            gathered -= (weight_bytes - 1) * float8_linear_params(cell, spec) / spec.n_layer
         found.append(Collective("FSDP2: a block's weights", "all_gather", gathered, gathers * layers, dp))
         # the root (embeddings, final norm) is not resharded after its forward: gathered once a micro
         # batch, or once a step where nothing reshards until the last backward
@@ -152,7 +157,7 @@ def step_collectives(params: CellParams) -> list[Collective]:
         found.append(Collective("FSDP2: the root's gradients", "reduce_scatter", root * reduce_bytes, 1, dp))
     elif dp > 1 and layout == "zero":
         # the framework's reduce bucket (DeepSpeed's 5e8 elements, Lightning's 2e8, the Trainer's width^2)
-        bucket = (params.reduce_bucket_size or framework_of(params).memory.reduce_bucket_elements(spec)
+        bucket = (params.reduce_bucket_size or cell.framework.memory.reduce_bucket_elements(spec)
                   ) * weight_bytes
         gather_bucket = (params.allgather_bucket_size or ZERO_BUCKET_ELEMENTS) * weight_bytes
         if stage == 0:
@@ -180,7 +185,7 @@ def step_collectives(params: CellParams) -> list[Collective]:
     activations = tokens * spec.d_model * weight_bytes
     if tp > 1:
         found.append(Collective("tensor parallelism: a split layer's activations", "all_reduce",
-                                activations, tp_all_reduces(params, layers), tp, "tp"))
+                                activations, tp_all_reduces(cell, layers), tp, "tp"))
     if pp > 1:
         found.append(Collective("pipeline: activations and their gradients", "send_recv", activations,
                                 2 * ga, 2, "pp"))

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from collections.abc import Mapping
 from typing import Any
 
+from trainbench.study.cell_view import CellView, as_view
 from trainbench.study.params import CellParams
-from trainbench.registry.frameworks import framework_of, offloads, strategy_of, zero_overlaps_comm
 from trainbench.registry.hardware import GPUS, GpuType, gpu_type, gpu_type_named_in, gpu_type_of
 from trainbench.registry.hardware import MIB
-from trainbench.registry.models import ActivationTrace, ModelSpec, get_model
+from trainbench.registry.models import ActivationTrace, ModelSpec
 from trainbench.contract.result import Result
 
 
@@ -63,30 +63,35 @@ class Prediction:
                 "parts_mib": {k: _r(v) for k, v in self.parts_mib.items()}}
 
 
-def nccl_layout(params: CellParams) -> str:
+def nccl_layout(cell: CellParams | CellView) -> str:
     """Which of NCCL_MIB_BY_LAYOUT's layouts a cell's ranks communicate in."""
+    cell = as_view(cell)
+    params = cell.params
     if params.pp > 1:
         return "pipeline"
     if params.tp > 1:
         return "tensor"
-    strategy = strategy_of(params)
+    strategy = cell.strategy
     if strategy.layout == "zero":
         return "zero3" if strategy.zero_stage == 3 else "zero"
     return "data"
 
 
-def nccl_buffers_mib(params: CellParams) -> float:
+def nccl_buffers_mib(cell: CellParams | CellView) -> float:
     """NCCL's device memory on one GPU rank of the cell, over a one-GPU torch rank's context."""
+    cell = as_view(cell)
+    params = cell.params
     if params.device != "cuda":
         return 0.0
     if params.gpus <= 1:
-        return NCCL_MIB_ONE_DEEPSPEED_RANK if engine(params)[0] == "zero" else 0.0
-    return NCCL_MIB_BY_LAYOUT[nccl_layout(params)]
+        return NCCL_MIB_ONE_DEEPSPEED_RANK if engine(cell)[0] == "zero" else 0.0
+    return NCCL_MIB_BY_LAYOUT[nccl_layout(cell)]
 
 
-def emulated_rank_shortfall_mib(params: CellParams) -> float:
+def emulated_rank_shortfall_mib(cell: CellParams | CellView) -> float:
     """What a real GPU rank of the cell's world shows beyond its emulated twin."""
-    nccl = nccl_buffers_mib(params)
+    cell = as_view(cell)
+    nccl = nccl_buffers_mib(cell)
     return nccl + EMULATED_CONTEXT_SHORTFALL_MIB if nccl else 0.0
 
 
@@ -115,66 +120,77 @@ def _r(value):
     return None if value is None else round(value, 1)
 
 
-def engine(params: CellParams) -> tuple[str, int | None]:
+def engine(cell: CellParams | CellView) -> tuple[str, int | None]:
     """Which memory layout a cell's strategy has: ('replicated'|'fsdp'|'zero', ZeRO stage or None)."""
-    strategy = strategy_of(params)
+    cell = as_view(cell)
+    strategy = cell.strategy
     return strategy.layout, strategy.zero_stage
 
 
-def vocab_parallel(params: CellParams) -> bool:
+def vocab_parallel(cell: CellParams | CellView) -> bool:
     """Whether the cell's tensor parallelism splits the token embedding and the tied LM head."""
-    split = strategy_of(params).tensor_parallel
+    cell = as_view(cell)
+    params = cell.params
+    split = cell.strategy.tensor_parallel
     return (params.tp > 1 and split is not None and split.vocab_parallel
-            and not get_model(params.model).user_defined)
+            and not cell.model.user_defined)
 
 
-def block_shard_params(params: CellParams, spec: ModelSpec) -> float:
+def block_shard_params(cell: CellParams | CellView, spec: ModelSpec) -> float:
     """Parameters of one block on one tensor-parallel rank."""
+    cell = as_view(cell)
+    params = cell.params
     if spec.user_defined:  # what its plan splits (ModelFacts.tp_block_params), the rest whole
         return spec.block_params() - spec.facts.tp_block_params * (1 - 1 / params.tp)
-    if vocab_parallel(params):  # sharded: the norms and row-parallel biases stay whole
+    if vocab_parallel(cell):  # sharded: the norms and row-parallel biases stay whole
         whole = spec.block_whole_params()
         return (spec.block_params() - whole) / params.tp + whole
     return spec.block_params() / params.tp  # AutoTP, counted as splitting the whole block
 
 
-def shard_params(params: CellParams, spec: ModelSpec) -> float:
+def shard_params(cell: CellParams | CellView, spec: ModelSpec) -> float:
     """Psi: parameters of rank 0's model-parallel shard, before data-parallel sharding."""
+    cell = as_view(cell)
+    params = cell.params
     total = spec.param_count(params.head, params.num_classes)
     blocks = spec.n_layer * spec.block_params()
-    psi = total - blocks + spec.n_layer * block_shard_params(params, spec)
-    if vocab_parallel(params):
+    psi = total - blocks + spec.n_layer * block_shard_params(cell, spec)
+    if vocab_parallel(cell):
         psi -= (spec.vocab_size - -(-spec.vocab_size // params.tp)) * spec.d_model
     if spec.user_defined:  # the layers its plan splits outside the blocks (an untied LM head)
         psi -= spec.facts.tp_other_params * (1 - 1 / params.tp)
     return psi / params.pp
 
 
-def float8_linear_params(params: CellParams, spec: ModelSpec) -> float:
+def float8_linear_params(cell: CellParams | CellView, spec: ModelSpec) -> float:
     """Weights of the linear layers a float8 cell trains in float8: the blocks' of trainbench's GPT."""
+    cell = as_view(cell)
+    params = cell.params
     if not params.float8 or spec.family != "gpt":
         return 0.0
     d, f = spec.d_model, spec.ffn
     return spec.n_layer * (4 * d * d + 2 * d * f) / params.tp
 
 
-def model_states(params: CellParams, spec: ModelSpec) -> tuple[dict[str, float], dict[str, float]]:
+def model_states(cell: CellParams | CellView, spec: ModelSpec) -> tuple[dict[str, float], dict[str, float]]:
     """Bytes of weights, gradients, optimizer states and buffers: (on the device, on the host) per rank."""
-    psi = shard_params(params, spec)
-    kind, stage = engine(params)
+    cell = as_view(cell)
+    psi = shard_params(cell, spec)
+    kind, stage = engine(cell)
     device: dict[str, float] = {}
     host: dict[str, float] = {}
     if kind == "replicated":
-        _replicated_states(params, spec, psi, device)
+        _replicated_states(cell, spec, psi, device)
     elif kind == "fsdp":
-        _fsdp_states(params, spec, psi, device, host)
+        _fsdp_states(cell, spec, psi, device, host)
     else:
-        _zero_states(params, spec, psi, stage, device, host)
+        _zero_states(cell, spec, psi, stage, device, host)
     return device, host
 
 
-def _replicated_states(params: CellParams, spec: ModelSpec, psi: float, device: dict[str, float]) -> None:
+def _replicated_states(cell: CellView, spec: ModelSpec, psi: float, device: dict[str, float]) -> None:
     """A replicated model's (DDP, one GPU) states, `psi` parameters on every rank."""
+    params = cell.params
     mixed = params.precision != "fp32"
     device["weights"] = 4 * psi
     device["gradients"] = 4 * psi
@@ -183,23 +199,24 @@ def _replicated_states(params: CellParams, spec: ModelSpec, psi: float, device: 
         device["buffers"] = 4 * psi  # DDP's gradient buckets (with ddp_bucket_view, the gradients)
     if mixed:
         # autocast's cached half weights; torchao casts float8 layers' weights at each use, keeping none
-        cached = psi - float8_linear_params(params, spec)
+        cached = psi - float8_linear_params(cell, spec)
         device["buffers"] = device.get("buffers", 0) + 2 * cached
 
 
-def _fsdp_states(params: CellParams, spec: ModelSpec, psi: float, device: dict[str, float],
+def _fsdp_states(cell: CellView, spec: ModelSpec, psi: float, device: dict[str, float],
                  host: dict[str, float]) -> None:
     """FSDP's states: sharded over the data-parallel ranks, a unit or two gathered in flight."""
+    params = cell.params
     n, mixed = params.dp, params.precision != "fp32"
-    _, offload_param = offloads(params)
-    memory = framework_of(params).memory
-    block = block_shard_params(params, spec)
+    _, offload_param = cell.offloads
+    memory = cell.framework.memory
+    block = block_shard_params(cell, spec)
     compute = 2 if mixed else 4
     if memory.fsdp_reduce_bytes and mixed:
         # the current and prefetched unit's weights; the current one's gradient and its reduction copy
         gathered = block * compute
         if params.float8_all_gather:
-            gathered -= (compute - 1) * float8_linear_params(params, spec) / spec.n_layer
+            gathered -= (compute - 1) * float8_linear_params(cell, spec) / spec.n_layer
         in_flight = 2 * gathered + block * (compute + memory.fsdp_reduce_bytes)
     else:
         in_flight = 2 * block * (compute + compute)
@@ -217,12 +234,13 @@ def _fsdp_states(params: CellParams, spec: ModelSpec, psi: float, device: dict[s
             device["allocator_gradient_shards"] = 4 * psi / n
 
 
-def _zero_states(params: CellParams, spec: ModelSpec, psi: float, stage: int, device: dict[str, float],
+def _zero_states(cell: CellView, spec: ModelSpec, psi: float, stage: int, device: dict[str, float],
                  host: dict[str, float]) -> None:
     """ZeRO's states at `stage` (0-3): what each stage partitions, offloads, and its reduction buckets."""
+    params = cell.params
     n, mixed = params.dp, params.precision != "fp32"
-    offload_optimizer, offload_param = offloads(params)
-    memory = framework_of(params).memory
+    offload_optimizer, offload_param = cell.offloads
+    memory = cell.framework.memory
     weight = 2 if mixed else 4
     master = 4  # the optimizer's fp32 copy (a separate partition even in fp32 for stages 1-3)
     bucket_elements = params.reduce_bucket_size or memory.reduce_bucket_elements(spec)
@@ -230,7 +248,7 @@ def _zero_states(params: CellParams, spec: ModelSpec, psi: float, stage: int, de
         # host pages of an untouched torch.empty are not resident: only what reduction writes counts
         bucket_elements = min(bucket_elements, psi)
     # with overlap_comm, stages 1 and 2 fill one bucket while the other is reduced
-    overlaps = zero_overlaps_comm(params) and params.contiguous_gradients is not False
+    overlaps = cell.overlaps_comm and params.contiguous_gradients is not False
     buffers = 2 if stage in (1, 2) and overlaps else 1
     bucket = buffers * bucket_elements * weight
     if stage == 0:
@@ -261,21 +279,27 @@ def _zero_states(params: CellParams, spec: ModelSpec, psi: float, stage: int, de
             device["buffers"] += min(DS_MAX_LIVE_PARAMETERS, psi) * weight
 
 
-def _compiled(params: CellParams, spec: ModelSpec) -> bool:
+def _compiled(cell: CellParams | CellView, spec: ModelSpec) -> bool:
     """Whether torch.compile (inductor) builds the backward of trainbench's GPT in this cell."""
-    return bool(params.compile) and spec.family in framework_of(params).compiles
+    cell = as_view(cell)
+    params = cell.params
+    return bool(params.compile) and spec.family in cell.framework.compiles
 
 
-def _compiled_whole(params: CellParams, spec: ModelSpec) -> bool:
+def _compiled_whole(cell: CellParams | CellView, spec: ModelSpec) -> bool:
     """Whether the model is compiled whole, loss included, rather than block by block (FSDP2)."""
-    if not _compiled(params, spec) or engine(params)[0] == "fsdp":
+    cell = as_view(cell)
+    params = cell.params
+    if not _compiled(cell, spec) or engine(cell)[0] == "fsdp":
         return False
     return not (params.gpus > 1 and params.ddp_compile == "blocks")
 
 
-def _recomputes_in_backward(params: CellParams, spec: ModelSpec) -> bool:
+def _recomputes_in_backward(cell: CellParams | CellView, spec: ModelSpec) -> bool:
     """Whether inductor recomputes a block's norms and GELU in backward: float8 blocks only."""
-    return _compiled(params, spec) and bool(params.float8)
+    cell = as_view(cell)
+    params = cell.params
+    return _compiled(cell, spec) and bool(params.float8)
 
 
 def _block_tensors(spec: ModelSpec, compiled: bool = False) -> list[tuple[float, str]]:
@@ -296,57 +320,67 @@ def _block_tensors(spec: ModelSpec, compiled: bool = False) -> list[tuple[float,
     return [(h, "res"), (h, "rep"), (3 * h, "c"), (h, "c"), (h, "res"), (h, "rep"), (2 * f, "c")]
 
 
-def _dtype_bytes(params: CellParams) -> tuple[int, int]:
+def _dtype_bytes(cell: CellParams | CellView) -> tuple[int, int]:
     """(compute dtype, residual-stream dtype) bytes of a cell's activations."""
+    cell = as_view(cell)
+    params = cell.params
     mixed = params.precision != "fp32"
-    kind, _ = engine(params)
+    kind, _ = engine(cell)
     # DeepSpeed, and FSDP where it casts the parameters, run the model itself in half precision
     half_engine = mixed and (kind == "zero" or (kind == "fsdp"
-                                                and framework_of(params).memory.fsdp_casts_parameters))
+                                                and cell.framework.memory.fsdp_casts_parameters))
     return (2 if mixed else 4), (2 if half_engine else 4)
 
 
-def traced(params: CellParams, spec: ModelSpec) -> ActivationTrace:
+def traced(cell: CellParams | CellView, spec: ModelSpec) -> ActivationTrace:
     """What a user's model saves for backward per sample, traced as the cell runs it on one rank."""
-    compute, residual = _dtype_bytes(params)
+    cell = as_view(cell)
+    params = cell.params
+    compute, residual = _dtype_bytes(cell)
     mode = "fp32" if compute == 4 else ("half-16" if residual == 2 else "autocast-16")
     tp = params.tp if spec.facts.tp_collectives_per_block or spec.facts.tp_other_params else 1
     kernel = "eager" if spec.attention_run(params.attention) == "eager" else "sdpa"
     return spec.facts.activations(spec, mode, kernel, params.seq_len or spec.max_seq, tp)
 
 
-def block_bytes_per_token(params: CellParams, spec: ModelSpec, *, traffic: bool = False) -> float:
+def block_bytes_per_token(cell: CellParams | CellView, spec: ModelSpec, *, traffic: bool = False) -> float:
     """Bytes one block saves for backward per token on one rank (`traffic`: as the time model counts)."""
+    cell = as_view(cell)
+    params = cell.params
     if spec.user_defined:  # traced, not listed: the architecture is the user's
-        return traced(params, spec).block_bytes / (params.seq_len or spec.max_seq)
-    compute, residual = _dtype_bytes(params)
+        return traced(cell, spec).block_bytes / (params.seq_len or spec.max_seq)
+    compute, residual = _dtype_bytes(cell)
     # an input three linear layers read (DistilBERT's q, k, v): under autocast each saves its own cast
     qkv_in = compute if compute == residual else 3 * compute
     sizes = {"c": compute, "rep": compute, "res": residual, "mask": 1, "qkv_in": qkv_in}
-    recomputes = _compiled(params, spec) if traffic else _recomputes_in_backward(params, spec)
+    recomputes = _compiled(cell, spec) if traffic else _recomputes_in_backward(cell, spec)
     # tensor parallelism splits what is inside attention and the MLP, not the residual stream or norms
     return sum(width * sizes[dtype] / (params.tp if dtype == "c" else 1)
                for width, dtype in _block_tensors(spec, recomputes))
 
 
-def _logit_bytes(params: CellParams, spec: ModelSpec, compute: int) -> int:
+def _logit_bytes(cell: CellParams | CellView, spec: ModelSpec, compute: int) -> int:
     """Bytes per logit at the loss's peak: three fp32 tensors eager; compiled, the compute dtype's (and
     a gradient where the loss is compiled alone), plus fp32 unless the vocabulary is a multiple of 64."""
-    if not _compiled(params, spec) or (engine(params)[0] == "fsdp" and params.tp > 1):
+    cell = as_view(cell)
+    params = cell.params
+    if not _compiled(cell, spec) or (engine(cell)[0] == "fsdp" and params.tp > 1):
         return 4 + 4 + 4  # FSDP2 under tensor parallelism runs its loss eager, on vocabulary shards
     fp32_copy = 0 if spec.vocab_size % 64 == 0 else 4
-    if _compiled_whole(params, spec):
+    if _compiled_whole(cell, spec):
         return compute + fp32_copy
     return compute + compute + fp32_copy
 
 
-def eager_score_bytes_per_token(params: CellParams, spec: ModelSpec) -> float:
+def eager_score_bytes_per_token(cell: CellParams | CellView, spec: ModelSpec) -> float:
     """Bytes eager attention's score matrices save per token and block on one rank (SDPA: none)."""
+    cell = as_view(cell)
+    params = cell.params
     eager = params.attention == "eager" or (
-        framework_of(params).memory.eager_attention_when_deterministic and params.deterministic)
+        cell.framework.memory.eager_attention_when_deterministic and params.deterministic)
     if not eager or spec.user_defined:  # a traced block's bytes hold its scores already
         return 0.0
-    compute, residual = _dtype_bytes(params)
+    compute, residual = _dtype_bytes(cell)
     # per score: the softmax's output, its cast that multiplies V, the dropout's mask
     softmax_bytes = 4 if spec.softmax_fp32 else residual
     dropout = spec.attention_dropout > 0
@@ -355,30 +389,36 @@ def eager_score_bytes_per_token(params: CellParams, spec: ModelSpec) -> float:
     return scores_per_token * (softmax_bytes + cast + dropout)
 
 
-def activations(params: CellParams, spec: ModelSpec) -> float:
+def activations(cell: CellParams | CellView, spec: ModelSpec) -> float:
     """Bytes of activations saved for backward at the end of forward, per rank (a pipeline's first)."""
+    cell = as_view(cell)
+    params = cell.params
     in_flight = min(params.pp, params.grad_accum) if params.pp > 1 else 1
-    return _block_activations(params, spec, in_flight) + _logits(params, spec) + _outside_blocks(params, spec)
+    return _block_activations(cell, spec, in_flight) + _logits(cell, spec) + _outside_blocks(cell, spec)
 
 
-def _outside_blocks(params: CellParams, spec: ModelSpec) -> float:
+def _outside_blocks(cell: CellParams | CellView, spec: ModelSpec) -> float:
     """DistilBERT's embeddings' sum and mask, and three tensors of its last block, at its peak."""
+    cell = as_view(cell)
+    params = cell.params
     if spec.family != "distilbert":
         return 0.0
-    _, residual = _dtype_bytes(params)
+    _, residual = _dtype_bytes(cell)
     tokens = (params.seq_len or spec.max_seq) * params.micro_batch
     return tokens * spec.d_model * (residual + 1 + 3 * residual)
 
 
-def _block_activations(params: CellParams, spec: ModelSpec, in_flight: int) -> float:
+def _block_activations(cell: CellParams | CellView, spec: ModelSpec, in_flight: int) -> float:
     """What the rank's blocks save for backward on the device, for `in_flight` micro batches."""
-    _, residual = _dtype_bytes(params)
+    cell = as_view(cell)
+    params = cell.params
+    _, residual = _dtype_bytes(cell)
     tokens = (params.seq_len or spec.max_seq) * params.micro_batch
-    block = tokens * block_bytes_per_token(params, spec)
-    block += tokens * eager_score_bytes_per_token(params, spec)
+    block = tokens * block_bytes_per_token(cell, spec)
+    block += tokens * eager_score_bytes_per_token(cell, spec)
     layers = spec.n_layer / params.pp
     # what a checkpointed block keeps: its input, the residual stream (traced for a user's model)
-    kept = (traced(params, spec).block_input_bytes / (params.seq_len or spec.max_seq) if spec.user_defined
+    kept = (traced(cell, spec).block_input_bytes / (params.seq_len or spec.max_seq) if spec.user_defined
             else spec.d_model * residual)
     if params.activation_checkpointing and params.checkpoint_in_cpu:
         # the inputs wait on the host; here, the one block being recomputed
@@ -388,26 +428,30 @@ def _block_activations(params: CellParams, spec: ModelSpec, in_flight: int) -> f
     return layers * block * in_flight
 
 
-def checkpoints_in_host(params: CellParams, spec: ModelSpec) -> float:
+def checkpoints_in_host(cell: CellParams | CellView, spec: ModelSpec) -> float:
     """Bytes of checkpointed block inputs one rank keeps in host memory (checkpoint_in_cpu)."""
+    cell = as_view(cell)
+    params = cell.params
     if not (params.activation_checkpointing and params.checkpoint_in_cpu):
         return 0.0
-    _, residual = _dtype_bytes(params)
+    _, residual = _dtype_bytes(cell)
     tokens = (params.seq_len or spec.max_seq) * params.micro_batch
     return spec.n_layer / params.pp * tokens * spec.d_model * residual / params.tp
 
 
-def _logits(params: CellParams, spec: ModelSpec) -> float:
+def _logits(cell: CellParams | CellView, spec: ModelSpec) -> float:
     """What the loss holds of the logits at its peak: all of them, or a vocabulary-parallel rank's."""
+    cell = as_view(cell)
+    params = cell.params
     if params.head != "lm":
         return 0.0
-    compute, _ = _dtype_bytes(params)
+    compute, _ = _dtype_bytes(cell)
     tokens = (params.seq_len or spec.max_seq) * params.micro_batch
     if spec.user_defined:
         # traced, and the loss's fp32 gradient of the logits, which backward makes first
-        return traced(params, spec).outside_bytes * params.micro_batch + tokens * spec.vocab_size * 4
-    vocab = -(-spec.vocab_size // params.tp) if vocab_parallel(params) else spec.vocab_size
-    return tokens * vocab * _logit_bytes(params, spec, compute)
+        return traced(cell, spec).outside_bytes * params.micro_batch + tokens * spec.vocab_size * 4
+    vocab = -(-spec.vocab_size // params.tp) if vocab_parallel(cell) else spec.vocab_size
+    return tokens * vocab * _logit_bytes(cell, spec, compute)
 
 
 def allocated_mib(parts_mib: dict[str, float]) -> float:
@@ -415,16 +459,18 @@ def allocated_mib(parts_mib: dict[str, float]) -> float:
     return sum(v for k, v in parts_mib.items() if not k.startswith("allocator_") and k != "cuda_context")
 
 
-def predict(params: CellParams, hardware: Hardware | None = None) -> Prediction:
+def predict(cell: CellParams | CellView, hardware: Hardware | None = None) -> Prediction:
     """Peak memory of one rank's GPU, the busiest node's host memory, and whether both fit."""
-    spec = get_model(params.model).with_vocab_multiple(params.vocab_multiple)  # as built
-    on_device, on_host = model_states(params, spec)
-    acts = activations(params, spec)
+    cell = as_view(cell)
+    params = cell.params
+    spec = cell.model.with_vocab_multiple(params.vocab_multiple)  # as built
+    on_device, on_host = model_states(cell, spec)
+    acts = activations(cell, spec)
     if params.checkpoint_in_cpu:
-        on_host["checkpointed_activations"] = checkpoints_in_host(params, spec)
+        on_host["checkpointed_activations"] = checkpoints_in_host(cell, spec)
     ranks_per_node = params.gpus_per_node
-    kind, stage = engine(params)
-    memory = framework_of(params).memory
+    kind, stage = engine(cell)
+    memory = cell.framework.memory
     base = (HOST_RANK_BASE_MIB[params.device] + memory.host_extra_mib[params.device]
             + (DEEPSPEED_IMPORT_MIB if kind == "zero" else 0.0))
     parts = {k: v / MIB for k, v in on_device.items()}
@@ -437,22 +483,22 @@ def predict(params: CellParams, hardware: Hardware | None = None) -> Prediction:
     elif kind == "zero" and stage < 3 and params.grad_accum == 1:
         # ZeRO 0-2 make gradients and bucket after the loss's peak: the largest of three moments
         grads = parts.pop("gradients") + parts.pop("buffers", 0.0)
-        logits = _logits(params, spec)
+        logits = _logits(cell, spec)
         if spec.user_defined:  # what its embeddings and head save stays to their backward
-            logits -= traced(params, spec).outside_bytes * params.micro_batch
+            logits -= traced(cell, spec).outside_bytes * params.micro_batch
         blocks = parts["activations"] - logits / MIB
         copy = 0.0
-        if stage > 0 and params.precision != "fp32" and not offloads(params)[0]:
-            copy = 4 * shard_params(params, spec) / params.dp / MIB
+        if stage > 0 and params.precision != "fp32" and not cell.offloads[0]:
+            copy = 4 * shard_params(cell, spec) / params.dp / MIB
         beyond = max(blocks + grads, grads + copy) - parts["activations"]
         if beyond > 0:
             parts["gradients_beyond_activations"] = beyond
     allocated = allocated_mib(parts)
     if params.device == "cuda":
         parts["allocator_slack"] = allocated * (ALLOCATOR_SLACK - 1)
-        parts["cuda_context"] = CUDA_CONTEXT_MIB + nccl_buffers_mib(params)
+        parts["cuda_context"] = CUDA_CONTEXT_MIB + nccl_buffers_mib(cell)
         gpu = sum(parts.values())
-        split = strategy_of(params).tensor_parallel if params.tp > 1 else None
+        split = cell.strategy.tensor_parallel if params.tp > 1 else None
         if split is not None and split.builds_whole_model:
             # AutoTP splits a model built whole: each GPU first holds every fp32 weight
             whole = 4 * spec.param_count(params.head, params.num_classes) / MIB
@@ -556,18 +602,20 @@ def hardware_from_args(gpu: str | None, gpu_mem_gib: float | None, host_mem_gib:
     return Hardware(gpu_mib, host_mem_gib * 1024, gpus_per_node, gpu or "", kind)
 
 
-def heaviest_rank(params: CellParams) -> int:
+def heaviest_rank(cell: CellParams | CellView) -> int:
     """The rank whose GPU holds the most: rank 0, or a pipeline's last stage's first, (pp - 1) x dp."""
+    cell = as_view(cell)
+    params = cell.params
     if params.pp == 1:
         return 0
-    spec = get_model(params.model).with_vocab_multiple(params.vocab_multiple)
+    spec = cell.model.with_vocab_multiple(params.vocab_multiple)
     # beyond the embedding both ends hold: the first stage's positions, the last's norm and head
-    states, _ = model_states(params, spec)
-    per_parameter = sum(states.values()) / shard_params(params, spec)
+    states, _ = model_states(cell, spec)
+    per_parameter = sum(states.values()) / shard_params(cell, spec)
     positions = spec.embedding_params() - spec.vocab_size * spec.d_model
     tail = (spec.param_count(params.head, params.num_classes) - spec.embedding_params()
             - spec.n_layer * spec.block_params())
-    first = (_block_activations(params, spec, min(params.pp, params.grad_accum))
+    first = (_block_activations(cell, spec, min(params.pp, params.grad_accum))
              + positions * per_parameter)
-    last = _block_activations(params, spec, 1) + _logits(params, spec) + tail * per_parameter
+    last = _block_activations(cell, spec, 1) + _logits(cell, spec) + tail * per_parameter
     return 0 if first >= last else (params.pp - 1) * params.dp

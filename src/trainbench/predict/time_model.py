@@ -13,14 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from trainbench.registry.frameworks import (SHARDED_TP, framework_of, offloads, registry, strategy_of,
-                                           zero_overlaps_comm)
+from trainbench.registry.frameworks import (SHARDED_TP, registry)
 from trainbench.contract.result import Result
+from trainbench.study.cell_view import CellView, as_view
 from trainbench.study.params import CellParams
 from trainbench.registry.hardware import GpuType, peak_flops, peak_flops_of
 from trainbench.predict.memory_model import (block_bytes_per_token, eager_score_bytes_per_token,
                                      shard_params, vocab_parallel)
-from trainbench.registry.models import ModelSpec, get_model
+from trainbench.registry.models import ModelSpec
 from trainbench.predict.communication import (Interconnect, fsdp_gathers, interconnect_of, link_gb_s,
                                              step_collectives, tp_all_reduces)
 
@@ -174,8 +174,10 @@ def _nodes_spanned(group: int, stride: int, params: CellParams) -> int:
     return min(params.nodes, group, math.ceil(group * stride / params.gpus_per_node))
 
 
-def _compute(params: CellParams, spec: ModelSpec, gpu: GpuType, layers: int) -> dict[str, float]:
+def _compute(cell: CellParams | CellView, spec: ModelSpec, gpu: GpuType, layers: int) -> dict[str, float]:
     """The step's matmuls, elementwise traffic, FP8 casts and layer passes: Work's compute fields."""
+    cell = as_view(cell)
+    params = cell.params
     tp, ga, mb = params.tp, params.grad_accum, params.micro_batch
     seq = params.seq_len or spec.max_seq
     ac = bool(params.activation_checkpointing)
@@ -186,7 +188,7 @@ def _compute(params: CellParams, spec: ModelSpec, gpu: GpuType, layers: int) -> 
     d = spec.d_model
     block = spec.block_matmul_params()
     head = spec.matmul_params(params.head, params.num_classes) - spec.n_layer * block
-    split_vocabulary = vocab_parallel(params)
+    split_vocabulary = vocab_parallel(cell)
     if split_vocabulary or (spec.user_defined and spec.facts.tp_other_params):
         head /= tp
     # the blocks' matmuls, split over the tensor-parallel ranks; a user's model, the share its plan splits
@@ -216,21 +218,23 @@ def _compute(params: CellParams, spec: ModelSpec, gpu: GpuType, layers: int) -> 
         output_grads = 2 * d + (3 * d + spec.ffn) / tp
         cast = tokens * layers * (2 * inputs + output_grads) * 5 / hbm
     passes = 3 + ac
-    saved = block_bytes_per_token(params, spec, traffic=True) + eager_score_bytes_per_token(params, spec)
+    saved = block_bytes_per_token(cell, spec, traffic=True) + eager_score_bytes_per_token(cell, spec)
     return {"matmul_s": tokens * per_token / peak,
             "unaligned_head_s": tokens * 6 * head / peak if unaligned else 0.0,
             "elementwise_s": tokens * layers * saved * passes / hbm, "cast_s": cast,
             "layer_passes": ga * layers * passes}
 
 
-def _communication(params: CellParams, spec: ModelSpec, gpu: GpuType, layers: int,
+def _communication(cell: CellParams | CellView, spec: ModelSpec, gpu: GpuType, layers: int,
                    links: Interconnect) -> dict[str, float]:
     """The step's collectives: on its critical path, overlapped with backward, or synchronous, and the
     calls that launch them (Work's link fields and calls)."""
-    strategy = strategy_of(params)
+    cell = as_view(cell)
+    params = cell.params
+    strategy = cell.strategy
     layout, stage = strategy.layout, strategy.zero_stage
     tp, pp, dp, ga = params.tp, params.pp, params.dp, params.grad_accum
-    sent = step_collectives(params)
+    sent = step_collectives(cell)
 
     def link_s(group: str, ranks: int, nodes: int) -> float:
         return links.seconds([c for c in sent if c.group == group], link_gb_s(gpu, ranks, nodes), nodes > 1,
@@ -238,7 +242,7 @@ def _communication(params: CellParams, spec: ModelSpec, gpu: GpuType, layers: in
 
     calls = micro_link = 0.0
     if tp > 1:
-        calls += tp_all_reduces(params, layers)
+        calls += tp_all_reduces(cell, layers)
         micro_link += link_s("tp", tp, _nodes_spanned(tp, 1, params))
     if pp > 1:
         micro_link += link_s("pp", 2, 2 if _spans_nodes(pp, tp, params) else 1)
@@ -251,14 +255,14 @@ def _communication(params: CellParams, spec: ModelSpec, gpu: GpuType, layers: in
         budget = 2 / 3 / ga  # the last micro batch's backward
     elif layout == "fsdp" and dp > 1:
         overlapped = traffic
-        calls += (fsdp_gathers(params) + 1) * spec.n_layer
+        calls += (fsdp_gathers(cell) + 1) * spec.n_layer
     elif layout == "zero":
         if stage == 3:
             # a fetch is a call of bookkeeping, and of an all-gather where the weights are partitioned
             ac = bool(params.activation_checkpointing)
             fetches = ga * (2 + ac) * (spec.n_layer * spec.fetched_modules_per_block() + 1)
             calls += fetches * (1 + (dp > 1))
-        if zero_overlaps_comm(params):
+        if cell.overlaps_comm:
             overlapped = traffic
             budget = 1.0 if stage == 3 else 2 / 3 / ga
         else:
@@ -267,17 +271,19 @@ def _communication(params: CellParams, spec: ModelSpec, gpu: GpuType, layers: in
             "overlap_budget": budget, "sync_link_s": sync}
 
 
-def _optimizer(params: CellParams, spec: ModelSpec, gpu: GpuType, cpu_threads: int,
+def _optimizer(cell: CellParams | CellView, spec: ModelSpec, gpu: GpuType, cpu_threads: int,
                alone: bool) -> dict[str, float]:
     """The optimizer step, on the GPU or offloaded, and the copies offloading adds (Work's optimizer,
     PCIe and host fields)."""
-    strategy = strategy_of(params)
+    cell = as_view(cell)
+    params = cell.params
+    strategy = cell.strategy
     layout, stage = strategy.layout, strategy.zero_stage
-    offload_optimizer, offload_param = offloads(params)
+    offload_optimizer, offload_param = cell.offloads
     ga, ac = params.grad_accum, bool(params.activation_checkpointing)
     hbm, pcie = gpu.hbm_gb_s * 1e9, gpu.pcie_gb_s * 1e9
     weight_bytes = 2 if params.precision != "fp32" else 4
-    psi = shard_params(params, spec)
+    psi = shard_params(cell, spec)
     sharded = layout == "fsdp" or (layout == "zero" and stage >= 1)
     stepped = psi / params.dp if sharded else psi
     on_gpu = {"optimizer_hbm_s": 0.0, "torch_optimizer_hbm_s": 0.0, "offload_pcie_s": 0.0,
@@ -310,17 +316,19 @@ def _optimizer(params: CellParams, spec: ModelSpec, gpu: GpuType, cpu_threads: i
     return {**on_gpu, **host}
 
 
-def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREADS,
+def work(cell: CellParams | CellView, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREADS,
          alone: bool = False, links: Interconnect | None = None) -> Work:
     """The physical work of one step of a cell on the busiest of `gpu`s; `alone`: of that rank run by
     itself, as an emulated rank runs (no collective waits, no bubble, its host its own)."""
-    spec: ModelSpec = get_model(params.model)
-    framework, strategy = framework_of(params), strategy_of(params)
+    cell = as_view(cell)
+    params = cell.params
+    spec: ModelSpec = cell.model
+    framework, strategy = cell.framework, cell.strategy
     layout, stage = strategy.layout, strategy.zero_stage
     ga, pp = params.grad_accum, params.pp
     layers = math.ceil(spec.n_layer / pp)
-    compute = _compute(params, spec, gpu, layers)
-    communication = _communication(params, spec, gpu, layers,
+    compute = _compute(cell, spec, gpu, layers)
+    communication = _communication(cell, spec, gpu, layers,
                                    interconnect_of(gpu) if links is None else links)
     if alone:
         communication.update(micro_link_s=0.0, overlapped_link_s=0.0, sync_link_s=0.0)
@@ -329,7 +337,7 @@ def work(params: CellParams, gpu: GpuType, cpu_threads: int = DEFAULT_CPU_THREAD
         loop="" if framework.time.loop_step_s is None else framework.name,
         loop_repeats=ga if framework.time.loop_per_micro_batch else 1,
         engine="" if layout != "zero" else f"ZeRO-{'1/2' if stage in (1, 2) else stage}",
-        **compute, **communication, **_optimizer(params, spec, gpu, cpu_threads, alone),
+        **compute, **communication, **_optimizer(cell, spec, gpu, cpu_threads, alone),
         dtensor_passes=passes if params.tp > 1 and strategy.tensor_parallel is SHARDED_TP else 0,
         deterministic_passes=passes if params.deterministic else 0,
         pipeline_factor=1.0 if alone else (ga + pp - 1) / ga,
@@ -444,25 +452,29 @@ def constants_for(gpu: GpuType, table: dict[str, Constants] | None = None) -> tu
     return Constants(gpu=gpu.key), "no constants fitted: starting values"
 
 
-def outside(params: CellParams) -> str | None:
+def outside(cell: CellParams | CellView) -> str | None:
     """Why the model does not describe a cell's step (its fit leaves such cells out), or None."""
+    cell = as_view(cell)
+    params = cell.params
     if params.float8 and not params.compile:
         return ("float8 without torch.compile runs torchao's scaling and casts as separate kernels, which "
                 "the model (its casts compiled) does not describe")
     return None
 
 
-def predict(params: CellParams, gpu: GpuType | None, constants: Constants | None = None,
+def predict(cell: CellParams | CellView, gpu: GpuType | None, constants: Constants | None = None,
             cpu_threads: int = DEFAULT_CPU_THREADS) -> TimePrediction | None:
     """A cell's step time, samples/s and MFU on GPUs of type `gpu`; None where it has nothing to say."""
+    cell = as_view(cell)
+    params = cell.params
     if gpu is None or params.device != "cuda":
         return None
     note = None
     if constants is None:
         constants, note = constants_for(gpu)
     try:
-        w = work(params, gpu, cpu_threads)
-        spec = get_model(params.model)
+        w = work(cell, gpu, cpu_threads)
+        spec = cell.model
     except (KeyError, ValueError):
         return None
     parts_s = parts(w, constants)
@@ -472,21 +484,22 @@ def predict(params: CellParams, gpu: GpuType | None, constants: Constants | None
     peak = peak_flops(gpu, params.precision, params.tf32)
     flops = spec.train_flops_per_token(seq, params.head, params.num_classes)
     mfu = samples * seq * flops / params.gpus / peak if peak else None
-    note = "; ".join(n for n in (note, outside(params)) if n) or None
+    note = "; ".join(n for n in (note, outside(cell)) if n) or None
     waiting = float(collective_wait_share(constants, w.ranks))
     return TimePrediction(step, samples, samples * seq, mfu, {k: float(v) for k, v in parts_s.items()},
                           gpu.key, constants.gpu, note, host_s=float(parts_s["framework"]) / (1 - waiting))
 
 
-def waiting_s(params: CellParams, gpu: GpuType, constants: Constants | None = None,
+def waiting_s(cell: CellParams | CellView, gpu: GpuType, constants: Constants | None = None,
               cpu_threads: int = DEFAULT_CPU_THREADS, whole_s: float | None = None) -> float | None:
     """What a rank of the cell's world spends that the same rank run alone (emulated) does not: an
     emulated rank's step plus this is its world's whole step. `whole_s`: predict()'s step, if known."""
+    cell = as_view(cell)
     if constants is None:
         constants, _ = constants_for(gpu)
     try:
-        whole = step_time(work(params, gpu, cpu_threads), constants) if whole_s is None else whole_s
-        alone = step_time(work(params, gpu, cpu_threads, alone=True), constants)
+        whole = step_time(work(cell, gpu, cpu_threads), constants) if whole_s is None else whole_s
+        alone = step_time(work(cell, gpu, cpu_threads, alone=True), constants)
     except (KeyError, ValueError):
         return None
     return float(whole - alone)
@@ -496,28 +509,32 @@ def waiting_s(params: CellParams, gpu: GpuType, constants: Constants | None = No
 WHOLE_STEP_BANDS_FILE = Path(__file__).with_name("whole_step_bands.json")
 
 
-def wait_kind(params: CellParams) -> str:
+def wait_kind(cell: CellParams | CellView) -> str:
     """What a rank's world mostly adds to its compute, as the whole step's bands group ranks."""
+    cell = as_view(cell)
+    params = cell.params
     if params.tp > 1 or params.pp > 1:
         return "tensor or pipeline parallel"
     if params.offload_optimizer or params.offload_param:
         return "offloaded"
-    if strategy_of(params).zero_stage == 3:
+    if cell.strategy.zero_stage == 3:
         return "ZeRO-3"
     return "data parallel"
 
 
-def whole_step_band(params: CellParams, path: Path = WHOLE_STEP_BANDS_FILE) -> dict[str, Any] | None:
+def whole_step_band(cell: CellParams | CellView, path: Path = WHOLE_STEP_BANDS_FILE) -> dict[str, Any] | None:
     """Real steps over their emulated rank's whole step, for ranks that wait as this one's world does."""
+    cell = as_view(cell)
     if not path.exists():
         return None
-    return json.loads(path.read_text())["bands"].get(wait_kind(params))
+    return json.loads(path.read_text())["bands"].get(wait_kind(cell))
 
 
-def thread_ratio(params: CellParams, gpu: GpuType | None, then: int, now: int) -> float | None:
+def thread_ratio(cell: CellParams | CellView, gpu: GpuType | None, then: int, now: int) -> float | None:
     """The predicted step at `now` CPU threads a rank over the step at `then` (None: no prediction)."""
-    at_then = predict(params, gpu, cpu_threads=then)
-    at_now = predict(params, gpu, cpu_threads=now)
+    cell = as_view(cell)
+    at_then = predict(cell, gpu, cpu_threads=then)
+    at_now = predict(cell, gpu, cpu_threads=now)
     if at_then is None or at_now is None:
         return None
     return at_now.step_time_s / at_then.step_time_s
