@@ -388,6 +388,14 @@ def test_the_wait_share_is_calibrated_on_profiled_cells_by_number_of_ranks():
     and 70% at 4, the calibration finds those shares, and says how far off the model was without."""
     from trainbench.checks.step_time import collective_wait_shares
 
+    from trainbench.contract.result import METRICS, Section, read_result
+
+    template = read_result(next(REPO.glob("results/runs/baseline/*/metrics.json")))
+
+    def profiled(exposed: float):  # a result whose profile exposed this much communication
+        metrics = {**template.metrics.as_dict(), "breakdown": {"parts_s": {"exposed_communication": exposed}}}
+        return replace(template, metrics=Section("metrics", METRICS, metrics))
+
     constants = time_model.load_constants()["h200"]
     constants.collective_wait_share = {}
     cells = []
@@ -397,10 +405,9 @@ def test_the_wait_share_is_calibrated_on_profiled_cells_by_number_of_ranks():
                 w = time_model.work(cell(strategy=strategy, gpus=gpus, micro_batch=micro_batch), H200)
                 parts = time_model.parts(w, constants)
                 exposed = parts["communication"] + share * parts["framework"]
-                cells.append({"work": w, "doc": {"metrics": {"breakdown": {
-                    "parts_s": {"exposed_communication": float(exposed)}}}}})
+                cells.append({"work": w, "result": profiled(float(exposed))})
     cells.append({"work": time_model.work(cell(framework="torch", strategy="single", gpus=1), H200),
-                  "doc": {"metrics": {"breakdown": {"parts_s": {"exposed_communication": 0.0}}}}})
+                  "result": profiled(0.0)})
     shares = collective_wait_shares(cells, constants)
     assert sorted(shares) == ["2", "4"]
     assert shares["2"][:2] == (0.3, 12) and shares["4"][:2] == (0.7, 12)
