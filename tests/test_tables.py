@@ -13,7 +13,7 @@ import pandas
 import pytest
 
 from trainbench.study.config import load_config
-from trainbench.reporting.documents import read_reported
+from trainbench.reporting.documents import read_reported as read_any_reported
 from trainbench.reporting.answer import SUMMARY, summary_order
 from trainbench.reporting.columns import COLUMNS, COMPUTE_ONLY, expand_sets
 from trainbench.reporting.tables import cell_text, scalar_columns, with_planned, write_tables
@@ -31,6 +31,23 @@ CONFIG = CONFIGS[REPO]
 MEASURED = "## Measured cells"
 NOT_RUN = "## Planned and not run"
 LARGEST_MARKDOWN = 40_000  # bytes: a table a reader scrolls through, and GitHub renders at once
+
+
+_MODELS_OF: dict[Path, set[str]] = {}  # each workspace's own models, by name, once registered
+
+
+def read_reported(path: Path) -> dict:
+    """A published result as the tables read it, its workspace's own models registered first: an
+    emulated rank's memory is completed by the memory model, which counts the cell's model (another
+    test may have loaded another config since)."""
+    from trainbench.registry.models import USER_MODELS
+    from trainbench.workflow import load_checked
+
+    root = next(root for root in WORKSPACES if path.is_relative_to(root / "results"))
+    if _MODELS_OF.get(root) != set(USER_MODELS):
+        load_checked(root / "config.yaml")
+        _MODELS_OF[root] = set(USER_MODELS)
+    return read_any_reported(path)
 
 
 def table(study: str, suffix: str) -> Path:
@@ -152,7 +169,6 @@ def test_a_table_names_a_commit_once_whether_its_runs_were_given_the_full_or_the
 def test_published_tables_predict_with_the_committed_time_model(study):
     # a refit changes every table's predicted columns: a table made before it (the refit committed,
     # the tables not made again) would show the old fit's figures beside the new fit's docs
-    from trainbench.reporting.documents import read_reported
     from trainbench.reporting.predictions import time_prediction
 
     csv = pandas.read_csv(table(study, ".csv"))
