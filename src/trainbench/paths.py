@@ -49,6 +49,8 @@ COMMBENCH_NODES_LOG = "results/comm/{interconnect}-n{nodes}x{ranks}.log"
 INTERCONNECT_NAME = re.compile(r"(?P<hardware>[a-z0-9][a-z0-9-]*?)-(?:x\d+|n\d+x\d+)")
 # the study's page (the report's): beside its table, so that a clone has it, as it has the table
 STUDY_PAGE = "results/tables/{study}.html"
+# its part of the report's front page (workflow/report/workflow.rst): answer, headline numbers, key plots
+STUDY_FRONT = "results/tables/{study}.front.html"
 STUDY_PAGE_LOG = "results/logs/report/{study}.log"
 GRID_STAMP = "results/.grid/{study}.json"
 # the prediction models' digest (Workflow.prediction_models), rewritten when it changes: no study's name
@@ -65,9 +67,10 @@ def path(pattern: str, **wildcards) -> str:
 
 def study_outputs(study: str) -> list[str]:
     """What a study's `rule all` target is made of: its table (markdown, every column, CSV, plan and
-    findings), its plots' folder (where the study profiles its cells, where their time went, too) and its
-    page (the report's)."""
-    patterns = (TABLE_MD, TABLE_ALL, TABLE_CSV, TABLE_PLAN, TABLE_FINDINGS, PLOTS_DIR, STUDY_PAGE)
+    findings), its plots' folder (where the study profiles its cells, where their time went, too), its
+    page and its part of the front page (the report's)."""
+    patterns = (TABLE_MD, TABLE_ALL, TABLE_CSV, TABLE_PLAN, TABLE_FINDINGS, PLOTS_DIR, STUDY_PAGE,
+                STUDY_FRONT)
     return [path(pattern, study=study) for pattern in patterns]
 
 

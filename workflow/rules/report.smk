@@ -1,25 +1,29 @@
-# The report (`snakemake --report report.html`): each study's page (src/trainbench/reporting/report.py: its
-# markdown table file rendered, the names of its plots, where and with what its cells ran), and the
-# tables and plots themselves, each under its study's category with a caption (workflow/report/*.rst).
+# The report (`snakemake --report report.html`): on its front page (workflow/report/workflow.rst) each
+# study's answer, headline numbers and first plots; each study's page (src/trainbench/reporting/report.py:
+# its markdown table file rendered with its plots in reading order, where and with what its cells ran);
+# and the tables themselves, each under its study's category with a caption (workflow/report/*.rst).
 
 
 rule study_page:
     input:
-        # the page shows the table as it is and names the plots: asking for it brings the whole study
-        # up to date
+        # the page shows the table as it is and the plots: asking for it brings the whole study up to
+        # date
         table=paths.TABLE_MD,
         every_column=paths.TABLE_ALL,
         findings=paths.TABLE_FINDINGS,
         plots=paths.PLOTS_DIR,
         metrics=get_study_metrics,
     output:
-        report(
+        page=report(
             paths.STUDY_PAGE,
             caption="../report/study_page.rst",
             category="{study}",
             subcategory="page",
-            labels=get_page_labels,
+            # short: the report lists it beside the page it shows, in a column as wide as its labels
+            labels={"shows": "answer, plots, findings, provenance"},
         ),
+        # an HTML fragment the front page takes in as it is
+        front=paths.STUDY_FRONT,
     log:
         paths.STUDY_PAGE_LOG,
     localrule: True
