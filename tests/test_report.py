@@ -221,13 +221,25 @@ def _browser_missing() -> str | None:
     return f"no {', '.join(missing)}: apt-get install chromium chromium-driver" if missing else None
 
 
+def _without_browser(problem: str, required: bool):
+    """No browser: the test fails where one is required (CI), else it is skipped, saying why."""
+    if required:
+        pytest.fail(f"TRAINBENCH_REQUIRE_BROWSER=1 and {problem}")
+    pytest.skip(problem)
+
+
+def test_a_missing_browser_fails_the_browser_tests_where_one_is_required():
+    with pytest.raises(pytest.fail.Exception, match="TRAINBENCH_REQUIRE_BROWSER=1 and no /usr/bin/chromium"):
+        _without_browser("no /usr/bin/chromium", required=True)
+    with pytest.raises(pytest.skip.Exception, match="no /usr/bin/chromium"):
+        _without_browser("no /usr/bin/chromium", required=False)
+
+
 @pytest.fixture(scope="module")
 def browser():
     problem = _browser_missing()
     if problem:
-        if REQUIRED:
-            pytest.fail(f"TRAINBENCH_REQUIRE_BROWSER=1 and {problem}")
-        pytest.skip(problem)
+        _without_browser(problem, REQUIRED)
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
