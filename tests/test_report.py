@@ -148,6 +148,12 @@ def test_the_page_leads_with_the_answer_then_the_measured_cells_then_its_plots(t
         embedded = Image.open(io.BytesIO(base64.b64decode(encoded)))
         assert embedded.size == Image.open(file).size and embedded.mode == "P"
         assert len(base64.b64decode(encoded)) < Path(file).stat().st_size
+    # the page kept beside the table links the same plots, by their paths from its folder
+    pages = REPO / "results/tables"
+    linked = study_page(study, table, plots, _published(study), files[".all.md"].read_text(), page_dir=pages)
+    sources = re.findall(r'<img src="([^"]+)"', linked)
+    assert [(pages / source).resolve() for source in sources] == [Path(file).resolve() for file, _ in plots]
+    assert all(source.startswith(f"../plots/{study}/") for source in sources) and "data:" not in linked
     # its links are its own sections; the CSVs are named where they are, not linked
     links = re.findall(r'href="([^"]*)"', page)
     assert "#all-columns" in links and all(link.startswith("#") for link in links), links
@@ -265,15 +271,17 @@ def browser():
 
 @pytest.fixture(scope="module")
 def published_report(browser, tmp_path_factory) -> tuple:
-    """`snakemake --report` on a clone where nothing ran (no smoke table): the report of what is
-    published, made once for the tests that read it (after the browser: without one they are skipped
-    before it is made)."""
+    """The report of what is published, on a clone where nothing ran (no smoke table), as docs/running.md
+    says: the report's copies of the pages made (report_all), then `snakemake --report`; made once for
+    the tests that read it (after the browser: without one they are skipped before it is made)."""
     from conftest import Workflow
 
     root = tmp_path_factory.mktemp("published")
     clone = Workflow(root / "clone", clone=True)
     report = root / "report.html"
-    clone.shell(f"snakemake --report {report}", env=CPU_MACHINE)
+    assert not list(clone.path("results/report").glob("*.html"))  # a clone has only the linked pages
+    clone.shell("snakemake -c all report_all", env=CPU_MACHINE)
+    clone.shell(f"snakemake --report {report} report_all", env=CPU_MACHINE)
     return clone, report
 
 
@@ -537,11 +545,11 @@ def test_the_report_of_the_smoke_study_renders_its_page_table_plots_and_provenan
           f"checked in a browser in {time.monotonic() - started - built:.1f} s")
 
 
-def test_a_fresh_clone_reports_the_published_studies_with_nothing_run_first(browser, published_report):
-    """`snakemake --report` on a clone where nothing ran (no smoke table): the report of what is
-    published. Its front page gives each study's answer and each campaign's verdicts; each study's page
-    leads with its answer and the summary of its measured cells; each plot is stored once; the info panel
-    says what a table was made with in words; the whole is at most LARGEST_REPORT."""
+def test_a_fresh_clone_reports_the_published_studies_with_nothing_trained_first(browser, published_report):
+    """`snakemake --report` on a clone where nothing trained (no smoke table), its pages made: the report
+    of what is published. Its front page gives each study's answer and each campaign's verdicts; each
+    study's page leads with its answer and the summary of its measured cells; each plot is stored once;
+    the info panel says what a table was made with in words; the whole is at most LARGEST_REPORT."""
     from selenium.webdriver.common.by import By
 
     clone, report = published_report
@@ -590,15 +598,16 @@ def test_a_fresh_clone_reports_the_published_studies_with_nothing_run_first(brow
 
 
 def test_the_front_page_and_every_study_page_fit_a_1440_screen(browser, published_report, screenshots):
-    """At 1440 x 900: the report's front page, each published study's page as a clone has it, and one
-    page in the report's viewer. Nothing runs off the side (the summary of measured cells wraps within
-    the screen), every image loads, no plot is taller than the window, the plots come in their reading
-    order, and a page's links stay in the page."""
+    """At 1440 x 900: the report's front page, each published study's page as a clone has it (its plots
+    linked, loaded from their files) and as the report has it (embedded), and one page in the report's
+    viewer. Nothing runs off the side (the summary of measured cells wraps within the screen), every image
+    loads, no plot is taller than the window, the plots come in their reading order, and a page's links
+    stay in the page."""
     from selenium.webdriver.common.by import By
 
     clone, report = published_report
     studies = sorted(p.name.removesuffix(".front.html")
-                     for p in clone.path("results/tables").glob("*.front.html"))
+                     for p in clone.path("results/report").glob("*.front.html"))
     assert studies, "no study page to look at"
     _open(browser, report)
     _front_page(browser)
@@ -610,15 +619,21 @@ def test_the_front_page_and_every_study_page_fit_a_1440_screen(browser, publishe
         assert shown == [str(Path(file).relative_to(clone.root)) for file, _ in plots], study
     browser.save_screenshot(str(screenshots / "front.png"))
     for study in studies:
-        browser.get(clone.path(f"results/tables/{study}.html").as_uri())
-        layout = _fits(browser, study)
-        assert layout["summary"], study
         plots = plots_of(clone.path(f"results/plots/{study}"))
-        captions = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "figure.plot code")]
-        assert captions == [str(Path(file).relative_to(clone.root)) for file, _ in plots], study
-        links = browser.execute_script("return [...document.links].map(a => a.getAttribute('href'))")
-        for link in links:  # each to a part of the page
-            assert link.startswith("#") and browser.find_elements(By.ID, link[1:]), (study, link)
+        for page, linked in ((f"results/tables/{study}.html", True), (f"results/report/{study}.html", False)):
+            browser.get(clone.path(page).as_uri())
+            layout = _fits(browser, page)  # (every image loaded: a linked one from its file)
+            assert layout["summary"], page
+            images = browser.find_elements(By.CSS_SELECTOR, "figure.plot img")
+            sources = [image.get_attribute("src") for image in images]
+            expected = ([clone.path(file).as_uri() for file, _ in plots] if linked
+                        else [s for s in sources if s.startswith("data:image/png;base64,")])
+            assert sources == expected and len(sources) == len(plots), page
+            captions = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "figure.plot code")]
+            assert captions == [str(Path(file).relative_to(clone.root)) for file, _ in plots], page
+            links = browser.execute_script("return [...document.links].map(a => a.getAttribute('href'))")
+            for link in links:  # each to a part of the page
+                assert link.startswith("#") and browser.find_elements(By.ID, link[1:]), (page, link)
         browser.save_screenshot(str(screenshots / f"{study}.png"))
     # in the report's viewer, the page of the tallest plot: each plot whole inside the page's frame
     tallest = max(studies, key=lambda study: max((Image.open(file).height for file, _ in

@@ -14,15 +14,18 @@ rule study_page:
         plots=paths.PLOTS_DIR,
         metrics=get_study_metrics,
     output:
-        page=report(
-            paths.STUDY_PAGE,
+        # the page kept beside the table, its plots linked (a few kilobytes in the repository)
+        page=paths.STUDY_PAGE,
+        # the same page with its plots embedded, as the report's viewer needs: not kept in the repository
+        report_page=report(
+            paths.REPORT_PAGE,
             caption="../report/study_page.rst",
             category="{study}",
             subcategory="page",
             # short: the report lists it beside the page it shows, in a column as wide as its labels
             labels={"shows": "answer, plots, findings, provenance"},
         ),
-        # an HTML fragment the front page takes in as it is
+        # an HTML fragment the front page takes in as it is, beside the report's page
         front=paths.STUDY_FRONT,
     log:
         paths.STUDY_PAGE_LOG,

@@ -7,8 +7,10 @@ count of the cells without a result), then its every-column file (each timed fig
 interval), folded; shows its plots under the summary, in their reading order (plots.json), and says
 where the cells ran: one row per distinct set-up (hardware, driver and CUDA/NCCL, package versions,
 commit), read from the cells' metrics.json files. The tables are the markdown files rendered, nothing
-computed again; the plots are embedded (the page is one file, as the report's viewer needs: it cannot
-follow a path to another file) at 128 colours, a quarter of their files' bytes and no change a reader sees.
+computed again. The page is made twice: the one kept beside the table links its plots by relative path,
+so that it stays small in the repository; the report's copy (REPORT_PAGE) embeds them, since the report's
+viewer cannot follow a path to another file, at 128 colours, a quarter of their files' bytes and no
+change a reader sees.
 
 The page fits a 1440-pixel screen: its tables wrap rather than run off to the side, except the
 every-column table and the provenance, which scroll inside their own box; no plot is wider than the page
@@ -25,6 +27,7 @@ import base64
 import datetime as dt
 import html
 import io
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -199,9 +202,14 @@ def plot_uri(path: Path | str) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def figures_html(plots: list[tuple[str, str]]) -> str:
-    """Each plot (its file, what it shows) as a figure, in the order given, captioned with both."""
-    return "".join(f'<figure class="plot"><img src="{plot_uri(file)}" alt="{html.escape(shows)}">'
+def figures_html(plots: list[tuple[str, str]], page_dir: Path | str | None = None) -> str:
+    """Each plot (its file, what it shows) as a figure, in the order given, captioned with both: linked by
+    its path relative to `page_dir`, the folder of the page that shows it, or embedded where there is none
+    (the report's copy)."""
+    def source(file: str) -> str:
+        return plot_uri(file) if page_dir is None else html.escape(os.path.relpath(file, page_dir))
+
+    return "".join(f'<figure class="plot"><img src="{source(file)}" alt="{html.escape(shows)}">'
                    f"<figcaption>{html.escape(shows)}: <code>{html.escape(str(file))}</code></figcaption>"
                    "</figure>" for file, shows in plots)
 
@@ -227,16 +235,17 @@ def _own_links(rendered: str, study: str) -> str:
 
 
 def study_page(study: str, table_markdown: str, plots: list[tuple[str, str]], docs: list[Doc],
-               every_column: str = "") -> str:
+               every_column: str = "", page_dir: Path | str | None = None) -> str:
     """The study's page as one HTML document: its markdown table file rendered (title, answer, the
     summary of the measured cells, description, findings, a count of the others) with its plots (`plots`:
     each file and what it shows, in reading order) under the summary, its every-column markdown
-    (`every_column`) folded under "All columns", and where its cells ran."""
+    (`every_column`) folded under "All columns", and where its cells ran. The plots are linked relative to
+    `page_dir`, the page's folder, or embedded where it is None (figures_html)."""
     rows = provenance_rows(docs)
     provenance = (_html_table(PROVENANCE_HEADERS, rows, "provenance") if rows
                   else "<p>No cell of this study has run yet.</p>")
     summary, sep, rest = table_markdown.partition("\n## The study\n")
-    figures = figures_html(plots) if plots else "<p>This study has no plot.</p>"
+    figures = figures_html(plots, page_dir) if plots else "<p>This study has no plot.</p>"
     return "\n".join([
         "<!DOCTYPE html>",
         f'<html lang="en"><head><meta charset="utf-8"><title>trainbench: {html.escape(study)}</title>',
@@ -308,15 +317,22 @@ def front_part(study: str, table_markdown: str, plots: list[tuple[str, str]], do
 
 
 def write_study_page(path: Path, *, study: str, table_path: Path, plots_dir: Path | str,
-                     docs: list[Doc], every_column_path: Path | None = None,
+                     docs: list[Doc], every_column_path: Path | None = None, report_path: Path | None = None,
                      front_path: Path | None = None, findings_path: Path | None = None) -> None:
-    """The study's page at `path` and, given `front_path`, its part of the front page there."""
+    """The study's page at `path`, its plots linked; given `report_path`, the report's copy there, its
+    plots embedded; given `front_path`, its part of the report's front page there (embedded too: only
+    the report shows it)."""
     every_column = Path(every_column_path).read_text() if every_column_path else ""
     table, plots = Path(table_path).read_text(), plots_of(plots_dir)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(study_page(study, table, plots, docs, every_column))
+    pages = {Path(path): Path(path).parent}
+    if report_path:
+        pages[Path(report_path)] = None
+    for page, page_dir in pages.items():
+        page.parent.mkdir(parents=True, exist_ok=True)
+        page.write_text(study_page(study, table, plots, docs, every_column, page_dir))
     if front_path:
         tally = verdict_tally(findings_path) if findings_path else ""
+        Path(front_path).parent.mkdir(parents=True, exist_ok=True)
         Path(front_path).write_text(front_part(study, table, plots, docs, tally))
 
 
