@@ -37,8 +37,9 @@ rule study_page:
 
 
 rule report_all:
-    """The page, table and plots of every study that has a table on disk (the published studies, and
-    any made here): `snakemake -c all report_all`, then `snakemake --report report.html report_all`."""
+    """The page (and the report's copy), table and plots of every study that has a table on disk (the
+    published studies, and any made here): `snakemake -c all report_all`, then `snakemake --report
+    report.html report_all` (docs/running.md)."""
     input:
         get_pages_of_tabled_studies(),
     localrule: True
