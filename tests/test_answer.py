@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from trainbench.reporting.documents import read_cells
-from trainbench.reporting.answer import (HEADLINE_END, HEADLINE_START, SUMMARY, answer_lines,
+from trainbench.reporting.answer import (HEADLINE_END, HEADLINE_START, NAMED_TIES, SUMMARY, answer_lines,
                                          headline_markdown, headline_of, summary_markdown, summary_order,
                                          tokens_per_gpu, with_headline)
 from trainbench.reporting.columns import SUMMARY_COLUMNS
@@ -29,6 +29,7 @@ BASELINE = CONFIG.study("baseline")
 SINGLE_124M = "strategy~single__model~gpt2-124m__gpus~1__micro_batch~32"
 SINGLE_350M = "strategy~single__model~gpt2-350m__gpus~1__micro_batch~16"
 FSDP_124M = "strategy~fsdp__model~gpt2-124m__gpus~{}__micro_batch~32"
+DDP_124M = "strategy~ddp__model~gpt2-124m__gpus~{}__micro_batch~32"
 
 
 def published(study: str) -> list[dict]:
@@ -92,6 +93,31 @@ def test_cells_whose_intervals_do_not_overlap_are_not_tied(tmp_path):
 
     small = line_of(answer(edited(tmp_path, "baseline", narrow)), "**gpt2-124m**")
     assert "fastest: torch fsdp on 2 GPUs" in small and "tied" not in small
+
+
+def test_ties_past_the_named_ones_are_counted_and_a_tie_for_least_memory_is_named(tmp_path):
+    def wide(doc, cell):  # every 124M interval widened to ±40%: all five overlap the fastest
+        if doc["params"]["model"] == "gpt2-124m":
+            value = doc["metrics"]["tokens_per_s"]
+            doc["metrics"]["tokens_per_s_ci"] = [value * 0.6, value * 1.4]
+        if cell == DDP_124M.format(2):  # as little memory as the single GPU's, the least
+            doc["metrics"]["gpu_mem_used_mib"] = [19769.9, 19769.9]
+
+    small = line_of(answer(edited(tmp_path, "baseline", wide)), "**gpt2-124m**")
+    fastest, memory = small.split("; least GPU memory: ")
+    tied = fastest.split("; tied within their 95% intervals with ")[1]
+    assert fastest.startswith("**gpt2-124m** on H200: fastest: torch fsdp on 2 GPUs")
+    assert len(re.findall(r"\(\d[\d,]* ± [\d,]+\)", tied)) == NAMED_TIES and tied.endswith(" and 1 more")
+    least, other = re.fullmatch(r"(.+), 19\.31 GiB \(peak of its busiest GPU\), tied with (.+)\.",
+                                memory).groups()
+    assert {least, other} == {"torch single on 1 GPU", "torch ddp on 2 GPUs"}
+
+
+def test_noisy_cells_slower_than_the_fastest_are_counted_not_named():
+    # gpt2-350m's two FSDP cells are noisy, both below the single GPU's median per GPU
+    large = line_of(answer(published("baseline")), "**gpt2-350m**")
+    assert large.startswith("**gpt2-350m** on H200: fastest: torch single on 1 GPU, ")
+    assert "; 2 noisy cells not ranked; least GPU memory" in large and "highest median" not in large
 
 
 def test_noisy_cells_and_cells_without_an_interval_are_said_so_rather_than_ranked(tmp_path):

@@ -1,12 +1,15 @@
-"""The report: each study's page (trainbench.reporting.report) made from published results, and `snakemake
---report report.html` of a fresh clone and of the smoke study, opened in a real headless Chromium
-(Selenium) at 1920 x 1080: the front page fits the screen and lists the campaigns' verdicts, each
-study's page leads with its answer and the summary of its measured cells, each plot is stored once and
-loads, and the whole report stays small."""
+"""The report: each study's page and its part of the front page (trainbench.reporting.report) made from
+published results, and `snakemake --report report.html` of a fresh clone and of the smoke study, opened in
+a real headless Chromium (Selenium) at 1440 x 900: the front page gives each study's answer, numbers and
+first plots; each study's page leads with its answer and the summary of its measured cells, then its
+plots in reading order; nothing runs off the side of the screen, no plot is taller than the window, every
+image loads; each plot is stored once in its page, and the whole report stays small. Screenshots go to
+$TRAINBENCH_ARTIFACTS/report where that is set (CI keeps them)."""
 
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
 import re
@@ -18,11 +21,12 @@ from pathlib import Path
 
 import pandas
 import pytest
+from PIL import Image
 
-from trainbench.contract.result import read_search
+from trainbench.contract.result import read_search, sanity_problems
 from trainbench.reporting.documents import read_cells
-from trainbench.reporting.report import (NOT_LAUNCHED, markdown_html, page_labels, provenance_rows,
-                                         study_page, verdict_tally)
+from trainbench.reporting.report import (KEY_PLOTS, NOT_LAUNCHED, front_part, headline_numbers, markdown_html,
+                                         plots_of, provenance_rows, study_page, verdict_tally)
 from trainbench.reporting.plots import with_scaling
 from trainbench.reporting.tables import short_of_gpus, with_planned, with_searches, write_tables
 from trainbench.study.config import load_config
@@ -31,7 +35,7 @@ from trainbench.workflow import Workflow as Flow
 from conftest import CPU_MACHINE, REPO
 
 RUNS = REPO / "results" / "runs"
-SCREEN = (1920, 1080)  # the front page fits one such screen
+SCREEN = (1440, 900)  # a laptop's: the pages fit its width, the plots its height
 LARGEST_REPORT = 15 * 2**20  # bytes: the report of every published study
 PYTHON_REPR = r"[\[{(]'|': |\bNone\b"  # ['a', ...], {'key': ...}: a dict or list printed by Python
 
@@ -105,17 +109,22 @@ def test_provenance_has_one_row_per_set_up_and_counts_every_cell_that_ran(study)
             == {d["provenance"]["gpu_count"] for d in ran})
 
 
-def test_the_page_leads_with_the_answer_then_the_measured_cells_and_names_its_plots(tmp_path):
+def test_the_page_leads_with_the_answer_then_the_measured_cells_then_its_plots(tmp_path):
     study = "llama"
     files = _tables_of(study, tmp_path)
     table = files[".md"].read_text() + "\n## Notes\n\n- <script>alert(1)</script> DDP scales | not at all\n"
-    plots = [(f"results/plots/llama/{kind}.png", kind) for kind in ("memory", "throughput")]
+    plots = plots_of(REPO / "results/plots" / study)[::-1]  # an order of the caller's, kept
     page = study_page(study, table, plots, _published(study), files[".all.md"].read_text())
-    section = page.split('<section class="study-table">')[1].split("</section>")[0]
-    # title, the answer, the summary of the measured cells, what the study is, then its findings
-    assert section.startswith(f"<h1>{study}</h1>\n<h2>Answer</h2>\n<ul>\n<li><strong>llama-7b</strong>")
-    assert re.findall(r"<h2>(.*?)</h2>", section)[:4] == ["Answer", "Measured cells", "The study", "Findings"]
-    measured, findings = (part.split("</table>")[0] for part in section.split("<table>")[1:3])
+    summary, rest = page.split('<section class="study-table">')[1:3]
+    summary, section = summary.split("</section>")[0], rest.split("</section>")[0]
+    # title, the answer, the summary of the measured cells; then the plots; then what the study is and
+    # its findings
+    assert summary.startswith(f"<h1>{study}</h1>\n<h2>Answer</h2>\n<ul>\n<li><strong>llama-7b</strong>")
+    assert re.findall(r"<h2>(.*?)</h2>", summary) == ["Answer", "Measured cells"]
+    assert re.findall(r"<h2>(.*?)</h2>", section)[:2] == ["The study", "Findings"]
+    assert page.index(summary) < page.index('<section class="plots">') < page.index(section)
+    measured = summary.split("<table>")[1].split("</table>")[0]
+    findings = section.split("<table>")[1].split("</table>")[0]
     assert findings.count("<tr>") == len(load_config(REPO / "config.yaml").study(study).findings) + 1
     csv = pandas.read_csv(files[".csv"])
     assert measured.count("<tr>") == len(csv) + 1  # a row per cell with a result, and the header
@@ -131,23 +140,65 @@ def test_the_page_leads_with_the_answer_then_the_measured_cells_and_names_its_pl
     assert "<h2>Planned and not run</h2>" in section and "llama.plan.csv" in section
     # what the markdown file has reaches the page, its markup escaped
     assert "&lt;script&gt;" in page and "<script>" not in page
-    # the plots named, not embedded: each is the report's item beside the page
-    assert "data:image" not in page and "<img" not in page
-    assert all(f"<code>{file}</code>" in page for file, _ in plots)
-    assert page.index('<section class="plots">') > page.index('<section class="all-columns">')
+    # each plot embedded once, in the order given, captioned with what it shows and its file
+    figures = re.findall(r'<img src="data:image/png;base64,([^"]+)" alt="([^"]*)"><figcaption>[^<]*'
+                         r"<code>([^<]+)</code>", page)
+    assert [(file, shows) for _, shows, file in figures] == plots
+    for encoded, _, file in figures:  # the same picture, in fewer colours and bytes than the file
+        embedded = Image.open(io.BytesIO(base64.b64decode(encoded)))
+        assert embedded.size == Image.open(file).size and embedded.mode == "P"
+        assert len(base64.b64decode(encoded)) < Path(file).stat().st_size
+    # the page kept beside the table links the same plots, by their paths from its folder
+    pages = REPO / "results/tables"
+    linked = study_page(study, table, plots, _published(study), files[".all.md"].read_text(), page_dir=pages)
+    sources = re.findall(r'<img src="([^"]+)"', linked)
+    assert [(pages / source).resolve() for source in sources] == [Path(file).resolve() for file, _ in plots]
+    assert all(source.startswith(f"../plots/{study}/") for source in sources) and "data:" not in linked
+    # its links are its own sections; the CSVs are named where they are, not linked
+    links = re.findall(r'href="([^"]*)"', page)
+    assert "#all-columns" in links and all(link.startswith("#") for link in links), links
+    assert f"<code>results/tables/{study}.csv</code>" in page and 'id="all-columns"' in page
     # where the cells ran, after the results
-    assert page.index('<table class="provenance">') > page.index('<section class="plots">')
+    assert page.index('<table class="provenance">') > page.index('<section class="all-columns">')
 
 
-def test_a_pages_labels_give_its_findings_verdicts(tmp_path):
+def test_a_studys_front_part_gives_its_answer_its_numbers_and_its_first_plots(tmp_path):
+    study = "megatron"
+    files = _tables_of(study, tmp_path)
+    docs, table = _published(study), files[".md"].read_text()
+    plots = plots_of(REPO / "results/plots" / study)
+    tally = verdict_tally(files[".findings.csv"])
+    part = front_part(study, table, plots, docs, tally)
+    # the numbers: every cell with a result counted once, by what it came to
+    numbers = dict((what, figure) for figure, what in headline_numbers(docs, tally))
+    counted = sum(int(n) for what, n in numbers.items() if what not in ("cells with a result", "ran on",
+                                                                         "findings"))
+    assert int(numbers["cells with a result"]) == len(docs) == counted
+    assert int(numbers["trained"]) == sum(d["status"] == "ok" and not sanity_problems(d) for d in docs)
+    assert numbers["out of memory"] == str(sum(d["status"] == "oom" for d in docs))
+    assert numbers["ran on"] == "H200" and numbers["findings"] == tally
+    assert f"<li>findings: <b>{tally}</b></li>" in part
+    # the answer as the markdown gives it, each of its lines
+    answer = table.split("## Answer\n")[1].split("\n## ")[0]
+    assert markdown_html(answer) in part
+    assert part.count("<li>") == len(numbers) + sum(line.startswith("- ") for line in answer.splitlines())
+    # the first plots in their reading order, no more
+    shown = re.findall(r"<code>([^<]+)</code></figcaption>", part)
+    assert shown == [file for file, _ in plots[:KEY_PLOTS]] and len(plots) > KEY_PLOTS
+    # nothing measured: the numbers say so, the part has no plot and no answer to give
+    empty = front_part(study, f"# {study}\n", [], [], "")
+    assert "cells with a result: <b>0</b>" in empty and "<img" not in empty
+
+
+def test_the_findings_verdicts_are_counted_once_per_finding(tmp_path):
     rows = [(1, "reproduced"), (1, "reproduced"), (2, "partly"), (3, "reproduced"), (4, "not yet measured")]
     pandas.DataFrame(rows, columns=["finding", "verdict"]).to_csv(tmp_path / "f.csv", index=False)
     assert verdict_tally(tmp_path / "f.csv") == "2 reproduced, 1 partly, 1 not yet measured"
     pandas.DataFrame(columns=["finding", "verdict"]).to_csv(tmp_path / "none.csv", index=False)
-    assert page_labels(tmp_path / "none.csv")["findings"] == "none declared"
+    assert verdict_tally(tmp_path / "none.csv") == ""
     # a campaign's, from its findings as judged on its published results
     files = _tables_of("lightning", tmp_path)
-    tally = page_labels(files[".findings.csv"])["findings"]
+    tally = verdict_tally(files[".findings.csv"])
     counted = sum(int(n) for n in re.findall(r"(\d+) ", tally))
     assert counted == len(load_config(REPO / "config.yaml").study("lightning").findings)
     assert tally in files[".md"].read_text().split("## Measured cells")[0]  # the markdown's own tally
@@ -163,7 +214,7 @@ def test_markdown_tables_render_with_their_rows():
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 REQUIRED = os.environ.get("TRAINBENCH_REQUIRE_BROWSER") == "1"  # CI: a missing browser is a failure
-PAGE = "the study page: answer, measured cells, findings, provenance"
+PAGE = "answer, plots, findings, provenance"
 MARKDOWN = "the answer, measured cells and findings (markdown)"
 
 
@@ -176,13 +227,25 @@ def _browser_missing() -> str | None:
     return f"no {', '.join(missing)}: apt-get install chromium chromium-driver" if missing else None
 
 
-@pytest.fixture
+def _without_browser(problem: str, required: bool):
+    """No browser: the test fails where one is required (CI), else it is skipped, saying why."""
+    if required:
+        pytest.fail(f"TRAINBENCH_REQUIRE_BROWSER=1 and {problem}")
+    pytest.skip(problem)
+
+
+def test_a_missing_browser_fails_the_browser_tests_where_one_is_required():
+    with pytest.raises(pytest.fail.Exception, match="TRAINBENCH_REQUIRE_BROWSER=1 and no /usr/bin/chromium"):
+        _without_browser("no /usr/bin/chromium", required=True)
+    with pytest.raises(pytest.skip.Exception, match="no /usr/bin/chromium"):
+        _without_browser("no /usr/bin/chromium", required=False)
+
+
+@pytest.fixture(scope="module")
 def browser():
     problem = _browser_missing()
     if problem:
-        if REQUIRED:
-            pytest.fail(f"TRAINBENCH_REQUIRE_BROWSER=1 and {problem}")
-        pytest.skip(problem)
+        _without_browser(problem, REQUIRED)
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -204,6 +267,33 @@ def browser():
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def published_report(browser, tmp_path_factory) -> tuple:
+    """The report of what is published, on a clone where nothing ran (no smoke table), as docs/running.md
+    says: the report's copies of the pages made from the tables and plots as published (report_all, no
+    other rule), then `snakemake --report`; made once for the tests that read it (after the browser:
+    without one they are skipped before it is made)."""
+    from conftest import Workflow
+
+    root = tmp_path_factory.mktemp("published")
+    clone = Workflow(root / "clone", clone=True)
+    report = root / "report.html"
+    assert not list(clone.path("results/report").glob("*.html"))  # a clone has only the linked pages
+    clone.shell("snakemake -c all report_all --allowed-rules study_page report_all", env=CPU_MACHINE)
+    clone.shell(f"snakemake --report {report}", env=CPU_MACHINE)  # (what is on disk, the dataset too)
+    return clone, report
+
+
+@pytest.fixture(scope="module")
+def screenshots(tmp_path_factory) -> Path:
+    """Where the browser tests leave what they saw: $TRAINBENCH_ARTIFACTS/report, which CI keeps, or a
+    temporary folder."""
+    kept = os.environ.get("TRAINBENCH_ARTIFACTS")
+    folder = Path(kept) / "report" if kept else tmp_path_factory.mktemp("screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def _open(driver, report: Path):
@@ -300,19 +390,60 @@ def _loaded_images(driver, images) -> list[int]:
 
 
 def _front_page(driver) -> str:
-    """The front page's text, once checked to fit the screen: its top not cut off, its end above the
-    screen's."""
+    """The front page's text, once checked to start at the top of the screen (a page taller than the
+    screen scrolls; its top is not cut off)."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     WebDriverWait(driver, 10).until(lambda d: d.find_element(By.XPATH, "//h1[contains(., 'trainbench')]"))
     # (the description, workflow/report/workflow.rst, is the .prose block; its title the h1.title)
-    top, bottom, screen = driver.execute_script(
+    top, screen = driver.execute_script(
         "const r = document.querySelector('h1.title').closest('.prose').getBoundingClientRect();"
-        "return [r.top, r.bottom, window.innerHeight];")
-    assert screen == SCREEN[1] and top >= 0 and bottom <= screen, (top, bottom, screen)
+        "return [r.top, window.innerHeight];")
+    assert screen == SCREEN[1] and 0 <= top < screen, (top, screen)
     return driver.find_element(By.XPATH, "//h1[contains(., 'trainbench')]/ancestor::*[contains(@class, "
                                          "'prose')]").text
+
+
+# Where a page's parts are, as the browser laid them out: the window, every scrolling box (the document
+# and any element of overflow auto), the summary table of measured cells (a study page's first table, or
+# none) and every image
+LAYOUT = """
+const width = window.innerWidth, height = window.innerHeight;
+const boxes = [document.scrollingElement, ...document.querySelectorAll('.overflow-auto, .table-box')];
+const summary = document.querySelector('section.study-table table');
+const rect = (e) => {
+  const r = e.getBoundingClientRect(); return {left: r.left, right: r.right, height: r.height}; };
+return {width: width, height: height,
+        scrolling: boxes.map(b => ({name: b.className || b.tagName, scroll: b.scrollWidth,
+                                    client: b.clientWidth,
+                                    summary: b.classList.contains('table-box') && b.contains(summary)})),
+        summary: summary && rect(summary),
+        images: [...document.images].map(i => ({loaded: i.complete, natural: i.naturalWidth, ...rect(i),
+                                                 alt: i.alt}))};
+"""
+
+
+def _fits(driver, what: str) -> dict:
+    """The page's layout (LAYOUT), once every image has loaded, checked to fit the screen: nothing
+    scrolls sideways but a wide table in its own box (never the summary of measured cells), which lies
+    within the screen; every image loaded, none wider than the screen or taller than the window."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, 10).until(lambda d: d.execute_script(
+        "return [...document.images].every(i => i.complete)"), f"{what}: images still loading")
+    layout = driver.execute_script(LAYOUT)
+    width, height = layout["width"], layout["height"]
+    sideways = [b for b in layout["scrolling"] if b["scroll"] > b["client"]]
+    assert all(b["name"] == "table-box" and not b["summary"] for b in sideways), (what, sideways)
+    summary = layout["summary"]
+    if summary:
+        assert 0 <= summary["left"] and summary["right"] <= width, (what, summary)
+    for image in layout["images"]:
+        assert image["loaded"] and image["natural"] > 0, (what, image["alt"])
+        assert 0 <= image["left"] and image["right"] <= width, (what, image)
+        assert image["height"] <= height, (what, image)
+    return layout
 
 
 def _study_page(driver, report: Path, study: str) -> dict[str, list[str]]:
@@ -349,27 +480,31 @@ def _stored(report: Path) -> dict[str, dict]:
     return json.JSONDecoder().raw_decode(text, start)[0]
 
 
-def _each_plot_stored_once(report: Path, root: Path) -> int:
-    """The report's PNGs are the plots on disk of the studies it has a page of, each once, and no page
-    embeds one again."""
+def _each_plot_embedded_once(report: Path, root: Path) -> int:
+    """The report stores no plot as an item of its own: each study's page embeds each of its plots once,
+    in their reading order, and the front page its first KEY_PLOTS."""
     stored = _stored(report)
-    studies = {Path(path).stem for path, entry in stored.items() if entry["mime_type"] == "text/html"}
-    images = sorted(path for path, entry in stored.items() if entry["mime_type"] == "image/png")
-    assert images == sorted(str(p.relative_to(root)) for study in studies
-                            for p in root.glob(f"results/plots/{study}/*.png"))
-    for path, entry in stored.items():
-        if entry["mime_type"] == "text/html":
-            page = base64.b64decode(entry["data_uri"].split("base64,", 1)[1])
-            assert b"data:image" not in page and b"<img" not in page, path
-    return len(images)
+    assert not [path for path, entry in stored.items() if entry["mime_type"].startswith("image/")]
+    pages = {Path(path).stem: base64.b64decode(entry["data_uri"].split("base64,", 1)[1]).decode()
+             for path, entry in stored.items() if entry["mime_type"] == "text/html"}
+    text = report.read_text()
+    start = text.index("var workflow_desc = ") + len("var workflow_desc = ")
+    front = json.JSONDecoder().raw_decode(text, start)[0]
+    embedded = 0
+    for study, page in pages.items():
+        plots = [Path(file).name for file, _ in plots_of(root / "results/plots" / study)]
+        assert [Path(f).name for f in re.findall(r"<code>([^<]+)</code></figcaption>", page)] == plots, study
+        assert page.count("<img") == page.count("data:image/png") == len(plots), study
+        part = front.split(f'data-study="{study}"')[1].split('<div class="tb-study"')[0]
+        assert part.count("<img") == min(KEY_PLOTS, len(plots)), study
+        embedded += len(plots)
+    return embedded
 
 
 @pytest.mark.slow
 def test_the_report_of_the_smoke_study_renders_its_page_table_plots_and_provenance(browser, smoke_run_locally,
                                                                                     tmp_path):
-    # (the browser first: without one the test is skipped before the smoke study runs)
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     workflow = smoke_run_locally[0]
     started = time.monotonic()
@@ -379,71 +514,65 @@ def test_the_report_of_the_smoke_study_renders_its_page_table_plots_and_provenan
     smoke = load_config(workflow.path("config.yaml")).study("smoke")
     _open(browser, report)
     try:
-        # the front page: what the report is, and the study, in one screen
+        # the front page: what the report is, and the study, its answer and its first plots
         assert "smoke" in _front_page(browser)
+        _fits(browser, "the front page")
+        assert len(browser.find_elements(By.CSS_SELECTOR, ".tb-study img")) == KEY_PLOTS
         page = _study_page(browser, report, "smoke")
         # no findings: the page opens on its measured cells, every one of them ok
         assert page["headings"][:3] == ["Answer", "Measured cells", "The study"]
         assert len(page["measured"]) == len(smoke.cells)
         assert all(" ok" in f" {row}" for row in page["measured"])
         browser.switch_to.frame(browser.find_element(By.TAG_NAME, "iframe"))
-        named = browser.find_elements(By.CSS_SELECTOR, "section.plots li")
+        # its plots, each loaded and whole in the report's viewer
+        assert len(_fits(browser, "the smoke page")["images"]) >= 2
         provenance = browser.find_elements(By.CSS_SELECTOR, "table.provenance tbody tr")
         assert provenance and sum(int(r.find_element(By.TAG_NAME, "td").text) for r in provenance) == len(
             smoke.cells)
         assert "none: CPU ranks" in provenance[0].text
         browser.switch_to.default_content()
-        # each plot the page names is an item of the study's plots, and loads
-        _open(browser, report)
-        _click(browser, "smoke")
-        _click(browser, "plots")
-        plots = _listed(browser)
-        assert len(plots) == len(named) >= 2
-        for plot in plots:
-            _view(browser, plot)
-            image = WebDriverWait(browser, 10).until(lambda d: d.find_element(
-                By.CSS_SELECTOR, "img[src^='data:image/png']"))
-            assert image.is_displayed() and _loaded_images(browser, [image])[0] > 0, plot
-            assert image.size["width"] > 300
         # the tables as files to download
+        _open(browser, report)
         _click(browser, "smoke")
         _click(browser, "tables")
         assert set(_listed(browser)) >= {MARKDOWN, "measured cells, one row each (CSV)"}
         errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
         assert not errors, errors
-        _each_plot_stored_once(report, workflow.root)
+        assert _each_plot_embedded_once(report, workflow.root) >= 2
     finally:
+        browser.switch_to.default_content()
         browser.save_screenshot(str(tmp_path / "report.png"))  # what it looked like, to look at
     print(f"report built in {built:.1f} s, "
           f"checked in a browser in {time.monotonic() - started - built:.1f} s")
 
 
-def test_a_fresh_clone_reports_the_published_studies_with_nothing_run_first(browser, tmp_path):
-    """`snakemake --report` on a clone where nothing ran (no smoke table): the report of what is
-    published. Its front page fits one screen and gives each campaign's verdicts; each study's page
-    leads with its answer and the summary of its measured cells; each plot is stored once and loads; the
-    info panel says what a table was made with in words; the whole is at most LARGEST_REPORT."""
+def test_a_fresh_clone_reports_the_published_studies_with_nothing_trained_first(browser, published_report):
+    """`snakemake --report` on a clone where nothing trained (no smoke table), its pages made: the report
+    of what is published. Its front page gives each study's answer and each campaign's verdicts; each
+    study's page leads with its answer and the summary of its measured cells; each plot is stored once;
+    the info panel says what a table was made with in words; the whole is at most LARGEST_REPORT."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
-    from conftest import Workflow
-
-    clone = Workflow(tmp_path / "clone", clone=True)
-    report = tmp_path / "report.html"
-    clone.shell(f"snakemake --report {report}", env=CPU_MACHINE)
+    clone, report = published_report
     assert not clone.path("results/tables/smoke.md").exists()  # nothing was run to make it
     assert report.stat().st_size <= LARGEST_REPORT, f"{report.stat().st_size:,} bytes"
-    assert _each_plot_stored_once(report, clone.root) > 0
+    assert _each_plot_embedded_once(report, clone.root) > 0
     for path, entry in _stored(report).items():  # each item's job parameters, as its info panel shows them
         assert not re.search(PYTHON_REPR, entry["job_properties"]["params"]), (path, entry["job_properties"])
     config = load_config(clone.path("config.yaml"))
     tabled = [name for name in config.studies if clone.path(f"results/tables/{name}.md").exists()]
     _open(browser, report)
-    front = " ".join(_front_page(browser).split())
+    _front_page(browser)
+    parts = {part.get_attribute("data-study"): " ".join(part.text.split())
+             for part in browser.find_elements(By.CSS_SELECTOR, ".tb-study")}
+    assert sorted(parts) == sorted(tabled)
     for study in tabled:
+        markdown = clone.path(f"results/tables/{study}.md").read_text()
+        first_line = markdown.split("## Answer\n\n- ")[1].split("\n")[0].replace("**", "")
+        assert first_line in parts[study], study  # its answer, as its markdown says it
         findings = config.study(study).findings
         tally = verdict_tally(clone.path(f"results/tables/{study}.findings.csv"))
-        assert (f"{study}: {tally}" if findings else study) in front, study
+        assert (f"findings: {tally}" in parts[study]) == bool(findings), study
         page = _study_page(browser, report, study)
         if findings:  # the answer and what was measured first, then the findings' verdicts
             assert page["headings"][:4] == ["Answer", "Measured cells", "The study", "Findings"], study
@@ -452,14 +581,6 @@ def test_a_fresh_clone_reports_the_published_studies_with_nothing_run_first(brow
             assert page["headings"][:3] == ["Answer", "Measured cells", "The study"], study
         measured = pandas.read_csv(clone.path(f"results/tables/{study}.csv"))
         assert len(page["measured"]) == len(measured), study
-    # a plot of its own, loaded
-    _open(browser, report)
-    _click(browser, "baseline")
-    _click(browser, "plots")
-    _view(browser, _listed(browser)[0])
-    image = WebDriverWait(browser, 10).until(lambda d: d.find_element(
-        By.CSS_SELECTOR, "img[src^='data:image/png']"))
-    assert image.is_displayed() and _loaded_images(browser, [image])[0] > 0
     # what a table was made with, in words: no Python repr of the study's configuration
     _open(browser, report)
     _click(browser, "llama")
@@ -475,3 +596,53 @@ def test_a_fresh_clone_reports_the_published_studies_with_nothing_run_first(brow
     assert "every cell of every study, one row per figure (parquet)" in listed
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
+
+
+def test_the_front_page_and_every_study_page_fit_a_1440_screen(browser, published_report, screenshots):
+    """At 1440 x 900: the report's front page, each published study's page as a clone has it (its plots
+    linked, loaded from their files) and as the report has it (embedded), and one page in the report's
+    viewer. Nothing runs off the side (the summary of measured cells wraps within the screen), every image
+    loads, no plot is taller than the window, the plots come in their reading order, and a page's links
+    stay in the page."""
+    from selenium.webdriver.common.by import By
+
+    clone, report = published_report
+    studies = sorted(p.name.removesuffix(".front.html")
+                     for p in clone.path("results/report").glob("*.front.html"))
+    assert studies, "no study page to look at"
+    _open(browser, report)
+    _front_page(browser)
+    _fits(browser, "the front page")
+    for part in browser.find_elements(By.CSS_SELECTOR, ".tb-study"):  # its first plots, in reading order
+        study = part.get_attribute("data-study")
+        shown = [e.text for e in part.find_elements(By.CSS_SELECTOR, "figure code")]
+        plots = plots_of(clone.path(f"results/plots/{study}"))[:KEY_PLOTS]
+        assert shown == [str(Path(file).relative_to(clone.root)) for file, _ in plots], study
+    browser.save_screenshot(str(screenshots / "front.png"))
+    for study in studies:
+        plots = plots_of(clone.path(f"results/plots/{study}"))
+        for page, linked in ((f"results/tables/{study}.html", True), (f"results/report/{study}.html", False)):
+            browser.get(clone.path(page).as_uri())
+            layout = _fits(browser, page)  # (every image loaded: a linked one from its file)
+            assert layout["summary"], page
+            images = browser.find_elements(By.CSS_SELECTOR, "figure.plot img")
+            sources = [image.get_attribute("src") for image in images]
+            expected = ([clone.path(file).as_uri() for file, _ in plots] if linked
+                        else [s for s in sources if s.startswith("data:image/png;base64,")])
+            assert sources == expected and len(sources) == len(plots), page
+            captions = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "figure.plot code")]
+            assert captions == [str(Path(file).relative_to(clone.root)) for file, _ in plots], page
+            links = browser.execute_script("return [...document.links].map(a => a.getAttribute('href'))")
+            for link in links:  # each to a part of the page
+                assert link.startswith("#") and browser.find_elements(By.ID, link[1:]), (page, link)
+        browser.save_screenshot(str(screenshots / f"{study}.png"))
+    # in the report's viewer, the page of the tallest plot: each plot whole inside the page's frame
+    tallest = max(studies, key=lambda study: max((Image.open(file).height for file, _ in
+                                                  plots_of(clone.path(f"results/plots/{study}"))), default=0))
+    _study_page(browser, report, tallest)
+    browser.switch_to.frame(browser.find_element(By.TAG_NAME, "iframe"))
+    try:
+        _fits(browser, f"{tallest} in the report's viewer")
+    finally:
+        browser.switch_to.default_content()
+    browser.save_screenshot(str(screenshots / f"{tallest}-in-the-report.png"))

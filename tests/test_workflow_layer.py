@@ -185,7 +185,8 @@ def test_a_study_submitted_as_job_arrays_has_its_own_rule_and_one_request(here):
 
 def _results_of(study: str) -> list[Path]:
     """Every file the workflow writes for one cell of a study: its result, log, history, a search's probe
-    and summary, the table, plan, findings and page, a plot and the grid stamp."""
+    and summary, the table, plan, findings and page, a plot and the grid stamp (not the report's copies
+    of its page: REPORT_COPIES)."""
     from trainbench import paths
     from trainbench.execute.history import history_file
 
@@ -194,12 +195,20 @@ def _results_of(study: str) -> list[Path]:
     made = [result, Path(paths.path(paths.RUN_LOG, **cell)), history_file(result),
             Path(paths.path(paths.PROBE, **cell, micro_batch=4)), Path(paths.path(paths.SEARCH, **cell)),
             Path(paths.path(paths.PLOTS_DIR, study=study)) / paths.PLOTS_INDEX,
-            Path(paths.path(paths.GRID_STAMP, study=study)),
-            *(Path(p) for p in paths.study_outputs(study) if p != paths.path(paths.PLOTS_DIR, study=study))]
+            Path(paths.path(paths.GRID_STAMP, study=study)), Path(paths.path(paths.STUDY_PAGE, study=study)),
+            *(Path(p) for p in paths.study_outputs(study) if p != paths.path(paths.PLOTS_DIR, study=study)
+              and p not in _report_copies(study))]
     for path in made:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("{}\n")
     return made
+
+
+def _report_copies(study: str) -> list[str]:
+    """The report's copies of a study's page and front-page part: their plots embedded, never kept."""
+    from trainbench import paths
+
+    return [paths.path(pattern, study=study) for pattern in (paths.REPORT_PAGE, paths.STUDY_FRONT)]
 
 
 def _git(*args: str) -> str:
@@ -227,6 +236,11 @@ def test_the_results_of_a_study_in_a_git_ignored_file_are_git_ignored_too(here):
         assert {str(p) for p in made[name]} <= shown, name  # the project's: to be added
     assert not [p for p in shown if "mine" in p], shown  # neither the study's file nor its results
     assert "results/.gitignore" not in shown  # it ignores itself
+    for name in ("t", "a"):  # the report's copies of a page are made again, not kept, whoever's study
+        for copy in _report_copies(name):
+            Path(copy).parent.mkdir(parents=True, exist_ok=True)
+            Path(copy).write_text("<html></html>\n")
+    assert shown == set(_git("status", "--porcelain", "--untracked-files=all").split())
 
     (here / "studies/local/mine.yaml").rename(here / "studies/mine.yaml")  # now the project's
     _git("add", "studies/mine.yaml")

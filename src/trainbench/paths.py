@@ -47,8 +47,14 @@ COMMBENCH_NODES_LOG = "results/comm/{interconnect}-n{nodes}x{ranks}.log"
 # a bandwidth table's name: the hardware, then its ranks on one host (h200-x4) or its nodes and the
 # ranks on each (h200-n2x4)
 INTERCONNECT_NAME = re.compile(r"(?P<hardware>[a-z0-9][a-z0-9-]*?)-(?:x\d+|n\d+x\d+)")
-# the study's page (the report's): beside its table, so that a clone has it, as it has the table
+# the study's page: beside its table, so that a clone has it, as it has the table; its plots linked
 STUDY_PAGE = "results/tables/{study}.html"
+# the same page as the report shows it, its plots embedded (the report's viewer follows no path); made
+# again from the page's sources, not kept in the repository, where each redraw would add megabytes
+REPORT_PAGE = "results/report/{study}.html"
+# its part of the report's front page (workflow/report/workflow.rst, beside REPORT_PAGE): answer,
+# headline numbers, key plots, embedded
+STUDY_FRONT = "results/report/{study}.front.html"
 STUDY_PAGE_LOG = "results/logs/report/{study}.log"
 GRID_STAMP = "results/.grid/{study}.json"
 # the prediction models' digest (Workflow.prediction_models), rewritten when it changes: no study's name
@@ -65,9 +71,12 @@ def path(pattern: str, **wildcards) -> str:
 
 def study_outputs(study: str) -> list[str]:
     """What a study's `rule all` target is made of: its table (markdown, every column, CSV, plan and
-    findings), its plots' folder (where the study profiles its cells, where their time went, too) and its
-    page (the report's)."""
-    patterns = (TABLE_MD, TABLE_ALL, TABLE_CSV, TABLE_PLAN, TABLE_FINDINGS, PLOTS_DIR, STUDY_PAGE)
+    findings), its plots' folder (where the study profiles its cells, where their time went, too), and
+    the report's copy of its page and its part of the front page. The page kept beside the table
+    (STUDY_PAGE) comes with them, one rule's outputs; it is not named, so that a report of a fresh clone,
+    where the report's copies are not made yet, leaves the pages out rather than asks for them."""
+    patterns = (TABLE_MD, TABLE_ALL, TABLE_CSV, TABLE_PLAN, TABLE_FINDINGS, PLOTS_DIR, REPORT_PAGE,
+                STUDY_FRONT)
     return [path(pattern, study=study) for pattern in patterns]
 
 

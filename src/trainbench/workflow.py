@@ -427,8 +427,10 @@ class Workflow:
         return refresh_models_stamp(self.prediction_models())
 
     def pages_of_tabled_studies(self) -> list[str]:
-        """The page of every study that has a table on disk (rule report_all)."""
-        return [paths.path(paths.STUDY_PAGE, study=name) for name in self.config.studies
+        """The report's copy of the page of every study that has a table on disk (rule report_all): the
+        copy, not the page kept beside the table, which a clone has already, so that a clone makes it
+        (Snakemake reruns a rule for a missing output only where that output is asked for)."""
+        return [paths.path(paths.REPORT_PAGE, study=name) for name in self.config.studies
                 if os.path.exists(paths.path(paths.TABLE_MD, study=name))]
 
     def final_output(self, have_gpus: bool, reporting: bool = False) -> list[str]:

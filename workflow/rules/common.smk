@@ -6,7 +6,6 @@ import sys
 try:
     from trainbench import paths
     from trainbench.execute.gpus import local_gpu_count
-    from trainbench.reporting.report import page_labels
     from trainbench.reporting.tables import made_with
     from trainbench.workflow import STUDY_NAME, on_start, open_workflow
 except ImportError as error:
@@ -146,12 +145,6 @@ def made_with_of(layout):
 
     get.__name__ = f"get_made_with_{layout.__name__}"
     return get
-
-
-def get_page_labels(wildcards, input):
-    """A study page's labels in the report: what it is, and its findings' verdicts (the front page
-    lists them)."""
-    return page_labels(input.findings)
 
 
 def get_pages_of_tabled_studies():

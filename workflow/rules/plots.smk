@@ -2,9 +2,9 @@
 # every GPU (CPU rank on CPU studies) and throughput by cell, split into several files where a study has
 # more cells than a figure holds; scaling efficiency where the study varies GPU counts from one GPU;
 # where each profiled cell's step went, once a cell has a profile. A plot that would show nothing
-# measured is not made (a study that measured nothing yet gets its predictions, titled so). Each PNG is
-# one item of the report, labelled with its file's name; plots.json in the folder lists them in reading
-# order (none, for a study with nothing to plot).
+# measured is not made (a study that measured nothing yet gets its predictions, titled so). plots.json in
+# the folder lists them in reading order (none, for a study with nothing to plot): the study's page shows
+# them in that order, and the report's front page its first ones; they are not items of the report again.
 
 
 rule study_plots:
@@ -14,14 +14,7 @@ rule study_plots:
         grid=get_study_grid,
         models=MODELS_STAMP,
     output:
-        report(
-            directory(paths.PLOTS_DIR),
-            patterns=["{plot}.png"],
-            caption="../report/plots.rst",
-            category="{study}",
-            subcategory="plots",
-            labels={"plot": "{plot}"},
-        ),
+        directory(paths.PLOTS_DIR),
     log:
         paths.PLOTS_LOG,
     localrule: True

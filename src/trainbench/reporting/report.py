@@ -4,16 +4,32 @@
 The page shows the study's markdown table file as it is (its title, its answer, the summary table of
 the cells with a result and the notes under it, its description, its findings and their verdicts, a
 count of the cells without a result), then its every-column file (each timed figure with its 95%
-interval), folded; names its plots, and says where the cells ran: one row per distinct set-up
-(hardware, driver and CUDA/NCCL, package versions, commit), read from the cells' metrics.json files.
-Nothing on it is computed or stored twice: the tables are the markdown files rendered, and the plots,
-items of the report beside the page, are not embedded in it again.
+interval), folded; shows its plots under the summary, in their reading order (plots.json), and says
+where the cells ran: one row per distinct set-up (hardware, driver and CUDA/NCCL, package versions,
+commit), read from the cells' metrics.json files. The tables are the markdown files rendered, nothing
+computed again. The page is made twice: the one kept beside the table links its plots by relative path,
+so that it stays small in the repository; the report's copy (REPORT_PAGE) embeds them, since the report's
+viewer cannot follow a path to another file, at 128 colours, a quarter of their files' bytes and no
+change a reader sees.
+
+The page fits a 1440-pixel screen: its tables wrap rather than run off to the side, except the
+every-column table and the provenance, which scroll inside their own box; no plot is wider than the page
+or taller than the window. Its links go to its own sections: the CSV files are named, not linked, since a
+browser downloads a CSV rather than showing it.
+
+Each study also has its part of the report's front page (`front_part`, workflow/report/workflow.rst):
+its answer, its headline numbers and its first KEY_PLOTS plots.
 """
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import html
+import io
+import os
+import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +38,7 @@ from markdown_it import MarkdownIt
 
 from trainbench import paths
 from trainbench.contract.result import VERSION_KEYS
+from trainbench.reporting.answer import gpu_of, trained
 
 Doc = dict[str, Any]
 
@@ -131,7 +148,8 @@ def _html_table(headers: tuple[str, ...] | list[str], rows: list[dict[str, str]]
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(row.get(h, ''))}</td>" for h in headers) + "</tr>"
                    for row in rows)
-    return f'<table class="{css_class}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    return (f'<div class="table-box"><table class="{css_class}"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table></div>")
 
 
 def markdown_html(text: str) -> str:
@@ -139,42 +157,105 @@ def markdown_html(text: str) -> str:
     data, not markup of ours)."""
     rendered = MarkdownIt("commonmark", {"html": False}).enable("table").render(text)
     # a value and its interval stay on one line in a narrow column: "9.1 ± 0.2", not "9.1 ±" / "0.2"
-    return rendered.replace(" ± ", "\u00a0±\u00a0")
+    rendered = rendered.replace(" ± ", "\u00a0±\u00a0")
+    # a table that cannot wrap to the page's width (a max-batch search's many columns) scrolls in its box
+    return rendered.replace("<table>", '<div class="table-box"><table>').replace("</table>", "</table></div>")
 
 
+# Tables wrap their text to the page's width; one that cannot (every column, provenance, a search's
+# columns) scrolls inside its own box. A plot is held to the page's width and the window's height, its
+# shape kept.
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 0; color: #1e293b; background: #fff; }
-main { padding: 1.5rem 2rem; max-width: 100%; }
+main { padding: 1.5rem 2rem; max-width: 100%; box-sizing: border-box; }
 h1 { font-size: 1.6rem; margin: 0 0 .5rem; } h2 { font-size: 1.2rem; margin-top: 2rem; }
-table { border-collapse: collapse; display: block; overflow-x: auto; margin: .75rem 0; font-size: 12px; }
-th, td { border: 1px solid #cbd5e1; padding: .25rem .5rem; text-align: left; vertical-align: top; }
-th { background: #f1f5f9; position: sticky; top: 0; }
+table { border-collapse: collapse; margin: .75rem 0; font-size: 12px; width: 100%; }
+th, td { border: 1px solid #cbd5e1; padding: .25rem .5rem; text-align: left; vertical-align: top;
+         overflow-wrap: break-word; }
+th { background: #f1f5f9; }
 tbody tr:nth-child(even) { background: #f8fafc; }
-code { background: #f1f5f9; padding: 0 .2rem; }
+.table-box { max-width: 100%; overflow-x: auto; margin: .75rem 0; }
+.table-box table { margin: 0; }
+code { background: #f1f5f9; padding: 0 .2rem; overflow-wrap: anywhere; }
+figure.plot { margin: 1.5rem 0; }
+figure.plot img { display: block; max-width: 100%; max-height: calc(100vh - 4rem); width: auto;
+                  height: auto; }
+figcaption { color: #475569; font-size: 12px; margin-top: .25rem; }
 """
+
+KEY_PLOTS = 2  # a study's first plots, in their reading order, on the report's front page
+PLOT_COLOURS = 128  # a plot's colours as embedded: matplotlib's anti-aliasing makes thousands, unseen
+
+
+def plot_uri(path: Path | str) -> str:
+    """A plot as a data URI, on white, its colours reduced to PLOT_COLOURS without dithering: the same
+    picture to the eye, a quarter of the file's bytes."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        rgba = image.convert("RGBA")
+    flat = Image.new("RGB", rgba.size, "white")
+    flat.paste(rgba, mask=rgba.getchannel("A"))
+    reduced = flat.quantize(colors=PLOT_COLOURS, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE)
+    buffer = io.BytesIO()
+    reduced.save(buffer, "PNG", optimize=True)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def figures_html(plots: list[tuple[str, str]], page_dir: Path | str | None = None) -> str:
+    """Each plot (its file, what it shows) as a figure, in the order given, captioned with both: linked by
+    its path relative to `page_dir`, the folder of the page that shows it, or embedded where there is none
+    (the report's copy)."""
+    def source(file: str) -> str:
+        return plot_uri(file) if page_dir is None else html.escape(os.path.relpath(file, page_dir))
+
+    return "".join(f'<figure class="plot"><img src="{source(file)}" alt="{html.escape(shows)}">'
+                   f"<figcaption>{html.escape(shows)}: <code>{html.escape(str(file))}</code></figcaption>"
+                   "</figure>" for file, shows in plots)
+
+
+def _section_of(markdown: str, heading: str) -> str:
+    """The body of the markdown's `## heading` section, up to the next heading of that level."""
+    start = markdown.find(f"\n## {heading}\n")
+    if start < 0:
+        return ""
+    body = markdown[start + len(heading) + 5:]
+    return body.split("\n## ", 1)[0]
+
+
+def _own_links(rendered: str, study: str) -> str:
+    """The markdown's links to the study's files made the page's own: its markdown and every-column files
+    are sections of this page; a CSV file is named where it is, not linked (a browser downloads a CSV
+    rather than show it, and in the report's viewer a path leads nowhere)."""
+    rendered = rendered.replace(f'href="{study}.all.md"', 'href="#all-columns"')
+    rendered = rendered.replace(f'href="{study}.md"', 'href="#top"')
+    folder = html.escape(str(Path(paths.TABLE_CSV).parent))
+    return re.sub(r'<a href="([^"#/:]+\.csv)">[^<]*</a>', lambda m: f"<code>{folder}/{m.group(1)}</code>",
+                  rendered)
 
 
 def study_page(study: str, table_markdown: str, plots: list[tuple[str, str]], docs: list[Doc],
-               every_column: str = "") -> str:
+               every_column: str = "", page_dir: Path | str | None = None) -> str:
     """The study's page as one HTML document: its markdown table file rendered (title, answer, the
-    summary of the measured cells, description, findings, a count of the others), its every-column
-    markdown (`every_column`) folded under "All columns", its plots named (`plots`: each file and what
-    it shows), and where its cells ran. The plots are not embedded: in the report each is an item of
-    the study's "plots" beside the page, stored once; on disk they are the files named."""
+    summary of the measured cells, description, findings, a count of the others) with its plots (`plots`:
+    each file and what it shows, in reading order) under the summary, its every-column markdown
+    (`every_column`) folded under "All columns", and where its cells ran. The plots are linked relative to
+    `page_dir`, the page's folder, or embedded where it is None (figures_html)."""
     rows = provenance_rows(docs)
     provenance = (_html_table(PROVENANCE_HEADERS, rows, "provenance") if rows
                   else "<p>No cell of this study has run yet.</p>")
-    listed = "".join(f"<li>{html.escape(shows)}: <code>{html.escape(file)}</code></li>"
-                     for file, shows in plots)
-    figures = (f"<p>In the report, each plot is an item of this study's <b>plots</b>, beside this page, with "
-               f"its caption.</p><ul>{listed}</ul>" if plots else "<p>This study has no plot.</p>")
+    summary, sep, rest = table_markdown.partition("\n## The study\n")
+    figures = figures_html(plots, page_dir) if plots else "<p>This study has no plot.</p>"
     return "\n".join([
         "<!DOCTYPE html>",
         f'<html lang="en"><head><meta charset="utf-8"><title>trainbench: {html.escape(study)}</title>',
-        f"<style>{STYLE}</style></head><body><main>",
-        f'<section class="study-table">{markdown_html(table_markdown)}</section>',
-        _every_column_section(every_column),
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f'<style>{STYLE}</style></head><body><main id="top">',
+        f'<section class="study-table">{_own_links(markdown_html(summary), study)}</section>',
         f'<section class="plots"><h2>Plots</h2>{figures}</section>',
+        f'<section class="study-table">{_own_links(markdown_html(sep.lstrip() + rest), study)}</section>'
+        if sep else "",
+        _own_links(_every_column_section(every_column), study),
         '<section class="provenance"><h2>Where and with what the cells ran</h2>',
         "<p>One row per set-up, read from the cells' metrics.json files (each has the rest: every installed "
         "package, the environment variables that steer NCCL, CUDA and torch, the launch command).</p>",
@@ -185,12 +266,14 @@ def study_page(study: str, table_markdown: str, plots: list[tuple[str, str]], do
 
 
 def _every_column_section(every_column: str) -> str:
-    """The every-column file, folded under its own heading (its title line left out: the page has one)."""
+    """The every-column file, folded under its own heading (its title line left out: the page has one);
+    a link to #all-columns unfolds it."""
     if not every_column:
         return ""
     body = every_column.split("\n", 1)[1] if every_column.startswith("# ") else every_column
     return ('<section class="all-columns"><h2>All columns</h2><details><summary>every column the study '
-            f"reports, for each cell with a result</summary>{markdown_html(body)}</details></section>")
+            f'reports, for each cell with a result</summary><div id="all-columns">{markdown_html(body)}</div>'
+            "</details></section>")
 
 
 def plots_of(directory: Path | str) -> list[tuple[str, str]]:
@@ -200,12 +283,57 @@ def plots_of(directory: Path | str) -> list[tuple[str, str]]:
             for plot in paths.plot_files(directory)]
 
 
+# what a cell that did not train came to, in the front page's words
+OUTCOME_WORDS = {"ok": "ran, but failed its sanity checks", "oom": "out of memory", "failed": "failed",
+                 "timeout": "timed out", "unsupported": "unsupported", "infeasible": "predicted not to fit"}
+
+
+def headline_numbers(docs: list[Doc], tally: str = "") -> list[tuple[str, str]]:
+    """A study's numbers at a glance, each a figure and what it counts: its cells with a result, those
+    that trained, the others by outcome, the GPU models they ran on and its findings' verdicts
+    (`tally`, verdict_tally's)."""
+    untrained = Counter(OUTCOME_WORDS.get(d["status"], d["status"]) for d in docs if not trained(d))
+    numbers = [(str(len(docs)), "cells with a result"), (str(len(docs) - sum(untrained.values())), "trained")]
+    numbers += [(str(n), words) for words, n in untrained.most_common()]
+    gpus = sorted({gpu_of(d) for d in docs if d["status"] not in NOT_LAUNCHED})
+    if gpus:
+        numbers.append((", ".join(gpus), "ran on"))
+    if tally:
+        numbers.append((tally, "findings"))
+    return numbers
+
+
+def front_part(study: str, table_markdown: str, plots: list[tuple[str, str]], docs: list[Doc],
+               tally: str = "") -> str:
+    """A study's part of the report's front page (an HTML fragment; workflow/report/workflow.rst puts
+    each study's under its name): its headline numbers, its answer as its markdown says it, and its
+    first KEY_PLOTS plots in their reading order."""
+    numbers = "".join(f"<li>{html.escape(what)}: <b>{html.escape(figure)}</b></li>"
+                      for figure, what in headline_numbers(docs, tally))
+    answer = markdown_html(_section_of(table_markdown, "Answer")) or "<p>No answer yet.</p>"
+    return (f'<div class="tb-study" data-study="{html.escape(study)}"><ul class="tb-numbers">{numbers}</ul>'
+            f'<div class="tb-answer">{answer}</div>'
+            f'<div class="tb-plots">{figures_html(plots[:KEY_PLOTS])}</div></div>\n')
+
+
 def write_study_page(path: Path, *, study: str, table_path: Path, plots_dir: Path | str,
-                     docs: list[Doc], every_column_path: Path | None = None) -> None:
+                     docs: list[Doc], every_column_path: Path | None = None, report_path: Path | None = None,
+                     front_path: Path | None = None, findings_path: Path | None = None) -> None:
+    """The study's page at `path`, its plots linked; given `report_path`, the report's copy there, its
+    plots embedded; given `front_path`, its part of the report's front page there (embedded too: only
+    the report shows it)."""
     every_column = Path(every_column_path).read_text() if every_column_path else ""
-    page = study_page(study, Path(table_path).read_text(), plots_of(plots_dir), docs, every_column)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(page)
+    table, plots = Path(table_path).read_text(), plots_of(plots_dir)
+    pages = {Path(path): Path(path).parent}
+    if report_path:
+        pages[Path(report_path)] = None
+    for page, page_dir in pages.items():
+        page.parent.mkdir(parents=True, exist_ok=True)
+        page.write_text(study_page(study, table, plots, docs, every_column, page_dir))
+    if front_path:
+        tally = verdict_tally(findings_path) if findings_path else ""
+        Path(front_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(front_path).write_text(front_part(study, table, plots, docs, tally))
 
 
 VERDICTS = ("reproduced", "partly", "not reproduced", "not yet measured")
@@ -220,10 +348,3 @@ def verdict_tally(findings_csv: Path | str) -> str:
     table = pandas.read_csv(findings_csv, usecols=["finding", "verdict"])
     verdicts = table.groupby("finding")["verdict"].first().tolist()
     return ", ".join(f"{verdicts.count(v)} {v}" for v in VERDICTS if v in verdicts)
-
-
-def page_labels(findings_csv: Path | str) -> dict[str, str]:
-    """The labels of a study's page in the report: what it is, and its findings' verdicts (the front
-    page lists them beside each study)."""
-    return {"shows": "the study page: answer, measured cells, findings, provenance",
-            "findings": verdict_tally(findings_csv) or "none declared"}
