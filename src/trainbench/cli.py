@@ -74,7 +74,8 @@ def ranks(params) -> str:
 
 
 def cmd_cells(args) -> int:
-    from trainbench.execute.gpus import local_gpu_count, short_of_gpus
+    from trainbench.execute.gpus import local_gpu_count
+    from trainbench.study.grid import short_of_gpus
     from trainbench.registry import frameworks
 
     config = _config(args.config)
