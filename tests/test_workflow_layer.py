@@ -187,7 +187,7 @@ def _results_of(study: str) -> list[Path]:
     """Every file the workflow writes for one cell of a study: its result, log, history, a search's probe
     and summary, the table, plan, findings and page, a plot and the grid stamp."""
     from trainbench import paths
-    from trainbench.execute.history import history_file
+    from trainbench.contract.history import history_file
 
     cell = {"study": study, "cell": "strategy~single"}
     result = Path(paths.path(paths.RUN, **cell))

@@ -552,7 +552,8 @@ def cmd_references(args) -> int:
 
 def cmd_history(args) -> int:
     """A study's runs, cell by cell, from the histories kept beside its results."""
-    from trainbench.execute.history import HISTORY, runs, seed
+    from trainbench.contract.history import HISTORY, runs
+    from trainbench.execute.history import seed
 
     root = Path(args.results)
     if args.seed:

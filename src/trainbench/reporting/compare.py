@@ -257,7 +257,7 @@ def compare_with_history(tree: Path, *, min_change: float = 0.02, select: Select
                          ) -> Comparison:
     """Each cell of a results tree against its last earlier run on the same GPU model with the same
     parameters, from the cell's history (execute/history.py); a cell without one is listed as such."""
-    from trainbench.execute.history import last_comparable
+    from trainbench.contract.history import last_comparable
 
     now = _results(tree, select)
     before = {key: old for key, (doc, path) in now.items()
