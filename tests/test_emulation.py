@@ -88,7 +88,7 @@ def test_an_emulated_cell_asks_for_one_gpu_on_one_node_whatever_its_world():
     resources = study.cells[0].resources()
     assert (resources["gpu"], resources["nodes"], resources["gres"], resources["mpi"]) == (1, 1, None, None)
     assert (resources["cpus_per_task"], resources["threads"], resources["mem_mb"]) == (16, 1, 60000)
-    from trainbench.execute.gpus import short_of_gpus
+    from trainbench.study.grid import short_of_gpus
 
     assert short_of_gpus(study.cells[0].params, gpus_here=1) is None
     assert short_of_gpus(study.cells[0].params, gpus_here=0) == "needs 1 GPU"

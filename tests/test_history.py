@@ -9,6 +9,7 @@ import pytest
 
 from trainbench.cli import main
 from trainbench.contract.result import Result, read_json, read_result
+from trainbench.contract import history as history_lines
 from trainbench.execute import history
 from trainbench.reporting.compare import compare_with_history
 
@@ -20,7 +21,7 @@ def test_each_run_of_a_cell_is_kept_and_a_rerun_is_set_against_the_last(tmp_path
     cell = make_cell(strategy="single", gpus=1)
     first = run(cell, tmp_path)
     second = run(cell, tmp_path)  # the rerun replaces the result; the history keeps both
-    kept = history.runs(tmp_path / "results/history/t/c.jsonl")
+    kept = history_lines.runs(tmp_path / "results/history/t/c.jsonl")
     assert [r["provenance"]["started"] for r in kept] == [first["provenance"]["started"],
                                                            second["provenance"]["started"]]
     assert kept[0]["metrics"]["step_time_s"] == first["metrics"]["step_time_s"]
@@ -39,7 +40,7 @@ def test_a_record_keeps_the_runs_energy_and_its_hosts_pace():
     doc = read_json(published_results()[0])
     doc["metrics"].update(step_time_s=0.03, energy_j_per_step=48.2, energy_j_per_token=0.00196)
     doc["provenance"].update(git_commit="a0f10be", host_pace_ms=2.56)
-    kept = history.record(Result.from_document(doc))
+    kept = history_lines.record(Result.from_document(doc))
     assert kept["metrics"]["energy_j_per_step"] == 48.2 and kept["metrics"]["energy_j_per_token"] == 0.00196
     assert kept["provenance"]["host_pace_ms"] == 2.56
 
@@ -53,7 +54,7 @@ def test_only_a_run_with_the_same_parameters_on_the_same_gpu_model_is_comparable
     doc = read_json(result)
     mine = (doc["params_hash"], doc["provenance"]["gpu_name"], doc["provenance"]["started"], result)
     assert doc["provenance"]["gpu_name"] == "NVIDIA H200"
-    assert history.last_comparable(*mine) is None  # no history yet
+    assert history_lines.last_comparable(*mine) is None  # no history yet
     for gpu, started, params_hash in (("NVIDIA H100 80GB HBM3", "2026-01-01", doc["params_hash"]),
                                       ("NVIDIA H200", "2026-01-02", "0" * 12),
                                       ("NVIDIA H200", "2026-01-03", doc["params_hash"]),
@@ -62,11 +63,11 @@ def test_only_a_run_with_the_same_parameters_on_the_same_gpu_model_is_comparable
         earlier["provenance"].update(gpu_name=gpu, started=started)
         earlier["params_hash"] = params_hash
         history.append(Result.from_document(earlier), result)
-    assert history.last_comparable(*mine)["provenance"]["started"] == "2026-01-03"
+    assert history_lines.last_comparable(*mine)["provenance"]["started"] == "2026-01-03"
     # a line a crash cut short is skipped, not fatal
-    with open(history.history_file(result), "a") as f:
+    with open(history_lines.history_file(result), "a") as f:
         f.write('{"study": "holdout_frame')
-    assert len(history.runs(history.history_file(result))) == 4
+    assert len(history_lines.runs(history_lines.history_file(result))) == 4
 
 
 def test_results_made_before_histories_are_added_once(tmp_path):
@@ -75,13 +76,14 @@ def test_results_made_before_histories_are_added_once(tmp_path):
     results = sorted(runs.glob("*/*/metrics.json"))
     assert history.seed(results) == len(results)
     assert history.seed(results) == 0
-    assert history.history_file(tmp_path / "results/search/s/c/mb~4/metrics.json") is None  # probes: none
+    probe = tmp_path / "results/search/s/c/mb~4/metrics.json"
+    assert history_lines.history_file(probe) is None  # probes: none
 
 
 def test_every_published_result_is_in_its_history():
     for result in published_results() + published_results(REPO / "validation"):
         started = read_result(result).provenance.started
-        kept = history.runs(history.history_file(result))
+        kept = history_lines.runs(history_lines.history_file(result))
         assert started in {r["provenance"]["started"] for r in kept}, result
 
 

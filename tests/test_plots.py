@@ -434,7 +434,7 @@ def published_studies() -> list[tuple[Path, str]]:
 
 def published_docs(workspace: Path, name: str):
     """The study and its documents as rule study_plots reads them on a machine without GPUs."""
-    from trainbench.execute.gpus import short_of_gpus
+    from trainbench.study.grid import short_of_gpus
     from trainbench.contract.result import read_search
     from trainbench.reporting.documents import read_cells
     from trainbench.reporting.tables import with_planned, with_searches

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from trainbench.execute import history
+from trainbench.contract import history as history_lines
 from trainbench.execute.cellrun import classify
 from trainbench.study.config import load_config
 from trainbench.study.params import CellParams
@@ -314,7 +314,7 @@ def test_a_preempted_cell_is_requeued_by_slurm_and_writes_one_result(workflow):
     doc = json.loads(workflow.path(cell.target).read_text())
     assert doc["status"] == "ok"
     assert doc["provenance"]["slurm_job_id"] == job[0] and doc["provenance"]["slurm_restart_count"] == 1
-    kept = history.runs(history.history_file(workflow.path(cell.target)))
+    kept = history_lines.runs(history_lines.history_file(workflow.path(cell.target)))
     assert len(kept) == 1 and kept[0]["provenance"]["slurm_restart_count"] == 1
     assert output.count("has been submitted with SLURM jobid") == 1  # Snakemake did not resubmit it
     assert _sacct_records(job[0]) == ["REQUEUED", "COMPLETED"]
@@ -405,7 +405,7 @@ def test_a_rank_killed_in_a_slurm_job_ends_the_job_and_the_next_run_makes_one_re
     assert doc["status"] == "ok"
     assert sorted(workflow.path(cell.target).parent.glob("metrics.json*")) == [
         workflow.path(cell.target), workflow.path(cell.target + ".retried")]
-    kept = history.runs(history.history_file(workflow.path(cell.target)))
+    kept = history_lines.runs(history_lines.history_file(workflow.path(cell.target)))
     assert [run["status"] for run in kept] == ["failed", "ok"]
 
 

@@ -188,7 +188,7 @@ def _results_of(study: str) -> list[Path]:
     and summary, the table, plan, findings and page, a plot and the grid stamp (not the report's copies
     of its page: REPORT_COPIES)."""
     from trainbench import paths
-    from trainbench.execute.history import history_file
+    from trainbench.contract.history import history_file
 
     cell = {"study": study, "cell": "strategy~single"}
     result = Path(paths.path(paths.RUN, **cell))

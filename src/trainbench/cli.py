@@ -74,7 +74,8 @@ def ranks(params) -> str:
 
 
 def cmd_cells(args) -> int:
-    from trainbench.execute.gpus import local_gpu_count, short_of_gpus
+    from trainbench.execute.gpus import local_gpu_count
+    from trainbench.study.grid import short_of_gpus
     from trainbench.registry import frameworks
 
     config = _config(args.config)
@@ -551,7 +552,8 @@ def cmd_references(args) -> int:
 
 def cmd_history(args) -> int:
     """A study's runs, cell by cell, from the histories kept beside its results."""
-    from trainbench.execute.history import HISTORY, runs, seed
+    from trainbench.contract.history import HISTORY, runs
+    from trainbench.execute.history import seed
 
     root = Path(args.results)
     if args.seed:

@@ -18,7 +18,8 @@ from typing import Any
 
 from trainbench import paths, predict, registry
 from trainbench.errors import ConfigError
-from trainbench.execute.gpus import local_gpu_count, short_of_gpus
+from trainbench.execute.gpus import local_gpu_count
+from trainbench.study.grid import short_of_gpus
 from trainbench.contract.result import read_json
 from trainbench.contract.result import write_text_atomic
 from trainbench.execute.slurm import StatusCommandError, ensure_status_command

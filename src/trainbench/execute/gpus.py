@@ -22,7 +22,6 @@ import socket
 import time
 from pathlib import Path
 
-from trainbench.study.params import CellParams
 
 POOL_DIR_ENV = "TRAINBENCH_GPU_POOL_DIR"
 SHARE_HOST_ENV = "TRAINBENCH_SHARE_HOST"  # 1: timed GPU cells may run beside other cells
@@ -152,21 +151,6 @@ def devices_for_cell(count: int, on_wait=None, alone: bool = False):
         return
     with SlotPool(machine_devices()).lease(count, on_wait=on_wait, alone=alone) as devices:
         yield devices
-
-
-def short_of_gpus(params: CellParams, gpus_here: int) -> str | None:
-    """Why a cell cannot run on this machine for want of GPUs (None if it can): a local run names
-    such cells when it plans, rather than fail them one job at a time (SLURM places them instead)."""
-    if params.device != "cuda":
-        return None
-    if params.emulate:  # one rank of its world, on one GPU
-        return "needs 1 GPU" if gpus_here < 1 else None
-    if params.nodes > 1:
-        return f"needs {params.nodes} nodes"
-    need = params.gpus_per_node
-    if need > gpus_here:
-        return f"needs {need} GPU{'s' if need > 1 else ''}"
-    return None
 
 
 class EnergyCounter:

@@ -97,10 +97,8 @@ def emulated_rank_shortfall_mib(cell: CellParams | CellView) -> float:
 
 
 def completed_gpu_mem_used_mib(result: Result) -> tuple[list[float], float] | None:
-    """An emulated result's GPU 'used' as the memory model completes it now, and what it adds: its
-    measured figure (kept in its `emulation` section) plus what a real rank shows beyond it. A result
-    written under an older model holds that model's completion in its metrics; None for one that is
-    not emulated or measured none."""
+    """An emulated result's GPU 'used' completed by the model of now (measured + shortfall), and the
+    shortfall; None if not emulated."""
     measured = result.emulation.measured.get("gpu_mem_used_mib") if result.emulation else None
     if not measured or not result.metrics.gpu_mem_used_mib:
         return None
@@ -110,8 +108,7 @@ def completed_gpu_mem_used_mib(result: Result) -> tuple[list[float], float] | No
 
 
 def gpu_mem_used_now_mib(result: Result) -> list[float] | None:
-    """The GPU 'used' figures a prediction is set against: a real rank's as measured, an emulated rank's
-    as the model completes it now (completed_gpu_mem_used_mib)."""
+    """GPU 'used' as a prediction is set against: measured, or completed (emulated)."""
     completed = completed_gpu_mem_used_mib(result)
     return completed[0] if completed is not None else result.metrics.gpu_mem_used_mib
 
@@ -538,20 +535,19 @@ def predict(cell: CellParams | CellView, hardware: Hardware | None = None) -> Pr
 
 
 def hardware_of_run(doc: dict[str, Any]) -> Hardware | None:
-    """The machine a cell ran on, as far as its metrics.json document says (see hardware_of)."""
+    """hardware_of, from a metrics.json document."""
     return hardware_of(doc.get("params") or {}, doc.get("provenance") or {},
                        (doc.get("metrics") or {}).get("gpu_mem_total_mib"), bool(doc.get("emulation")))
 
 
 def hardware_of_result(result: Result) -> Hardware | None:
-    """The machine a cell ran on, as far as its result says (see hardware_of)."""
+    """hardware_of, from a Result."""
     return hardware_of(result.params, result.provenance, result.metrics.gpu_mem_total_mib, result.emulated)
 
 
 def hardware_of(params_dict: dict[str, Any], provenance: Mapping[str, Any], totals: list[float] | None,
                 emulated: bool) -> Hardware | None:
-    """The machine a cell ran on: its GPUs' memory (NVML's totals, else the provenance's), its node's
-    memory, its GPU type, as an emulated rank's node where it was one."""
+    """The machine a cell ran on, as far as its result says."""
     if not totals and provenance.get("gpu_memory_mib") and provenance.get("gpu_count"):
         # a run that died before NVML sampled (an OOM in the first step): the GPUs it was given
         totals = [provenance["gpu_memory_mib"]] * provenance["gpu_count"]

@@ -6,7 +6,7 @@ between result trees (`compare`), progress of a run and a grid's cost (`progress
 current (`freshness`); results as documents for the modules that do not read `Result` yet (`documents`).
 Results are read through `contract.result`, never through `execute`.
 
-May import: every stage below it (`registry`, `study`, `contract`, `predict`, `training`, `execute`); nothing
-imports it but the command line (`trainbench.cli`, `trainbench.fit`) and the workflow layer
-(`trainbench.workflow`).
+May import: every stage below it but `execute` (`registry`, `study`, `contract`, `predict`,
+`training`); nothing imports it but the command line (`trainbench.cli`, `trainbench.fit`) and the
+workflow layer (`trainbench.workflow`).
 """

@@ -256,8 +256,8 @@ def compare(first: Path, second: Path, *, min_change: float = 0.02, select: Sele
 def compare_with_history(tree: Path, *, min_change: float = 0.02, select: Selection = Selection()
                          ) -> Comparison:
     """Each cell of a results tree against its last earlier run on the same GPU model with the same
-    parameters, from the cell's history (execute/history.py); a cell without one is listed as such."""
-    from trainbench.execute.history import last_comparable
+    parameters, from the cell's history (contract/history.py); a cell without one is listed as such."""
+    from trainbench.contract.history import last_comparable
 
     now = _results(tree, select)
     before = {key: old for key, (doc, path) in now.items()

@@ -34,7 +34,7 @@ from typing import Any
 from trainbench.paths import probe_glob
 from trainbench.study.grid import Cell, Study
 from trainbench.contract.result import PHASES, InvalidResult, Result, read_result
-from trainbench.execute.gpus import short_of_gpus
+from trainbench.study.grid import short_of_gpus
 from trainbench.reporting import freshness
 
 DONE, RUNNING, FAILED, WAITING, ELSEWHERE = "done", "running", "failed", "waiting", "elsewhere"

@@ -430,7 +430,7 @@ def short_of_gpus(study: Study, results: list[str]) -> dict[str, str]:
     """The measured cells the workflow left out of the table's inputs (`results`, the metrics.json files
     it was given) for want of GPUs on the machine that made it (Workflow.cells_short_of_gpus), and
     why."""
-    from trainbench.execute.gpus import short_of_gpus as needs
+    from trainbench.study.grid import short_of_gpus as needs
 
     given = {str(Path(r)) for r in results}
     return {c.cell_id: f"{needs(c.params, 0) or 'needs GPUs'}, more than the machine that made this table has"

@@ -553,3 +553,18 @@ def probe_cell(study: Study, cell: Cell, micro_batch: int) -> Cell:
     params = cell.params.replace(**changes)  # derived sizes (global batch) follow: they are properties
     return Cell(study.name, paths.probe_id(cell.cell_id, micro_batch), params, cell.id_keys, cell.execution,
                 cell.timing, cell.unsupported)
+
+
+def short_of_gpus(params: CellParams, gpus_here: int) -> str | None:
+    """Why a cell cannot run on this machine for want of GPUs (None if it can): a local run names
+    such cells when it plans, rather than fail them one job at a time (SLURM places them instead)."""
+    if params.device != "cuda":
+        return None
+    if params.emulate:  # one rank of its world, on one GPU
+        return "needs 1 GPU" if gpus_here < 1 else None
+    if params.nodes > 1:
+        return f"needs {params.nodes} nodes"
+    need = params.gpus_per_node
+    if need > gpus_here:
+        return f"needs {need} GPU{'s' if need > 1 else ''}"
+    return None
