@@ -132,6 +132,29 @@ def project_files(folder: str, repo: Path = REPO) -> list[str]:
     return sorted({name for name in listed.stdout.split("\0") if name and (repo / name).is_file()})
 
 
+def _project_view() -> Path:
+    """The repository as the suite reads it: each of its top-level entries linked, but config.yaml and
+    studies/ copied, the study files the project's alone (project_files). A user's own studies and
+    models in studies/local/, which config.yaml's study_files take in, change no test: the tests load
+    PROJECT_CONFIG, not the repository's config.yaml. One per test process, removed when it ends."""
+    import atexit
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="trainbench-project-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    for entry in REPO.iterdir():
+        if entry.name not in ("config.yaml", "studies", ".git"):
+            (root / entry.name).symlink_to(entry)
+    for name in ["config.yaml", *project_files("studies")]:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, root / name)
+    return root
+
+
+PROJECT = _project_view()
+PROJECT_CONFIG = PROJECT / "config.yaml"
+
+
 def shell_environment() -> dict[str, str]:
     """The environment of a user who activated the project's venv (its bin first on PATH)."""
     venv_bin = str(Path(sys.executable).parent)
