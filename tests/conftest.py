@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import yaml
@@ -43,12 +44,14 @@ if "TRAINBENCH_GPU_POOL_DIR" not in os.environ:
 # (test_readme.py, test_bench.py) last: one worker ran them for minutes while the other had nothing
 # left. Heaviest first, the short files fill in at the end. Only an order: a file not listed runs after
 # these, and a stale list costs minutes, never a result. From a full run's --durations=0, by file.
-SLOWEST_FILES = ("test_workflow.py", "test_architectures.py", "test_emulation.py", "test_slurm.py",
-                 "test_readme.py", "test_bench.py",
-                 "test_user_models.py", "test_float8.py", "test_cellrun.py", "test_lifetime.py",
-                 "test_checkpoint_in_cpu.py", "test_report.py", "test_model_checks.py", "test_plots.py",
-                 "test_pipeline_parallel.py", "test_rank_failures.py", "test_batch_search.py", "test_gpus.py",
-                 "test_lightning.py", "test_profiling.py", "test_tensor_parallel.py", "test_hf_trainer.py")
+# The two halves of the architectures sweep go first, one to each worker, so that they run at once.
+SLOWEST_FILES = ("test_architectures.py", "test_architectures_sweep.py", "test_slurm.py", "test_workflow.py",
+                 "test_readme.py", "test_emulation.py", "test_plots.py", "test_user_models.py",
+                 "test_bench.py", "test_model_checks.py", "test_cellrun.py", "test_report.py",
+                 "test_float8.py", "test_lifetime.py", "test_checkpoint_in_cpu.py", "test_rank_failures.py",
+                 "test_pipeline_parallel.py", "test_profiling.py", "test_gpus.py", "test_batch_search.py",
+                 "test_frameworks.py", "test_tools.py", "test_tensor_parallel.py", "test_lightning.py",
+                 "test_commbench.py", "test_hf_trainer.py", "test_sharded_tensor_parallel.py")
 
 
 def pytest_configure(config):
@@ -133,6 +136,29 @@ def project_files(folder: str, repo: Path = REPO) -> list[str]:
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--",
                              folder], cwd=repo, capture_output=True, text=True, check=True)
     return sorted({name for name in listed.stdout.split("\0") if name and (repo / name).is_file()})
+
+
+def _project_view() -> Path:
+    """The repository as the suite reads it: each of its top-level entries linked, but config.yaml and
+    studies/ copied, the study files the project's alone (project_files). A user's own studies and
+    models in studies/local/, which config.yaml's study_files take in, change no test: the tests load
+    PROJECT_CONFIG, not the repository's config.yaml. One per test process, removed when it ends."""
+    import atexit
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="trainbench-project-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    for entry in REPO.iterdir():
+        if entry.name not in ("config.yaml", "studies", ".git"):
+            (root / entry.name).symlink_to(entry)
+    for name in ["config.yaml", *project_files("studies")]:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, root / name)
+    return root
+
+
+PROJECT = _project_view()
+PROJECT_CONFIG = PROJECT / "config.yaml"
 
 
 def shell_environment() -> dict[str, str]:
@@ -224,31 +250,46 @@ def workflow(tmp_path) -> Workflow:
     return Workflow(tmp_path)
 
 
+def session_folder(tmp_path_factory) -> Path:
+    """The folder the whole session shares: above each xdist worker's own, or this process's without
+    workers."""
+    shared = tmp_path_factory.getbasetemp()
+    return shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared
+
+
+def made_once(tmp_path_factory, name: str, make: Callable[[Path], str]) -> str:
+    """What `make(folder)` returned, made once for the whole session in `folder` (the session's folder
+    `name`) by the first test worker to ask; a worker asking while another makes it waits for it. Lets
+    two test files each make one part of a costly whole, one on each worker, and either read both."""
+    from filelock import FileLock
+
+    shared = session_folder(tmp_path_factory)
+    done = shared / f"{name}.made"
+    with FileLock(str(shared / f"{name}.lock")):
+        if not done.exists():
+            (shared / name).mkdir(exist_ok=True)
+            done.write_text(make(shared / name))
+    return done.read_text()
+
+
 @pytest.fixture(scope="session")
 def smoke_run_locally(tmp_path_factory) -> tuple[Workflow, float]:
     """A fresh clone where the README's quick start ran on a CPU machine, `snakemake -c all` as
     written (the local, SLURM, report and README tests build on it). Returns the clone and the run's
-    time. It runs once for the whole session: the first test worker to need it runs it in the folder
-    the workers share, and each worker works on a copy of its own (mtimes and Snakemake's records
-    kept), so that what one test does to it reaches no other."""
+    time. It runs once for the whole session (made_once), and each worker works on a copy of its own
+    (mtimes and Snakemake's records kept), so that what one test does to it reaches no other."""
     import time
 
-    from filelock import FileLock
+    def quick_start(folder: Path) -> str:
+        flow = Workflow(folder, clone=True)
+        started = time.monotonic()
+        flow.shell("snakemake -c all", env=CPU_MACHINE)
+        return str(time.monotonic() - started)
 
-    # the session's folder: above each xdist worker's own, or this process's without workers
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent
-    done = shared / "smoke-local.seconds"
-    with FileLock(str(shared / "smoke-local.lock")):
-        if not done.exists():
-            flow = Workflow(shared / "smoke-local", clone=True)
-            started = time.monotonic()
-            flow.shell("snakemake -c all", env=CPU_MACHINE)
-            done.write_text(str(time.monotonic() - started))
+    seconds = float(made_once(tmp_path_factory, "smoke-local", quick_start))
     mine = tmp_path_factory.mktemp("smoke-local")
-    shutil.copytree(shared / "smoke-local", mine, symlinks=True, dirs_exist_ok=True)
-    return Workflow.at(mine), float(done.read_text())
+    shutil.copytree(session_folder(tmp_path_factory) / "smoke-local", mine, symlinks=True, dirs_exist_ok=True)
+    return Workflow.at(mine), seconds
 
 
 @pytest.fixture

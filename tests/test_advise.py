@@ -18,7 +18,7 @@ from trainbench.study.config import load_config
 from trainbench.study.grid import check_cell
 from trainbench.workflow import load_checked
 
-from conftest import REPO
+from conftest import PROJECT_CONFIG, REPO
 
 H100 = GPUS["h100"]
 
@@ -128,7 +128,7 @@ def test_set_ups_predicted_alike_are_claimed_as_fast_not_faster(gpt2):
 def test_a_model_that_fits_nowhere_gets_a_one_line_answer_and_exit_status_1(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     code = main(["advise", "--model", "llama-65b", "--gpu", "a10", "--host-mem-gib", "256", "--config",
-                 str(REPO / "config.yaml"), "--write", "advised.yaml"])
+                 str(PROJECT_CONFIG), "--write", "advised.yaml"])
     out = capsys.readouterr().out.splitlines()
     assert code == 1 and not (tmp_path / "advised.yaml").exists()
     [answer] = [line for line in out if "fits no set-up" in line]
@@ -148,7 +148,7 @@ def test_a_model_that_fits_nowhere_gets_a_one_line_answer_and_exit_status_1(tmp_
 ])
 def test_the_command_names_a_bad_key_and_exits_2(args, said, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert main(["advise", *args, "--host-mem-gib", "512", "--config", str(REPO / "config.yaml")]) == 2
+    assert main(["advise", *args, "--host-mem-gib", "512", "--config", str(PROJECT_CONFIG)]) == 2
     assert said in capsys.readouterr().err
 
 

@@ -22,9 +22,9 @@ from trainbench.reporting.predictions import with_current_predictions
 from trainbench.study.config import load_config
 from trainbench.workflow import load_checked
 
-from conftest import REPO
+from conftest import PROJECT_CONFIG, REPO
 
-CONFIG = load_config(REPO / "config.yaml")
+CONFIG = load_config(PROJECT_CONFIG)
 BASELINE = CONFIG.study("baseline")
 SINGLE_124M = "strategy~single__model~gpt2-124m__gpus~1__micro_batch~32"
 SINGLE_350M = "strategy~single__model~gpt2-350m__gpus~1__micro_batch~16"
@@ -301,7 +301,7 @@ def test_the_published_answer_is_what_the_pipeline_makes_of_the_published_result
 
 def test_the_readmes_headline_is_what_trainbench_headline_makes_of_the_published_results():
     readme = (REPO / "README.md").read_text()
-    made = headline_markdown(REPO, load_checked(REPO / "config.yaml"))
+    made = headline_markdown(REPO, load_checked(PROJECT_CONFIG))
     assert headline_of(readme) == made, (
         "README.md's results are stale: run `trainbench headline --write README.md`")
     figures = re.findall(r"^- ", made, flags=re.M)

@@ -1,29 +1,37 @@
 """Every causal LM of the installed transformers, made tiny as a user makes it, is accepted and counted
 right (trainbench.checks.architectures), and the published coverage page is what the sweep finds. The
-single cases below each hold one way an architecture used to be refused or miscounted."""
+single cases below each hold one way an architecture used to be refused or miscounted.
+
+The sweep (minutes on one core) runs in two halves, one here and one in test_architectures_sweep.py, so
+that the suite's two workers each run one; the totals and the page, there, read both."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 import torch
-import transformers
 
 from trainbench.checks import architectures
-from trainbench.checks.architectures import PAGE, markdown, summary, sweep, tiny_config
+from trainbench.checks.architectures import Row, causal_lm_types, sweep, tiny_config
 from trainbench.predict import memory_model
 from trainbench.registry import models as registry
 
-from conftest import REPO, tiny_study
+from conftest import made_once, tiny_study
 
 EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+HALVES = 2
 
 
-@pytest.fixture(scope="module")
-def rows():
-    return sweep()
+def sweep_half(tmp_path_factory, half: int) -> list[Row]:
+    """The sweep's rows of every other causal-LM type (from the `half`th), made once for the session by
+    whichever worker asks first."""
+    def swept(_folder: Path) -> str:
+        return json.dumps([dataclasses.asdict(row) for row in sweep(causal_lm_types()[half::HALVES])])
+
+    return [Row(**row) for row in json.loads(made_once(tmp_path_factory, f"architectures-{half}", swept))]
 
 
 @pytest.fixture(autouse=True)
@@ -39,25 +47,23 @@ def is_mixture(model_type: str) -> bool:
                for c in [config, *nested] for k in EXPERT_KEYS)
 
 
-def test_every_causal_lm_that_transformers_trains_is_accepted_and_counted_right(rows):
-    """At least 95% of the types plain transformers trains are accepted (every mixture of experts among
-    them), and each accepted one within 10% of the plain step in parameters, FLOPs and activations."""
-    total = summary(rows)
-    assert total["trained"] >= 140, "the sweep's tiny configs no longer train: its shrinking broke"
-    assert total["accepted"] >= 0.95 * total["trained"], [(r.model_type, r.reason) for r in rows
-                                                         if r.status == "refused"]
+def trained_and_mixtures(rows: list[Row]) -> tuple[list[Row], list[Row]]:
     trained = [r for r in rows if r.status != "not trained by transformers"]
-    mixtures = [r for r in trained if is_mixture(r.model_type)]
-    assert len(mixtures) >= 30 and all(r.status == "accepted" and r.mixture for r in mixtures), [
+    return trained, [r for r in trained if is_mixture(r.model_type)]
+
+
+def assert_each_accepted_type_counted_right(rows: list[Row]) -> None:
+    """Every mixture of experts that plain transformers trains is accepted as one, and each accepted type
+    is within 10% of the plain step in parameters, FLOPs and activations."""
+    trained, mixtures = trained_and_mixtures(rows)
+    assert all(r.status == "accepted" and r.mixture for r in mixtures), [
         (r.model_type, r.status, r.reason) for r in mixtures if r.status != "accepted" or not r.mixture]
     wrong = {r.model_type: r.errors for r in trained if r.status == "accepted" and not r.counted_right}
     assert not wrong
 
 
-def test_the_coverage_page_is_what_the_sweep_finds(rows):
-    expected = markdown(rows, transformers.__version__)
-    assert (REPO / PAGE).read_text() == expected, (
-        "docs/architectures.md is stale: run `trainbench check-models architectures --write`")
+def test_every_causal_lm_of_the_first_half_that_transformers_trains_is_counted_right(tmp_path_factory):
+    assert_each_accepted_type_counted_right(sweep_half(tmp_path_factory, 0))
 
 
 # --- single cases -------------------------------------------------------------------------------------

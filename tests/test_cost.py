@@ -13,7 +13,7 @@ from trainbench.study.config import load_config
 from trainbench.reporting.progress import study_cost
 from trainbench.contract.result import PHASES
 
-from conftest import REPO
+from conftest import PROJECT_CONFIG, REPO
 
 
 def published(study: str) -> list[dict]:
@@ -22,7 +22,7 @@ def published(study: str) -> list[dict]:
 
 
 def test_baseline_cost_is_its_cells_wall_times_and_phases():
-    cost = study_cost(load_config(REPO / "config.yaml").study("baseline"), REPO)
+    cost = study_cost(load_config(PROJECT_CONFIG).study("baseline"), REPO)
     docs = [d for d in published("baseline") if d["metrics"]["wall_time_s"]]
     assert cost.cells.runs == len(docs) == cost.cells.with_phases  # made since phases are recorded
     # a cell holds its GPUs for its wall time (one GPU, and DDP and FSDP on two and four)
@@ -39,7 +39,7 @@ def test_baseline_cost_is_its_cells_wall_times_and_phases():
 def test_older_results_count_their_timed_steps_and_failed_runs_cost_time_untimed(tmp_path):
     """Cells from before phases were recorded: their timed time is their windows' steps; megatron's
     OOM probes held 4 GPUs for their wall time and timed nothing."""
-    config = load_config(REPO / "config.yaml")
+    config = load_config(PROJECT_CONFIG)
     runs = tmp_path / "results" / "runs" / "gpt2_zero"
     shutil.copytree(REPO / "results" / "runs" / "gpt2_zero", runs, ignore=shutil.ignore_patterns("profile"))
     ok = []
@@ -72,7 +72,7 @@ def test_cost_command_reports_every_study_and_refuses_unknown_ones(tmp_path):
         doc["metrics"]["wall_time_s"] -= doc["metrics"]["phases_s"].pop("builds")
         path.write_text(json.dumps(doc))
     run = subprocess.run([sys.executable, "-m", "trainbench", "cost", "baseline", "smoke",
-                          "--root", str(root), "--config", str(REPO / "config.yaml")],
+                          "--root", str(root), "--config", str(PROJECT_CONFIG)],
                          capture_output=True, text=True, check=True)
     lines = run.stdout.splitlines()
     assert lines[0].split()[:3] == ["study", "runs", "device-hours"]
@@ -83,7 +83,7 @@ def test_cost_command_reports_every_study_and_refuses_unknown_ones(tmp_path):
     phases = next(line for line in lines if line.strip().startswith("baseline: launch"))
     assert "setup" in phases and "builds" not in phases  # a phase its runs did not record is not one of 0%
     bad = subprocess.run([sys.executable, "-m", "trainbench", "cost", "nosuch", "--config",
-                          str(REPO / "config.yaml")], capture_output=True, text=True)
+                          str(PROJECT_CONFIG)], capture_output=True, text=True)
     assert bad.returncode == 2 and "nosuch" in bad.stderr and not bad.stdout
 
 
@@ -109,7 +109,7 @@ def test_deepspeed_op_builds_are_told_apart_as_paid_once_per_environment():
             f"{cost.timed_share_ops_built:.2f}") in text
     assert "op builds (compiled once per environment" in text
     assert "op builds" not in report([StudyCost("s", "GPU", study_cost(load_config(
-        REPO / "config.yaml").study("baseline"), REPO).cells, Cost(), [])])  # none recorded, none reported
+        PROJECT_CONFIG).study("baseline"), REPO).cells, Cost(), [])])  # none recorded, none reported
 
 
 def test_the_slurm_plugins_efficiency_report_is_summarised_by_study(tmp_path, capsys):

@@ -29,7 +29,7 @@ from trainbench.registry.models import get_model
 from trainbench.contract.result import read_json, schema_problems
 from trainbench.reporting.documents import read_reported
 
-from conftest import REPO, TINY, make_cell, tiny_study
+from conftest import PROJECT_CONFIG, REPO, TINY, make_cell, tiny_study
 
 resolve = CellParams.resolve  # a study's settings for one cell, as its typed parameters
 
@@ -105,7 +105,7 @@ def test_timing_overrides_apply_to_the_cells_they_match_alone():
 def test_cells_lists_an_emulated_cell_as_one_rank_of_its_world(capsys):
     from trainbench.cli import main
 
-    assert main(["cells", "zero3_pipeline", "--tsv", "--config", str(REPO / "config.yaml")]) == 0
+    assert main(["cells", "zero3_pipeline", "--tsv", "--config", str(PROJECT_CONFIG)]) == 0
     rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()[1:]]
     emulated = [row for row in rows if "emulate~true" in row[1]]
     assert emulated and {row[3] for row in emulated} <= {"1 of 64 (gpu)", "1 of 128 (gpu)"}

@@ -16,7 +16,7 @@ from trainbench.contract.result import read_search
 from trainbench.reporting.documents import current, read_reported
 from trainbench.reporting.tables import write_tables
 
-from conftest import REPO, timed_three_steps
+from conftest import PROJECT_CONFIG, REPO, timed_three_steps
 
 GPT2 = "results/runs/gpt2_zero/strategy~{s}__precision~{p}__offload_optimizer~{o}__ort~false/metrics.json"
 
@@ -179,7 +179,7 @@ def test_less_is_decided_only_where_the_ranges_leave_no_doubt(a, b, outcome):
 
 
 def test_every_published_study_declares_findings_and_its_table_shows_them_as_its_csv_says(tmp_path):
-    config = load_config(REPO / "config.yaml")
+    config = load_config(PROJECT_CONFIG)
     for name in ("gpt2_zero", "lightning", "llama", "megatron", "zero3_pipeline"):
         assert config.study(name).findings, name
         md = (REPO / "results" / "tables" / f"{name}.md").read_text()

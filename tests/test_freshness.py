@@ -15,10 +15,10 @@ from trainbench.reporting.freshness import CURRENT, INVALID, MISSING, STALE, Sta
 from trainbench.reporting.progress import DONE, FAILED, WAITING, survey
 from trainbench.study.config import load_config
 
-from conftest import REPO
+from conftest import PROJECT_CONFIG, REPO
 
 STUDY = "megatron"
-CONFIG = REPO / "config.yaml"
+CONFIG = PROJECT_CONFIG
 KINDS = ("missing", "invalid json", "other schema", "stale", "current ok", "current oom")
 EXPECTED = {"missing": MISSING, "invalid json": INVALID, "other schema": INVALID, "stale": STALE,
             "current ok": CURRENT, "current oom": CURRENT}

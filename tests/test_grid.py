@@ -15,7 +15,7 @@ from trainbench.errors import ConfigError
 from trainbench.registry.frameworks import ORT_UNSUPPORTED
 from trainbench.study.params import CellParams, canonical_json
 
-from conftest import REPO
+from conftest import PROJECT, PROJECT_CONFIG
 
 
 def config_with(study: dict, name: str = "s") -> dict:
@@ -145,7 +145,7 @@ def test_an_optional_parameter_at_its_default_leaves_the_cell_as_it_was(repo):
         {k: v for k, v in eager.params.identity.items() if k != "attention"})
     # the published results, made before the parameter existed, are still the cells config.yaml gives
     for study_name in ("baseline", "megatron"):
-        for cell in load_config(repo / "config.yaml").study(study_name).cells:
+        for cell in load_config(PROJECT_CONFIG).study(study_name).cells:
             path = repo / cell.target
             if path.exists():
                 assert json.loads(path.read_text())["params_hash"] == cell.params_hash, cell.cell_id
@@ -183,7 +183,7 @@ def test_timings_spelled_as_yaml_strings_are_numbers_too():
 
 
 def test_stack_limits_make_cells_unsupported_not_errors():
-    config = load_config(REPO / "config.yaml")
+    config = load_config(PROJECT_CONFIG)
     lightning = {c.params.strategy: c for c in config.study("lightning").cells}
     assert "ColossalAI" in lightning["colossalai"].unsupported
     assert lightning["ddp"].unsupported is None
@@ -194,7 +194,7 @@ def test_stack_limits_make_cells_unsupported_not_errors():
 
 
 def test_the_five_studies_and_smoke_expand(repo):
-    config = load_config(repo / "config.yaml")
+    config = load_config(PROJECT_CONFIG)
     counts = {name: len(s.cells) for name, s in config.studies.items()}
     assert counts["smoke"] == 6
     assert counts["lightning"] == 8  # 7 strategies on 4 GPUs and one GPU
@@ -280,7 +280,7 @@ def test_structural_mistakes_are_reported():
 
 
 def test_unknown_study_and_cell_lookups_say_what_exists(repo):
-    config = load_config(repo / "config.yaml")
+    config = load_config(PROJECT_CONFIG)
     with pytest.raises(ConfigError,
                        match="unknown study 'nope'; studies: smoke, baseline, ddp_settings, "
                              "deepspeed_settings, float8, fsdp_reshard, gpt2_zero"):
@@ -290,9 +290,9 @@ def test_unknown_study_and_cell_lookups_say_what_exists(repo):
 
 
 def test_config_mapping_is_not_modified(repo):
-    raw = yaml.safe_load((repo / "config.yaml").read_text())
+    raw = yaml.safe_load(PROJECT_CONFIG.read_text())
     before = copy.deepcopy(raw)
-    load_config(raw)
+    load_config(raw, PROJECT)
     assert json.dumps(raw, sort_keys=True) == json.dumps(before, sort_keys=True)
 
 

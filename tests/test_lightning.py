@@ -12,6 +12,7 @@ from trainbench.study.config import load_config
 from trainbench.registry.models import get_model
 from trainbench.training.runners.lightning_trainer import build_classifier
 
+from conftest import PROJECT_CONFIG
 from test_cellrun import make_cell, run
 
 
@@ -103,7 +104,7 @@ def test_lightning_sharded_strategies_on_cpu_are_unsupported_results(tmp_path):
 
 
 def test_the_lightning_study_keeps_colossalai_as_unsupported(repo):
-    cells = {c.params.strategy: c for c in load_config(repo / "config.yaml").study("lightning").cells}
+    cells = {c.params.strategy: c for c in load_config(PROJECT_CONFIG).study("lightning").cells}
     assert "ColossalAI" in cells["colossalai"].unsupported
     assert all(c.unsupported is None for name, c in cells.items() if name != "colossalai")
 

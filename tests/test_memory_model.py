@@ -15,6 +15,8 @@ from trainbench.study.params import CellParams
 from trainbench.predict.memory_model import Hardware, _block_activations, activations, model_states, predict
 from trainbench.registry.models import get_model
 
+from conftest import PROJECT_CONFIG
+
 resolve = CellParams.resolve  # a study's settings for one cell, as its typed parameters
 
 GIB = 2**30
@@ -221,7 +223,7 @@ def test_prediction_adds_up_and_judges_the_hardware():
 
 def test_the_predict_command_prints_one_row_per_cell(repo):
     run = subprocess.run([sys.executable, "-m", "trainbench", "predict", "llama", "--config",
-                          str(repo / "config.yaml"),
+                          str(PROJECT_CONFIG),
                           "--gpu", "h200", "--gpus-per-node", "8", "--host-mem-gib", "2048"],
                          capture_output=True, text=True, check=True)
     rows = list(csv.DictReader(io.StringIO(run.stdout)))
@@ -299,7 +301,7 @@ def test_compiled_gpt_cells_save_less_and_keep_no_fp32_logits_at_a_padded_vocabu
     assert activations(compiled, spec) - activations(padded, spec.with_vocab_multiple(64)) == pytest.approx(
         logits_fp32, rel=0.01)
     measured = 0
-    for cell in load_config(repo / "config.yaml").study("baseline").cells:
+    for cell in load_config(PROJECT_CONFIG).study("baseline").cells:
         path = repo / cell.target
         if path.exists() and cell.params.strategy == "single":  # FSDP2's compiled cells: docs/results.md
             doc = read_reported(path)

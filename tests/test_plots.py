@@ -24,9 +24,8 @@ from trainbench.reporting.plots import (DPI, MAX_CELLS, MAX_FLATNESS, MAX_HEIGHT
                                         study_figures, throughput_figures, write_plots)
 from trainbench.study.params import CellParams, DERIVED
 
-from conftest import published_results
+from conftest import PROJECT, REPO, published_results
 
-REPO = Path(__file__).resolve().parents[1]
 MAX_PIXELS_WIDE = int(MAX_WIDTH_IN * DPI)
 MAX_PIXELS_TALL = 1000  # a report viewer cuts a taller plot off
 PARAMETER_NAMES = [f.name for f in dataclasses.fields(CellParams)] + list(DERIVED)
@@ -413,6 +412,11 @@ def test_a_log_axis_says_so():
 
 # --- the published studies --------------------------------------------------------------------------------
 
+def loaded_in(workspace: Path) -> Path:
+    """Where a workspace's config is loaded from: the repository's without a user's own study files."""
+    return PROJECT if workspace == REPO else workspace
+
+
 def published_studies() -> list[tuple[Path, str]]:
     """(workspace, study) of every study with results in the repository: its own and validation's."""
     from trainbench.workflow import load_checked
@@ -422,7 +426,7 @@ def published_studies() -> list[tuple[Path, str]]:
         if not (workspace / "config.yaml").exists() or not (workspace / "results" / "runs").is_dir():
             continue
         here = os.getcwd()
-        os.chdir(workspace)  # study files are found relative to it
+        os.chdir(loaded_in(workspace))  # study files are found relative to it
         try:
             names = list(load_checked("config.yaml").studies)
         finally:
@@ -480,7 +484,7 @@ def held_to_what_a_reader_sees(figure, ids: list[str]) -> None:
 @pytest.mark.skipif(not PUBLISHED, reason="no published results in this checkout")
 @pytest.mark.parametrize("workspace,name", PUBLISHED, ids=[name for _, name in PUBLISHED])
 def test_every_figure_of_a_published_study_reads_at_full_size(workspace, name, tmp_path, monkeypatch):
-    monkeypatch.chdir(workspace)
+    monkeypatch.chdir(loaded_in(workspace))
     study, docs = published_docs(workspace, name)
     ids = [d["cell_id"] for d in docs]
     kinds, sizes = [], {}

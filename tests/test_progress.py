@@ -18,10 +18,10 @@ import pytest
 from trainbench.study.config import load_config
 from trainbench.reporting.progress import DONE, ELSEWHERE, FAILED, RUNNING, WAITING, duration, survey
 
-from conftest import REPO
+from conftest import PROJECT_CONFIG, REPO
 
 STUDY = "megatron"
-CONFIG = REPO / "config.yaml"
+CONFIG = PROJECT_CONFIG
 
 
 @pytest.fixture

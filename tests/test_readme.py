@@ -208,8 +208,8 @@ HOW: dict[str, How] = {
     "trainbench check-models predictions validation/results/predictions/holdout_accum-h200.csv":
         How("run", "as above, part by part: its cells were profiled"),
     "trainbench check-models architectures --write": How(
-        "elsewhere", "sweeps every causal LM of transformers (minutes); tests/test_architectures.py runs "
-                     "the same sweep and holds docs/architectures.md to it"),
+        "elsewhere", "sweeps every causal LM of transformers (minutes); tests/test_architectures*.py run "
+                     "the same sweep and hold docs/architectures.md to it"),
     "trainbench check-models emulation": How(
         "elsewhere", "reads the emulation_check study's published cells: tests/test_model_checks.py runs "
                      "this command line in the repository (the same published cells) and checks its output"),

@@ -32,7 +32,7 @@ from trainbench.reporting.tables import short_of_gpus, with_planned, with_search
 from trainbench.study.config import load_config
 from trainbench.workflow import Workflow as Flow
 
-from conftest import CPU_MACHINE, REPO
+from conftest import CPU_MACHINE, PROJECT_CONFIG, REPO
 
 RUNS = REPO / "results" / "runs"
 SCREEN = (1440, 900)  # a laptop's: the pages fit its width, the plots its height
@@ -47,7 +47,7 @@ def _published(study: str) -> list[dict]:
 def _tables_of(study: str, where: Path) -> dict[str, Path]:
     """The study's markdown, CSVs and findings made afresh from its published results, as rule
     study_table makes them (its measured cells without a result here: not run)."""
-    spec = load_config(REPO / "config.yaml").study(study)
+    spec = load_config(PROJECT_CONFIG).study(study)
     layout = Flow.table_layout(spec)
     present = [c.target for c in spec.cells if c.measured and (REPO / c.target).exists()]
     docs = with_planned(read_cells([REPO / t for t in present]), spec,
@@ -125,7 +125,7 @@ def test_the_page_leads_with_the_answer_then_the_measured_cells_then_its_plots(t
     assert page.index(summary) < page.index('<section class="plots">') < page.index(section)
     measured = summary.split("<table>")[1].split("</table>")[0]
     findings = section.split("<table>")[1].split("</table>")[0]
-    assert findings.count("<tr>") == len(load_config(REPO / "config.yaml").study(study).findings) + 1
+    assert findings.count("<tr>") == len(load_config(PROJECT_CONFIG).study(study).findings) + 1
     csv = pandas.read_csv(files[".csv"])
     assert measured.count("<tr>") == len(csv) + 1  # a row per cell with a result, and the header
     assert measured.split("</tr>")[0].count("<th>") <= 9  # narrow: the summary's columns
@@ -200,7 +200,7 @@ def test_the_findings_verdicts_are_counted_once_per_finding(tmp_path):
     files = _tables_of("lightning", tmp_path)
     tally = verdict_tally(files[".findings.csv"])
     counted = sum(int(n) for n in re.findall(r"(\d+) ", tally))
-    assert counted == len(load_config(REPO / "config.yaml").study("lightning").findings)
+    assert counted == len(load_config(PROJECT_CONFIG).study("lightning").findings)
     assert tally in files[".md"].read_text().split("## Measured cells")[0]  # the markdown's own tally
 
 

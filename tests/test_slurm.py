@@ -27,7 +27,7 @@ from trainbench.execute.slurm import probe
 from trainbench.execute.launch import (Rendezvous, launch_environment, multinode_command, srun_command,
                                       worker_args)
 
-from conftest import FAST_TIMING, REPO, tiny_study
+from conftest import FAST_TIMING, PROJECT_CONFIG, REPO, tiny_study
 from test_gpus import assert_never_shared, max_in_use
 
 resolve = CellParams.resolve  # a study's settings for one cell, as its typed parameters
@@ -101,7 +101,7 @@ def test_the_smoke_study_through_slurm_is_one_job_per_cell_and_the_local_table_s
         assert "following jobs with squeue instead" in run.stdout + run.stderr
     print(f"smoke study through SLURM: {time.monotonic() - started:.1f} s; "
           f"locally: {smoke_run_locally[1]:.1f} s")
-    smoke = load_config(REPO / "config.yaml").study("smoke")
+    smoke = load_config(PROJECT_CONFIG).study("smoke")
     jobs = set()
     for cell in smoke.cells:
         doc = json.loads(workflow.path(cell.target).read_text())
@@ -187,7 +187,7 @@ def test_multi_node_cells_reach_slurm_as_one_task_per_node_with_their_gpus(workf
                     f"(tools/local-slurm-cluster.sh "
                     f"makes one; or name one in TRAINBENCH_SLURM_PENDING_PARTITION)")
     workflow.write_config((REPO / "config.yaml").read_text())
-    study = load_config(REPO / "config.yaml").study("zero3_pipeline")
+    study = load_config(PROJECT_CONFIG).study("zero3_pipeline")
     eight = next(c for c in study.cells if c.params.nodes == 8)
     sixteen = next(c for c in study.cells if c.params.nodes == 16)
     # targets before --default-resources, which takes every word after it

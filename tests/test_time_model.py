@@ -21,7 +21,7 @@ from trainbench.predict.memory_model import hardware_from_args
 from trainbench.registry.models import get_model
 from trainbench.study.params import CellParams
 
-from conftest import REPO
+from conftest import PROJECT_CONFIG, REPO
 
 H200 = GPUS["h200"]
 NVLINK = H200.nvlink_gb_s * 1e9
@@ -330,7 +330,7 @@ def test_a100s_are_slower_than_h200s_and_say_whose_efficiencies_they_use():
 
 
 def test_the_fit_recovers_the_constants_that_made_the_times():
-    config = load_config(REPO / "config.yaml")
+    config = load_config(PROJECT_CONFIG)
     cells = [c.params for name in ("megatron", "zero3_pipeline", "lightning", "gpt2_zero", "baseline")
              for c in config.study(name).cells if not c.unsupported and c.params.model != "bert-180b"]
     llama = [c.params for c in config.study("llama").cells if c.params.model == "llama-7b"]
@@ -429,14 +429,14 @@ def test_the_hardware_table_is_the_one_place_for_gpu_facts():
 
 def test_predict_prints_step_time_samples_and_mfu_for_every_cell():
     run = subprocess.run([sys.executable, "-m", "trainbench", "predict", "megatron", "--config",
-                          str(REPO / "config.yaml"), "--gpu", "a100-80g", "--host-mem-gib", "1024"],
+                          str(PROJECT_CONFIG), "--gpu", "a100-80g", "--host-mem-gib", "1024"],
                          capture_output=True, text=True, check=True)
     rows = list(csv.DictReader(io.StringIO(run.stdout)))
     assert {"step_time_s", "samples_per_s", "mfu", "time_constants_from"} <= set(rows[0])
     assert all(float(r["step_time_s"]) > 0 and 0 < float(r["mfu"]) < 1 for r in rows)
     assert "no a100-80g cells measured: efficiencies fitted on h200" in run.stderr
     memory_only = subprocess.run([sys.executable, "-m", "trainbench", "predict", "megatron", "--config",
-                                  str(REPO / "config.yaml"), "--gpu-mem-gib", "40", "--host-mem-gib", "1024"],
+                                  str(PROJECT_CONFIG), "--gpu-mem-gib", "40", "--host-mem-gib", "1024"],
                                  capture_output=True, text=True, check=True)
     assert {r["step_time_s"] for r in csv.DictReader(io.StringIO(memory_only.stdout))} == {""}
     assert "no GPU type" in memory_only.stderr

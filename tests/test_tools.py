@@ -12,7 +12,7 @@ import tarfile
 
 import pytest
 
-from conftest import CPU_MACHINE, REPO, Workflow, project_files, shell_environment, tiny_study
+from conftest import CPU_MACHINE, PROJECT_CONFIG, REPO, Workflow, project_files, shell_environment, tiny_study
 
 
 def test_a_wheelhouse_installs_without_an_index_including_source_only_packages(tmp_path):
@@ -96,7 +96,7 @@ def test_published_searches_are_complete_and_current(study):
     from trainbench.contract.result import read_json
     from trainbench.workflow import Workflow
 
-    config = load_config(REPO / "config.yaml").study(study)
+    config = load_config(PROJECT_CONFIG).study(study)
     assert config.searched
     for cell_id in config.searched:
         cell, directory = config.cell(cell_id), REPO / "results/search" / study / cell_id

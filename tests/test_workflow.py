@@ -17,7 +17,7 @@ from trainbench.predict.batch_search import bounds_for
 from trainbench.study.config import load_config
 from trainbench.workflow import prediction_inputs, prediction_models_digest
 
-from conftest import CPU_MACHINE, REPO, Workflow, parse_dry_run, tiny_study
+from conftest import CPU_MACHINE, PROJECT_CONFIG, REPO, Workflow, parse_dry_run, tiny_study
 
 TABLE_FINDINGS = "results/tables/t.findings.csv"
 TABLE_PLAN = "results/tables/t.plan.csv"
@@ -87,7 +87,7 @@ def every_cell_planned(tmp_path_factory) -> list[dict]:
     cell named as a target cannot be another study's; what each table alone plans, each test dry-runs)."""
     flow = Workflow(tmp_path_factory.mktemp("studies"))
     flow.write_config((REPO / "config.yaml").read_text())
-    config = load_config(REPO / "config.yaml")
+    config = load_config(PROJECT_CONFIG)
     targets = [target for study in STUDIES
                for target in (f"results/tables/{study}.md", *(c.target for c in config.study(study).planned))]
     jobs = dry_run_jobs(flow.snakemake("-n", *targets, env=EIGHT_GPUS).stdout)
@@ -110,7 +110,7 @@ def every_table_planned(tmp_path_factory) -> list[dict]:
 
 @pytest.mark.parametrize("study", STUDIES)
 def test_each_study_dry_runs_listing_its_cells_and_resources(every_table_planned, every_cell_planned, study):
-    expected = load_config(REPO / "config.yaml").study(study)
+    expected = load_config(PROJECT_CONFIG).study(study)
     # the table runs the measured cells; the planned ones run when named (here: all of them)
     table: dict[str, set[str]] = {}
     for job in every_table_planned:
@@ -536,7 +536,7 @@ def test_cells_says_ranks_on_cpu_and_gpus_apart(capsys, tmp_path):
     from trainbench.cli import main
 
     assert main(["cells", "smoke", "baseline", "zero3_pipeline", "--tsv",
-                 "--config", str(REPO / "config.yaml"), "--root", str(tmp_path)]) == 0
+                 "--config", str(PROJECT_CONFIG), "--root", str(tmp_path)]) == 0
     rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
     assert rows[0][3:5] == ["ranks", "nodes"]
     listed = {(row[0], row[1]): row[3:5] for row in rows[1:]}
@@ -597,7 +597,7 @@ def test_lint_reports_nothing(workflow):
 def test_the_default_study_runs_on_a_cpu_machine_and_a_second_run_does_nothing(smoke_run_locally):
     workflow, seconds = smoke_run_locally
     print(f"smoke study, local: {seconds:.1f} s")
-    smoke = load_config(REPO / "config.yaml").study("smoke")
+    smoke = load_config(PROJECT_CONFIG).study("smoke")
     for cell in smoke.cells:
         doc = json.loads(workflow.path(cell.target).read_text())
         assert doc["status"] == "ok", (cell.cell_id, doc["reason"])
@@ -622,7 +622,7 @@ def test_the_default_study_runs_on_a_cpu_machine_and_a_second_run_does_nothing(s
 
 def test_the_slurm_profile_dry_runs_multi_node_requests_without_a_cluster(workflow):
     workflow.write_config((REPO / "config.yaml").read_text())
-    planned = load_config(REPO / "config.yaml").study("zero3_pipeline").planned  # the full-size grid
+    planned = load_config(PROJECT_CONFIG).study("zero3_pipeline").planned  # the full-size grid
     result = workflow.snakemake("--profile", "profiles/slurm", "-n", *(c.target for c in planned))
     lines = [line for line in result.stdout.splitlines() if line.strip().startswith("resources:")]
     # AutoTP's 75 per scale and the ZeRO-0 row, and the same 75 per scale with sharded tensor parallelism
