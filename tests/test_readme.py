@@ -117,6 +117,8 @@ HOW: dict[str, How] = {
     "trainbench compare results/runs rerun/results/runs": How("run", before=_a_rerun_tree),
     "snakemake --report report.html": How("run", "the report of the smoke study the quick start made"),
     "snakemake -c all report_all": How("run", "the published studies' pages: nothing may train"),
+    "snakemake -c all report_all --allowed-rules study_page report_all": How(
+        "run", "the pages alone, as on a fresh clone: nothing may train"),
     "snakemake --report report.html report_all": How("run"),
     "trainbench strategies": How("run"),
     "trainbench models": How("run"),
