@@ -75,11 +75,16 @@ def study_cells(tmp_path, text: str, name: str):
     return load_config(config, base=tmp_path).study(name)
 
 
-def test_the_plain_set_ups_are_measured_beside_the_fastest(gpt2):
-    plain = gpt2.plain
+def test_the_plain_set_ups_and_each_frameworks_fastest_are_measured_beside_the_fastest(gpt2):
+    plain, best = gpt2.plain, gpt2.best_of_framework
     assert plain["FSDP"] is gpt2.ranked[0] and plain["DDP"].params.strategy == "ddp"  # torch's, GPT-2's
-    assert advising.chosen(gpt2, 5) == gpt2.ranked[:5]  # both among the five fastest
-    assert advising.chosen(gpt2, 2) == [*gpt2.ranked[:2], plain["DDP"]]  # one of them beyond the two
+    assert list(best) == ["torch", "deepspeed"] and best["torch"] is gpt2.ranked[0]
+    assert advising.chosen(gpt2, 5) == gpt2.ranked[:5]  # all among the five fastest
+    # beyond the two fastest: plain DDP, and DeepSpeed's fastest, named as such in its label
+    assert advising.chosen(gpt2, 1) == sorted({gpt2.ranked[0], plain["DDP"], best["deepspeed"]},
+                                              key=gpt2.rank)
+    assert advising._label(gpt2, best["deepspeed"]).endswith(", fastest deepspeed)")
+    assert "fastest" not in advising._label(gpt2, gpt2.ranked[0])  # the fastest of all needs no such word
 
 
 def measured(study, setups, speeds) -> list[dict]:
@@ -102,6 +107,8 @@ def test_the_written_study_holds_the_chosen_set_ups_and_judges_their_order(gpt2,
     assert study.findings[0] == {"claim": "every set-up predicted to fit trains", "fits": {}}
     predicted = [s.time.tokens_per_s for s in chosen]
     docs = measured(study, chosen, predicted)
+    # the note on emulated ranks is there where they are
+    assert ("note" in study.findings[1]) == (gpus_here < 8)
     if gpus_here < 8:  # an emulated rank's steps time its compute alone: its order is not measured
         docs = [{**d, "emulation": {"rank": 0, "world_size": 8}} for d in docs]
         verdicts = [r.verdict for r in evaluate(study.findings, docs, study.id_keys)]

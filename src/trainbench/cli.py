@@ -739,7 +739,7 @@ def _add_advise(sub) -> None:
     advise.add_argument("--top", type=positive(int), default=15, help="set-ups to list (default 15)")
     advise.add_argument("--measure", type=positive(int), default=5,
                         help="the fastest set-ups the written study measures, beside plain DDP and FSDP "
-                             "(default 5)")
+                             "and each framework's fastest (default 5)")
     advise.add_argument("--write", metavar="PATH",
                         help="the study file to write (default: studies/local/advise-<model>.yaml)")
     advise.add_argument("--gpus-here", type=int, metavar="N",

@@ -10,8 +10,8 @@ the grid checks one (`grid.check_cell`): a combination the checks refuse is skip
 one the stack or this version cannot run. The memory model says which fit the GPUs and the host, the
 time model how fast each runs; the ones that fit are ranked by predicted tokens/s per GPU.
 
-`study_text` writes the answer as a study (the schema of studies/*.yaml): the top set-ups, and the plain
-DDP and FSDP ones at their fastest fitting micro batch, with findings that hold the measured order to the
+`study_text` writes the answer as a study (the schema of studies/*.yaml): the top set-ups, the plain
+DDP and FSDP ones at their fastest fitting micro batch and each framework's fastest, with findings that hold the measured order to the
 predicted one, so that building its table confirms the ranking or says where it does not hold.
 """
 
@@ -153,6 +153,14 @@ class Advice:
     # of the set-ups that do not fit, the one nearest to fitting (its need over what the cluster has)
     nearest: tuple[CellParams, Prediction] | None = None
     plain: dict[str, SetUp | None] = field(default_factory=dict)
+
+    @property
+    def best_of_framework(self) -> dict[str, SetUp]:
+        """Each framework's fastest set-up that fits, in rank order."""
+        best: dict[str, SetUp] = {}
+        for setup in self.ranked:
+            best.setdefault(setup.params.framework, setup)
+        return best
 
     def rank(self, setup: SetUp) -> int:
         return self.ranked.index(setup) + 1
@@ -310,8 +318,10 @@ def no_fit(advice: Advice) -> str:
 # --- the study that confirms it ------------------------------------------------------------------------
 
 def chosen(advice: Advice, top: int) -> list[SetUp]:
-    """The set-ups the written study measures: the `top` fastest and the plain ones, fastest first."""
-    picked = advice.ranked[:top] + [s for s in advice.plain.values() if s is not None]
+    """The set-ups the written study measures, fastest first: the `top` fastest, the plain ones, and each
+    framework's fastest (which framework to use is as much the question as which strategy)."""
+    picked = (advice.ranked[:top] + [s for s in advice.plain.values() if s is not None]
+              + list(advice.best_of_framework.values()))
     return sorted(dict.fromkeys(picked), key=advice.rank)
 
 
@@ -321,9 +331,13 @@ def _flow(value: Any) -> str:
 
 def _label(advice: Advice, setup: SetUp) -> str:
     """A set-up as the study names it: its words, micro batch, predicted rank and which plain one it is."""
+    rank = advice.rank(setup)
     plain = [f", plain {name}" for name, s in advice.plain.items() if s is setup]
-    return (f"{setup.words}, micro batch {setup.params.micro_batch} (predicted #{advice.rank(setup)}"
-            f"{''.join(plain)})")
+    framework = setup.params.framework
+    best = ([f", fastest {framework}"] if rank > 1 and advice.best_of_framework.get(framework) is setup
+            else [])
+    return (f"{setup.words}, micro batch {setup.params.micro_batch} (predicted #{rank}"
+            f"{''.join(plain + best)})")
 
 
 # two set-ups predicted closer than this (a share of the faster's tokens/s) are predicted alike: measured,
@@ -335,9 +349,11 @@ def _tied(faster: SetUp, slower: SetUp) -> bool:
     return faster.time.tokens_per_s - slower.time.tokens_per_s < TIED * faster.time.tokens_per_s
 
 
-def findings(advice: Advice, setups: list[SetUp], varying: list[str]) -> list[dict[str, Any]]:
+def findings(advice: Advice, setups: list[SetUp], varying: list[str],
+             emulated: bool = False) -> list[dict[str, Any]]:
     """What measuring the study should show: every set-up trains, the fastest predicted is the fastest
-    measured, and each is faster than the next in the predicted order (as fast, where predicted alike)."""
+    measured, and each is faster than the next in the predicted order (as fast, where predicted alike).
+    `emulated`: its cells run as one rank of their world, whose order the findings cannot measure."""
     found: list[dict[str, Any]] = [{"claim": "every set-up predicted to fit trains", "fits": {}}]
     if len(setups) < 2:
         return found
@@ -358,8 +374,9 @@ def findings(advice: Advice, setups: list[SetUp], varying: list[str]) -> list[di
             claim, relation = "is faster than", {"more": cells(faster), "than": cells(slower)}
         found.append({"claim": f"{_label(advice, faster)} {claim} {_label(advice, slower)}",
                       "compare": {"metric": "tokens_per_s", **relation}})
-    found[1]["note"] = ("tokens/s of the whole world: an emulated cell times one rank's compute alone, so "
-                        "its pairs are judged on the models' figures until it runs whole")
+    if emulated:
+        found[1]["note"] = ("tokens/s of the whole world: an emulated cell times one rank's compute alone, "
+                            "so its pairs are judged on the models' figures until it runs whole")
     return found
 
 
@@ -386,11 +403,12 @@ def study_text(advice: Advice, name: str, top: int, gpus_here: int,
     report += ["whole_step_ms"] if emulate else []
     description = (f"The set-ups trainbench advise predicts fastest for {request.model} on "
                    f"{cluster.describe()}, ranked by predicted tokens/s per GPU, with plain DDP and FSDP "
-                   "beside them where they fit; the findings say whether the measured order follows the "
-                   "predicted one.")
+                   "and each framework's fastest beside them where they fit; the findings say whether "
+                   "the measured order follows the predicted one.")
     lines = [f"# Written by `{request.command()}` (docs/advise.md).",
              "# Each include entry's comment gives its predicted rank among the set-ups that fit, and its",
-             "# predicted figures.", *(_emulation_comment(gpus_here, cluster.gpus) if emulate else [])]
+             "# predicted figures.", *([f"# Step times: {advice.time_note}."] if advice.time_note else []),
+             *(_emulation_comment(gpus_here, cluster.gpus) if emulate else [])]
     lines += [_block({"models": models}, 0)] if models else []
     lines += ["studies:", f"  {name}:", _block({"description": description, "settings": settings}, 4),
               "    include:"]
@@ -400,7 +418,7 @@ def study_text(advice: Advice, name: str, top: int, gpus_here: int,
                   f"{s.memory.gpu_mem_mib / 1024:.1f} GiB per GPU, step {s.time.step_time_s * 1e3:,.0f} ms",
                   f"      - {_flow({k: s.params.get(k) for k in varying})}"]
     lines += [_block({"execution": execution, "report": report,
-                      "findings": findings(advice, setups, varying)}, 4)]
+                      "findings": findings(advice, setups, varying, emulate)}, 4)]
     return "\n".join(lines) + "\n"
 
 
