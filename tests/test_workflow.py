@@ -385,6 +385,14 @@ def test_a_clone_starts_with_the_models_stamp_of_its_models(workspace):
     assert stamp.read_text().strip() == prediction_models_digest(REPO / workspace)
 
 
+def test_the_models_digest_covers_what_predictions_are_read_through_and_not_the_advice():
+    """The cell view changes every model's answer; `advise` only reads the models (no table shows it)."""
+    names = dict(prediction_inputs())
+    read = {"study/cell_view.py", "predict/memory_model.py", "predict/time_model_constants.json"}
+    assert read <= set(names)
+    assert "predict/advise.py" not in names
+
+
 def test_the_bandwidth_tables_the_time_model_reads_are_among_what_its_predictions_are_made_from(tmp_path):
     """A table a user measures into the project (trainbench commbench) changes the time model's
     predictions, so it reruns what shows them, as a refit does."""

@@ -51,10 +51,12 @@ STUDY_NAME = r"[A-Za-z0-9][A-Za-z0-9_-]*"
 # What the memory and time models' predictions are computed from: every module of the predict package
 # (the models, the time model's fitted constants, the batch search's model_largest) and of the registry
 # they look models, frameworks and GPUs up in (so a module added to either counts too), the cell
-# parameters they read, and the reporting module that puts their figures in tables and plots.
+# parameters they read and the view they read them through, and the reporting module that puts their
+# figures in tables and plots. Not `advise`: it reads the models, and no table shows its figures.
 PREDICTION_PACKAGES = (predict, registry)
 PREDICTION_FILES = (".py", ".json")
-PREDICTION_MODULES = ("study/params.py", "reporting/predictions.py")  # under trainbench/
+PREDICTION_MODULES = ("study/params.py", "study/cell_view.py", "reporting/predictions.py")  # trainbench/
+NOT_PREDICTION_INPUTS = ("predict/advise.py",)
 
 
 def prediction_inputs(here: Path | None = None) -> list[tuple[str, Path]]:
@@ -63,7 +65,8 @@ def prediction_inputs(here: Path | None = None) -> list[tuple[str, Path]]:
     top = Path(predict.__file__).parents[1]  # the trainbench package
     files = [f for package in PREDICTION_PACKAGES for f in Path(package.__file__).parent.iterdir()
              if f.suffix in PREDICTION_FILES] + [top / module for module in PREDICTION_MODULES]
-    return [(str(f.relative_to(top)), f) for f in sorted(files)] + [
+    return [(str(f.relative_to(top)), f) for f in sorted(files)
+            if str(f.relative_to(top)) not in NOT_PREDICTION_INPUTS] + [
         (str(communication.COMM_DIR / f.name), f) for f in communication.table_files(here)]
 
 

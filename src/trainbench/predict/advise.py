@@ -11,8 +11,9 @@ one the stack or this version cannot run. The memory model says which fit the GP
 time model how fast each runs; the ones that fit are ranked by predicted tokens/s per GPU.
 
 `study_text` writes the answer as a study (the schema of studies/*.yaml): the top set-ups, the plain
-DDP and FSDP ones at their fastest fitting micro batch and each framework's fastest, with findings that hold the measured order to the
-predicted one, so that building its table confirms the ranking or says where it does not hold.
+DDP and FSDP ones at their fastest fitting micro batch and each framework's fastest, with findings that
+hold the measured order to the predicted one, so that building its table confirms the ranking or says
+where it does not hold.
 """
 
 from __future__ import annotations
