@@ -161,6 +161,11 @@ PROJECT = _project_view()
 PROJECT_CONFIG = PROJECT / "config.yaml"
 
 
+def loaded_in(workspace: Path) -> Path:
+    """Where a workspace's config is loaded from: the repository's without a user's own study files."""
+    return PROJECT if workspace == REPO else workspace
+
+
 def shell_environment() -> dict[str, str]:
     """The environment of a user who activated the project's venv (its bin first on PATH)."""
     venv_bin = str(Path(sys.executable).parent)

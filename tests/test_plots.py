@@ -24,7 +24,7 @@ from trainbench.reporting.plots import (DPI, MAX_CELLS, MAX_FLATNESS, MAX_HEIGHT
                                         study_figures, throughput_figures, write_plots)
 from trainbench.study.params import CellParams, DERIVED
 
-from conftest import PROJECT, REPO, published_results
+from conftest import REPO, loaded_in, published_results
 
 MAX_PIXELS_WIDE = int(MAX_WIDTH_IN * DPI)
 MAX_PIXELS_TALL = 1000  # a report viewer cuts a taller plot off
@@ -411,11 +411,6 @@ def test_a_log_axis_says_so():
 
 
 # --- the published studies --------------------------------------------------------------------------------
-
-def loaded_in(workspace: Path) -> Path:
-    """Where a workspace's config is loaded from: the repository's without a user's own study files."""
-    return PROJECT if workspace == REPO else workspace
-
 
 def published_studies() -> list[tuple[Path, str]]:
     """(workspace, study) of every study with results in the repository: its own and validation's."""

@@ -16,7 +16,7 @@ from trainbench.reporting.references import NOT_MEASURED, OTHER_GPU, OUTSIDE, WI
 from trainbench.reporting.tables import study_markdown
 from trainbench.workflow import load_checked
 
-from conftest import REPO, published_results
+from conftest import REPO, loaded_in, published_results
 
 BASELINE = sorted((REPO / "results/runs/baseline").glob("*/metrics.json"))
 
@@ -121,7 +121,7 @@ def test_every_published_study_declares_references_its_published_cells_meet():
     published = sorted({(root, p.parent.parent.name) for root in (REPO, REPO / "validation")
                         for p in published_results(root)})
     assert len(published) >= 18
-    configs = {root: load_checked(root / "config.yaml") for root, _ in published}
+    configs = {root: load_checked(loaded_in(root) / "config.yaml") for root, _ in published}
     for root, name in published:
         study = configs[root].study(name)
         assert study.references, f"studies.{name} declares no references"

@@ -18,12 +18,12 @@ from trainbench.reporting.answer import SUMMARY, summary_order
 from trainbench.reporting.columns import COLUMNS, COMPUTE_ONLY, expand_sets
 from trainbench.reporting.tables import cell_text, scalar_columns, with_planned, write_tables
 
-from conftest import REPO
+from conftest import REPO, loaded_in
 
 # The two workspaces that publish tables: the benchmarks (config.yaml) and, where it is, the record of
 # the models' validation (validation/config.yaml, `snakemake -d validation`)
 WORKSPACES = [root for root in (REPO, REPO / "validation") if (root / "config.yaml").exists()]
-CONFIGS = {root: load_config(root / "config.yaml") for root in WORKSPACES}
+CONFIGS = {root: load_config(loaded_in(root) / "config.yaml") for root in WORKSPACES}
 TABLES = {name: (root / "results" / "tables", config.study(name)) for root, config in CONFIGS.items()
           for name in config.studies if (root / "results" / "tables" / f"{name}.md").exists()}
 PUBLISHED = sorted(TABLES)
@@ -45,7 +45,7 @@ def read_reported(path: Path) -> dict:
 
     root = next(root for root in WORKSPACES if path.is_relative_to(root / "results"))
     if _MODELS_OF.get(root) != set(USER_MODELS):
-        load_checked(root / "config.yaml")
+        load_checked(loaded_in(root) / "config.yaml")
         _MODELS_OF[root] = set(USER_MODELS)
     return read_any_reported(path)
 

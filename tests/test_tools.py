@@ -12,7 +12,8 @@ import tarfile
 
 import pytest
 
-from conftest import CPU_MACHINE, PROJECT_CONFIG, REPO, Workflow, project_files, shell_environment, tiny_study
+from conftest import (CPU_MACHINE, PROJECT_CONFIG, REPO, Workflow, loaded_in, project_files,
+                      shell_environment, tiny_study)
 
 
 def test_a_wheelhouse_installs_without_an_index_including_source_only_packages(tmp_path):
@@ -75,7 +76,7 @@ def test_published_studies_have_a_current_result_for_every_measured_cell(workspa
     from trainbench.reporting.freshness import check_result
 
     root = REPO / workspace
-    config = load_config(root / "config.yaml")
+    config = load_config(loaded_in(root) / "config.yaml")
     # smoke: every machine makes its own; baseline: each machine runs the cells of the GPUs it has
     studies = [s for s in config.studies.values() if s.name not in ("smoke", "baseline")]
     assert len(studies) >= 6
