@@ -215,7 +215,8 @@ def test_markdown_tables_render_with_their_rows():
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 REQUIRED = os.environ.get("TRAINBENCH_REQUIRE_BROWSER") == "1"  # CI: a missing browser is a failure
 PAGE = "answer, plots, findings, provenance"
-MARKDOWN = "the answer, measured cells and findings (markdown)"
+MEASURED_CSV = "measured cells, one row each (CSV, downloads)"
+PLAN_CSV = "planned and not-run cells, with predictions (CSV, downloads)"
 
 
 def _browser_missing() -> str | None:
@@ -531,11 +532,11 @@ def test_the_report_of_the_smoke_study_renders_its_page_table_plots_and_provenan
             smoke.cells)
         assert "none: CPU ranks" in provenance[0].text
         browser.switch_to.default_content()
-        # the tables as files to download
+        # the data as files to download, said so; no markdown (the page renders it)
         _open(browser, report)
         _click(browser, "smoke")
-        _click(browser, "tables")
-        assert set(_listed(browser)) >= {MARKDOWN, "measured cells, one row each (CSV)"}
+        _click(browser, "data")
+        assert set(_listed(browser)) == {MEASURED_CSV, PLAN_CSV}
         errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
         assert not errors, errors
         assert _each_plot_embedded_once(report, workflow.root) >= 2
@@ -584,8 +585,8 @@ def test_a_fresh_clone_reports_the_published_studies_with_nothing_trained_first(
     # what a table was made with, in words: no Python repr of the study's configuration
     _open(browser, report)
     _click(browser, "llama")
-    _click(browser, "tables")
-    panel = _info(browser, MARKDOWN)
+    _click(browser, "data")
+    panel = _info(browser, MEASURED_CSV)
     parameters = panel[panel.lower().index("job parameters"):]
     assert "made_with=" in parameters and "findings" in parameters
     assert not re.search(PYTHON_REPR, parameters), parameters

@@ -10,33 +10,22 @@ rule study_table:
         grid=get_study_grid,
         models=MODELS_STAMP,
     output:
-        md=report(
-            paths.TABLE_MD,
-            caption="../report/table_md.rst",
-            category="{study}",
-            subcategory="tables",
-            labels={"shows": "the answer, measured cells and findings (markdown)"},
-        ),
-        every_column=report(
-            paths.TABLE_ALL,
-            caption="../report/table_all.rst",
-            category="{study}",
-            subcategory="tables",
-            labels={"shows": "every column of the measured cells (markdown)"},
-        ),
+        # the page (rule study_page) renders both markdown files: the report lists the page, not them
+        md=paths.TABLE_MD,
+        every_column=paths.TABLE_ALL,
         csv=report(
             paths.TABLE_CSV,
             caption="../report/table_csv.rst",
             category="{study}",
-            subcategory="tables",
-            labels={"shows": "measured cells, one row each (CSV)"},
+            subcategory="data",
+            labels={"shows": "measured cells, one row each (CSV, downloads)"},
         ),
         plan=report(
             paths.TABLE_PLAN,
             caption="../report/table_plan.rst",
             category="{study}",
-            subcategory="tables",
-            labels={"shows": "planned and not-run cells, with predictions (CSV)"},
+            subcategory="data",
+            labels={"shows": "planned and not-run cells, with predictions (CSV, downloads)"},
         ),
         # every pair each finding judged (thousands where planned cells pair up: 4 MB for llama), on
         # disk only: the markdown and the page give each finding's verdict and its first pairs
