@@ -1,5 +1,5 @@
-"""The memory, time and communication models read a cell through its view (study.cell_view), never
-looking its model, framework or strategy up in the registry themselves."""
+"""The memory, time and communication models, the runners and the rank process read a cell through its
+view (study.cell_view), never looking its model, framework or strategy up in the registry themselves."""
 
 import ast
 import dataclasses
@@ -21,6 +21,17 @@ def test_the_models_import_no_registry_lookup():
         imported = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                     for alias in node.names}
         assert not imported & LOOKUPS, (name, imported & LOOKUPS)
+
+
+def test_the_runners_and_the_rank_process_import_no_registry_lookup():
+    files = [*sorted((SRC / "training" / "runners").glob("*.py")), SRC / "execute" / "worker.py"]
+    for path in files:
+        tree = ast.parse(path.read_text())
+        imported = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                    for alias in node.names}
+        assert not imported & LOOKUPS, (path.name, imported & LOOKUPS)
+    # nor do they reach into the parent's cell runner for a model of the config's own
+    assert "execute.cellrun" not in (SRC / "execute" / "worker.py").read_text()
 
 
 def test_a_view_resolves_the_cells_names_once():
@@ -49,3 +60,25 @@ def test_the_models_read_what_the_view_says_not_the_registry():
     assert sizes[1] > 1.5 * sizes[0]
     work = [time_model.work(v, GPUS["h100"]) for v in (view, deeper)]
     assert work[1].matmul_s > 1.5 * work[0].matmul_s and work[1].layer_passes == 2 * work[0].layer_passes
+
+
+def test_a_runner_builds_and_configures_what_its_view_says():
+    import torch
+
+    from trainbench.training.runners import RunContext
+    from trainbench.training.runners.deepspeed_engine import deepspeed_config
+    from trainbench.training.runners.load import runner_class
+
+    params = CellParams.resolve({"framework": "deepspeed", "strategy": "zero2", "model": "gpt2-tiny",
+                                 "device": "cpu", "gpus": 2, "seq_len": 32, "micro_batch": 2})
+    view = view_of(params)
+    deeper = dataclasses.replace(view, model=dataclasses.replace(view.model, n_layer=2 * view.model.n_layer))
+    cpu = torch.device("cpu")
+    assert RunContext(params, 0, 1, 0, cpu).view == view  # built from the parameters where none is handed
+    built = [len(RunContext(params, 0, 1, 0, cpu, view=v).new_model().blocks) for v in (view, deeper)]
+    assert built[1] == 2 * built[0]
+    # the strategy and offloads the view holds, not the registry's for the cell's names
+    offloaded = dataclasses.replace(view, offload_optimizer=True)
+    assert "offload_optimizer" not in deepspeed_config(view, "cpu")["zero_optimization"]
+    assert deepspeed_config(offloaded, "cpu")["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert runner_class(view).__name__ == runner_class(params).__name__

@@ -25,7 +25,6 @@ import torch.distributed as dist
 
 from trainbench.training import emulation
 from trainbench.training.gpt import hold_attention_kernel
-from trainbench.execute.cellrun import register_user_model
 from trainbench.execute.gpus import EnergyCounter
 from trainbench.execute.launch import free_port
 from trainbench.execute.watch import ProgressWriter, runner_to_watch, when_gone
@@ -34,6 +33,7 @@ from trainbench.registry.hardware import MIB
 from trainbench.execute.metrics import process_peak_rss_mib, tensors_held_bytes
 from trainbench.execute.profiling import PROFILE_DIR, MemoryRecorder, StepProfiler
 from trainbench.contract.result import write_json_atomic
+from trainbench.study.cell_view import CellView, view_of
 from trainbench.study.params import CellParams
 from trainbench.training.runners import LoopRunner, RunContext, Runner, StepRunner, params_per_module
 from trainbench.training.runners.load import runner_class
@@ -79,10 +79,21 @@ def _single_process_environment() -> None:
     os.environ.setdefault("MASTER_PORT", str(free_port()))
 
 
+def rank_view(params: CellParams) -> CellView:
+    """The rank's one view of its cell, handed to its runner: a model of the config's `models` is
+    registered from the definition the cell carries first (a rank loads no config; its facts were
+    counted once, beside the results)."""
+    if params.model_definition:  # (transformers is imported only for such a model)
+        from trainbench.training.user_models import register_from_params
+
+        register_from_params(params.model, params.model_definition)
+    return view_of(params)
+
+
 class Worker:
     def __init__(self, cell: dict, work_dir: Path, imported: float | None = None):
         params = CellParams.from_dict(cell["params"])  # as cellrun wrote it (CellParams.as_dict)
-        register_user_model(params)
+        self.view = rank_view(params)
         self.emulated = emulation.rank_of(params) if params.emulate else None
         if self.emulated is not None:
             # one process stands in for one rank of the world: the variables a launcher would set
@@ -145,7 +156,7 @@ class Worker:
         """The cell's runner class, after what its framework does once per process (compiling or
         loading its ops) before anything else, so that the cost report tells that work apart from the
         cell's set-up (the `builds` phase)."""
-        runner = runner_class(self.params)
+        runner = runner_class(self.view)
         runner.prepare_process(self.params)
         self.marks["ops_loaded"] = time.time()
         return runner
@@ -176,7 +187,7 @@ class Worker:
         self.marks["group_ready"] = time.time()
         self.beat("build", force=True)
         context = RunContext(self.params, self.rank, self.world_size, self.local_rank, device, self.work_dir,
-                             self.timing)
+                             self.timing, self.view)
 
         on = (f"as {self.emulated.describe()} (emulated)" if self.emulated is not None
               else f"on {self.world_size} rank(s)")

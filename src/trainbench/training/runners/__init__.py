@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
+from trainbench.study.cell_view import CellView, view_of
 from trainbench.study.params import CellParams
 from trainbench.training import OPTIMIZER_RANGE
 from trainbench.training.data import SyntheticBatches, TokenWindows
-from trainbench.registry.frameworks import strategy_of
-from trainbench.registry.models import ModelSpec, get_model
+from trainbench.registry.models import ModelSpec
 from trainbench.study.timing import TimingSettings, fixed_step_count
 
 
@@ -35,6 +35,13 @@ class RunContext:
     device: torch.device
     work_dir: Path = Path(".")  # the attempt's scratch directory (checkpoints, logs)
     timing: TimingSettings = TimingSettings()
+    # the cell's model, framework and strategy, resolved once: the worker hands in the view it built,
+    # and every runner reads the cell through it (built here where a caller hands none)
+    view: CellView = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.view is None:
+            self.view = view_of(self.params)
 
     @property
     def fixed_steps(self) -> int:
@@ -43,7 +50,7 @@ class RunContext:
 
     @property
     def spec(self) -> ModelSpec:
-        return get_model(self.params.model)
+        return self.view.model
 
     @property
     def user_model(self) -> bool:
@@ -71,7 +78,7 @@ class RunContext:
     def built_spec(self) -> ModelSpec:
         """The model as the runner builds it: its vocabulary padded where the cell asks (`spec` is what
         the data and the FLOPs count use)."""
-        return self.spec.with_vocab_multiple(self.params.vocab_multiple)
+        return self.view.built
 
     @property
     def is_cuda(self) -> bool:
@@ -103,7 +110,8 @@ class Runner:
     def __init__(self, context: RunContext):
         self.ctx = context
         self.p = context.params
-        self.strategy = strategy_of(context.params)
+        self.view = context.view
+        self.strategy = context.view.strategy
 
     @classmethod
     def prepare_process(cls, params: CellParams) -> None:

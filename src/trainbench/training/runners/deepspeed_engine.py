@@ -24,7 +24,8 @@ from torch import nn
 
 from trainbench.study.params import CellParams
 from trainbench.training import emulation
-from trainbench.registry.frameworks import deepspeed_ops, offloads, strategy_of
+from trainbench.registry.frameworks import deepspeed_ops
+from trainbench.study.cell_view import CellView, as_view
 from trainbench.training.gpt import Block, init_gpt_module, lm_loss, pool
 from trainbench.registry.models import ModelSpec
 from trainbench.training.runners import RunContext, StepRunner, optimizer_range
@@ -44,9 +45,11 @@ GPT_TENSOR_PARALLEL_LAYOUT = {
 }
 
 
-def deepspeed_config(params: CellParams, device_type: str) -> dict[str, Any]:
-    stage = strategy_of(params).zero_stage
-    offload_optimizer, offload_param = offloads(params)
+def deepspeed_config(cell: CellParams | CellView, device_type: str) -> dict[str, Any]:
+    cell = as_view(cell)
+    params = cell.params
+    stage = cell.strategy.zero_stage
+    offload_optimizer, offload_param = cell.offloads
     on_gpu = device_type == "cuda"
     pin = params.pin_memory and on_gpu
     zero: dict[str, Any] = {"stage": stage}
@@ -206,7 +209,7 @@ class DeepSpeedRunner(StepRunner):
         import deepspeed
 
         agree_with_rank0()
-        self.config = deepspeed_config(self.p, self.ctx.device.type)
+        self.config = deepspeed_config(self.view, self.ctx.device.type)
         # Wrap the process group the worker made; zero.Init reads the world size from it.
         deepspeed.init_distributed(dist_backend="nccl" if self.ctx.is_cuda else "gloo")
         if self.p.pp > 1:

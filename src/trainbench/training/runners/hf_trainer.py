@@ -27,7 +27,7 @@ import torch
 
 from trainbench.study.params import CellParams
 from trainbench.training import emulation
-from trainbench.registry.frameworks import offloads, strategy_of
+from trainbench.study.cell_view import CellView, as_view
 from trainbench.registry.models import ModelSpec
 from trainbench.study.models import definition_of
 from trainbench.training.runners import LoopRunner, RunContext
@@ -45,12 +45,14 @@ def llama_config(spec: ModelSpec, attention: str = "sdpa"):
                        attn_implementation="eager" if attention == "eager" else "sdpa", use_cache=False)
 
 
-def deepspeed_config(params: CellParams, device_type: str) -> dict[str, Any]:
+def deepspeed_config(cell: CellParams | CellView, device_type: str) -> dict[str, Any]:
     """The study's ZeRO-3 config; "auto" values are filled in by the Trainer from its arguments, the
     buckets' from the model's width (width^2, 0.9 width^2) unless the cell sets them."""
+    cell = as_view(cell)
+    params = cell.params
     on_gpu = device_type == "cuda"
     pin = params.pin_memory and on_gpu
-    offload_optimizer, offload_param = offloads(params)
+    offload_optimizer, offload_param = cell.offloads
     zero: dict[str, Any] = {
         "stage": 3, "overlap_comm": True if params.overlap_comm is None else params.overlap_comm,
         "contiguous_gradients": True if params.contiguous_gradients is None else params.contiguous_gradients,
@@ -76,9 +78,11 @@ def deepspeed_config(params: CellParams, device_type: str) -> dict[str, Any]:
     }
 
 
-def training_arguments(params: CellParams, spec: ModelSpec, output_dir: Path, device_type: str,
+def training_arguments(cell: CellParams | CellView, spec: ModelSpec, output_dir: Path, device_type: str,
                        max_steps: int) -> dict[str, Any]:
     """The Trainer's arguments for a cell: the study's recipe, with a fixed number of steps."""
+    cell = as_view(cell)
+    params = cell.params
     on_gpu = device_type == "cuda"
     args: dict[str, Any] = dict(
         output_dir=str(output_dir), max_steps=max_steps, per_device_train_batch_size=params.micro_batch,
@@ -100,13 +104,13 @@ def training_arguments(params: CellParams, spec: ModelSpec, output_dir: Path, de
     )
     if params.ddp_bucket_cap_mb:
         args["ddp_bucket_cap_mb"] = params.ddp_bucket_cap_mb
-    layout = strategy_of(params).layout
+    layout = cell.strategy.layout
     if layout == "fsdp":
-        args["fsdp"] = "full_shard auto_wrap" + (" offload" if offloads(params)[1] else "")
+        args["fsdp"] = "full_shard auto_wrap" + (" offload" if cell.offload_param else "")
         # FSDP1, the study's (transformers 5 defaults to FSDP2, whose wrapping takes no param_init_fn)
         args["fsdp_config"] = {"transformer_layer_cls_to_wrap": [spec.block_class], "version": 1}
     elif layout == "zero":
-        args["deepspeed"] = deepspeed_config(params, device_type)
+        args["deepspeed"] = deepspeed_config(cell, device_type)
     return args
 
 
@@ -229,7 +233,7 @@ class HfTrainerRunner(LoopRunner):
         p, spec = self.p, self.ctx.spec
         factory = self.ctx.user_model and definition_of(spec)["kind"] == "factory"
         sharded, zero = self.strategy.layout == "fsdp", self.strategy.layout == "zero"
-        self.deepspeed_config = deepspeed_config(p, self.ctx.device.type) if zero else None
+        self.deepspeed_config = deepspeed_config(self.view, self.ctx.device.type) if zero else None
         self.max_steps = self.ctx.fixed_steps
         if self.deepspeed_config is not None:
             import deepspeed
@@ -240,8 +244,9 @@ class HfTrainerRunner(LoopRunner):
             # would be a single rank and its batch-size check fails.
             deepspeed.init_distributed(dist_backend="nccl" if self.ctx.is_cuda else "gloo")
         # Made before the model: with a ZeRO-3 config it tells transformers to build inside zero.Init.
-        self.args = TrainingArguments(**training_arguments(p, spec, Path(self.ctx.work_dir) / "trainer",
-                                                           self.ctx.device.type, self.max_steps))
+        arguments = training_arguments(self.view, spec, Path(self.ctx.work_dir) / "trainer",
+                                       self.ctx.device.type, self.max_steps)
+        self.args = TrainingArguments(**arguments)
         torch.manual_seed(p.seed)
         if factory:  # the user's module, its loss under the Trainer's calling convention
             from trainbench.training.user_models import LanguageModel

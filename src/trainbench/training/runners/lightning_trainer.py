@@ -19,7 +19,7 @@ import torch
 
 from trainbench.study.params import CellParams
 from trainbench.training import sentiment
-from trainbench.registry.frameworks import offloads, strategy_of
+from trainbench.study.cell_view import CellView, as_view
 from trainbench.training.runners import LoopRunner, RunContext
 from trainbench.training.runners.deepspeed_engine import load_ops
 
@@ -31,13 +31,15 @@ ZERO_OPTIONS = {key: key for key in ("overlap_comm", "contiguous_gradients", "re
                                      "allgather_bucket_size")}
 
 
-def lightning_strategy(params: CellParams):
+def lightning_strategy(cell: CellParams | CellView):
     """The Trainer's strategy for a cell of several ranks: Lightning's registered name where the cell
     sets none of its settings (Lightning's defaults), else that strategy built with them."""
     from lightning.pytorch.strategies import StrategyRegistry
 
+    cell = as_view(cell)
+    params = cell.params
     entry = StrategyRegistry[params.strategy]
-    options = {"replicated": DDP_OPTIONS, "zero": ZERO_OPTIONS}.get(strategy_of(params).layout, {})
+    options = {"replicated": DDP_OPTIONS, "zero": ZERO_OPTIONS}.get(cell.strategy.layout, {})
     # set: a value where unset is null (overlap_comm: false says something), a switch turned on
     chosen = {option: value for key, option in options.items()
               if (value := getattr(params, key)) is not None and (value is not False or key in ZERO_OPTIONS)}
@@ -69,10 +71,11 @@ def _module_class():
     import lightning as L
 
     class SequenceClassifier(L.LightningModule):
-        def __init__(self, model, params: CellParams):
+        def __init__(self, model, view: CellView):
             super().__init__()
             self.model = model
-            self.params = params
+            self.params = view.params
+            self.offload_optimizer = view.offload_optimizer
             self.correct = torch.zeros(())
             self.seen = torch.zeros(())
             self.accuracy: float | None = None
@@ -94,7 +97,7 @@ def _module_class():
 
         def configure_optimizers(self):
             p = self.params
-            if offloads(p)[0] and p.device == "cuda":
+            if self.offload_optimizer and p.device == "cuda":
                 # ZeRO-Offload refuses a client optimizer that is not DeepSpeed's CPU Adam
                 from deepspeed.ops.adam import DeepSpeedCPUAdam
 
@@ -197,7 +200,7 @@ class LightningRunner(LoopRunner):
         self.train_split, self.test_split = sentiment.load(p, self.ctx.spec, n_train, n_test)
         model = build_classifier(self.ctx.spec, p.num_classes, p.pretrained_path, p.deterministic,
                                  p.attention)
-        self.module = _module_class()(model, p)
+        self.module = _module_class()(model, self.view)
 
     def _loader(self, split: sentiment.Split, batch: int, shuffle: bool):
         dataset = torch.utils.data.TensorDataset(split.tokens, split.mask, split.labels)
@@ -212,7 +215,7 @@ class LightningRunner(LoopRunner):
         p = self.p
         scratch = Path(self.ctx.work_dir)
         # its strategies are Lightning's names, built with the cell's settings where it sets any
-        strategy = "auto" if self.strategy.single_rank else lightning_strategy(p)
+        strategy = "auto" if self.strategy.single_rank else lightning_strategy(self.view)
         accelerator = "cpu" if not self.ctx.is_cuda else _emulated_gpu() if p.emulate else "gpu"
         callbacks = [_step_callback(recorder, p.grad_accum), self.wrapping]
         if self.ctx.timing.memory_snapshot:

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import importlib
 
-from trainbench.registry.frameworks import framework_of
+from trainbench.study.cell_view import CellView, as_view
 from trainbench.study.params import CellParams
 from trainbench.training.runners import RunContext, Runner
 
 
-def runner_class(params: CellParams) -> type[Runner]:
+def runner_class(cell: CellParams | CellView) -> type[Runner]:
     """The class of the cell's framework's runner."""
-    module_name, class_name = framework_of(params).runner.split(":")
+    module_name, class_name = as_view(cell).framework.runner.split(":")
     return getattr(importlib.import_module(module_name), class_name)
 
 
 def make_runner(context: RunContext) -> Runner:
     """The cell's framework's runner for this rank."""
-    return runner_class(context.params)(context)
+    return runner_class(context.view)(context)
