@@ -173,3 +173,27 @@ def test_no_module_outside_the_contract_reads_a_result_by_its_keys():
     reads.pop("training/runners/torch_native.py", None)
     reads.pop("execute/worker.py", None)  # cell.json's parameters, as cellrun wrote them
     assert reads == {name: n for name, n in NOT_YET_TYPED.items() if n or name in reads}
+
+
+def test_an_emulated_result_of_a_model_of_ones_own_reads_without_the_config_that_defines_it(tmp_path, capsys):
+    """An emulated rank's GPU memory is completed by the NCCL shortfall of its strategy, which needs
+    nothing of the model: `trainbench compare` or a script reads such a result with no config loaded."""
+    from trainbench.cli import main
+    from trainbench.registry.models import USER_MODELS, register_user_models
+    from trainbench.reporting.documents import read_reported
+
+    runs = Path(trainbench.__file__).parents[2] / "validation/results/runs/unseen_architectures"
+    path = next(runs.glob("*model~qwen2-1.5b*emulate~true/metrics.json"))
+    measured = json.loads(path.read_text())["emulation"]["measured"]["gpu_mem_used_mib"]
+    registered = dict(USER_MODELS)
+    register_user_models({})  # as in a process that loaded no config
+    try:
+        doc = read_reported(path)
+        for run in ("a", "b"):  # the study's results as two runs of it, compared
+            (tmp_path / run).mkdir()
+            (tmp_path / run / runs.name).symlink_to(runs)
+        assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0, capsys.readouterr().err
+    finally:
+        register_user_models(registered)
+    added = doc["emulation"]["modelled"]["nccl_buffers_mib"]
+    assert added > 0 and doc["metrics"]["gpu_mem_used_mib"] == [round(u + added, 1) for u in measured]

@@ -33,20 +33,9 @@ NOT_RUN = "## Planned and not run"
 LARGEST_MARKDOWN = 40_000  # bytes: a table a reader scrolls through, and GitHub renders at once
 
 
-_MODELS_OF: dict[Path, set[str]] = {}  # each workspace's own models, by name, once registered
-
-
 def read_reported(path: Path) -> dict:
-    """A published result as the tables read it, its workspace's own models registered first: an
-    emulated rank's memory is completed by the memory model, which counts the cell's model (another
-    test may have loaded another config since)."""
-    from trainbench.registry.models import USER_MODELS
-    from trainbench.workflow import load_checked
-
-    root = next(root for root in WORKSPACES if path.is_relative_to(root / "results"))
-    if _MODELS_OF.get(root) != set(USER_MODELS):
-        load_checked(loaded_in(root) / "config.yaml")
-        _MODELS_OF[root] = set(USER_MODELS)
+    """A published result as the tables read it (no config need be loaded: an emulated rank's memory is
+    completed from its strategy alone)."""
     return read_any_reported(path)
 
 

@@ -5,12 +5,6 @@ import sys
 
 from trainbench.reporting.documents import read_cells
 from trainbench.reporting.report import write_study_page
-from trainbench.study.config import load_config
-
-# the config's own models registered: an emulated rank's memory is completed by the memory model, which
-# counts the cell's model
-load_config(snakemake.config)  # noqa: F821
-
 with open(snakemake.log[0], "w") as log:  # noqa: F821 - injected by Snakemake
     sys.stderr = log
     write_study_page(snakemake.output.page, study=snakemake.wildcards.study,  # noqa: F821

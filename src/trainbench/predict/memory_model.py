@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from collections.abc import Mapping
 from typing import Any
 
-from trainbench.study.cell_view import CellView, as_view
+from trainbench.study.cell_view import CellView, as_view, params_of, strategy_of_cell
 from trainbench.study.params import CellParams
 from trainbench.registry.hardware import GPUS, GpuType, gpu_type, gpu_type_named_in, gpu_type_of
 from trainbench.registry.hardware import MIB
@@ -64,23 +64,22 @@ class Prediction:
 
 
 def nccl_layout(cell: CellParams | CellView) -> str:
-    """Which of NCCL_MIB_BY_LAYOUT's layouts a cell's ranks communicate in."""
-    cell = as_view(cell)
-    params = cell.params
+    """Which of NCCL_MIB_BY_LAYOUT's layouts a cell's ranks communicate in (its model plays no part)."""
+    params = params_of(cell)
     if params.pp > 1:
         return "pipeline"
     if params.tp > 1:
         return "tensor"
-    strategy = cell.strategy
+    strategy = strategy_of_cell(cell)
     if strategy.layout == "zero":
         return "zero3" if strategy.zero_stage == 3 else "zero"
     return "data"
 
 
 def nccl_buffers_mib(cell: CellParams | CellView) -> float:
-    """NCCL's device memory on one GPU rank of the cell, over a one-GPU torch rank's context."""
-    cell = as_view(cell)
-    params = cell.params
+    """NCCL's device memory on one GPU rank of the cell, over a one-GPU torch rank's context (its model
+    plays no part)."""
+    params = params_of(cell)
     if params.device != "cuda":
         return 0.0
     if params.gpus <= 1:
@@ -90,7 +89,6 @@ def nccl_buffers_mib(cell: CellParams | CellView) -> float:
 
 def emulated_rank_shortfall_mib(cell: CellParams | CellView) -> float:
     """What a real GPU rank of the cell's world shows beyond its emulated twin."""
-    cell = as_view(cell)
     nccl = nccl_buffers_mib(cell)
     return nccl + EMULATED_CONTEXT_SHORTFALL_MIB if nccl else 0.0
 
@@ -98,7 +96,8 @@ def emulated_rank_shortfall_mib(cell: CellParams | CellView) -> float:
 
 def completed_gpu_mem_used_mib(result: Result) -> tuple[list[float], float] | None:
     """An emulated result's GPU 'used' completed by the model of now (measured + shortfall), and the
-    shortfall; None if not emulated."""
+    shortfall; None if not emulated. The shortfall depends on the strategy alone: a result of a model
+    of one's own is read without the config that defines it."""
     measured = result.emulation.measured.get("gpu_mem_used_mib") if result.emulation else None
     if not measured or not result.metrics.gpu_mem_used_mib:
         return None
@@ -119,8 +118,7 @@ def _r(value):
 
 def engine(cell: CellParams | CellView) -> tuple[str, int | None]:
     """Which memory layout a cell's strategy has: ('replicated'|'fsdp'|'zero', ZeRO stage or None)."""
-    cell = as_view(cell)
-    strategy = cell.strategy
+    strategy = strategy_of_cell(cell)
     return strategy.layout, strategy.zero_stage
 
 

@@ -46,3 +46,14 @@ def view_of(params: CellParams) -> CellView:
 
 def as_view(cell: CellParams | CellView) -> CellView:
     return cell if isinstance(cell, CellView) else view_of(params=cell)
+
+
+def strategy_of_cell(cell: CellParams | CellView) -> Strategy:
+    """The cell's strategy alone, resolved without its model: what a figure that depends on the strategy
+    and nothing of the model needs (an emulated result's NCCL shortfall, read without the config that
+    defines a model of one's own)."""
+    return cell.strategy if isinstance(cell, CellView) else strategy_of(cell)
+
+
+def params_of(cell: CellParams | CellView) -> CellParams:
+    return cell.params if isinstance(cell, CellView) else cell
