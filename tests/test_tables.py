@@ -13,7 +13,7 @@ import pandas
 import pytest
 
 from trainbench.study.config import load_config
-from trainbench.reporting.documents import read_reported as read_any_reported
+from trainbench.reporting.documents import read_reported
 from trainbench.reporting.answer import SUMMARY, summary_order
 from trainbench.reporting.columns import COLUMNS, COMPUTE_ONLY, expand_sets
 from trainbench.reporting.tables import cell_text, scalar_columns, with_planned, write_tables
@@ -31,12 +31,6 @@ CONFIG = CONFIGS[REPO]
 MEASURED = "## Measured cells"
 NOT_RUN = "## Planned and not run"
 LARGEST_MARKDOWN = 40_000  # bytes: a table a reader scrolls through, and GitHub renders at once
-
-
-def read_reported(path: Path) -> dict:
-    """A published result as the tables read it (no config need be loaded: an emulated rank's memory is
-    completed from its strategy alone)."""
-    return read_any_reported(path)
 
 
 def table(study: str, suffix: str) -> Path:

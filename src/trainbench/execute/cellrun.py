@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from trainbench.study.params import CellParams
-from trainbench.training import emulation
+from trainbench.training import emulation, register_cell_model
 from trainbench.registry import frameworks
 from trainbench.predict import memory_model
 from trainbench.execute import history, provenance, watch
@@ -276,20 +276,11 @@ def model_section(params) -> dict[str, Any]:
     return section
 
 
-def register_user_model(params) -> None:
-    """A model of the config's `models`, from the definition the cell carries: this process and the
-    ranks load no config (the model is counted once, its facts kept beside the results)."""
-    if params.model_definition:  # (torch and transformers are imported only for such a model)
-        from trainbench.training.user_models import register_from_params
-
-        register_from_params(params.model, params.model_definition)
-
-
 class CellRun:
     def __init__(self, cell: Cell, output: Path, *, runtime_min: float, retries: int,
                  python: str = sys.executable, search_probe: bool = False):
         self.cell = cell
-        register_user_model(cell.params)
+        register_cell_model(cell.params)
         # A max-batch probe runs whatever the memory model predicts: the search measures the boundary.
         self.search_probe = search_probe
         self.host_alone: bool | None = None  # whether a GPU cell held its machine alone (gpus.py)

@@ -23,7 +23,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from trainbench.training import emulation
+from trainbench.training import emulation, register_cell_model
 from trainbench.training.gpt import hold_attention_kernel
 from trainbench.execute.gpus import EnergyCounter
 from trainbench.execute.launch import free_port
@@ -80,13 +80,9 @@ def _single_process_environment() -> None:
 
 
 def rank_view(params: CellParams) -> CellView:
-    """The rank's one view of its cell, handed to its runner: a model of the config's `models` is
-    registered from the definition the cell carries first (a rank loads no config; its facts were
-    counted once, beside the results)."""
-    if params.model_definition:  # (transformers is imported only for such a model)
-        from trainbench.training.user_models import register_from_params
-
-        register_from_params(params.model, params.model_definition)
+    """The rank's one view of its cell, handed to its runner (a model of the config's own registered
+    first, from the definition the cell carries)."""
+    register_cell_model(params)
     return view_of(params)
 
 
