@@ -171,8 +171,9 @@ def test_your_transformers_model_is_advised_from_its_config_json_or_the_config(t
     small = ["--gpu", "h100", "--gpus-per-node", "2", "--host-mem-gib", "64", "--micro-batch", "1-4",
              "--gpus-here", "2"]
     assert main(["advise", "--model-config", "qwen2-tiny.json", *small]) == 0
-    out = capsys.readouterr().out
-    assert "wrote studies/local/advise-qwen2-tiny.yaml: " in out and " torch fsdp" in out
+    said = capsys.readouterr()
+    assert "wrote studies/local/advise-qwen2-tiny.yaml: " in said.err and " torch fsdp" in said.out
+    assert "wrote" not in said.out  # the ranking alone on standard output
     written = yaml.safe_load((tmp_path / "studies/local/advise-qwen2-tiny.yaml").read_text())
     assert written["models"] == {"qwen2-tiny": {"hf_config": "qwen2-tiny.json"}}
     study = load_checked("config.yaml").study("advise-qwen2-tiny")

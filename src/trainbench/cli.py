@@ -270,7 +270,9 @@ def cmd_advise(args) -> int:
         print(advise.summary(advice))
         return 1
     print(advise.table(advice, args.top))
-    print(_write_advice(args, advice, written, definition))
+    # what was written and how to run it, apart from the answer: `advise ... > ranking.txt` keeps the
+    # ranking alone
+    print(_write_advice(args, advice, written, definition), file=sys.stderr)
     print(advise.summary(advice))
     return 0
 
